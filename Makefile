@@ -1,0 +1,33 @@
+# Entry points; README.md says what each is for.
+SHELL := /bin/bash
+CLUSTER := localcluster/cluster.sh
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
+
+demo: cluster-up
+	@$(CLUSTER) kubectl get nodes -o wide
+
+test:
+	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $$venv/bin/python -m pytest $(PYTEST_ARGS)
+
+test-unit:
+	@venv=$$(scripts/venv.sh) && $$venv/bin/python -m pytest -m "not cluster" $(PYTEST_ARGS)
+
+venv:
+	@scripts/venv.sh
+
+cluster-build:
+	@$(CLUSTER) build
+
+cluster-up:
+	@$(CLUSTER) up
+
+cluster-down:
+	@$(CLUSTER) down
+
+cluster-status:
+	@$(CLUSTER) status
+
+cluster-env:
+	@$(CLUSTER) env

@@ -1,0 +1,1 @@
+"""The runtime each DDPJob rank runs inside the trainer image."""

@@ -1,0 +1,334 @@
+#!/usr/bin/env bash
+# A real, local Kubernetes control plane built from upstream Go modules:
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok and helm.
+# kwok plays the kubelet for fake GPU nodes, so pods go through the real scheduler.
+#
+# Usage: cluster.sh build|up|down|status|env|kubectl ARGS...|helm ARGS...
+#
+# Everything listens on 127.0.0.1 only. Builds are cached outside the git tree under
+# $DDP_CACHE/bin/<component>-<version>; cluster state lives in $DDP_CLUSTER_DIR.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+# Pinned versions; each must match the go.mod of its wrapper module under go/.
+K8S_VERSION=v1.34.4
+ETCD_VERSION=v3.6.16
+KWOK_VERSION=v0.7.0
+HELM_VERSION=v3.19.0
+
+DDP_CACHE=${DDP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ddp-operator}
+DDP_CLUSTER_DIR=${DDP_CLUSTER_DIR:-$DDP_CACHE/cluster}
+# Node pool advertised by kwok.
+DDP_NODES=${DDP_NODES:-4}
+DDP_GPUS_PER_NODE=${DDP_GPUS_PER_NODE:-8}
+# Ports, all on 127.0.0.1. Uncommon defaults so a real cluster on the same machine is left alone.
+API_PORT=${DDP_API_PORT:-16443}
+ETCD_PORT=${DDP_ETCD_PORT:-12379}
+ETCD_PEER_PORT=${DDP_ETCD_PEER_PORT:-12380}
+KCM_PORT=${DDP_KCM_PORT:-20257}
+SCHED_PORT=${DDP_SCHED_PORT:-20259}
+KWOK_PORT=${DDP_KWOK_PORT:-20247}
+BIND=127.0.0.1
+SERVICE_CIDR=10.96.0.0/16
+POD_CIDR=10.244.0.0/16
+
+export GOTOOLCHAIN=local GOFLAGS=-mod=mod
+
+BIN_K8S=$DDP_CACHE/bin/kubernetes-$K8S_VERSION
+BIN_ETCD=$DDP_CACHE/bin/etcd-$ETCD_VERSION
+BIN_KWOK=$DDP_CACHE/bin/kwok-$KWOK_VERSION
+BIN_HELM=$DDP_CACHE/bin/helm-$HELM_VERSION
+PKI=$DDP_CLUSTER_DIR/pki
+LOGS=$DDP_CLUSTER_DIR/logs
+PIDS=$DDP_CLUSTER_DIR/pids
+KUBECONFIG_FILE=$DDP_CLUSTER_DIR/kubeconfig
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+
+log() { printf '[cluster] %s\n' "$*" >&2; }
+die() { printf '[cluster] error: %s\n' "$*" >&2; exit 1; }
+
+# --- build -----------------------------------------------------------------
+
+# go_build MODULE_DIR OUT_DIR LDFLAGS PKG...: builds into a temporary folder, then renames it into
+# place, so an interrupted build never leaves a half-filled cache entry.
+go_build() {
+  local mod=$1 out=$2 ldflags=$3
+  shift 3
+  [ -d "$out" ] && return 0
+  local tmp="$out.tmp.$$"
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  log "building $(basename "$out") (cached afterwards in $out)"
+  (cd "$HERE/go/$mod" && go build -trimpath -ldflags "-s -w $ldflags" -o "$tmp/" "$@")
+  mv "$tmp" "$out"
+}
+
+cmd_build() {
+  command -v go >/dev/null || die "go is not installed; the control plane is built from Go modules"
+  local started=$SECONDS
+  local minor=${K8S_VERSION#v1.}
+  minor=${minor%%.*}
+  local kv="-X k8s.io/component-base/version.gitVersion=$K8S_VERSION"
+  kv+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
+  kv+=" -X k8s.io/component-base/version.gitTreeState=clean"
+  kv+=" -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
+  kv+=" -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor"
+  go_build etcd "$BIN_ETCD" "" .
+  go_build kubernetes "$BIN_K8S" "$kv" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+  go_build kwok "$BIN_KWOK" "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
+  go_build helm "$BIN_HELM" "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" helm.sh/helm/v3/cmd/helm
+  log "binaries ready in $((SECONDS - started)) s"
+}
+
+# --- certificates ----------------------------------------------------------
+
+# sign NAME SUBJECT [SAN]: a key and a certificate signed by the cluster CA.
+sign() {
+  local name=$1 subj=$2 san=${3:-}
+  openssl req -new -newkey rsa:2048 -nodes -keyout "$PKI/$name.key" -out "$PKI/$name.csr" -subj "$subj" 2>/dev/null
+  local ext="$PKI/$name.ext"
+  if [ -n "$san" ]; then
+    printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth,clientAuth\n' "$san" >"$ext"
+  else
+    printf 'extendedKeyUsage=clientAuth\n' >"$ext"
+  fi
+  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
+    -days 3650 -out "$PKI/$name.crt" -extfile "$ext" 2>/dev/null
+}
+
+make_pki() {
+  [ -f "$PKI/admin.crt" ] && return 0
+  mkdir -p "$PKI"
+  openssl req -x509 -new -newkey rsa:2048 -nodes -keyout "$PKI/ca.key" -out "$PKI/ca.crt" \
+    -days 3650 -subj "/CN=ddp-operator-local-ca" 2>/dev/null
+  sign apiserver "/CN=kube-apiserver" "IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
+  sign admin "/O=system:masters/CN=kubernetes-admin"
+  sign controller-manager "/CN=system:kube-controller-manager"
+  sign scheduler "/CN=system:kube-scheduler"
+  sign kwok "/O=system:masters/CN=kwok"
+  openssl genrsa -out "$PKI/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
+}
+
+# kubeconfig NAME: a kubeconfig that authenticates with the client certificate NAME.
+write_kubeconfig() {
+  local name=$1 file=$2
+  cat >"$file" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: ddp-local
+  cluster:
+    server: https://$BIND:$API_PORT
+    certificate-authority: $PKI/ca.crt
+users:
+- name: $name
+  user:
+    client-certificate: $PKI/$name.crt
+    client-key: $PKI/$name.key
+contexts:
+- name: ddp-local
+  context: {cluster: ddp-local, user: $name}
+current-context: ddp-local
+EOF
+}
+
+# --- processes -------------------------------------------------------------
+
+start() {
+  local name=$1
+  shift
+  log "starting $name"
+  setsid "$@" >"$LOGS/$name.log" 2>&1 </dev/null &
+  echo $! >"$PIDS/$name.pid"
+}
+
+alive() { [ -f "$PIDS/$1.pid" ] && kill -0 "$(cat "$PIDS/$1.pid")" 2>/dev/null; }
+
+# wait_for WHAT SECONDS COMMAND...: polls COMMAND until it succeeds.
+wait_for() {
+  local what=$1 limit=$2
+  shift 2
+  local deadline=$((SECONDS + limit))
+  until "$@" >/dev/null 2>&1; do
+    if [ $SECONDS -ge $deadline ]; then
+      die "$what not ready after ${limit}s; see $LOGS"
+    fi
+    sleep 0.2
+  done
+}
+
+api_healthy() {
+  curl -sf --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" \
+    "https://$BIND:$API_PORT/readyz" >/dev/null
+}
+
+kc() { "$BIN_K8S/kubectl" --kubeconfig "$KUBECONFIG_FILE" "$@"; }
+
+fake_nodes() {
+  local i
+  for ((i = 0; i < DDP_NODES; i++)); do
+    cat <<EOF
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: gpu-node-$i
+  annotations:
+    kwok.x-k8s.io/node: fake
+    node.alpha.kubernetes.io/ttl: "0"
+  labels:
+    kubernetes.io/hostname: gpu-node-$i
+    kubernetes.io/os: linux
+    kubernetes.io/arch: amd64
+    type: kwok
+    nvidia.com/gpu.present: "true"
+status:
+  capacity: {cpu: "64", memory: 512Gi, pods: "256", nvidia.com/gpu: "$DDP_GPUS_PER_NODE"}
+  allocatable: {cpu: "64", memory: 512Gi, pods: "256", nvidia.com/gpu: "$DDP_GPUS_PER_NODE"}
+EOF
+  done
+}
+
+cmd_up() {
+  if alive kube-apiserver && api_healthy; then
+    log "already up: $KUBECONFIG_FILE"
+    return 0
+  fi
+  [ -d "$PIDS" ] && cmd_down
+  cmd_build
+  local started=$SECONDS
+  mkdir -p "$LOGS" "$PIDS" "$DDP_CLUSTER_DIR/etcd"
+  make_pki
+  write_kubeconfig admin "$KUBECONFIG_FILE"
+  write_kubeconfig controller-manager "$DDP_CLUSTER_DIR/controller-manager.kubeconfig"
+  write_kubeconfig scheduler "$DDP_CLUSTER_DIR/scheduler.kubeconfig"
+  write_kubeconfig kwok "$DDP_CLUSTER_DIR/kwok.kubeconfig"
+
+  start etcd "$BIN_ETCD/etcd" --name local --data-dir "$DDP_CLUSTER_DIR/etcd" \
+    --listen-client-urls "http://$BIND:$ETCD_PORT" --advertise-client-urls "http://$BIND:$ETCD_PORT" \
+    --listen-peer-urls "http://$BIND:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://$BIND:$ETCD_PEER_PORT" \
+    --initial-cluster "local=http://$BIND:$ETCD_PEER_PORT" --unsafe-no-fsync --quota-backend-bytes 4294967296
+  wait_for etcd 30 curl -sf "http://$BIND:$ETCD_PORT/health"
+
+  start kube-apiserver "$BIN_K8S/kube-apiserver" \
+    --etcd-servers "http://$BIND:$ETCD_PORT" \
+    --bind-address "$BIND" --advertise-address "$BIND" --secure-port "$API_PORT" \
+    --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
+    --client-ca-file "$PKI/ca.crt" \
+    --authorization-mode Node,RBAC \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
+    --service-cluster-ip-range "$SERVICE_CIDR" \
+    --allow-privileged=true --enable-priority-and-fairness=false \
+    --profiling=false --v=1
+  wait_for kube-apiserver 60 api_healthy
+
+  start kube-controller-manager "$BIN_K8S/kube-controller-manager" \
+    --kubeconfig "$DDP_CLUSTER_DIR/controller-manager.kubeconfig" \
+    --authentication-kubeconfig "$DDP_CLUSTER_DIR/controller-manager.kubeconfig" \
+    --authorization-kubeconfig "$DDP_CLUSTER_DIR/controller-manager.kubeconfig" \
+    --bind-address "$BIND" --secure-port "$KCM_PORT" \
+    --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
+    --use-service-account-credentials=true \
+    --cluster-cidr "$POD_CIDR" --service-cluster-ip-range "$SERVICE_CIDR" \
+    --controllers '*,-nodeipam,-cloud-node-lifecycle' \
+    --leader-elect=false --profiling=false --v=1
+
+  start kube-scheduler "$BIN_K8S/kube-scheduler" \
+    --kubeconfig "$DDP_CLUSTER_DIR/scheduler.kubeconfig" \
+    --authentication-kubeconfig "$DDP_CLUSTER_DIR/scheduler.kubeconfig" \
+    --authorization-kubeconfig "$DDP_CLUSTER_DIR/scheduler.kubeconfig" \
+    --bind-address "$BIND" --secure-port "$SCHED_PORT" \
+    --leader-elect=false --profiling=false --v=1
+
+  start kwok "$BIN_KWOK/kwok" \
+    --kubeconfig "$DDP_CLUSTER_DIR/kwok.kubeconfig" \
+    --manage-all-nodes=false \
+    --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
+    --node-ip 127.0.0.1 --cidr 10.244.0.1/16 \
+    --server-address "$BIND:$KWOK_PORT" \
+    --node-lease-duration-seconds 40
+
+  fake_nodes | kc apply -f - >/dev/null
+  wait_for "fake nodes" 60 nodes_ready
+  wait_for "default service account" 60 kc -n default get serviceaccount default
+  echo "$(date +%s)" >"$DDP_CLUSTER_DIR/up"
+  log "up in $((SECONDS - started)) s: $DDP_NODES nodes x $DDP_GPUS_PER_NODE nvidia.com/gpu; export KUBECONFIG=$KUBECONFIG_FILE"
+  if [ -n "${DDP_CLUSTER_OWNER_PID:-}" ]; then watchdog "$DDP_CLUSTER_OWNER_PID"; fi
+}
+
+nodes_ready() {
+  local ready
+  ready=$(kc get nodes -l type=kwok \
+    -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -c True)
+  [ "$ready" -ge "$DDP_NODES" ]
+}
+
+# watchdog PID: takes the cluster down once PID (a test session that started it) is gone,
+# so a killed test run leaves no processes behind.
+watchdog() {
+  local owner=$1
+  setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 1; done; exec "$2" down' \
+    watchdog "$owner" "$HERE/cluster.sh" >>"$LOGS/watchdog.log" 2>&1 </dev/null &
+  echo $! >"$PIDS/watchdog.pid"
+}
+
+cmd_down() {
+  if [ -d "$PIDS" ]; then
+    local name pid
+    for name in kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
+      [ -f "$PIDS/$name.pid" ] || continue
+      pid=$(cat "$PIDS/$name.pid")
+      kill -TERM "$pid" 2>/dev/null || true
+    done
+    for name in "${COMPONENTS[@]}"; do
+      [ -f "$PIDS/$name.pid" ] || continue
+      pid=$(cat "$PIDS/$name.pid")
+      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      kill -KILL "$pid" 2>/dev/null || true
+    done
+    # The watchdog may be the caller; it is stopped last.
+    if [ -f "$PIDS/watchdog.pid" ] && [ "$(cat "$PIDS/watchdog.pid")" != "$PPID" ]; then
+      kill -TERM "$(cat "$PIDS/watchdog.pid")" 2>/dev/null || true
+    fi
+  fi
+  rm -rf "$DDP_CLUSTER_DIR"
+  log "down"
+}
+
+cmd_status() {
+  local name rc=0
+  for name in "${COMPONENTS[@]}"; do
+    if alive "$name"; then
+      printf '%-24s running (pid %s)\n' "$name" "$(cat "$PIDS/$name.pid")"
+    else
+      printf '%-24s stopped\n' "$name"
+      rc=1
+    fi
+  done
+  if [ $rc -eq 0 ] && api_healthy; then
+    kc version 2>/dev/null | sed 's/^/  /'
+    kc get nodes -o wide
+  fi
+  return $rc
+}
+
+cmd_env() {
+  echo "export KUBECONFIG=$KUBECONFIG_FILE"
+  echo "export PATH=$BIN_K8S:$BIN_HELM:\$PATH"
+}
+
+case "${1:-}" in
+  build) cmd_build ;;
+  up) cmd_up ;;
+  down) cmd_down ;;
+  status) cmd_status ;;
+  env) cmd_env ;;
+  kubectl) shift; kc "$@" ;;
+  helm) shift; KUBECONFIG=$KUBECONFIG_FILE "$BIN_HELM/helm" "$@" ;;
+  bindir) echo "$BIN_K8S:$BIN_HELM" ;;
+  *) echo "usage: $0 build|up|down|status|env|kubectl ARGS|helm ARGS" >&2; exit 2 ;;
+esac

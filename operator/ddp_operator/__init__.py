@@ -1,0 +1,1 @@
+"""ddp-operator: the kopf operator that runs DDPJobs."""

@@ -1,0 +1,66 @@
+"""Shared fixtures: the Kubernetes cluster the tests use and a fresh namespace per test."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import uuid
+from typing import Iterator
+
+import pytest
+
+from kube import Cluster, cluster_script, open_cluster, wait_until
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    found = open_cluster()
+    yield found
+    if found.started_here:
+        cluster_script("down", check=False)
+
+
+@pytest.fixture(scope="session")
+def kube_api(cluster: Cluster):
+    from kubernetes import config
+
+    client = config.new_client_from_config(config_file=cluster.kubeconfig)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def kubectl(cluster: Cluster):
+    """Runs kubectl against the test cluster and returns the completed process (check=True)."""
+
+    def run(*args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [cluster.kubectl, "--kubeconfig", cluster.kubeconfig, *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            check=check,
+        )
+
+    return run
+
+
+@pytest.fixture
+def namespace(kube_api, request) -> Iterator[str]:
+    from kubernetes import client
+
+    core = client.CoreV1Api(kube_api)
+    base = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
+    name = f"t-{base}-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": name, "labels": {"ddp-operator-test": "true"}}})
+    # Pods are refused until the controller-manager has made the namespace's default ServiceAccount.
+    wait_until(lambda: core.list_namespaced_service_account(name).items, 30, f"default ServiceAccount in {name}")
+    yield name
+    core.delete_namespace(name, propagation_policy="Background")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Every test that touches the cluster is marked, so `-m "not cluster"` runs the fast ones alone.
+    for item in items:
+        if "cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)
