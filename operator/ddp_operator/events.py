@@ -1,0 +1,51 @@
+"""Kubernetes Events on a DDPJob, shown by `kubectl describe ddpjob`."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from ddp_operator import constants as c
+from ddp_operator.kubeapi import KubeApi
+
+log = logging.getLogger(__name__)
+COMPONENT = "ddp-operator"
+MAX_MESSAGE = 1024
+
+
+def build_event(job: Mapping[str, Any], type_: str, reason: str, message: str, now: datetime) -> dict[str, Any]:
+    meta = job["metadata"]
+    stamp = now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": c.API_VERSION,
+            "kind": c.KIND,
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "type": type_,
+        "reason": reason,
+        "message": message[:MAX_MESSAGE],
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+
+
+async def post_event(kube: KubeApi, job: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+    """Posts an Event; a failure is logged, never raised: events are a courtesy, not state."""
+    event = build_event(job, type_, reason, message, datetime.now(timezone.utc))
+    try:
+        await kube.call(kube.core.create_namespaced_event, event["metadata"]["namespace"], event,
+                        _preload_content=False)
+    except Exception as error:  # noqa: BLE001
+        log.warning("could not post event %s on %s: %s", reason, job["metadata"]["name"], error)

@@ -1,0 +1,80 @@
+"""kopf registrations, kept thin: events feed the job store and the work queue, nothing more.
+
+No daemons, timers or change handlers: those make kopf put finalizers on every DDPJob, and a
+finalizer blocks deleting a job while the operator is down. Deadlines and TTLs are timed by
+the work queue instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import kopf
+
+from ddp_operator import constants as c
+from ddp_operator.kubeapi import KubeApi, make_api_client
+from ddp_operator.podwatch import PodCache
+from ddp_operator.reconciler import JobStore, Reconciler
+from ddp_operator.workqueue import WorkQueue
+
+log = logging.getLogger(__name__)
+
+
+class Runtime:
+    """What the operator holds while it runs; one per process."""
+
+    def __init__(self) -> None:
+        self.jobs = JobStore()
+        self.kube = KubeApi(make_api_client(os.environ.get("KUBECONFIG")))
+        self.loop = asyncio.get_running_loop()
+        self.pods = PodCache(self.kube.api, self._pods_changed)
+        self.queue = WorkQueue(Reconciler(self.kube, self.jobs, self.pods))
+
+    def _pods_changed(self, key: tuple[str, str]) -> None:
+        # Called on the pod-watch thread.
+        self.queue.add_threadsafe(self.loop, key)
+
+
+RUNTIME: Runtime | None = None
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    global RUNTIME
+    settings.watching.server_timeout = 270
+    settings.watching.client_timeout = 300
+    settings.posting.enabled = False  # our Events are posted by events.py, with our reasons
+    settings.persistence.finalizer = f"{c.GROUP}/finalizer"  # never added: no change handlers
+    RUNTIME = Runtime()
+    RUNTIME.pods.start()
+    await asyncio.get_running_loop().run_in_executor(None, RUNTIME.pods.synced.wait, 60)
+    RUNTIME.queue.start()
+    log.info("ddp-operator started")
+
+
+@kopf.on.cleanup()
+async def cleanup(**_: Any) -> None:
+    if RUNTIME is not None:
+        RUNTIME.pods.stop()
+        await RUNTIME.queue.stop()
+        RUNTIME.kube.close()
+
+
+@kopf.on.event(c.GROUP, c.VERSION, c.PLURAL)
+def job_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
+    assert RUNTIME is not None
+    key = (body["metadata"]["namespace"], body["metadata"]["name"])
+    if event.get("type") == "DELETED":
+        RUNTIME.jobs.remove(key)
+        RUNTIME.queue.forget(key)
+        return
+    RUNTIME.jobs.put(dict(body))
+    RUNTIME.queue.add(key)
+
+
+@kopf.on.probe(id="jobs")
+def jobs_known(**_: Any) -> int:
+    return len(RUNTIME.jobs) if RUNTIME else 0

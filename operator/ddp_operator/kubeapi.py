@@ -1,0 +1,103 @@
+"""Calls to the Kubernetes API that the reconciler makes, run on a thread pool so they overlap.
+
+The official client is synchronous; a pool of threads with a matching connection pool lets
+hundreds of pod creations be in flight at once instead of one API call after another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Mapping, TypeVar
+
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from ddp_operator import constants as c
+
+T = TypeVar("T")
+CONCURRENCY = 32
+
+
+def make_api_client(kubeconfig: str | None = None) -> client.ApiClient:
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    configuration.connection_pool_maxsize = CONCURRENCY
+    return client.ApiClient(configuration)
+
+
+def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
+    meta = job["metadata"]
+    return {
+        "apiVersion": c.API_VERSION,
+        "kind": c.KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def adopt(child: dict[str, Any], job: Mapping[str, Any]) -> dict[str, Any]:
+    child["metadata"]["ownerReferences"] = [owner_reference(job)]
+    return child
+
+
+class KubeApi:
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self._pool = ThreadPoolExecutor(max_workers=CONCURRENCY, thread_name_prefix="kube-api")
+
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+
+    async def create_pod(self, pod: dict[str, Any]) -> None:
+        """Creates the pod; one that already exists (an earlier pass made it) is left alone."""
+        try:
+            await self.call(self.core.create_namespaced_pod, pod["metadata"]["namespace"], pod,
+                            _preload_content=False)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+
+    async def delete_pod(self, namespace: str, name: str) -> None:
+        try:
+            await self.call(self.core.delete_namespaced_pod, name, namespace, _preload_content=False)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    async def ensure_service(self, service: dict[str, Any]) -> None:
+        try:
+            await self.call(self.core.create_namespaced_service, service["metadata"]["namespace"], service,
+                            _preload_content=False)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+
+    async def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
+        return await self.call(
+            self.custom.patch_namespaced_custom_object_status,
+            c.GROUP, c.VERSION, namespace, c.PLURAL, name, {"status": status},
+        )
+
+    async def delete_job(self, namespace: str, name: str) -> None:
+        try:
+            await self.call(
+                self.custom.delete_namespaced_custom_object, c.GROUP, c.VERSION, namespace, c.PLURAL, name,
+                propagation_policy="Background",
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.api.close()

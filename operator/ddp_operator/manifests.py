@@ -1,0 +1,197 @@
+"""Pure builders for a DDPJob's children: one headless Service and one Pod per rank.
+
+ownerReferences are added by the caller (kopf.adopt).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Mapping
+
+from ddp_operator import constants as c
+from ddp_operator.spec import JobSpec
+
+
+def service_name(job_name: str) -> str:
+    return job_name
+
+
+def pod_name(job_name: str, rank: int) -> str:
+    return f"{job_name}-{rank}"
+
+
+def master_addr(job_name: str, namespace: str, cluster_domain: str | None = None) -> str:
+    """Rank 0's DNS name through the headless Service.
+
+    Without cluster_domain the name ends in '.svc', which the pod's resolv.conf search list
+    completes with whatever the cluster domain is; pass cluster_domain to get a fully qualified name.
+    """
+    name = f"{pod_name(job_name, 0)}.{service_name(job_name)}.{namespace}.svc"
+    return f"{name}.{cluster_domain}" if cluster_domain else name
+
+
+def job_labels(job_name: str) -> dict[str, str]:
+    """Labels on every child; the Service selects pods by these."""
+    return {c.LABEL_JOB_NAME: job_name, c.LABEL_MANAGED_BY: c.MANAGED_BY}
+
+
+def pod_selector(job_name: str) -> str:
+    """Label selector (string form) for listing all of a job's pods, all attempts."""
+    return f"{c.LABEL_JOB_NAME}={job_name}"
+
+
+def build_service(job: Mapping[str, Any], spec: JobSpec | None = None) -> dict[str, Any]:
+    """Headless Service giving every rank a stable DNS name, published before pods are ready."""
+    meta = job["metadata"]
+    port = spec.master_port if spec else int(job.get("spec", {}).get("masterPort", c.DEFAULT_MASTER_PORT))
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": service_name(meta["name"]),
+            "namespace": meta["namespace"],
+            "labels": job_labels(meta["name"]),
+        },
+        "spec": {
+            "clusterIP": "None",
+            # Ranks resolve MASTER_ADDR while rank 0 is still starting; without this the name
+            # does not exist until rank 0 is Ready (field notes, pain 1).
+            "publishNotReadyAddresses": True,
+            "selector": {c.LABEL_JOB_NAME: meta["name"]},
+            "ports": [{"name": "master", "port": port, "targetPort": port, "protocol": "TCP"}],
+        },
+    }
+
+
+def build_pod(
+    job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int, cluster_domain: str | None = None
+) -> dict[str, Any]:
+    """The pod of one rank for one gang attempt; the pod template's fields are kept and merged."""
+    if not 0 <= rank < spec.world_size:
+        raise ValueError(f"rank {rank} is outside 0..{spec.world_size - 1}")
+    meta = job["metadata"]
+    name = meta["name"]
+    pod_spec = copy.deepcopy(dict(spec.pod_spec))
+    containers = list(pod_spec.get("containers") or [])
+    template_trainer: dict[str, Any] = next((x for x in containers if x.get("name") == c.CONTAINER_NAME), {})
+    sidecars = [x for x in containers if x.get("name") != c.CONTAINER_NAME]
+    env = rank_env(job, spec, rank, attempt, cluster_domain)
+    pod_spec.update(
+        hostname=pod_name(name, rank),
+        subdomain=service_name(name),
+        # The operator restarts the whole gang; a rank restarted alone cannot rejoin (pain 2).
+        restartPolicy="Never",
+        containers=[_trainer_container(spec, template_trainer, env), *sidecars],
+    )
+    # Service links add env vars for every Service in the namespace (a Service named "master"
+    # injects MASTER_PORT=tcp://...); the ranks need none of them.
+    pod_spec.setdefault("enableServiceLinks", False)
+    if spec.shm_size:
+        pod_spec["volumes"] = [*(pod_spec.get("volumes") or []), shm_volume(spec.shm_size)]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(name, rank),
+            "namespace": meta["namespace"],
+            "labels": {
+                **spec.template_labels,
+                **job_labels(name),
+                c.LABEL_RANK: str(rank),
+                c.LABEL_ATTEMPT: str(attempt),
+            },
+            "annotations": {**spec.template_annotations, c.ANNOTATION_WORLD_SIZE: str(spec.world_size)},
+        },
+        "spec": pod_spec,
+    }
+
+
+def rank_env(
+    job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int, cluster_domain: str | None = None
+) -> list[dict[str, Any]]:
+    """Env of the trainer container: operator-injected first, then S3, then the user's spec.env.
+
+    One process per pod: LOCAL_RANK 0, LOCAL_WORLD_SIZE 1, NODE_RANK = RANK.
+    """
+    meta = job["metadata"]
+    values = {
+        c.ENV_MASTER_ADDR: master_addr(meta["name"], meta["namespace"], cluster_domain),
+        c.ENV_MASTER_PORT: str(spec.master_port),
+        c.ENV_RANK: str(rank),
+        c.ENV_WORLD_SIZE: str(spec.world_size),
+        c.ENV_LOCAL_RANK: "0",
+        c.ENV_LOCAL_WORLD_SIZE: "1",
+        c.ENV_NODE_RANK: str(rank),
+        c.ENV_JOB_NAME: meta["name"],
+        c.ENV_JOB_NAMESPACE: meta["namespace"],
+        c.ENV_JOB_UID: meta.get("uid", ""),
+        c.ENV_ATTEMPT: str(attempt),
+        c.ENV_BACKEND: spec.effective_backend,
+    }
+    if spec.entrypoint:
+        values[c.ENV_ENTRYPOINT] = spec.entrypoint
+    env = [{"name": key, "value": value} for key, value in values.items()]
+    return [*env, *s3_env(spec), *(dict(item) for item in copy.deepcopy(list(spec.env)))]
+
+
+def s3_env(spec: JobSpec) -> list[dict[str, Any]]:
+    """S3 settings as env; credentials only as secretKeyRef, never as values."""
+    s3 = spec.s3
+    if s3 is None:
+        return []
+    plain = {
+        c.ENV_S3_ENDPOINT: s3.endpoint,
+        c.ENV_S3_REGION: s3.region,
+        c.ENV_DATASET_URI: s3.dataset,
+        c.ENV_RESULTS_URI: s3.results,
+    }
+    env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in plain.items() if value]
+    if s3.credentials_secret:
+        for env_name, secret_key in (
+            (c.ENV_AWS_ACCESS_KEY_ID, c.SECRET_KEY_ACCESS_KEY_ID),
+            (c.ENV_AWS_SECRET_ACCESS_KEY, c.SECRET_KEY_SECRET_ACCESS_KEY),
+        ):
+            ref = {"name": s3.credentials_secret, "key": secret_key}
+            env.append({"name": env_name, "valueFrom": {"secretKeyRef": ref}})
+    return env
+
+
+def shm_volume(size: str) -> dict[str, Any]:
+    return {"name": c.SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": size}}
+
+
+def trainer_resources(spec: JobSpec) -> dict[str, Any]:
+    """spec.resources with nvidia.com/gpu limits (and requests, if any are given) = gpusPerRank."""
+    resources = copy.deepcopy(dict(spec.resources))
+    if spec.gpus_per_rank > 0:
+        resources["limits"] = {**(resources.get("limits") or {}), c.GPU_RESOURCE: spec.gpus_per_rank}
+        if resources.get("requests"):
+            resources["requests"] = {**resources["requests"], c.GPU_RESOURCE: spec.gpus_per_rank}
+    return resources
+
+
+def trainer_command(spec: JobSpec) -> list[str]:
+    """spec.command, or the trainer runtime, which runs DDP_ENTRYPOINT."""
+    return list(spec.command) if spec.command else list(c.TRAINER_COMMAND)
+
+
+def _trainer_container(spec: JobSpec, template: Mapping[str, Any], env: list[dict[str, Any]]) -> dict[str, Any]:
+    container = copy.deepcopy(dict(template))
+    container.update(
+        name=c.CONTAINER_NAME,
+        image=spec.image,
+        command=trainer_command(spec),
+        env=[*env, *(container.get("env") or [])],
+    )
+    if spec.args:
+        container["args"] = list(spec.args)
+    env_from = [*copy.deepcopy(list(spec.env_from)), *(container.get("envFrom") or [])]
+    if env_from:
+        container["envFrom"] = env_from
+    resources = trainer_resources(spec)
+    if resources:
+        container["resources"] = resources
+    if spec.shm_size:
+        mount = {"name": c.SHM_VOLUME, "mountPath": c.SHM_PATH}
+        container["volumeMounts"] = [*(container.get("volumeMounts") or []), mount]
+    return container

@@ -1,0 +1,354 @@
+"""DDPJob spec -> JobSpec with defaults applied.
+
+The CRD schema and its CEL rules reject most bad specs at admission. parse_spec repeats the cheap
+checks (the operator may run against an older CRD, or objects stored before a rule existed) and adds
+what the schema cannot see: conflicts between the generated pod and the user's pod template,
+reserved env names and labels, and absurd totals.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from ddp_operator import constants as c
+
+ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+# A Kubernetes resource quantity (k8s.io/apimachinery resource.Quantity).
+QUANTITY_RE = re.compile(r"^(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?$")
+# DNS-1035 label: what a Service name must be.
+DNS1035_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS_LABEL_MAX = 63
+S3_SCHEME = "s3://"
+
+# Fields of the generated trainer container that come from the DDPJob spec, not the template.
+TRAINER_OWNED_FIELDS = ("image", "command", "args", "resources")
+# Pod spec fields the operator owns.
+POD_OWNED_FIELDS = ("hostname", "subdomain", "activeDeadlineSeconds")
+
+
+class InvalidSpec(Exception):
+    """A DDPJob spec the operator cannot run. str() names the field: 'spec.<field>: <message>'."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"spec.{field}: {message}" if not field.startswith("metadata.") else f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class S3Spec:
+    endpoint: str | None = None
+    region: str | None = None
+    credentials_secret: str | None = None
+    dataset: str | None = None
+    results: str | None = None
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    world_size: int
+    image: str
+    entrypoint: str | None = None
+    command: tuple[str, ...] | None = None
+    args: tuple[str, ...] = ()
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    gpus_per_rank: int = c.DEFAULT_GPUS_PER_RANK
+    env: tuple[Mapping[str, Any], ...] = ()
+    env_from: tuple[Mapping[str, Any], ...] = ()
+    master_port: int = c.DEFAULT_MASTER_PORT
+    backend: str = c.DEFAULT_BACKEND
+    shm_size: str | None = None
+    template: Mapping[str, Any] = field(default_factory=dict)
+    s3: S3Spec | None = None
+    restart_policy: str = c.DEFAULT_RESTART_POLICY
+    backoff_limit: int = c.DEFAULT_BACKOFF_LIMIT
+    active_deadline_seconds: int | None = None
+    ttl_seconds_after_finished: int | None = None
+    suspend: bool = False
+
+    @property
+    def effective_backend(self) -> str:
+        """The torch.distributed backend the ranks use: 'auto' is nccl with GPUs, gloo without."""
+        if self.backend != c.BACKEND_AUTO:
+            return self.backend
+        return c.BACKEND_NCCL if self.gpus_per_rank > 0 else c.BACKEND_GLOO
+
+    @property
+    def template_labels(self) -> Mapping[str, str]:
+        return (self.template.get("metadata") or {}).get("labels") or {}
+
+    @property
+    def template_annotations(self) -> Mapping[str, str]:
+        return (self.template.get("metadata") or {}).get("annotations") or {}
+
+    @property
+    def pod_spec(self) -> Mapping[str, Any]:
+        return self.template.get("spec") or {}
+
+
+def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
+    """Validates a DDPJob .spec and returns it with defaults applied; raises InvalidSpec."""
+    world_size = _int(spec, "worldSize", None, 1, c.MAX_WORLD_SIZE)
+    gpus = _int(spec, "gpusPerRank", c.DEFAULT_GPUS_PER_RANK, 0, c.MAX_GPUS_PER_RANK)
+    if world_size * gpus > c.MAX_TOTAL_GPUS:
+        raise InvalidSpec(
+            "gpusPerRank", f"worldSize * gpusPerRank = {world_size * gpus} exceeds {c.MAX_TOTAL_GPUS} GPUs"
+        )
+    backend = _enum(spec, "backend", c.DEFAULT_BACKEND, c.BACKENDS)
+    if backend == c.BACKEND_NCCL and gpus == 0:
+        raise InvalidSpec("backend", "nccl requires gpusPerRank > 0; use gloo or auto for CPU jobs")
+    entrypoint, command, args = _program(spec)
+    template = _template(spec.get("template") or {})
+    shm_size = _shm_size(spec.get("shmSize"), template)
+    env = _env(spec.get("env") or [], "env")
+    s3 = _s3(spec.get("s3"))
+    if s3 and s3.credentials_secret:
+        _check_env_names(
+            env, "env", {c.ENV_AWS_ACCESS_KEY_ID, c.ENV_AWS_SECRET_ACCESS_KEY}, "is set from s3.credentialsSecret"
+        )
+    return JobSpec(
+        world_size=world_size,
+        image=_image(spec),
+        entrypoint=entrypoint,
+        command=command,
+        args=args,
+        resources=_resources(spec.get("resources") or {}),
+        gpus_per_rank=gpus,
+        env=env,
+        env_from=tuple(_list(spec.get("envFrom") or [], "envFrom")),
+        master_port=_int(spec, "masterPort", c.DEFAULT_MASTER_PORT, 1, 65535),
+        backend=backend,
+        shm_size=shm_size,
+        template=template,
+        s3=s3,
+        restart_policy=_enum(spec, "restartPolicy", c.DEFAULT_RESTART_POLICY, c.RESTART_POLICIES),
+        backoff_limit=_int(spec, "backoffLimit", c.DEFAULT_BACKOFF_LIMIT, 0, None),
+        active_deadline_seconds=_int(spec, "activeDeadlineSeconds", None, 1, None, optional=True),
+        ttl_seconds_after_finished=_int(spec, "ttlSecondsAfterFinished", None, 0, None, optional=True),
+        suspend=_bool(spec, "suspend", False),
+    )
+
+
+def validate_job_name(name: str, world_size: int) -> None:
+    """The job name is the Service name and the prefix of every pod hostname '<name>-<rank>'."""
+    if not DNS1035_RE.match(name):
+        raise InvalidSpec(
+            "metadata.name", "must be a DNS-1035 label (lowercase letters, digits, '-'; starts with a letter)"
+        )
+    longest = f"{name}-{world_size - 1}"
+    if len(longest) > DNS_LABEL_MAX:
+        raise InvalidSpec("metadata.name", f"pod hostname {longest!r} would exceed {DNS_LABEL_MAX} characters")
+
+
+# --- scalar fields -------------------------------------------------------------
+
+
+def _int(
+    spec: Mapping[str, Any], key: str, default: int | None, low: int, high: int | None, optional: bool = False
+) -> Any:
+    value = spec.get(key, default)
+    if value is None:
+        if optional:
+            return None
+        raise InvalidSpec(key, "is required")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidSpec(key, f"must be an integer, got {value!r}")
+    if value < low or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"between {low} and {high}"
+        raise InvalidSpec(key, f"must be {bounds}, got {value}")
+    return value
+
+
+def _enum(spec: Mapping[str, Any], key: str, default: str, allowed: Sequence[str]) -> str:
+    value = spec.get(key, default)
+    if value not in allowed:
+        raise InvalidSpec(key, f"must be one of {', '.join(allowed)}; got {value!r}")
+    return str(value)
+
+
+def _bool(spec: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = spec.get(key, default)
+    if not isinstance(value, bool):
+        raise InvalidSpec(key, f"must be a boolean, got {value!r}")
+    return value
+
+
+def _string(value: Any, key: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidSpec(key, "must be a non-empty string")
+    return value
+
+
+def _list(value: Any, key: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise InvalidSpec(key, "must be a list")
+    return copy.deepcopy(value)
+
+
+def _image(spec: Mapping[str, Any]) -> str:
+    if "image" not in spec:
+        raise InvalidSpec("image", "is required")
+    return _string(spec["image"], "image")
+
+
+# --- what to run -----------------------------------------------------------------
+
+
+def _program(spec: Mapping[str, Any]) -> tuple[str | None, tuple[str, ...] | None, tuple[str, ...]]:
+    entrypoint = spec.get("entrypoint")
+    command = spec.get("command")
+    if (entrypoint is None) == (command is None):
+        raise InvalidSpec("entrypoint", "exactly one of entrypoint (module:function) or command must be set")
+    args = tuple(_strings(spec.get("args") or [], "args"))
+    if entrypoint is not None:
+        if not isinstance(entrypoint, str) or not ENTRYPOINT_RE.match(entrypoint):
+            raise InvalidSpec("entrypoint", f"must look like package.module:function, got {entrypoint!r}")
+        return entrypoint, None, args
+    strings = _strings(command, "command")
+    if not strings:
+        raise InvalidSpec("command", "must not be empty")
+    return None, tuple(strings), args
+
+
+def _strings(value: Any, key: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise InvalidSpec(key, "must be a list of strings")
+    return list(value)
+
+
+# --- resources, env, s3 ----------------------------------------------------------------
+
+
+def _resources(resources: Any) -> dict[str, Any]:
+    if not isinstance(resources, Mapping):
+        raise InvalidSpec("resources", "must be an object with limits and/or requests")
+    for part in ("limits", "requests"):
+        values = resources.get(part) or {}
+        if not isinstance(values, Mapping):
+            raise InvalidSpec(f"resources.{part}", "must map resource names to quantities")
+        if c.GPU_RESOURCE in values:
+            raise InvalidSpec(f"resources.{part}", f"must not set {c.GPU_RESOURCE}: use gpusPerRank")
+    return copy.deepcopy(dict(resources))
+
+
+def _env(env: Any, key: str) -> tuple[Mapping[str, Any], ...]:
+    items = _list(env, key)
+    for index, item in enumerate(items):
+        if not isinstance(item, Mapping) or not isinstance(item.get("name"), str) or not item["name"]:
+            raise InvalidSpec(f"{key}[{index}].name", "is required")
+    env_tuple = tuple(items)
+    _check_env_names(env_tuple, key, c.RESERVED_ENV, "is set by the operator")
+    return env_tuple
+
+
+def _check_env_names(env: Sequence[Mapping[str, Any]], key: str, reserved: frozenset[str] | set[str], why: str) -> None:
+    for index, item in enumerate(env):
+        if item.get("name") in reserved:
+            raise InvalidSpec(f"{key}[{index}].name", f"{item['name']} {why} and cannot be overridden")
+
+
+def _s3(s3: Any) -> S3Spec | None:
+    if s3 is None:
+        return None
+    if not isinstance(s3, Mapping):
+        raise InvalidSpec("s3", "must be an object")
+    for key in ("dataset", "results"):
+        uri = s3.get(key)
+        if uri is not None and (
+            not isinstance(uri, str) or not uri.startswith(S3_SCHEME) or len(uri) <= len(S3_SCHEME)
+        ):
+            raise InvalidSpec(f"s3.{key}", f"must be an s3://bucket/prefix URI, got {uri!r}")
+    endpoint = s3.get("endpoint")
+    if endpoint is not None and not re.match(r"^https?://\S+$", str(endpoint)):
+        raise InvalidSpec("s3.endpoint", f"must be an http(s) URL, got {endpoint!r}")
+    secret = s3.get("credentialsSecret")
+    if secret is not None and not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", str(secret)):
+        raise InvalidSpec("s3.credentialsSecret", f"must be a Secret name, got {secret!r}")
+    return S3Spec(
+        endpoint=endpoint,
+        region=s3.get("region"),
+        credentials_secret=secret,
+        dataset=s3.get("dataset"),
+        results=s3.get("results"),
+    )
+
+
+# --- shm and template ------------------------------------------------------------
+
+
+def _shm_size(value: Any, template: Mapping[str, Any]) -> str | None:
+    if value is None:
+        return None
+    text = str(value)
+    if (
+        isinstance(value, bool)
+        or not QUANTITY_RE.match(text)
+        or not re.search(r"[1-9]", text.split("e")[0].split("E")[0])
+    ):
+        raise InvalidSpec("shmSize", f"must be a positive quantity such as 8Gi, got {value!r}")
+    pod = template.get("spec") or {}
+    if any(volume.get("name") == c.SHM_VOLUME for volume in pod.get("volumes") or []):
+        raise InvalidSpec("template.spec.volumes", f"volume name {c.SHM_VOLUME!r} is reserved for shmSize")
+    for container in pod.get("containers") or []:
+        if container.get("name") == c.CONTAINER_NAME and any(
+            mount.get("mountPath") == c.SHM_PATH for mount in container.get("volumeMounts") or []
+        ):
+            raise InvalidSpec("template.spec.containers", f"{c.SHM_PATH} is mounted by shmSize; remove one of them")
+    return text
+
+
+def _template(template: Any) -> dict[str, Any]:
+    if not isinstance(template, Mapping):
+        raise InvalidSpec("template", "must be an object with metadata and spec")
+    copied: dict[str, Any] = copy.deepcopy(dict(template))
+    _check_template_metadata(copied.get("metadata") or {})
+    _check_pod_spec(copied.get("spec") or {})
+    return copied
+
+
+def _check_template_metadata(metadata: Mapping[str, Any]) -> None:
+    for key in ("labels", "annotations"):
+        values = metadata.get(key) or {}
+        if not isinstance(values, Mapping) or not all(isinstance(v, str) for v in values.values()):
+            raise InvalidSpec(f"template.metadata.{key}", "must map strings to strings")
+    reserved = sorted(c.RESERVED_LABELS & set(metadata.get("labels") or {}))
+    if reserved:
+        raise InvalidSpec("template.metadata.labels", f"{', '.join(reserved)} is set by the operator")
+
+
+def _check_pod_spec(pod: Mapping[str, Any]) -> None:
+    if not isinstance(pod, Mapping):
+        raise InvalidSpec("template.spec", "must be an object (a PodSpec)")
+    restart = pod.get("restartPolicy")
+    if restart not in (None, "Never"):
+        raise InvalidSpec(
+            "template.spec.restartPolicy",
+            "must be Never or unset: failed ranks are handled by spec.restartPolicy, which restarts the whole gang",
+        )
+    for key in POD_OWNED_FIELDS:
+        if key in pod:
+            raise InvalidSpec(f"template.spec.{key}", "is set by the operator")
+    names: set[str] = set()
+    for index, container in enumerate(pod.get("containers") or []):
+        _check_template_container(container, index, names)
+
+
+def _check_template_container(container: Any, index: int, seen: set[str]) -> None:
+    where = f"template.spec.containers[{index}]"
+    if not isinstance(container, Mapping) or not container.get("name"):
+        raise InvalidSpec(f"{where}.name", "is required")
+    name = container["name"]
+    if name in seen:
+        raise InvalidSpec(f"{where}.name", f"duplicate container name {name!r}")
+    seen.add(name)
+    if name != c.CONTAINER_NAME:
+        if not container.get("image"):
+            raise InvalidSpec(f"{where}.image", f"is required for the sidecar {name!r}")
+        return
+    owned = [key for key in TRAINER_OWNED_FIELDS if key in container]
+    if owned:
+        raise InvalidSpec(f"{where}.{owned[0]}", f"of the {c.CONTAINER_NAME!r} container comes from spec.{owned[0]}")
+    _env(container.get("env") or [], f"{where}.env")

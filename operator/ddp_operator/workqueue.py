@@ -1,0 +1,90 @@
+"""A keyed work queue for asyncio, in the manner of controller-runtime's.
+
+A key (namespace, job name) is reconciled by at most one worker at a time; keys added while
+their reconcile runs are coalesced into one more run afterwards; a reconcile can ask to run
+again after a delay (deadlines, TTLs, backoff).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Awaitable, Callable, Hashable
+
+log = logging.getLogger(__name__)
+
+Reconcile = Callable[[Hashable], Awaitable[float | None]]
+
+
+class WorkQueue:
+    def __init__(self, reconcile: Reconcile, workers: int = 16, error_backoff: float = 2.0) -> None:
+        self._reconcile = reconcile
+        self._queue: asyncio.Queue[Hashable] = asyncio.Queue()
+        self._queued: set[Hashable] = set()
+        self._running: set[Hashable] = set()
+        self._dirty: set[Hashable] = set()
+        self._timers: dict[Hashable, asyncio.TimerHandle] = {}
+        self._workers = workers
+        self._error_backoff = error_backoff
+        self._tasks: list[asyncio.Task] = []
+
+    def add(self, key: Hashable) -> None:
+        """Schedules a reconcile of key now (coalesced with any pending one)."""
+        if key in self._running:
+            self._dirty.add(key)
+        elif key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    def add_after(self, key: Hashable, delay: float) -> None:
+        """Schedules a reconcile of key after delay seconds, unless an earlier one is pending."""
+        loop = asyncio.get_running_loop()
+        timer = self._timers.get(key)
+        when = loop.time() + delay
+        if timer is not None and timer.when() <= when:
+            return
+        if timer is not None:
+            timer.cancel()
+        self._timers[key] = loop.call_at(when, self._fire, key)
+
+    def add_threadsafe(self, loop: asyncio.AbstractEventLoop, key: Hashable) -> None:
+        loop.call_soon_threadsafe(self.add, key)
+
+    def forget(self, key: Hashable) -> None:
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _fire(self, key: Hashable) -> None:
+        self._timers.pop(key, None)
+        self.add(key)
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._work(), name=f"reconcile-worker-{i}") for i in range(self._workers)]
+
+    async def stop(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _work(self) -> None:
+        while True:
+            key = await self._queue.get()
+            self._queued.discard(key)
+            self._running.add(key)
+            try:
+                requeue_after = await self._reconcile(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("reconcile of %s failed; retrying in %.0fs", key, self._error_backoff)
+                requeue_after = self._error_backoff
+            finally:
+                self._running.discard(key)
+            if key in self._dirty:
+                self._dirty.discard(key)
+                self.add(key)
+            elif requeue_after is not None:
+                self.add_after(key, requeue_after)

@@ -1,0 +1,306 @@
+"""The DDPJob CRD against a real kube-apiserver: schema, defaults, CEL rules, status subresource."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ddp_operator import constants as c
+from ddp_operator.spec import parse_spec
+from ddp_operator.status import Action, Decision, RankFailure, compute_status, summarize_pods
+from kube import wait_until
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_FILE = REPO / "crds" / "ddpjob.yaml"
+EXAMPLES = sorted((REPO / "examples").glob("ddpjob-*.yaml"))
+
+VALID_SPEC: dict[str, Any] = {"worldSize": 2, "image": "trainer:1", "entrypoint": "train.main:run"}
+
+
+def install_crd(kube_api: Any) -> None:
+    """Creates or updates the CRD from crds/ddpjob.yaml and waits until it is served."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    api = client.ApiextensionsV1Api(kube_api)
+    body = yaml.safe_load(CRD_FILE.read_text())
+    try:
+        api.create_custom_resource_definition(body)
+    except ApiException as error:
+        if error.status != 409:
+            raise
+        body["metadata"]["resourceVersion"] = api.read_custom_resource_definition(c.CRD_NAME).metadata.resource_version
+        api.replace_custom_resource_definition(c.CRD_NAME, body)
+
+    def established() -> bool:
+        conditions = api.read_custom_resource_definition(c.CRD_NAME).status.conditions or []
+        return any(cond.type == "Established" and cond.status == "True" for cond in conditions)
+
+    wait_until(established, 30, f"CRD {c.CRD_NAME} Established")
+    custom = client.CustomObjectsApi(kube_api)
+    wait_until(lambda: _served(custom), 30, f"{c.PLURAL} served")
+
+
+def _served(custom: Any) -> bool:
+    from kubernetes.client.rest import ApiException
+
+    try:
+        custom.list_cluster_custom_object(c.GROUP, c.VERSION, c.PLURAL, limit=1)
+        return True
+    except ApiException:
+        return False
+
+
+@pytest.fixture(scope="module")
+def custom(kube_api: Any) -> Any:
+    from kubernetes import client
+
+    install_crd(kube_api)
+    return client.CustomObjectsApi(kube_api)
+
+
+def ddpjob(spec: dict[str, Any], name: str = "job") -> dict[str, Any]:
+    return {"apiVersion": c.API_VERSION, "kind": c.KIND, "metadata": {"name": name}, "spec": spec}
+
+
+def create(custom: Any, namespace: str, body: dict[str, Any], dry_run: bool = True) -> dict[str, Any]:
+    kwargs = {"dry_run": "All"} if dry_run else {}
+    return custom.create_namespaced_custom_object(c.GROUP, c.VERSION, namespace, c.PLURAL, body, **kwargs)
+
+
+def refusal(custom: Any, namespace: str, body: dict[str, Any]) -> str:
+    """The API server's message for a refused create; fails the test if it is accepted."""
+    from kubernetes.client.rest import ApiException
+
+    with pytest.raises(ApiException) as caught:
+        create(custom, namespace, body)
+    assert caught.value.status == 422, caught.value.body
+    return json.loads(caught.value.body)["message"]
+
+
+def spec_with(**changes: Any) -> dict[str, Any]:
+    spec = copy.deepcopy(VALID_SPEC)
+    for key, value in changes.items():
+        if value is None:
+            spec.pop(key, None)
+        else:
+            spec[key] = value
+    return spec
+
+
+def test_valid_job_is_accepted_with_defaults(custom: Any, namespace: str) -> None:
+    created = create(custom, namespace, ddpjob(VALID_SPEC))
+    spec = created["spec"]
+    assert spec["masterPort"] == c.DEFAULT_MASTER_PORT
+    assert spec["backoffLimit"] == c.DEFAULT_BACKOFF_LIMIT
+    assert spec["gpusPerRank"] == c.DEFAULT_GPUS_PER_RANK
+    assert spec["backend"] == c.BACKEND_AUTO
+    assert spec["restartPolicy"] == c.POLICY_ON_FAILURE
+    assert spec["suspend"] is False
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_are_accepted(custom: Any, namespace: str, path: Path) -> None:
+    for doc in yaml.safe_load_all(path.read_text()):
+        created = create(custom, namespace, doc)
+        assert created["metadata"]["name"] == doc["metadata"]["name"]
+        parse_spec(created["spec"])  # what the server stores, the operator can run
+
+
+def test_a_full_template_is_accepted(custom: Any, namespace: str) -> None:
+    template = {
+        "metadata": {"labels": {"team": "a"}, "annotations": {"note": "x"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": {"gpu": "a100"},
+            "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}},
+            "serviceAccountName": "trainer",
+            "imagePullSecrets": [{"name": "regcred"}],
+            "priorityClassName": "high",
+            "schedulerName": "volcano",
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
+            "containers": [
+                {"name": "trainer", "volumeMounts": [{"name": "data", "mountPath": "/data"}]},
+                {"name": "logger", "image": "fluent-bit:3", "args": ["-v"]},
+            ],
+            "securityContext": {"runAsUser": 1000},
+        },
+    }
+    spec = spec_with(
+        template=template,
+        shmSize="8Gi",
+        gpusPerRank=8,
+        backend="nccl",
+        resources={"limits": {"cpu": 8, "memory": "64Gi"}, "requests": {"cpu": "4"}},
+        s3={
+            "endpoint": "https://s3.example.com",
+            "region": "eu-1",
+            "credentialsSecret": "creds",
+            "dataset": "s3://b/d",
+            "results": "s3://b/r",
+        },
+        env=[
+            {"name": "LR", "value": "0.1"},
+            {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        ],
+        envFrom=[{"configMapRef": {"name": "cfg"}}],
+    )
+    created = create(custom, namespace, ddpjob(spec))
+    assert created["spec"]["template"]["spec"]["securityContext"] == {"runAsUser": 1000}
+    assert created["spec"]["env"][1]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    parse_spec(created["spec"])
+
+
+INVALID: list[tuple[str, dict[str, Any], str]] = [
+    ("worldSize missing", spec_with(worldSize=None), "spec.worldSize: Required value"),
+    ("worldSize 0", spec_with(worldSize=0), "spec.worldSize: Invalid value"),
+    ("worldSize too large", spec_with(worldSize=4097), "spec.worldSize: Invalid value"),
+    ("image missing", spec_with(image=None), "spec.image: Required value"),
+    ("no program", spec_with(entrypoint=None), "spec.entrypoint: Invalid value"),
+    ("entrypoint and command", spec_with(command=["python"]), "exactly one of spec.entrypoint"),
+    ("entrypoint form", spec_with(entrypoint="train.py"), "spec.entrypoint must look like package.module:function"),
+    ("empty command", spec_with(entrypoint=None, command=[]), "spec.command: Invalid value"),
+    ("negative gpus", spec_with(gpusPerRank=-1), "spec.gpusPerRank: Invalid value"),
+    ("too many gpus", spec_with(worldSize=4096, gpusPerRank=8), "worldSize * gpusPerRank must not exceed"),
+    ("unknown backend", spec_with(backend="mpi"), 'spec.backend: Unsupported value: "mpi"'),
+    (
+        "nccl on cpu",
+        spec_with(backend="nccl", gpusPerRank=0),
+        'spec.backend: Invalid value: "object": spec.backend nccl requires',
+    ),
+    ("master port 0", spec_with(masterPort=0), "spec.masterPort: Invalid value"),
+    ("master port too large", spec_with(masterPort=65536), "spec.masterPort: Invalid value"),
+    ("restart policy", spec_with(restartPolicy="Always"), 'spec.restartPolicy: Unsupported value: "Always"'),
+    ("negative backoff", spec_with(backoffLimit=-1), "spec.backoffLimit: Invalid value"),
+    ("zero deadline", spec_with(activeDeadlineSeconds=0), "spec.activeDeadlineSeconds: Invalid value"),
+    ("negative ttl", spec_with(ttlSecondsAfterFinished=-1), "spec.ttlSecondsAfterFinished: Invalid value"),
+    ("suspend not bool", spec_with(suspend="yes"), "spec.suspend: Invalid value"),
+    ("shm not a quantity", spec_with(shmSize="lots"), "spec.shmSize: Invalid value"),
+    ("shm zero", spec_with(shmSize="0"), "spec.shmSize must be a positive quantity"),
+    ("dataset not s3", spec_with(s3={"dataset": "/data/train"}), "spec.s3.dataset must be an s3://"),
+    ("results not s3", spec_with(s3={"results": "https://b/r"}), "spec.s3.results must be an s3://"),
+    ("endpoint not url", spec_with(s3={"endpoint": "minio:9000"}), "spec.s3.endpoint must be an http(s)://"),
+    ("secret name", spec_with(s3={"credentialsSecret": "Bad_Name"}), "spec.s3.credentialsSecret: Invalid value"),
+    ("reserved env", spec_with(env=[{"name": "RANK", "value": "3"}]), "spec.env must not set MASTER_ADDR"),
+    (
+        "credentials env",
+        spec_with(s3={"credentialsSecret": "creds"}, env=[{"name": "AWS_SECRET_ACCESS_KEY", "value": "x"}]),
+        'spec.env: Invalid value: "object": spec.env must not set AWS_ACCESS_KEY_ID',
+    ),
+    ("env without name", spec_with(env=[{"value": "x"}]), "spec.env[0].name: Required value"),
+    (
+        "gpu in limits",
+        spec_with(resources={"limits": {c.GPU_RESOURCE: 1}}),
+        "spec.resources.limits must not set nvidia.com/gpu",
+    ),
+    (
+        "bad quantity",
+        spec_with(resources={"requests": {"memory": "lots"}}),
+        "spec.resources.requests.memory: Invalid value",
+    ),
+    (
+        "reserved label",
+        spec_with(template={"metadata": {"labels": {c.LABEL_RANK: "0"}}}),
+        "spec.template.metadata.labels must not set ddpoperator.io/job-name",
+    ),
+    (
+        "pod restart policy",
+        spec_with(template={"spec": {"restartPolicy": "OnFailure"}}),
+        'spec.template.spec.restartPolicy: Unsupported value: "OnFailure"',
+    ),
+    (
+        "pod hostname",
+        spec_with(template={"spec": {"hostname": "x"}}),
+        "spec.template.spec.hostname and subdomain are set by the operator",
+    ),
+    (
+        "pod deadline",
+        spec_with(template={"spec": {"activeDeadlineSeconds": 10}}),
+        "spec.template.spec.activeDeadlineSeconds is not supported",
+    ),
+    (
+        "trainer image in template",
+        spec_with(template={"spec": {"containers": [{"name": "trainer", "image": "other"}]}}),
+        "spec.template.spec.containers[trainer] must not set image",
+    ),
+    (
+        "sidecar without image",
+        spec_with(template={"spec": {"containers": [{"name": "logger"}]}}),
+        "a sidecar container needs an image",
+    ),
+    (
+        "duplicate containers",
+        spec_with(template={"spec": {"containers": [{"name": "a", "image": "x"}, {"name": "a", "image": "y"}]}}),
+        "spec.template.spec.containers[1]: Duplicate value",
+    ),
+    (
+        "shm volume name",
+        spec_with(shmSize="1Gi", template={"spec": {"volumes": [{"name": "dshm", "emptyDir": {}}]}}),
+        "spec.template.spec.volumes: Invalid value: \"object\": spec.template.spec.volumes: the volume name 'dshm' is reserved",
+    ),
+]
+
+
+@pytest.mark.parametrize(("spec", "needle"), [case[1:] for case in INVALID], ids=[case[0] for case in INVALID])
+def test_invalid_spec_is_refused_naming_the_field(
+    custom: Any, namespace: str, spec: dict[str, Any], needle: str
+) -> None:
+    assert needle in refusal(custom, namespace, ddpjob(spec))
+
+
+@pytest.mark.parametrize(
+    ("name", "world_size", "needle"),
+    [
+        ("my.job", 2, "metadata.name must be a DNS-1035 label"),
+        ("a" * 61, 11, "metadata.name is too long"),
+    ],
+)
+def test_job_name_must_fit_the_pod_hostnames(
+    custom: Any, namespace: str, name: str, world_size: int, needle: str
+) -> None:
+    assert needle in refusal(custom, namespace, ddpjob(spec_with(worldSize=world_size), name=name))
+
+
+def test_longest_name_that_fits_is_accepted(custom: Any, namespace: str) -> None:
+    assert create(custom, namespace, ddpjob(spec_with(worldSize=10), name="a" * 61))["metadata"]["name"] == "a" * 61
+
+
+def test_status_written_by_the_operator_survives_pruning(custom: Any, namespace: str) -> None:
+    """Every field compute_status writes (and the trainer's progress, and kopf's own) is declared."""
+    create(custom, namespace, ddpjob(VALID_SPEC), dry_run=False)
+    now = datetime(2025, 1, 1, tzinfo=timezone.utc)
+    failure = RankFailure(1, "job-1", 137, "OOMKilled", False)
+    patch = compute_status(
+        parse_spec(VALID_SPEC),
+        {"phase": "Running"},
+        summarize_pods([], 0, "job"),
+        Decision(Action.RESTART, 1, c.REASON_RANK_FAILED, "rank 1 (pod job-1) exited with code 137", failure=failure),
+        now,
+        generation=1,
+    )
+    extra = {
+        "progress": {
+            "epoch": 2,
+            "step": 300,
+            "loss": 0.25,
+            "samplesPerSecond": 812.5,
+            "updatedAt": "2025-01-01T00:00:00Z",
+            "accuracy": 0.9,
+        },
+        "kopf": {"progress": {"reconcile": {"started": "x", "retries": 1}}},
+    }
+    custom.patch_namespaced_custom_object_status(
+        c.GROUP, c.VERSION, namespace, c.PLURAL, "job", {"status": {**patch, **extra}}
+    )
+    stored = custom.get_namespaced_custom_object_status(c.GROUP, c.VERSION, namespace, c.PLURAL, "job")["status"]
+    expected = {key: value for key, value in {**patch, **extra}.items() if value is not None}
+    assert stored == expected

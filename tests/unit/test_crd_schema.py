@@ -1,0 +1,135 @@
+"""The CRD YAML and the Python side agree (offline: no API server needed)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ddp_operator import constants as c
+from ddp_operator.spec import InvalidSpec, parse_spec
+from ddp_operator.status import Action, Decision, RankFailure, compute_status, invalid_spec_status, summarize_pods
+
+CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "ddpjob.yaml"
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("ddpjob-*.yaml"))
+NOW = datetime(2025, 1, 1, tzinfo=timezone.utc)
+
+
+@pytest.fixture(scope="module")
+def crd() -> dict[str, Any]:
+    return yaml.safe_load(CRD_PATH.read_text())
+
+
+def schema(crd: dict[str, Any]) -> dict[str, Any]:
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def test_names_match_constants(crd: dict[str, Any]) -> None:
+    assert crd["metadata"]["name"] == c.CRD_NAME
+    assert crd["spec"]["group"] == c.GROUP and crd["spec"]["scope"] == "Namespaced"
+    names = crd["spec"]["names"]
+    assert (names["kind"], names["plural"], names["singular"]) == (c.KIND, c.PLURAL, c.SINGULAR)
+    assert names["shortNames"] == [c.SHORT_NAME]
+    version = crd["spec"]["versions"][0]
+    assert version["name"] == c.VERSION and version["storage"] and version["subresources"] == {"status": {}}
+
+
+def test_defaults_and_enums_match_constants(crd: dict[str, Any]) -> None:
+    spec = schema(crd)["properties"]["spec"]["properties"]
+    assert spec["masterPort"]["default"] == c.DEFAULT_MASTER_PORT
+    assert spec["backoffLimit"]["default"] == c.DEFAULT_BACKOFF_LIMIT
+    assert spec["gpusPerRank"]["default"] == c.DEFAULT_GPUS_PER_RANK
+    assert spec["backend"]["default"] == c.DEFAULT_BACKEND and tuple(spec["backend"]["enum"]) == c.BACKENDS
+    assert spec["restartPolicy"]["default"] == c.DEFAULT_RESTART_POLICY
+    assert tuple(spec["restartPolicy"]["enum"]) == c.RESTART_POLICIES
+    assert spec["worldSize"]["maximum"] == c.MAX_WORLD_SIZE
+    assert spec["gpusPerRank"]["maximum"] == c.MAX_GPUS_PER_RANK
+    assert tuple(schema(crd)["properties"]["status"]["properties"]["phase"]["enum"]) == c.PHASES
+
+
+def test_reserved_env_rule_lists_every_reserved_name(crd: dict[str, Any]) -> None:
+    rule = schema(crd)["properties"]["spec"]["properties"]["env"]["x-kubernetes-validations"][0]["rule"]
+    for name in c.RESERVED_ENV:
+        assert f"'{name}'" in rule
+
+
+def test_reserved_label_rule_lists_every_reserved_label(crd: dict[str, Any]) -> None:
+    labels = schema(crd)["properties"]["spec"]["properties"]["template"]["properties"]["metadata"]["properties"][
+        "labels"
+    ]
+    for label in c.RESERVED_LABELS:
+        assert f"'{label}'" in labels["x-kubernetes-validations"][0]["rule"]
+
+
+def test_printer_columns(crd: dict[str, Any]) -> None:
+    columns = {col["name"]: col["jsonPath"] for col in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
+    assert columns["Phase"] == ".status.phase" and columns["Ready"] == ".status.ready"
+    assert columns["Restarts"] == ".status.restarts" and columns["Age"] == ".metadata.creationTimestamp"
+    assert (columns["Epoch"], columns["Step"], columns["Loss"]) == (
+        ".status.progress.epoch",
+        ".status.progress.step",
+        ".status.progress.loss",
+    )
+
+
+def undeclared(value: Any, node: dict[str, Any], path: str) -> list[str]:
+    """Paths in value that a structural schema would prune."""
+    if node.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    if isinstance(value, dict) and isinstance(node.get("additionalProperties"), dict):
+        return [
+            p for key, item in value.items() for p in undeclared(item, node["additionalProperties"], f"{path}.{key}")
+        ]
+    if isinstance(value, dict):
+        props = node.get("properties", {})
+        missing = [f"{path}.{key}" for key in value if key not in props]
+        return missing + [
+            p for key, item in value.items() if key in props for p in undeclared(item, props[key], f"{path}.{key}")
+        ]
+    if isinstance(value, list):
+        return [p for item in value for p in undeclared(item, node.get("items", {}), f"{path}[]")]
+    return []
+
+
+def status_patches() -> list[dict[str, Any]]:
+    spec = parse_spec({"worldSize": 2, "image": "x", "entrypoint": "a:b"})
+    summary = summarize_pods([], 0, "job")
+    failure = RankFailure(1, "job-1", 137, "OOMKilled", False)
+    decisions = [
+        Decision(Action.CREATE, 0, create_ranks=(0, 1)),
+        Decision(Action.RESTART, 1, "RankFailed", "m", failure=failure),
+        Decision(Action.FAIL, 0, "PermanentFailure", "m", failure=failure),
+        Decision(Action.SUSPEND, 0, "Suspended", "m"),
+    ]
+    patches = [compute_status(spec, {}, summary, decision, NOW, 1) for decision in decisions]
+    patches.append(invalid_spec_status(InvalidSpec("worldSize", "bad"), {}, NOW, 1))
+    return patches
+
+
+def test_every_status_field_the_operator_writes_is_declared(crd: dict[str, Any]) -> None:
+    status_schema = schema(crd)["properties"]["status"]
+    written = [{k: v for k, v in patch.items() if v is not None} for patch in status_patches()]
+    assert [undeclared(patch, status_schema, "status") for patch in written] == [[]] * len(written)
+
+
+def test_kopf_and_progress_are_kept(crd: dict[str, Any]) -> None:
+    status = schema(crd)["properties"]["status"]["properties"]
+    assert status["kopf"]["x-kubernetes-preserve-unknown-fields"] is True
+    assert set(status["progress"]["properties"]) >= {"epoch", "step", "loss", "samplesPerSecond", "updatedAt"}
+
+
+def test_examples_exist() -> None:
+    assert {p.name for p in EXAMPLES} >= {"ddpjob-minimal.yaml", "ddpjob-gpu.yaml"}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_parse_and_match_the_schema(path: Path, crd: dict[str, Any]) -> None:
+    for doc in yaml.safe_load_all(path.read_text()):
+        if doc.get("kind") != c.KIND:
+            continue
+        assert doc["apiVersion"] == c.API_VERSION
+        parse_spec(doc["spec"])
+        assert undeclared(doc["spec"], schema(crd)["properties"]["spec"], "spec") == []

@@ -1,0 +1,276 @@
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from ddp_operator import constants as c
+from ddp_operator.manifests import (
+    build_pod,
+    build_service,
+    master_addr,
+    pod_name,
+    pod_selector,
+    service_name,
+)
+from ddp_operator.spec import parse_spec
+
+
+def make_job(name: str = "mnist", namespace: str = "team-a", **spec: Any) -> dict[str, Any]:
+    body = {"worldSize": 4, "image": "trainer:1", "entrypoint": "train.main:run", **spec}
+    return {
+        "apiVersion": c.API_VERSION,
+        "kind": c.KIND,
+        "metadata": {"name": name, "namespace": namespace, "uid": "uid-123", "generation": 1},
+        "spec": body,
+    }
+
+
+def pod_for(job: dict[str, Any], rank: int = 0, attempt: int = 0, **kwargs: Any) -> dict[str, Any]:
+    return build_pod(job, parse_spec(job["spec"]), rank, attempt, **kwargs)
+
+
+def trainer(pod: dict[str, Any]) -> dict[str, Any]:
+    return next(x for x in pod["spec"]["containers"] if x["name"] == c.CONTAINER_NAME)
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, Any]:
+    return {item["name"]: item.get("value", item.get("valueFrom")) for item in trainer(pod)["env"]}
+
+
+def test_names() -> None:
+    assert service_name("mnist") == "mnist"
+    assert pod_name("mnist", 3) == "mnist-3"
+    assert pod_selector("mnist") == "ddpoperator.io/job-name=mnist"
+
+
+@pytest.mark.parametrize(
+    ("domain", "expected"),
+    [(None, "mnist-0.mnist.team-a.svc"), ("cluster.local", "mnist-0.mnist.team-a.svc.cluster.local")],
+)
+def test_master_addr_is_rank_zero_behind_the_headless_service(domain: str | None, expected: str) -> None:
+    assert master_addr("mnist", "team-a", domain) == expected
+
+
+@pytest.mark.parametrize("port", [None, 23456])
+def test_service_is_headless_and_published_before_ready(port: int | None) -> None:
+    job = make_job(**({"masterPort": port} if port else {}))
+    service = build_service(job)
+    expected_port = port or c.DEFAULT_MASTER_PORT
+    assert service["metadata"]["name"] == "mnist" and service["metadata"]["namespace"] == "team-a"
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"] == {c.LABEL_JOB_NAME: "mnist"}
+    assert service["spec"]["ports"][0]["port"] == expected_port
+    assert service["spec"]["ports"][0]["targetPort"] == expected_port
+    assert service["metadata"]["labels"][c.LABEL_JOB_NAME] == "mnist"
+
+
+def test_service_port_follows_the_parsed_spec() -> None:
+    job = make_job()
+    assert build_service(job, parse_spec({**job["spec"], "masterPort": 1234}))["spec"]["ports"][0]["port"] == 1234
+
+
+@pytest.mark.parametrize(("rank", "attempt"), [(0, 0), (3, 0), (2, 5)])
+def test_pod_identity(rank: int, attempt: int) -> None:
+    pod = pod_for(make_job(), rank, attempt)
+    assert pod["metadata"]["name"] == f"mnist-{rank}"
+    assert pod["metadata"]["namespace"] == "team-a"
+    assert pod["spec"]["hostname"] == f"mnist-{rank}"
+    assert pod["spec"]["subdomain"] == "mnist"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    labels = pod["metadata"]["labels"]
+    assert labels[c.LABEL_JOB_NAME] == "mnist"
+    assert labels[c.LABEL_RANK] == str(rank)
+    assert labels[c.LABEL_ATTEMPT] == str(attempt)
+    assert pod["metadata"]["annotations"][c.ANNOTATION_WORLD_SIZE] == "4"
+
+
+@pytest.mark.parametrize("rank", [0, 1, 3])
+def test_rank_env(rank: int) -> None:
+    env = env_of(pod_for(make_job(), rank, attempt=2))
+    assert env == {
+        "MASTER_ADDR": "mnist-0.mnist.team-a.svc",
+        "MASTER_PORT": "29500",
+        "RANK": str(rank),
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "NODE_RANK": str(rank),
+        "DDP_JOB_NAME": "mnist",
+        "DDP_JOB_NAMESPACE": "team-a",
+        "DDP_JOB_UID": "uid-123",
+        "DDP_ATTEMPT": "2",
+        "DDP_BACKEND": "nccl",
+        "DDP_ENTRYPOINT": "train.main:run",
+    }
+    assert all(isinstance(v, str) for v in env.values())
+
+
+def test_master_addr_env_uses_the_cluster_domain_when_given() -> None:
+    assert env_of(pod_for(make_job(), 1, cluster_domain="k8s.example"))[c.ENV_MASTER_ADDR] == (
+        "mnist-0.mnist.team-a.svc.k8s.example"
+    )
+
+
+def test_entrypoint_runs_the_trainer_runtime() -> None:
+    container = trainer(pod_for(make_job(args=["--lr", "0.1"])))
+    assert container["command"] == ["python", "-m", "ddp_trainer", "run", "--"]
+    assert container["args"] == ["--lr", "0.1"]
+    assert container["image"] == "trainer:1"
+
+
+def test_command_replaces_the_runtime() -> None:
+    pod = pod_for(make_job(entrypoint=None, command=["torchrun", "train.py"]))
+    assert trainer(pod)["command"] == ["torchrun", "train.py"]
+    assert "args" not in trainer(pod)
+    assert c.ENV_ENTRYPOINT not in env_of(pod)
+
+
+@pytest.mark.parametrize(("gpus", "backend"), [(0, "gloo"), (1, "nccl"), (8, "nccl")])
+def test_gpu_limits_and_backend(gpus: int, backend: str) -> None:
+    pod = pod_for(make_job(gpusPerRank=gpus, resources={"limits": {"cpu": "4"}, "requests": {"cpu": "2"}}))
+    resources = trainer(pod)["resources"]
+    if gpus:
+        assert resources["limits"] == {"cpu": "4", c.GPU_RESOURCE: gpus}
+        assert resources["requests"] == {"cpu": "2", c.GPU_RESOURCE: gpus}
+    else:
+        assert c.GPU_RESOURCE not in resources["limits"] and c.GPU_RESOURCE not in resources["requests"]
+    assert env_of(pod)[c.ENV_BACKEND] == backend
+
+
+def test_gpu_limit_without_other_resources() -> None:
+    assert trainer(pod_for(make_job(gpusPerRank=2)))["resources"] == {"limits": {c.GPU_RESOURCE: 2}}
+
+
+def test_cpu_job_without_resources_has_no_resources_field() -> None:
+    assert "resources" not in trainer(pod_for(make_job(gpusPerRank=0)))
+
+
+def test_shm_is_a_memory_empty_dir_at_dev_shm() -> None:
+    pod = pod_for(make_job(shmSize="8Gi", template={"spec": {"volumes": [{"name": "data", "emptyDir": {}}]}}))
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes[c.SHM_VOLUME] == {"name": c.SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}
+    assert "data" in volumes
+    assert {"name": c.SHM_VOLUME, "mountPath": "/dev/shm"} in trainer(pod)["volumeMounts"]
+
+
+def test_no_shm_volume_without_shm_size() -> None:
+    pod = pod_for(make_job())
+    assert "volumes" not in pod["spec"]
+    assert "volumeMounts" not in trainer(pod)
+
+
+S3 = {
+    "endpoint": "http://minio.storage:9000",
+    "region": "eu-west-1",
+    "credentialsSecret": "s3-creds",
+    "dataset": "s3://datasets/mnist",
+    "results": "s3://results/mnist",
+}
+
+
+def test_s3_settings_become_env_and_credentials_secret_refs() -> None:
+    env = env_of(pod_for(make_job(s3=S3), 2))
+    assert env[c.ENV_S3_ENDPOINT] == S3["endpoint"]
+    assert env[c.ENV_S3_REGION] == "eu-west-1"
+    assert env[c.ENV_DATASET_URI] == "s3://datasets/mnist"
+    assert env[c.ENV_RESULTS_URI] == "s3://results/mnist"
+    assert env[c.ENV_AWS_ACCESS_KEY_ID] == {"secretKeyRef": {"name": "s3-creds", "key": "AWS_ACCESS_KEY_ID"}}
+    assert env[c.ENV_AWS_SECRET_ACCESS_KEY] == {"secretKeyRef": {"name": "s3-creds", "key": "AWS_SECRET_ACCESS_KEY"}}
+
+
+def test_secret_values_are_never_inlined() -> None:
+    pod = pod_for(make_job(s3=S3))
+    for item in trainer(pod)["env"]:
+        if item["name"].startswith("AWS_"):
+            assert "value" not in item
+    assert "AKIA" not in json.dumps(pod)
+
+
+def test_partial_s3_settings_only_set_what_is_given() -> None:
+    env = env_of(pod_for(make_job(s3={"dataset": "s3://d/x"})))
+    assert env[c.ENV_DATASET_URI] == "s3://d/x"
+    for name in (c.ENV_S3_ENDPOINT, c.ENV_S3_REGION, c.ENV_RESULTS_URI, c.ENV_AWS_ACCESS_KEY_ID):
+        assert name not in env
+
+
+def test_user_env_comes_after_injected_env_and_env_from_is_kept() -> None:
+    pod = pod_for(make_job(env=[{"name": "LR", "value": "0.1"}], envFrom=[{"secretRef": {"name": "wandb"}}]))
+    names = [item["name"] for item in trainer(pod)["env"]]
+    assert names[-1] == "LR" and names[0] == c.ENV_MASTER_ADDR
+    assert trainer(pod)["envFrom"] == [{"secretRef": {"name": "wandb"}}]
+
+
+TEMPLATE = {
+    "metadata": {"labels": {"team": "vision"}, "annotations": {"note": "x"}},
+    "spec": {
+        "nodeSelector": {"gpu": "a100"},
+        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {}},
+        "serviceAccountName": "trainer",
+        "imagePullSecrets": [{"name": "regcred"}],
+        "priorityClassName": "high",
+        "schedulerName": "volcano",
+        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
+        "containers": [
+            {
+                "name": "trainer",
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                "env": [{"name": "EXTRA", "value": "1"}],
+                "imagePullPolicy": "Always",
+            },
+            {"name": "logger", "image": "fluent-bit:3"},
+        ],
+        "enableServiceLinks": True,
+    },
+}
+
+
+def test_template_is_merged() -> None:
+    pod = pod_for(make_job(template=TEMPLATE, shmSize="1Gi"), 1)
+    spec = pod["spec"]
+    for key in (
+        "nodeSelector",
+        "tolerations",
+        "affinity",
+        "serviceAccountName",
+        "imagePullSecrets",
+        "priorityClassName",
+        "schedulerName",
+        "enableServiceLinks",
+    ):
+        assert spec[key] == TEMPLATE["spec"][key]
+    assert pod["metadata"]["labels"]["team"] == "vision"
+    assert pod["metadata"]["annotations"]["note"] == "x"
+    assert [x["name"] for x in spec["containers"]] == ["trainer", "logger"]
+    container = trainer(pod)
+    assert container["imagePullPolicy"] == "Always"
+    assert container["image"] == "trainer:1"
+    assert container["volumeMounts"] == [
+        {"name": "data", "mountPath": "/data"},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    assert [v["name"] for v in spec["volumes"]] == ["data", "dshm"]
+    assert env_of(pod)["EXTRA"] == "1" and env_of(pod)[c.ENV_RANK] == "1"
+
+
+def test_service_links_off_by_default() -> None:
+    assert pod_for(make_job())["spec"]["enableServiceLinks"] is False
+
+
+def test_building_does_not_mutate_the_job_or_the_spec() -> None:
+    job = make_job(template=TEMPLATE, shmSize="1Gi")
+    spec = parse_spec(job["spec"])
+    before = json.dumps(job, sort_keys=True), repr(spec)
+    first = build_pod(job, spec, 0, 0)
+    build_pod(job, spec, 1, 0)
+    assert (json.dumps(job, sort_keys=True), repr(spec)) == before
+    assert first == build_pod(job, spec, 0, 0)
+
+
+@pytest.mark.parametrize("rank", [-1, 4])
+def test_rank_out_of_range_is_refused(rank: int) -> None:
+    with pytest.raises(ValueError, match="outside"):
+        pod_for(make_job(), rank)

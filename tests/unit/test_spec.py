@@ -1,0 +1,218 @@
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from ddp_operator import constants as c
+from ddp_operator.spec import InvalidSpec, JobSpec, S3Spec, parse_spec, validate_job_name
+
+MINIMAL: dict[str, Any] = {"worldSize": 2, "image": "trainer:1", "entrypoint": "train.main:run"}
+
+
+def with_(**changes: Any) -> dict[str, Any]:
+    spec = copy.deepcopy(MINIMAL)
+    for key, value in changes.items():
+        if value is None:
+            spec.pop(key, None)
+        else:
+            spec[key] = value
+    return spec
+
+
+def test_defaults_are_applied() -> None:
+    spec = parse_spec(MINIMAL)
+    assert spec == JobSpec(world_size=2, image="trainer:1", entrypoint="train.main:run")
+    assert (spec.gpus_per_rank, spec.master_port, spec.backend) == (1, 29500, "auto")
+    assert (spec.restart_policy, spec.backoff_limit, spec.suspend) == ("OnFailure", 3, False)
+    assert spec.active_deadline_seconds is None and spec.ttl_seconds_after_finished is None
+    assert spec.s3 is None and spec.shm_size is None and spec.command is None
+
+
+def test_full_spec_is_parsed() -> None:
+    raw = with_(
+        entrypoint=None,
+        command=["python", "train.py"],
+        args=["--epochs", "3"],
+        gpusPerRank=2,
+        masterPort=23456,
+        backend="nccl",
+        shmSize="8Gi",
+        env=[{"name": "LR", "value": "0.1"}],
+        envFrom=[{"configMapRef": {"name": "cfg"}}],
+        resources={"limits": {"cpu": "4", "memory": "16Gi"}},
+        s3={
+            "endpoint": "http://minio:9000",
+            "region": "us-east-1",
+            "credentialsSecret": "s3-creds",
+            "dataset": "s3://data/train",
+            "results": "s3://out/run1",
+        },
+        restartPolicy="ExitCode",
+        backoffLimit=0,
+        activeDeadlineSeconds=3600,
+        ttlSecondsAfterFinished=0,
+        suspend=True,
+        template={"metadata": {"labels": {"team": "a"}}, "spec": {"nodeSelector": {"gpu": "a100"}}},
+    )
+    spec = parse_spec(raw)
+    assert spec.command == ("python", "train.py") and spec.args == ("--epochs", "3")
+    assert spec.entrypoint is None
+    assert spec.s3 == S3Spec("http://minio:9000", "us-east-1", "s3-creds", "s3://data/train", "s3://out/run1")
+    assert (spec.restart_policy, spec.backoff_limit, spec.suspend) == ("ExitCode", 0, True)
+    assert spec.template_labels == {"team": "a"} and spec.pod_spec == {"nodeSelector": {"gpu": "a100"}}
+    assert spec.shm_size == "8Gi" and spec.master_port == 23456
+
+
+def test_parse_spec_does_not_alias_the_input() -> None:
+    raw = with_(env=[{"name": "A", "value": "1"}], template={"spec": {"volumes": [{"name": "v", "emptyDir": {}}]}})
+    spec = parse_spec(raw)
+    raw["env"][0]["value"] = "changed"
+    raw["template"]["spec"]["volumes"].clear()
+    assert spec.env[0]["value"] == "1" and spec.pod_spec["volumes"]
+
+
+@pytest.mark.parametrize(
+    ("gpus", "backend", "expected"),
+    [(1, "auto", "nccl"), (0, "auto", "gloo"), (4, "gloo", "gloo"), (1, "nccl", "nccl")],
+)
+def test_effective_backend(gpus: int, backend: str, expected: str) -> None:
+    assert parse_spec(with_(gpusPerRank=gpus, backend=backend)).effective_backend == expected
+
+
+@pytest.mark.parametrize("shm", ["1Gi", "512Mi", "1e9", "0.5Gi", 1073741824])
+def test_valid_shm_sizes(shm: Any) -> None:
+    assert parse_spec(with_(shmSize=shm)).shm_size == str(shm)
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"worldSize": None}, "worldSize"),
+        ({"worldSize": 0}, "worldSize"),
+        ({"worldSize": 4097}, "worldSize"),
+        ({"worldSize": "2"}, "worldSize"),
+        ({"worldSize": True}, "worldSize"),
+        ({"image": None}, "image"),
+        ({"image": ""}, "image"),
+        ({"entrypoint": None}, "entrypoint"),
+        ({"command": ["python"]}, "entrypoint"),
+        ({"entrypoint": "train.main"}, "entrypoint"),
+        ({"entrypoint": "1train:run"}, "entrypoint"),
+        ({"entrypoint": None, "command": []}, "command"),
+        ({"entrypoint": None, "command": "python train.py"}, "command"),
+        ({"args": [1, 2]}, "args"),
+        ({"gpusPerRank": -1}, "gpusPerRank"),
+        ({"gpusPerRank": 17}, "gpusPerRank"),
+        ({"worldSize": 4096, "gpusPerRank": 8}, "gpusPerRank"),
+        ({"backend": "mpi"}, "backend"),
+        ({"backend": "nccl", "gpusPerRank": 0}, "backend"),
+        ({"masterPort": 0}, "masterPort"),
+        ({"masterPort": 65536}, "masterPort"),
+        ({"restartPolicy": "Always"}, "restartPolicy"),
+        ({"backoffLimit": -1}, "backoffLimit"),
+        ({"activeDeadlineSeconds": 0}, "activeDeadlineSeconds"),
+        ({"ttlSecondsAfterFinished": -5}, "ttlSecondsAfterFinished"),
+        ({"suspend": "yes"}, "suspend"),
+        ({"shmSize": "lots"}, "shmSize"),
+        ({"shmSize": "0Gi"}, "shmSize"),
+        ({"resources": {"limits": {c.GPU_RESOURCE: 2}}}, "resources.limits"),
+        ({"resources": {"requests": {c.GPU_RESOURCE: 1}}}, "resources.requests"),
+        ({"resources": ["cpu"]}, "resources"),
+        ({"env": [{"value": "x"}]}, "env[0].name"),
+        ({"env": [{"name": "A", "value": "1"}, {"name": "RANK", "value": "3"}]}, "env[1].name"),
+        ({"env": [{"name": "MASTER_ADDR", "value": "x"}]}, "env[0].name"),
+        ({"s3": {"dataset": "/data"}}, "s3.dataset"),
+        ({"s3": {"results": "s3://"}}, "s3.results"),
+        ({"s3": {"endpoint": "minio:9000"}}, "s3.endpoint"),
+        ({"s3": {"credentialsSecret": "Bad_Name"}}, "s3.credentialsSecret"),
+        (
+            {"s3": {"credentialsSecret": "creds"}, "env": [{"name": "AWS_SECRET_ACCESS_KEY", "value": "x"}]},
+            "env[0].name",
+        ),
+        ({"template": {"metadata": {"labels": {c.LABEL_RANK: "1"}}}}, "template.metadata.labels"),
+        ({"template": {"metadata": {"annotations": {"a": 1}}}}, "template.metadata.annotations"),
+        ({"template": {"spec": {"restartPolicy": "OnFailure"}}}, "template.spec.restartPolicy"),
+        ({"template": {"spec": {"hostname": "h"}}}, "template.spec.hostname"),
+        ({"template": {"spec": {"subdomain": "s"}}}, "template.spec.subdomain"),
+        ({"template": {"spec": {"activeDeadlineSeconds": 5}}}, "template.spec.activeDeadlineSeconds"),
+        (
+            {"template": {"spec": {"containers": [{"name": "trainer", "image": "x"}]}}},
+            "template.spec.containers[0].image",
+        ),
+        (
+            {"template": {"spec": {"containers": [{"name": "trainer", "command": ["x"]}]}}},
+            "template.spec.containers[0].command",
+        ),
+        (
+            {"template": {"spec": {"containers": [{"name": "trainer", "resources": {}}]}}},
+            "template.spec.containers[0].resources",
+        ),
+        ({"template": {"spec": {"containers": [{"name": "side"}]}}}, "template.spec.containers[0].image"),
+        ({"template": {"spec": {"containers": [{"image": "x"}]}}}, "template.spec.containers[0].name"),
+        (
+            {"template": {"spec": {"containers": [{"name": "s", "image": "x"}, {"name": "s", "image": "y"}]}}},
+            "template.spec.containers[1].name",
+        ),
+        (
+            {
+                "template": {
+                    "spec": {"containers": [{"name": "trainer", "env": [{"name": "WORLD_SIZE", "value": "9"}]}]}
+                }
+            },
+            "template.spec.containers[0].env[0].name",
+        ),
+        (
+            {"shmSize": "1Gi", "template": {"spec": {"volumes": [{"name": c.SHM_VOLUME, "emptyDir": {}}]}}},
+            "template.spec.volumes",
+        ),
+        (
+            {
+                "shmSize": "1Gi",
+                "template": {
+                    "spec": {
+                        "containers": [{"name": "trainer", "volumeMounts": [{"name": "x", "mountPath": "/dev/shm"}]}]
+                    }
+                },
+            },
+            "template.spec.containers",
+        ),
+    ],
+)
+def test_invalid_specs_name_the_field(changes: dict[str, Any], field: str) -> None:
+    with pytest.raises(InvalidSpec) as caught:
+        parse_spec(with_(**changes))
+    assert caught.value.field == field
+    assert str(caught.value).startswith(f"spec.{field}: ")
+
+
+def test_a_trainer_container_in_the_template_may_add_fields() -> None:
+    template = {"spec": {"containers": [{"name": "trainer", "volumeMounts": [{"name": "d", "mountPath": "/d"}]}]}}
+    assert parse_spec(with_(template=template)).pod_spec["containers"][0]["volumeMounts"][0]["mountPath"] == "/d"
+
+
+@pytest.mark.parametrize(
+    ("name", "world_size"),
+    [("job", 1), ("a" * 61, 10), ("my-job-2", 4096)],
+)
+def test_valid_job_names(name: str, world_size: int) -> None:
+    validate_job_name(name, world_size)
+
+
+@pytest.mark.parametrize(
+    ("name", "world_size", "needle"),
+    [
+        ("Job", 1, "DNS-1035"),
+        ("1job", 1, "DNS-1035"),
+        ("job.x", 1, "DNS-1035"),
+        ("job-", 1, "DNS-1035"),
+        ("a" * 61, 11, "63"),
+        ("a" * 63, 1, "63"),
+    ],
+)
+def test_invalid_job_names(name: str, world_size: int, needle: str) -> None:
+    with pytest.raises(InvalidSpec, match=needle) as caught:
+        validate_job_name(name, world_size)
+    assert caught.value.field == "metadata.name"
+    assert str(caught.value).startswith("metadata.name: ")
