@@ -11,11 +11,18 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
+
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from ddp_operator import constants as c
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER_SCRIPT = REPO / "localcluster" / "cluster.sh"
 KUBECONFIG_ENV = "DDP_TEST_KUBECONFIG"
+CRD_FILE = REPO / "crds" / "ddpjob.yaml"
 
 
 @dataclass(frozen=True)
@@ -75,3 +82,32 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str, inter
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def install_crd(kube_api: Any) -> None:
+    """Creates or updates the CRD from crds/ddpjob.yaml and waits until it is served."""
+    api = client.ApiextensionsV1Api(kube_api)
+    body = yaml.safe_load(CRD_FILE.read_text())
+    try:
+        api.create_custom_resource_definition(body)
+    except ApiException as error:
+        if error.status != 409:
+            raise
+        body["metadata"]["resourceVersion"] = api.read_custom_resource_definition(c.CRD_NAME).metadata.resource_version
+        api.replace_custom_resource_definition(c.CRD_NAME, body)
+
+    def established() -> bool:
+        conditions = api.read_custom_resource_definition(c.CRD_NAME).status.conditions or []
+        return any(cond.type == "Established" and cond.status == "True" for cond in conditions)
+
+    wait_until(established, 30, f"CRD {c.CRD_NAME} Established")
+    custom = client.CustomObjectsApi(kube_api)
+    wait_until(lambda: _served(custom), 30, f"{c.PLURAL} served")
+
+
+def _served(custom: Any) -> bool:
+    try:
+        custom.list_cluster_custom_object(c.GROUP, c.VERSION, c.PLURAL, limit=1)
+        return True
+    except ApiException:
+        return False

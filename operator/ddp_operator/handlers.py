@@ -48,6 +48,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = 300
     settings.posting.enabled = False  # our Events are posted by events.py, with our reasons
     settings.persistence.finalizer = f"{c.GROUP}/finalizer"  # never added: no change handlers
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # not a line per watch event
     RUNTIME = Runtime()
     RUNTIME.pods.start()
     await asyncio.get_running_loop().run_in_executor(None, RUNTIME.pods.synced.wait, 60)

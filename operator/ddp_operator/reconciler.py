@@ -102,7 +102,13 @@ class Reconciler:
             log.info("deleting %s/%s: ttlSecondsAfterFinished passed", *key)
             await self.kube.delete_job(*key)
             return None
-        return await self._reconcile(job, spec, status, now)
+        try:
+            return await self._reconcile(job, spec, status, now)
+        except ApiException as error:
+            if not is_going_away(error):
+                raise
+            log.debug("%s/%s is being deleted: %s", *key, api_message(error))
+            return None
 
     async def _reconcile(self, job: dict[str, Any], spec: JobSpec, status: Mapping[str, Any], now: datetime) -> float | None:
         name = job["metadata"]["name"]
@@ -156,6 +162,11 @@ class Reconciler:
             log.info("%s/%s: %s -> %s (%s) %s", meta["namespace"], meta["name"], status.get("phase"), phase,
                      reason, message)
             await post_event(self.kube, updated, kind, reason, message)
+
+
+def is_going_away(error: ApiException) -> bool:
+    """The job (404) or its namespace (403 NamespaceTerminating) is being deleted: nothing to do."""
+    return error.status == 404 or (error.status == 403 and "NamespaceTerminating" in (error.body or ""))
 
 
 def api_message(error: ApiException) -> str:

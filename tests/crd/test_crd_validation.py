@@ -14,49 +14,14 @@ import yaml
 from ddp_operator import constants as c
 from ddp_operator.spec import parse_spec
 from ddp_operator.status import Action, Decision, RankFailure, compute_status, summarize_pods
-from kube import wait_until
+from kube import install_crd, wait_until
 
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
-CRD_FILE = REPO / "crds" / "ddpjob.yaml"
 EXAMPLES = sorted((REPO / "examples").glob("ddpjob-*.yaml"))
 
 VALID_SPEC: dict[str, Any] = {"worldSize": 2, "image": "trainer:1", "entrypoint": "train.main:run"}
-
-
-def install_crd(kube_api: Any) -> None:
-    """Creates or updates the CRD from crds/ddpjob.yaml and waits until it is served."""
-    from kubernetes import client
-    from kubernetes.client.rest import ApiException
-
-    api = client.ApiextensionsV1Api(kube_api)
-    body = yaml.safe_load(CRD_FILE.read_text())
-    try:
-        api.create_custom_resource_definition(body)
-    except ApiException as error:
-        if error.status != 409:
-            raise
-        body["metadata"]["resourceVersion"] = api.read_custom_resource_definition(c.CRD_NAME).metadata.resource_version
-        api.replace_custom_resource_definition(c.CRD_NAME, body)
-
-    def established() -> bool:
-        conditions = api.read_custom_resource_definition(c.CRD_NAME).status.conditions or []
-        return any(cond.type == "Established" and cond.status == "True" for cond in conditions)
-
-    wait_until(established, 30, f"CRD {c.CRD_NAME} Established")
-    custom = client.CustomObjectsApi(kube_api)
-    wait_until(lambda: _served(custom), 30, f"{c.PLURAL} served")
-
-
-def _served(custom: Any) -> bool:
-    from kubernetes.client.rest import ApiException
-
-    try:
-        custom.list_cluster_custom_object(c.GROUP, c.VERSION, c.PLURAL, limit=1)
-        return True
-    except ApiException:
-        return False
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,216 @@
+"""The operator against a real API server: kwok plays the kubelet, the tests end containers."""
+
+from __future__ import annotations
+
+import time
+
+from ddp_operator import constants as c
+from kube import wait_until
+
+
+def env_of(pod) -> dict[str, str]:
+    trainer = next(x for x in pod.spec.containers if x.name == c.CONTAINER_NAME)
+    return {e.name: e.value for e in trainer.env if e.value is not None}
+
+
+def test_job_gets_a_headless_service_and_one_wired_pod_per_rank(jobs) -> None:
+    job = jobs.create("wired", worldSize=3, masterPort=23456)
+    status = jobs.wait_phase("wired", c.PHASE_RUNNING)
+    assert status["ready"] == "3/3" and status["readyRanks"] == 3 and status["restarts"] == 0
+
+    service = jobs.core.read_namespaced_service("wired", jobs.namespace)
+    assert service.spec.cluster_ip == "None"
+    assert service.spec.publish_not_ready_addresses is True
+    assert service.spec.ports[0].port == 23456
+
+    pods = sorted(jobs.pods("wired"), key=lambda p: int(p.metadata.labels[c.LABEL_RANK]))
+    assert [p.metadata.name for p in pods] == ["wired-0", "wired-1", "wired-2"]
+    for rank, pod in enumerate(pods):
+        env = env_of(pod)
+        assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "3" and env["MASTER_PORT"] == "23456"
+        assert env["MASTER_ADDR"] == f"wired-0.wired.{jobs.namespace}.svc"
+        assert env["DDP_JOB_UID"] == job["metadata"]["uid"]
+        assert pod.spec.hostname == pod.metadata.name and pod.spec.subdomain == "wired"
+        owner = pod.metadata.owner_references[0]
+        assert (owner.kind, owner.uid, owner.controller) == (c.KIND, job["metadata"]["uid"], True)
+    assert {e.reason for e in jobs.events("wired")} >= {c.REASON_ALL_READY}
+
+
+def test_gpu_ranks_ask_for_their_gpus_and_land_on_gpu_nodes(jobs) -> None:
+    jobs.create("gpus", worldSize=2, gpusPerRank=4)
+    jobs.wait_phase("gpus", c.PHASE_RUNNING)
+    for pod in jobs.pods("gpus"):
+        trainer = next(x for x in pod.spec.containers if x.name == c.CONTAINER_NAME)
+        assert trainer.resources.limits[c.GPU_RESOURCE] == "4"
+        node = jobs.core.read_node(pod.spec.node_name)
+        assert int(node.status.allocatable[c.GPU_RESOURCE]) >= 4
+
+
+def test_a_failed_rank_restarts_the_whole_gang(jobs) -> None:
+    jobs.create("gang", worldSize=3, backoffLimit=2)
+    jobs.wait_phase("gang", c.PHASE_RUNNING)
+    first = {p.metadata.uid for p in jobs.pods("gang")}
+
+    jobs.finish("gang-1", 137, "OOMKilled")
+
+    pods = jobs.wait_pods("gang", 3, attempt=1)
+    assert first.isdisjoint({p.metadata.uid for p in pods}), "every rank must be recreated, not only rank 1"
+    status = jobs.wait_phase("gang", c.PHASE_RUNNING)
+    assert status["restarts"] == 1 and status["attempt"] == 1
+    assert status["failedRank"] == {"rank": 1, "pod": "gang-1", "exitCode": 137, "reason": "OOMKilled"}
+    warnings = [e.message for e in jobs.events("gang") if e.type == "Warning"]
+    assert any("rank 1" in m and "137" in m for m in warnings), warnings
+
+
+def test_backoff_exhaustion_fails_the_job_naming_rank_pod_and_exit_code(jobs) -> None:
+    jobs.create("exhaust", worldSize=2, backoffLimit=1)
+    jobs.wait_phase("exhaust", c.PHASE_RUNNING)
+    jobs.finish("exhaust-0", 134)
+    jobs.wait_pods("exhaust", 2, attempt=1)
+    jobs.wait_phase("exhaust", c.PHASE_RUNNING)
+
+    jobs.finish("exhaust-1", 139)
+
+    status = jobs.wait_phase("exhaust", c.PHASE_FAILED)
+    assert status["reason"] == c.REASON_BACKOFF_LIMIT
+    assert "rank 1" in status["message"] and "exhaust-1" in status["message"] and "139" in status["message"]
+    assert status["restarts"] == 1 and status["completionTime"]
+    failed = next(x for x in status["conditions"] if x["type"] == c.COND_FAILED)
+    assert failed["status"] == "True"
+    # The surviving rank is stopped, not left holding its GPU; the failed one stays for its logs.
+    wait_until(lambda: [p.metadata.name for p in jobs.pods("exhaust")] == ["exhaust-1"], 30,
+               "the surviving rank to be deleted")
+
+
+def test_exit_code_policy_retries_signals_and_fails_on_program_errors(jobs) -> None:
+    jobs.create("signal", worldSize=2, restartPolicy="ExitCode")
+    jobs.create("usererr", worldSize=2, restartPolicy="ExitCode")
+    jobs.wait_phase("signal", c.PHASE_RUNNING)
+    jobs.wait_phase("usererr", c.PHASE_RUNNING)
+
+    jobs.finish("signal-0", 143)
+    jobs.finish("usererr-0", 1)
+
+    assert jobs.wait_phase("usererr", c.PHASE_FAILED)["reason"] == c.REASON_PERMANENT
+    jobs.wait_pods("signal", 2, attempt=1)
+    assert jobs.wait_phase("signal", c.PHASE_RUNNING)["restarts"] == 1
+    assert jobs.status("usererr")["restarts"] == 0
+
+
+def test_an_evicted_rank_is_retried_under_the_exit_code_policy(jobs) -> None:
+    jobs.create("evicted", worldSize=2, restartPolicy="ExitCode")
+    jobs.wait_phase("evicted", c.PHASE_RUNNING)
+    jobs.evict("evicted-1")
+    jobs.wait_pods("evicted", 2, attempt=1)
+    status = jobs.wait_phase("evicted", c.PHASE_RUNNING)
+    assert status["restarts"] == 1 and status["failedRank"]["reason"] == "Evicted"
+
+
+def test_job_succeeds_when_every_rank_exits_zero(jobs) -> None:
+    jobs.create("done", worldSize=2)
+    jobs.wait_phase("done", c.PHASE_RUNNING)
+    jobs.finish("done-0", 0)
+    time.sleep(1)
+    assert jobs.status("done")["phase"] == c.PHASE_RUNNING, "one rank finishing is not the job finishing"
+    jobs.finish("done-1", 0)
+    status = jobs.wait_phase("done", c.PHASE_SUCCEEDED)
+    assert status["completionTime"] and status["reason"] == c.REASON_SUCCEEDED
+
+
+def test_operator_restart_mid_job_creates_no_duplicates_and_loses_no_state(jobs, operator) -> None:
+    jobs.create("survivor", worldSize=4, backoffLimit=3)
+    jobs.wait_phase("survivor", c.PHASE_RUNNING)
+    before = {p.metadata.name: p.metadata.uid for p in jobs.pods("survivor")}
+
+    operator.restart()
+    time.sleep(2)
+    assert {p.metadata.name: p.metadata.uid for p in jobs.pods("survivor", include_deleting=True)} == before
+
+    operator.stop()
+    jobs.finish("survivor-2", 137)  # fails while nobody watches
+    operator.start()
+
+    pods = jobs.wait_pods("survivor", 4, attempt=1)
+    assert sorted(p.metadata.name for p in pods) == ["survivor-0", "survivor-1", "survivor-2", "survivor-3"]
+    status = jobs.wait_phase("survivor", c.PHASE_RUNNING)
+    assert status["restarts"] == 1 and status["attempt"] == 1
+
+    operator.restart()
+    time.sleep(2)
+    assert jobs.status("survivor")["restarts"] == 1
+    assert len(jobs.pods("survivor", include_deleting=True)) == 4
+
+
+def test_deleting_a_job_leaves_no_orphans(jobs) -> None:
+    jobs.create("doomed", worldSize=3)
+    jobs.wait_phase("doomed", c.PHASE_RUNNING)
+    jobs.delete("doomed")
+
+    def orphans() -> list[str]:
+        pods = [p.metadata.name for p in jobs.pods("doomed", include_deleting=True)]
+        services = [s.metadata.name for s in jobs.core.list_namespaced_service(jobs.namespace).items]
+        return pods + services
+
+    wait_until(lambda: orphans() == [], 30, "the garbage collector to remove the pods and the service")
+    assert jobs.get("doomed") is None
+
+
+def test_suspend_deletes_the_pods_and_resume_recreates_them(jobs) -> None:
+    jobs.create("pausable", worldSize=2)
+    jobs.wait_phase("pausable", c.PHASE_RUNNING)
+
+    jobs.patch_spec("pausable", suspend=True)
+    status = jobs.wait_phase("pausable", c.PHASE_SUSPENDED)
+    assert "startTime" not in status
+    wait_until(lambda: jobs.pods("pausable", include_deleting=True) == [], 30, "the pods to be deleted")
+
+    jobs.patch_spec("pausable", suspend=False)
+    status = jobs.wait_phase("pausable", c.PHASE_RUNNING)
+    assert len(jobs.pods("pausable")) == 2 and status["restarts"] == 0
+    assert {e.reason for e in jobs.events("pausable")} >= {c.REASON_SUSPENDED, c.REASON_ALL_READY}
+
+
+def test_a_job_created_suspended_makes_no_pods_until_resumed(jobs) -> None:
+    jobs.create("queued", worldSize=2, suspend=True)
+    jobs.wait_phase("queued", c.PHASE_SUSPENDED)
+    time.sleep(1)
+    assert jobs.pods("queued", include_deleting=True) == []
+    jobs.patch_spec("queued", suspend=False)
+    jobs.wait_phase("queued", c.PHASE_RUNNING)
+
+
+def test_active_deadline_fails_the_job_and_stops_its_pods(jobs) -> None:
+    jobs.create("late", worldSize=2, activeDeadlineSeconds=3)
+    jobs.wait_phase("late", c.PHASE_RUNNING)
+    status = jobs.wait_phase("late", c.PHASE_FAILED, timeout=20)
+    assert status["reason"] == c.REASON_DEADLINE
+    wait_until(lambda: jobs.pods("late", include_deleting=True) == [], 30, "the pods to be deleted")
+
+
+def test_finished_job_is_deleted_after_its_ttl(jobs) -> None:
+    jobs.create("shortlived", worldSize=1, ttlSecondsAfterFinished=2)
+    jobs.wait_phase("shortlived", c.PHASE_RUNNING)
+    jobs.finish("shortlived-0", 0)
+    jobs.wait_phase("shortlived", c.PHASE_SUCCEEDED)
+    assert jobs.get("shortlived") is not None
+    wait_until(lambda: jobs.get("shortlived") is None, 20, "the TTL to delete the job")
+
+
+def test_spec_the_schema_cannot_catch_is_marked_failed_and_the_operator_carries_on(jobs, operator) -> None:
+    # The schema keeps the template open; the operator refuses a trainer container that sets MASTER_ADDR.
+    template = {"spec": {"containers": [{"name": "trainer", "env": [{"name": "MASTER_ADDR", "value": "x"}]}]}}
+    jobs.create("sneaky", worldSize=2, template=template)
+    # The API server refuses the pod (an invalid volume name): the operator reports its message.
+    bad_volume = {"spec": {"volumes": [{"name": "Not_A_DNS_Label", "emptyDir": {}}]}}
+    jobs.create("refused", worldSize=2, template=bad_volume)
+
+    sneaky = jobs.wait_phase("sneaky", c.PHASE_FAILED)
+    assert sneaky["reason"] == c.REASON_INVALID_SPEC and "MASTER_ADDR" in sneaky["message"]
+    assert "template" in sneaky["message"]
+    refused = jobs.wait_phase("refused", c.PHASE_FAILED)
+    assert refused["reason"] == c.REASON_INVALID_SPEC and "Not_A_DNS_Label" in refused["message"]
+    assert jobs.pods("sneaky", include_deleting=True) == []
+
+    jobs.create("fine", worldSize=1)
+    jobs.wait_phase("fine", c.PHASE_RUNNING)
+    assert operator.process.poll() is None
