@@ -52,6 +52,7 @@ class KubeApi:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
+        self.rbac = client.RbacAuthorizationV1Api(api)
         self._pool = ThreadPoolExecutor(max_workers=CONCURRENCY, thread_name_prefix="kube-api")
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -74,10 +75,16 @@ class KubeApi:
             if error.status != 404:
                 raise
 
-    async def ensure_service(self, service: dict[str, Any]) -> None:
+    async def ensure(self, obj: dict[str, Any]) -> None:
+        """Creates a namespaced Service, ServiceAccount, Role or RoleBinding unless it exists."""
+        create = {
+            "Service": self.core.create_namespaced_service,
+            "ServiceAccount": self.core.create_namespaced_service_account,
+            "Role": self.rbac.create_namespaced_role,
+            "RoleBinding": self.rbac.create_namespaced_role_binding,
+        }[obj["kind"]]
         try:
-            await self.call(self.core.create_namespaced_service, service["metadata"]["namespace"], service,
-                            _preload_content=False)
+            await self.call(create, obj["metadata"]["namespace"], obj, _preload_content=False)
         except ApiException as error:
             if error.status != 409:
                 raise

@@ -83,6 +83,7 @@ def build_pod(
         restartPolicy="Never",
         containers=[_trainer_container(spec, template_trainer, env), *sidecars],
     )
+    pod_spec.setdefault("serviceAccountName", progress_service_account(name))
     # Service links add env vars for every Service in the namespace (a Service named "master"
     # injects MASTER_PORT=tcp://...); the ranks need none of them.
     pod_spec.setdefault("enableServiceLinks", False)
@@ -104,6 +105,42 @@ def build_pod(
         },
         "spec": pod_spec,
     }
+
+
+def progress_service_account(job_name: str) -> str:
+    """The per-job identity ranks run as, unless the template names its own."""
+    return f"{job_name}-trainer"
+
+
+def build_progress_access(job: Mapping[str, Any], spec: JobSpec) -> list[dict[str, Any]]:
+    """What lets rank 0 write progress into its own job's status, and nothing else.
+
+    A Role limited to this one DDPJob's status (resourceNames), bound to the ranks' ServiceAccount:
+    the per-job one (created here) or the one the template names.
+    """
+    meta = job["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    account = spec.pod_spec.get("serviceAccountName")
+    objects: list[dict[str, Any]] = []
+    if not account:
+        account = progress_service_account(name)
+        objects.append({"apiVersion": "v1", "kind": "ServiceAccount",
+                        "metadata": {"name": account, "namespace": namespace, "labels": job_labels(name)}})
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": f"{name}-progress", "namespace": namespace, "labels": job_labels(name)},
+        "rules": [{"apiGroups": [c.GROUP], "resources": [f"{c.PLURAL}/status"], "resourceNames": [name],
+                   "verbs": ["get", "patch"]}],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": f"{name}-progress", "namespace": namespace, "labels": job_labels(name)},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{name}-progress"},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+    }
+    return [*objects, role, binding]
 
 
 def rank_env(

@@ -19,7 +19,7 @@ from kubernetes.client.rest import ApiException
 from ddp_operator import constants as c
 from ddp_operator.events import post_event
 from ddp_operator.kubeapi import KubeApi, adopt
-from ddp_operator.manifests import build_pod, build_service
+from ddp_operator.manifests import build_pod, build_progress_access, build_service
 from ddp_operator.podwatch import JobKey, PodCache
 from ddp_operator.spec import InvalidSpec, JobSpec, parse_spec, validate_job_name
 from ddp_operator.status import (
@@ -135,7 +135,8 @@ class Reconciler:
         return requeue_after({**status, **patch}, spec, now)
 
     async def _create(self, job: dict[str, Any], spec: JobSpec, ranks: tuple[int, ...], attempt: int) -> None:
-        await self.kube.ensure_service(adopt(build_service(job, spec), job))
+        for child in (build_service(job, spec), *build_progress_access(job, spec)):
+            await self.kube.ensure(adopt(child, job))
         pods = [adopt(build_pod(job, spec, rank, attempt), job) for rank in ranks]
         results = await asyncio.gather(*(self.kube.create_pod(pod) for pod in pods), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]

@@ -7,6 +7,7 @@ import pytest
 
 from ddp_operator import constants as c
 from ddp_operator.manifests import (
+    build_progress_access,
     build_pod,
     build_service,
     master_addr,
@@ -274,3 +275,27 @@ def test_building_does_not_mutate_the_job_or_the_spec() -> None:
 def test_rank_out_of_range_is_refused(rank: int) -> None:
     with pytest.raises(ValueError, match="outside"):
         pod_for(make_job(), rank)
+
+
+def test_ranks_run_as_a_per_job_account_allowed_only_their_jobs_status() -> None:
+    job = make_job()
+    spec = parse_spec(job["spec"])
+    access = {obj["kind"]: obj for obj in build_progress_access(job, spec)}
+    assert pod_for(job)["spec"]["serviceAccountName"] == "mnist-trainer"
+    assert access["ServiceAccount"]["metadata"]["name"] == "mnist-trainer"
+    assert access["Role"]["rules"] == [
+        {"apiGroups": [c.GROUP], "resources": [f"{c.PLURAL}/status"], "resourceNames": ["mnist"],
+         "verbs": ["get", "patch"]}
+    ]
+    assert access["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": "mnist-trainer",
+                                                  "namespace": "team-a"}]
+    assert access["RoleBinding"]["roleRef"]["name"] == access["Role"]["metadata"]["name"]
+
+
+def test_a_template_service_account_is_kept_and_bound_instead() -> None:
+    job = make_job(template={"spec": {"serviceAccountName": "irsa-reader"}})
+    spec = parse_spec(job["spec"])
+    kinds = [obj["kind"] for obj in build_progress_access(job, spec)]
+    assert kinds == ["Role", "RoleBinding"]
+    assert build_progress_access(job, spec)[1]["subjects"][0]["name"] == "irsa-reader"
+    assert pod_for(job)["spec"]["serviceAccountName"] == "irsa-reader"

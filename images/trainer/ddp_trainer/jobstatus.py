@@ -1,0 +1,57 @@
+"""Progress into the DDPJob's own status, through the API server.
+
+The operator gives each job's ranks a ServiceAccount whose Role allows `get` and `patch` on that
+one DDPJob's status subresource and nothing else; rank 0 merge-patches `status.progress` with it.
+A failed write is logged and dropped: progress is a courtesy and must never stop training.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from . import env
+
+log = logging.getLogger(__name__)
+
+# The DDPJob API, as the CRD in crds/ serves it.
+GROUP = "ddpoperator.io"
+VERSION = "v1alpha1"
+PLURAL = "ddpjobs"
+IN_CLUSTER_ENV = "KUBERNETES_SERVICE_HOST"
+
+
+class JobStatusSink:
+    def __init__(self, namespace: str, name: str, api_client: Any = None, quiet_s: float = 60.0) -> None:
+        from kubernetes import client, config
+
+        if api_client is None:
+            config.load_incluster_config()
+            api_client = client.ApiClient()
+        self.api = client.CustomObjectsApi(api_client)
+        self.namespace = namespace
+        self.name = name
+        self.quiet_s = quiet_s
+        self._last_warning = float("-inf")
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        try:
+            self.api.patch_namespaced_custom_object_status(
+                GROUP, VERSION, self.namespace, PLURAL, self.name, {"status": {"progress": record}},
+                _request_timeout=10,
+            )
+        except Exception as error:  # noqa: BLE001 - see the module docstring
+            now = time.monotonic()
+            if now - self._last_warning >= self.quiet_s:
+                self._last_warning = now
+                log.warning("could not write progress to DDPJob %s/%s: %s", self.namespace, self.name, error)
+
+
+def in_cluster_sink() -> JobStatusSink | None:
+    """The sink for this rank's DDPJob when running in a pod the operator made, else None."""
+    name = os.environ.get(env.JOB_NAME)
+    if not name or not os.environ.get(IN_CLUSTER_ENV):
+        return None
+    return JobStatusSink(os.environ.get(env.JOB_NAMESPACE, env.DEFAULT_JOB_NAMESPACE), name)

@@ -1,0 +1,82 @@
+"""Rank 0 writes progress into its own DDPJob's status, with the identity the operator gives it."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from ddp_operator import constants as c
+from ddp_operator.manifests import progress_service_account
+from ddp_trainer.jobstatus import JobStatusSink
+from ddp_trainer.progress import ProgressReporter
+from kube import wait_until
+
+
+def client_as(kube_api: client.ApiClient, namespace: str, account: str) -> client.ApiClient:
+    """An API client holding a token of namespace/account, as a rank's pod would."""
+    core = client.CoreV1Api(kube_api)
+    token = core.create_namespaced_service_account_token(account, namespace, {"spec": {"expirationSeconds": 600}})
+    configuration = client.Configuration()
+    configuration.host = kube_api.configuration.host
+    configuration.ssl_ca_cert = kube_api.configuration.ssl_ca_cert
+    configuration.api_key = {"authorization": f"Bearer {token.status.token}"}
+    return client.ApiClient(configuration)
+
+
+def test_rank_identity_can_write_its_own_jobs_progress_and_nothing_else(jobs, kube_api, kubectl) -> None:
+    jobs.create("mine", worldSize=2)
+    jobs.create("theirs", worldSize=1)
+    jobs.wait_phase("mine", c.PHASE_RUNNING)
+    jobs.wait_phase("theirs", c.PHASE_RUNNING)
+    account = progress_service_account("mine")
+    assert all(p.spec.service_account_name == account for p in jobs.pods("mine"))
+
+    as_rank = client_as(kube_api, jobs.namespace, account)
+    reporter = ProgressReporter(JobStatusSink(jobs.namespace, "mine", api_client=as_rank), min_interval_s=0)
+    reporter.report(epoch=3, step=1200, loss=0.4375, samples=512)
+
+    progress = wait_until(lambda: jobs.status("mine").get("progress"), 10, "progress in the status")
+    assert (progress["epoch"], progress["step"], progress["loss"]) == (3, 1200, 0.4375)
+    assert progress["samplesPerSecond"] > 0 and progress["updatedAt"].endswith("Z")
+    row = kubectl("get", "ddpjob", "mine", "-n", jobs.namespace, "--no-headers").stdout.split()
+    assert row[:7] == ["mine", "Running", "2/2", "0", "3", "1200", "0.4375"], row
+
+    custom = client.CustomObjectsApi(as_rank)
+    with pytest.raises(ApiException) as other_job:
+        custom.patch_namespaced_custom_object_status(
+            c.GROUP, c.VERSION, jobs.namespace, c.PLURAL, "theirs", {"status": {"progress": {"step": 1}}}
+        )
+    assert other_job.value.status == 403
+    with pytest.raises(ApiException) as spec_write:
+        custom.patch_namespaced_custom_object(
+            c.GROUP, c.VERSION, jobs.namespace, c.PLURAL, "mine", {"spec": {"worldSize": 1}}
+        )
+    assert spec_write.value.status == 403
+    with pytest.raises(ApiException) as pods:
+        client.CoreV1Api(as_rank).list_namespaced_pod(jobs.namespace)
+    assert pods.value.status == 403
+
+
+def test_operator_status_updates_keep_the_trainers_progress(jobs, kube_api) -> None:
+    jobs.create("kept", worldSize=2, backoffLimit=2)
+    jobs.wait_phase("kept", c.PHASE_RUNNING)
+    sink = JobStatusSink(jobs.namespace, "kept", api_client=client_as(kube_api, jobs.namespace,
+                                                                      progress_service_account("kept")))
+    sink({"epoch": 1, "step": 10, "loss": 2.5, "samplesPerSecond": 100.0, "updatedAt": "2026-01-01T00:00:00Z"})
+    jobs.finish("kept-0", 137)
+    jobs.wait_pods("kept", 2, attempt=1)
+    status = jobs.wait_phase("kept", c.PHASE_RUNNING)
+    assert status["restarts"] == 1
+    assert status["progress"]["step"] == 10
+
+
+def test_progress_write_failure_never_raises_into_training(jobs, kube_api) -> None:
+    # A ServiceAccount without the Role: every write is refused, and training goes on.
+    client.CoreV1Api(kube_api).create_namespaced_service_account(jobs.namespace, {"metadata": {"name": "nobody"}})
+    jobs.create("guarded", worldSize=1)
+    jobs.wait_phase("guarded", c.PHASE_RUNNING)
+    sink = JobStatusSink(jobs.namespace, "guarded", api_client=client_as(kube_api, jobs.namespace, "nobody"))
+    reporter = ProgressReporter(sink, min_interval_s=0)
+    assert reporter.report(epoch=0, step=1, loss=1.0, samples=8) is True
+    assert "progress" not in jobs.status("guarded")
