@@ -5,8 +5,8 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
 
-demo: cluster-up
-	@$(CLUSTER) kubectl get nodes -o wide
+demo:
+	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/demo.py
 
 test:
 	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $$venv/bin/python -m pytest $(PYTEST_ARGS)

@@ -21,6 +21,7 @@ GROUP = "ddpoperator.io"
 VERSION = "v1alpha1"
 PLURAL = "ddpjobs"
 IN_CLUSTER_ENV = "KUBERNETES_SERVICE_HOST"
+KUBECONFIG_ENV = "KUBECONFIG"
 
 
 class JobStatusSink:
@@ -28,8 +29,7 @@ class JobStatusSink:
         from kubernetes import client, config
 
         if api_client is None:
-            config.load_incluster_config()
-            api_client = client.ApiClient()
+            api_client = client.ApiClient(_configuration(config, client))
         self.api = client.CustomObjectsApi(api_client)
         self.namespace = namespace
         self.name = name
@@ -49,9 +49,19 @@ class JobStatusSink:
                 log.warning("could not write progress to DDPJob %s/%s: %s", self.namespace, self.name, error)
 
 
+def _configuration(config: Any, client: Any) -> Any:
+    """The pod's service-account credentials, or a kubeconfig named by KUBECONFIG (local runs)."""
+    configuration = client.Configuration()
+    if os.environ.get(IN_CLUSTER_ENV):
+        config.load_incluster_config(client_configuration=configuration)
+    else:
+        config.load_kube_config(client_configuration=configuration)
+    return configuration
+
+
 def in_cluster_sink() -> JobStatusSink | None:
-    """The sink for this rank's DDPJob when running in a pod the operator made, else None."""
+    """The sink for this rank's DDPJob when it runs under the operator, else None."""
     name = os.environ.get(env.JOB_NAME)
-    if not name or not os.environ.get(IN_CLUSTER_ENV):
+    if not name or not (os.environ.get(IN_CLUSTER_ENV) or os.environ.get(KUBECONFIG_ENV)):
         return None
     return JobStatusSink(os.environ.get(env.JOB_NAMESPACE, env.DEFAULT_JOB_NAMESPACE), name)

@@ -1,0 +1,177 @@
+"""`make demo`: the main job, a real DDPJob on the local control plane, end to end.
+
+1. an S3 server on 127.0.0.1:19000 (moto) with a small generated image dataset;
+2. the DDPJob CRD, the operator, and the pod runner (ranks run as local processes);
+3. examples/ddpjob-demo.yaml applied; its `kubectl get ddpjob` row is shown until it finishes;
+4. what the job left in S3: metrics, checkpoints, the model.
+
+Everything this starts stops when it ends; the control plane stays up (`make cluster-down`).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+CLUSTER = REPO / "localcluster" / "cluster.sh"
+JOB_FILE = REPO / "examples" / "ddpjob-demo.yaml"
+NAMESPACE = "ddp-demo"
+S3_PORT = 19000
+ACCESS_KEY, SECRET_KEY = "demo-access-key", "demo-secret-key"
+CLASSES = ("circle", "square", "cross")
+
+
+class Background:
+    """A child process with its output in a log file, stopped with SIGTERM (then SIGKILL)."""
+
+    def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> None:
+        self.log = log_dir / f"{name}.log"
+        self.process = subprocess.Popen(argv, stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
+                                        env={**os.environ, **(env or {})}, cwd=REPO)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def sh(*argv: str, input: str | None = None) -> str:
+    return subprocess.run(argv, input=input, capture_output=True, text=True, check=True).stdout
+
+
+def cluster(*args: str) -> str:
+    return sh("bash", str(CLUSTER), *args)
+
+
+def kubeconfig() -> str:
+    line = next(x for x in cluster("env").splitlines() if x.startswith("export KUBECONFIG="))
+    return line.split("=", 1)[1]
+
+
+def kubectl(*args: str, input: str | None = None) -> str:
+    return cluster("kubectl", *args) if input is None else sh("bash", str(CLUSTER), "kubectl", *args, input=input)
+
+
+def draw(shape: str, rng: random.Random) -> bytes:
+    """A 32x32 PNG of one shape at a random place and colour: learnable in a few epochs on a CPU."""
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (32, 32), tuple(rng.randrange(0, 60) for _ in range(3)))
+    pen = ImageDraw.Draw(image)
+    x, y, r = rng.randrange(8, 24), rng.randrange(8, 24), rng.randrange(5, 8)
+    colour = tuple(rng.randrange(150, 256) for _ in range(3))
+    if shape == "circle":
+        pen.ellipse((x - r, y - r, x + r, y + r), fill=colour)
+    elif shape == "square":
+        pen.rectangle((x - r, y - r, x + r, y + r), fill=colour)
+    else:
+        pen.line((x - r, y - r, x + r, y + r), fill=colour, width=3)
+        pen.line((x - r, y + r, x + r, y - r), fill=colour, width=3)
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def upload_dataset(s3, bucket: str, prefix: str, per_class: int, seed: int = 0) -> int:
+    rng = random.Random(seed)
+    for shape in CLASSES:
+        for i in range(per_class):
+            s3.put_object(Bucket=bucket, Key=f"{prefix}/{shape}/{i:04d}.png", Body=draw(shape, rng))
+    return per_class * len(CLASSES)
+
+
+def s3_client(endpoint: str):
+    import boto3
+
+    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=ACCESS_KEY,
+                        aws_secret_access_key=SECRET_KEY, region_name="us-east-1")
+
+
+def operator_and_runner(log_dir: Path) -> list[Background]:
+    env = {"KUBECONFIG": kubeconfig(), "PYTHONPATH": str(REPO / "operator")}
+    return [
+        Background("operator", [sys.executable, "-m", "ddp_operator"], log_dir, env),
+        Background("podrunner", [sys.executable, str(REPO / "localcluster" / "podrunner.py"),
+                                 "--log-dir", str(log_dir / "pods")], log_dir, env),
+    ]
+
+
+def job_rows(name: str, namespace: str, timeout_s: float) -> Iterator[str]:
+    """The job's `kubectl get` row each time it changes, until the job finishes."""
+    deadline, last = time.monotonic() + timeout_s, ""
+    while time.monotonic() < deadline:
+        row = kubectl("get", "ddpjob", name, "-n", namespace, "--no-headers")
+        if row != last:
+            last = row
+            yield row.rstrip()
+        if row.split()[1:2] in (["Succeeded"], ["Failed"]):
+            return
+        time.sleep(1)
+    raise TimeoutError(f"DDPJob {namespace}/{name} did not finish in {timeout_s:.0f}s")
+
+
+def main() -> int:
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per S3 request otherwise
+    cache = Path(os.environ.get("DDP_CACHE", Path.home() / ".cache" / "ddp-operator"))
+    log_dir = cache / "demo" / time.strftime("%Y%m%d-%H%M%S")
+    (log_dir / "pods").mkdir(parents=True)
+    print(f"[demo] logs in {log_dir}")
+    cluster("up")
+    kubectl("apply", "-f", str(REPO / "crds" / "ddpjob.yaml"))
+    kubectl("wait", "--for=condition=Established", "crd/ddpjobs.ddpoperator.io", "--timeout=60s")
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=S3_PORT, verbose=False)
+    server.start()
+    children: list[Background] = []
+    try:
+        endpoint = f"http://127.0.0.1:{S3_PORT}"
+        s3 = s3_client(endpoint)
+        s3.create_bucket(Bucket="ddp-demo")
+        images = upload_dataset(s3, "ddp-demo", "shapes/train", per_class=64)
+        print(f"[demo] S3 server at {endpoint}: {images} images in s3://ddp-demo/shapes/train")
+
+        children = operator_and_runner(log_dir)
+        kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=120s")
+        kubectl("create", "namespace", NAMESPACE)
+        kubectl("-n", NAMESPACE, "create", "secret", "generic", "s3-credentials",
+                f"--from-literal=AWS_ACCESS_KEY_ID={ACCESS_KEY}", f"--from-literal=AWS_SECRET_ACCESS_KEY={SECRET_KEY}")
+        job = yaml.safe_load(JOB_FILE.read_text())
+        kubectl("-n", NAMESPACE, "apply", "-f", "-", input=yaml.safe_dump(job))
+        print(f"[demo] kubectl get ddpjobs -n {NAMESPACE}")
+        print(kubectl("get", "ddpjob", "-n", NAMESPACE).splitlines()[0])
+        for row in job_rows(job["metadata"]["name"], NAMESPACE, timeout_s=900):
+            print(row, flush=True)
+
+        print("[demo] results in s3://ddp-demo/results:")
+        for item in s3.list_objects_v2(Bucket="ddp-demo", Prefix="results/").get("Contents", []):
+            print(f"  {item['Key']}  ({item['Size']} bytes)")
+        print(kubectl("describe", "ddpjob", job["metadata"]["name"], "-n", NAMESPACE).split("Events:")[-1])
+        phase = kubectl("get", "ddpjob", job["metadata"]["name"], "-n", NAMESPACE, "-o", "jsonpath={.status.phase}")
+        print(f"[demo] {phase}; rank logs in {log_dir / 'pods'}")
+        return 0 if phase == "Succeeded" else 1
+    finally:
+        for child in children:
+            child.stop()
+        server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

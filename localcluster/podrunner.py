@@ -1,0 +1,287 @@
+"""A minimal kubelet for the local control plane: runs pods as local processes.
+
+kwok makes pods look Running without running anything. To run a real DDPJob on a machine
+without a container engine, this registers one node (`local-runner`, tainted so only pods that
+tolerate it land there) and, for every pod bound to it, starts the trainer container's command as
+a process of this machine, in the test virtualenv rather than the image:
+
+- `python` in the command is this interpreter; PYTHONPATH holds the trainer runtime and examples;
+- MASTER_ADDR becomes 127.0.0.1: every rank runs here, and cluster DNS does not exist here;
+- env values and secretKeyRefs are resolved as a kubelet would; the image is ignored;
+- pod status follows the process: Running and Ready once started, Succeeded or Failed with the
+  exit code when it ends; a deleted pod's process gets SIGTERM, then SIGKILL.
+
+Logs go to <log dir>/<namespace>_<pod>.log. Runs until SIGTERM/SIGINT, then deletes its node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client, config, watch
+from kubernetes.client.rest import ApiException
+
+NODE = "local-runner"
+TAINT_KEY = "ddpoperator.io/local-runner"
+REPO = Path(__file__).resolve().parent.parent
+HEARTBEAT_S = 10
+log = logging.getLogger("podrunner")
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def node_manifest(cpus: int, memory_gi: int) -> dict[str, Any]:
+    capacity = {"cpu": str(cpus), "memory": f"{memory_gi}Gi", "pods": "64", "nvidia.com/gpu": "0"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": NODE, "labels": {TAINT_KEY: "true", "kubernetes.io/hostname": NODE,
+                                               "kubernetes.io/os": "linux"}},
+        "spec": {"taints": [{"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}]},
+        "status": {"capacity": capacity, "allocatable": capacity},
+    }
+
+
+def node_status() -> dict[str, Any]:
+    stamp = now()
+    ready = {"type": "Ready", "status": "True", "reason": "LocalRunnerReady", "message": "podrunner is running",
+             "lastHeartbeatTime": stamp, "lastTransitionTime": stamp}
+    return {"status": {"conditions": [ready], "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                       "nodeInfo": {"kubeletVersion": "podrunner", "containerRuntimeVersion": "process",
+                                    "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64",
+                                    "osImage": "", "kernelVersion": "", "machineID": "", "systemUUID": "",
+                                    "bootID": ""}}}
+
+
+@dataclass
+class Running:
+    process: subprocess.Popen
+    started: str
+
+
+class PodRunner:
+    def __init__(self, api: client.ApiClient, log_dir: Path) -> None:
+        self.core = client.CoreV1Api(api)
+        self.leases = client.CoordinationV1Api(api)
+        self.log_dir = log_dir
+        self.running: dict[tuple[str, str], Running] = {}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+
+    # --- node -------------------------------------------------------------------------------
+
+    def register(self) -> None:
+        try:
+            self.core.create_node(node_manifest(os.cpu_count() or 2, 16))
+        except ApiException as error:
+            if error.status != 409:
+                raise
+        self.heartbeat()
+
+    def heartbeat(self) -> None:
+        self.core.patch_node_status(NODE, node_status())
+        lease = {"metadata": {"name": NODE, "namespace": "kube-node-lease"},
+                 "spec": {"holderIdentity": NODE, "leaseDurationSeconds": 40,
+                          "renewTime": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}}
+        try:
+            self.leases.patch_namespaced_lease(NODE, "kube-node-lease", {"spec": lease["spec"]})
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            self.leases.create_namespaced_lease("kube-node-lease", lease)
+
+    def heartbeats(self) -> None:
+        while not self.stop.wait(HEARTBEAT_S):
+            try:
+                self.heartbeat()
+            except Exception as error:  # noqa: BLE001 - keep beating through API hiccups
+                log.warning("heartbeat failed: %s", error)
+
+    def unregister(self) -> None:
+        for call in (lambda: self.core.delete_node(NODE),
+                     lambda: self.leases.delete_namespaced_lease(NODE, "kube-node-lease")):
+            try:
+                call()
+            except ApiException:
+                pass
+
+    # --- pods -------------------------------------------------------------------------------
+
+    def watch_pods(self) -> None:
+        while not self.stop.is_set():
+            stream = watch.Watch().stream(self.core.list_pod_for_all_namespaces,
+                                          field_selector=f"spec.nodeName={NODE}", timeout_seconds=30)
+            for event in stream:
+                pod = event["object"]
+                key = (pod.metadata.namespace, pod.metadata.name)
+                if event["type"] == "DELETED":
+                    self.kill(key)
+                elif pod.metadata.deletion_timestamp is not None:
+                    self.kill(key)
+                    self.remove(pod)
+                elif key not in self.running and pod.status.phase == "Pending":
+                    self.start(pod)
+                if self.stop.is_set():
+                    return
+
+    def start(self, pod: client.V1Pod) -> None:
+        key = (pod.metadata.namespace, pod.metadata.name)
+        container = pod.spec.containers[0]
+        try:
+            env = self.environment(pod, container)
+        except Exception as error:  # noqa: BLE001 - the pod fails, as with a kubelet
+            self.report(pod, "Failed", exit_code=None, reason="CreateContainerConfigError", message=str(error))
+            return
+        argv = [*(container.command or []), *(container.args or [])]
+        if argv and argv[0] in ("python", "python3"):
+            argv[0] = sys.executable
+        log_path = self.log_dir / f"{key[0]}_{key[1]}.log"
+        work = self.log_dir / "work" / key[0] / key[1]
+        work.mkdir(parents=True, exist_ok=True)
+        out = log_path.open("ab")
+        process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=work,
+                                   start_new_session=True)
+        started = now()
+        with self.lock:
+            self.running[key] = Running(process, started)
+        log.info("started %s/%s (pid %d): %s", *key, process.pid, " ".join(argv)[:200])
+        self.report(pod, "Running", started=started)
+        threading.Thread(target=self.wait, args=(pod, process, started), daemon=True).start()
+
+    def environment(self, pod: client.V1Pod, container: client.V1Container) -> dict[str, str]:
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"),
+               "PYTHONUNBUFFERED": "1",
+               "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("images/trainer", "examples/trainer"))}
+        for item in container.env or []:
+            if item.value is not None:
+                env[item.name] = item.value
+            elif item.value_from and item.value_from.secret_key_ref:
+                ref = item.value_from.secret_key_ref
+                secret = self.core.read_namespaced_secret(ref.name, pod.metadata.namespace)
+                env[item.name] = base64.b64decode(secret.data[ref.key]).decode()
+        env["MASTER_ADDR"] = "127.0.0.1"
+        env["KUBECONFIG"] = str(self.service_account_kubeconfig(pod))
+        return env
+
+    def service_account_kubeconfig(self, pod: client.V1Pod) -> Path:
+        """What a kubelet mounts as the pod's token, as a kubeconfig: the pod acts as its ServiceAccount."""
+        account = pod.spec.service_account_name or "default"
+        request = {"spec": {"expirationSeconds": 3600,
+                            "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod.metadata.name,
+                                               "uid": pod.metadata.uid}}}
+        token = self.core.create_namespaced_service_account_token(account, pod.metadata.namespace, request)
+        api = self.core.api_client.configuration
+        path = self.log_dir / "work" / pod.metadata.namespace / pod.metadata.name / "kubeconfig"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "pod",
+            "clusters": [{"name": "local", "cluster": {"server": api.host, "certificate-authority": api.ssl_ca_cert}}],
+            "users": [{"name": account, "user": {"token": token.status.token}}],
+            "contexts": [{"name": "pod", "context": {"cluster": "local", "user": account,
+                                                     "namespace": pod.metadata.namespace}}],
+        }))
+        return path
+
+    def wait(self, pod: client.V1Pod, process: subprocess.Popen, started: str) -> None:
+        code = process.wait()
+        key = (pod.metadata.namespace, pod.metadata.name)
+        with self.lock:
+            current = self.running.get(key)
+            if current is None or current.process is not process:
+                return  # killed because the pod was deleted
+        log.info("%s/%s exited with %d", *key, code)
+        code = 128 - code if code < 0 else code  # killed by signal N: report 128+N like a runtime
+        self.report(pod, "Succeeded" if code == 0 else "Failed", exit_code=code, started=started)
+
+    def kill(self, key: tuple[str, str]) -> None:
+        with self.lock:
+            running = self.running.pop(key, None)
+        if running is None or running.process.poll() is not None:
+            return
+        os.killpg(running.process.pid, signal.SIGTERM)
+        try:
+            running.process.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(running.process.pid, signal.SIGKILL)
+            running.process.wait()
+
+    def remove(self, pod: client.V1Pod) -> None:
+        try:
+            self.core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def report(self, pod: client.V1Pod, phase: str, exit_code: int | None = None, started: str | None = None,
+               reason: str | None = None, message: str | None = None) -> None:
+        name = pod.spec.containers[0].name
+        if phase == "Running":
+            state: dict[str, Any] = {"running": {"startedAt": started}}
+        else:
+            state = {"terminated": {"exitCode": exit_code if exit_code is not None else 1,
+                                    "reason": reason or ("Completed" if exit_code == 0 else "Error"),
+                                    "startedAt": started or now(), "finishedAt": now()}}
+        ready = "True" if phase == "Running" else "False"
+        status = {
+            "phase": phase, "hostIP": "127.0.0.1", "podIP": "127.0.0.1", "startTime": started or now(),
+            "conditions": [{"type": t, "status": s, "lastTransitionTime": now()} for t, s in
+                           (("PodScheduled", "True"), ("Initialized", "True"), ("ContainersReady", ready),
+                            ("Ready", ready))],
+            "containerStatuses": [{"name": name, "image": pod.spec.containers[0].image, "imageID": "",
+                                   "ready": phase == "Running", "restartCount": 0, "started": phase == "Running",
+                                   "state": state}],
+        }
+        if message:
+            status["message"] = message
+        try:
+            self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": status})
+        except ApiException as error:
+            if error.status != 404:
+                log.warning("status of %s failed: %s", pod.metadata.name, error.reason)
+
+    def shutdown(self) -> None:
+        self.stop.set()
+        for key in list(self.running):
+            self.kill(key)
+        self.unregister()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
+    parser.add_argument("--log-dir", type=Path, required=True)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s podrunner %(message)s")
+    config.load_kube_config(config_file=args.kubeconfig)
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    runner = PodRunner(client.ApiClient(), args.log_dir)
+    runner.register()
+    signal.signal(signal.SIGTERM, lambda *_: runner.stop.set())
+    signal.signal(signal.SIGINT, lambda *_: runner.stop.set())
+    threading.Thread(target=runner.heartbeats, daemon=True).start()
+    watcher = threading.Thread(target=runner.watch_pods, daemon=True)
+    watcher.start()
+    log.info("node %s registered on %s", NODE, socket.gethostname())
+    runner.stop.wait()
+    runner.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
