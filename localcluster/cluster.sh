@@ -289,6 +289,8 @@ cmd_down() {
       pid=$(cat "$PIDS/$name.pid")
       for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
       kill -KILL "$pid" 2>/dev/null || true
+      # A killed process lingers until the kernel has torn it down; down means gone.
+      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     done
     # The watchdog may be the caller; it is stopped last.
     if [ -f "$PIDS/watchdog.pid" ] && [ "$(cat "$PIDS/watchdog.pid")" != "$PPID" ]; then

@@ -9,7 +9,7 @@ from typing import Iterator
 
 import pytest
 
-from kube import Cluster, cluster_script, open_cluster, wait_until
+from kube import Cluster, Jobs, OperatorProcess, cluster_script, install_crd, open_cluster, wait_until
 
 
 @pytest.fixture(scope="session")
@@ -57,6 +57,25 @@ def namespace(kube_api, request) -> Iterator[str]:
     wait_until(lambda: core.list_namespaced_service_account(name).items, 30, f"default ServiceAccount in {name}")
     yield name
     core.delete_namespace(name, propagation_policy="Background")
+
+
+@pytest.fixture(scope="session")
+def crd(kube_api) -> None:
+    install_crd(kube_api)
+
+
+@pytest.fixture(scope="session")
+def operator(cluster: Cluster, crd: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    handle = OperatorProcess(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log")
+    handle.start()
+    yield handle
+    handle.stop()
+    assert "Traceback" not in handle.log_path.read_text(), handle.log_path.read_text()[-5000:]
+
+
+@pytest.fixture
+def jobs(kube_api, namespace: str, operator: OperatorProcess) -> Jobs:
+    return Jobs(kube_api, namespace)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
