@@ -3,7 +3,9 @@ SHELL := /bin/bash
 CLUSTER := localcluster/cluster.sh
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
+BENCH_ARGS ?=
+
+.PHONY: demo bench-data bench-operator test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
 
 demo:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/demo.py
@@ -13,6 +15,9 @@ test:
 
 test-unit:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python -m pytest -m "not cluster" $(PYTEST_ARGS)
+
+bench-data:
+	@venv=$$(scripts/venv.sh) && $$venv/bin/python images/trainer/bench_data.py $(BENCH_ARGS)
 
 venv:
 	@scripts/venv.sh

@@ -102,7 +102,7 @@ def s3_client(endpoint: str):
 
 
 def operator_and_runner(log_dir: Path) -> list[Background]:
-    env = {"KUBECONFIG": kubeconfig(), "PYTHONPATH": str(REPO / "operator")}
+    env = {"KUBECONFIG": kubeconfig(), "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("operator", "images/trainer"))}
     return [
         Background("operator", [sys.executable, "-m", "ddp_operator"], log_dir, env),
         Background("podrunner", [sys.executable, str(REPO / "localcluster" / "podrunner.py"),

@@ -125,20 +125,27 @@ class PodRunner:
 
     def watch_pods(self) -> None:
         while not self.stop.is_set():
-            stream = watch.Watch().stream(self.core.list_pod_for_all_namespaces,
-                                          field_selector=f"spec.nodeName={NODE}", timeout_seconds=30)
-            for event in stream:
-                pod = event["object"]
-                key = (pod.metadata.namespace, pod.metadata.name)
-                if event["type"] == "DELETED":
-                    self.kill(key)
-                elif pod.metadata.deletion_timestamp is not None:
-                    self.kill(key)
-                    self.remove(pod)
-                elif key not in self.running and pod.status.phase == "Pending":
-                    self.start(pod)
-                if self.stop.is_set():
-                    return
+            try:
+                self.watch_once()
+            except Exception:  # noqa: BLE001 - a kubelet keeps going; the next watch relists
+                log.exception("pod watch failed; watching again")
+                self.stop.wait(1)
+
+    def watch_once(self) -> None:
+        stream = watch.Watch().stream(self.core.list_pod_for_all_namespaces,
+                                      field_selector=f"spec.nodeName={NODE}", timeout_seconds=30)
+        for event in stream:
+            pod = event["object"]
+            key = (pod.metadata.namespace, pod.metadata.name)
+            if event["type"] == "DELETED":
+                self.kill(key)
+            elif pod.metadata.deletion_timestamp is not None:
+                self.kill(key)
+                self.remove(pod)
+            elif key not in self.running and pod.status.phase == "Pending":
+                self.start(pod)
+            if self.stop.is_set():
+                return
 
     def start(self, pod: client.V1Pod) -> None:
         key = (pod.metadata.namespace, pod.metadata.name)
@@ -212,14 +219,18 @@ class PodRunner:
     def kill(self, key: tuple[str, str]) -> None:
         with self.lock:
             running = self.running.pop(key, None)
-        if running is None or running.process.poll() is not None:
+        if running is None:
             return
-        os.killpg(running.process.pid, signal.SIGTERM)
-        try:
-            running.process.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(running.process.pid, signal.SIGKILL)
-            running.process.wait()
+        for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
+            try:
+                os.killpg(running.process.pid, sig)
+            except ProcessLookupError:  # it ended on its own meanwhile
+                pass
+            try:
+                running.process.wait(grace)
+                return
+            except subprocess.TimeoutExpired:
+                continue
 
     def remove(self, pod: client.V1Pod) -> None:
         try:

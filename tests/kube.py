@@ -124,7 +124,7 @@ class OperatorProcess:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
-        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "PYTHONPATH": str(REPO / "operator")}
+        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("operator", "images/trainer"))}
         log = self.log_path.open("a")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "ddp_operator"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO

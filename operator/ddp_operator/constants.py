@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from typing import Final
 
+# The ranks' side of the contract (env var names, the API they write progress to) is defined by
+# the trainer runtime; these modules import neither torch nor boto3.
+from ddp_trainer import env as rank_env
+from ddp_trainer import jobstatus
+
 # --- API -------------------------------------------------------------------
-GROUP: Final = "ddpoperator.io"
-VERSION: Final = "v1alpha1"
+GROUP: Final = jobstatus.GROUP
+VERSION: Final = jobstatus.VERSION
 API_VERSION: Final = f"{GROUP}/{VERSION}"
 KIND: Final = "DDPJob"
-PLURAL: Final = "ddpjobs"
+PLURAL: Final = jobstatus.PLURAL
 SINGULAR: Final = "ddpjob"
 SHORT_NAME: Final = "ddpj"
 CRD_NAME: Final = f"{PLURAL}.{GROUP}"
@@ -26,25 +31,25 @@ ANNOTATION_MASTER_ADDR: Final = f"{GROUP}/master-addr"
 RESERVED_LABELS: Final = frozenset({LABEL_JOB_NAME, LABEL_RANK, LABEL_ATTEMPT})
 
 # --- env vars injected into every rank ---------------------------------------
-ENV_MASTER_ADDR: Final = "MASTER_ADDR"
-ENV_MASTER_PORT: Final = "MASTER_PORT"
-ENV_RANK: Final = "RANK"
-ENV_WORLD_SIZE: Final = "WORLD_SIZE"
-ENV_LOCAL_RANK: Final = "LOCAL_RANK"
-ENV_LOCAL_WORLD_SIZE: Final = "LOCAL_WORLD_SIZE"
-ENV_NODE_RANK: Final = "NODE_RANK"
-ENV_JOB_NAME: Final = "DDP_JOB_NAME"
-ENV_JOB_NAMESPACE: Final = "DDP_JOB_NAMESPACE"
-ENV_JOB_UID: Final = "DDP_JOB_UID"
+ENV_MASTER_ADDR: Final = rank_env.MASTER_ADDR
+ENV_MASTER_PORT: Final = rank_env.MASTER_PORT
+ENV_RANK: Final = rank_env.RANK
+ENV_WORLD_SIZE: Final = rank_env.WORLD_SIZE
+ENV_LOCAL_RANK: Final = rank_env.LOCAL_RANK
+ENV_LOCAL_WORLD_SIZE: Final = rank_env.LOCAL_WORLD_SIZE
+ENV_NODE_RANK: Final = rank_env.NODE_RANK
+ENV_JOB_NAME: Final = rank_env.JOB_NAME
+ENV_JOB_NAMESPACE: Final = rank_env.JOB_NAMESPACE
+ENV_JOB_UID: Final = rank_env.JOB_UID
 ENV_ATTEMPT: Final = "DDP_ATTEMPT"
-ENV_BACKEND: Final = "DDP_BACKEND"
-ENV_ENTRYPOINT: Final = "DDP_ENTRYPOINT"
-ENV_S3_ENDPOINT: Final = "DDP_S3_ENDPOINT"
-ENV_S3_REGION: Final = "DDP_S3_REGION"
-ENV_DATASET_URI: Final = "DDP_DATASET_URI"
-ENV_RESULTS_URI: Final = "DDP_RESULTS_URI"
-ENV_AWS_ACCESS_KEY_ID: Final = "AWS_ACCESS_KEY_ID"
-ENV_AWS_SECRET_ACCESS_KEY: Final = "AWS_SECRET_ACCESS_KEY"
+ENV_BACKEND: Final = rank_env.BACKEND
+ENV_ENTRYPOINT: Final = rank_env.ENTRYPOINT
+ENV_S3_ENDPOINT: Final = rank_env.S3_ENDPOINT
+ENV_S3_REGION: Final = rank_env.S3_REGION
+ENV_DATASET_URI: Final = rank_env.DATASET_URI
+ENV_RESULTS_URI: Final = rank_env.RESULTS_URI
+ENV_AWS_ACCESS_KEY_ID: Final = rank_env.AWS_ACCESS_KEY_ID
+ENV_AWS_SECRET_ACCESS_KEY: Final = rank_env.AWS_SECRET_ACCESS_KEY
 # Keys expected in spec.s3.credentialsSecret; named like the env vars they feed.
 SECRET_KEY_ACCESS_KEY_ID: Final = ENV_AWS_ACCESS_KEY_ID
 SECRET_KEY_SECRET_ACCESS_KEY: Final = ENV_AWS_SECRET_ACCESS_KEY

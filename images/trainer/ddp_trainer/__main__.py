@@ -1,0 +1,43 @@
+"""`python -m ddp_trainer run TARGET [ARGS...]` | `python -m ddp_trainer make-shards ...`."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Sequence
+
+USAGE = """usage:
+  python -m ddp_trainer run [TARGET] [ARGS...]   run TARGET (module:function, module or script.py;
+                                                 default $DDP_ENTRYPOINT) in this rank
+  python -m ddp_trainer make-shards --help       convert an image folder into indexed tar shards
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE, file=sys.stderr if not args else sys.stdout)
+        return 2 if not args else 0
+    command, rest = args[0], args[1:]
+    if command == "run":
+        from .entrypoint import run
+
+        target = rest[0] if rest and not rest[0].startswith("-") else None
+        if target is not None:
+            rest = rest[1:]
+        if rest and rest[0] == "--":
+            rest = rest[1:]
+        return run(target, rest)
+    if command == "make-shards":
+        from .convert import main as convert_main
+
+        return convert_main(rest)
+    print(f"ddp-trainer: unknown command {command!r}\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    from .entrypoint import exit_process
+
+    exit_process(main())

@@ -1,0 +1,244 @@
+"""Checkpoints in S3, written by rank 0, committed by a manifest.
+
+Layout under ``<job prefix>/checkpoints/``::
+
+    step-<012d>/state.pt        torch.save of the state dict (multipart above part_size)
+    step-<012d>/MANIFEST.json   written last: {"step", "files": {"state.pt": {"size", "sha256"}}, ...}
+
+A checkpoint exists only once its manifest does, so a crash mid-save leaves nothing that looks
+complete. Pruning deletes the manifest of an old checkpoint before its data, and only after the
+new one is committed. `load_latest` takes the newest checkpoint whose manifest matches its data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import re
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from . import env, s3
+from .errors import ConfigError, CorruptDataError, ObjectNotFoundError
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "MANIFEST.json"
+STATE = "state.pt"
+_STEP_DIR = re.compile(r"^step-(\d{12})$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    state: dict[str, Any]
+    url: s3.S3Url
+    manifest: dict[str, Any]
+
+
+def snapshot(value: Any) -> Any:
+    """Deep copy with every tensor detached and copied to CPU, so training may go on mutating it."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, Mapping):
+        return {k: snapshot(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(snapshot(v) for v in value)
+    return value
+
+
+def unwrap(model: Any) -> Any:
+    """The module inside DistributedDataParallel, so checkpoints load without DDP."""
+    return getattr(model, "module", model)
+
+
+def training_state(
+    model: Any,
+    optimizer: Any = None,
+    sampler: Any = None,
+    samples_consumed: int | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The usual checkpoint: model (unwrapped from DDP), optimizer, sampler position, extras.
+
+    `samples_consumed` is how many of this epoch's samples this rank trained on; pass it when
+    the DataLoader has workers (they prefetch, so the sampler alone over-counts).
+    """
+    state: dict[str, Any] = {"model": unwrap(model).state_dict()}
+    if optimizer is not None:
+        state["optimizer"] = optimizer.state_dict()
+    if sampler is not None:
+        state["sampler"] = sampler.state_dict() if samples_consumed is None else sampler.state_dict(samples_consumed)
+    state.update(extra)
+    return state
+
+
+def restore_training_state(state: Mapping[str, Any], model: Any, optimizer: Any = None, sampler: Any = None) -> None:
+    unwrap(model).load_state_dict(state["model"])
+    if optimizer is not None and "optimizer" in state:
+        optimizer.load_state_dict(state["optimizer"])
+    if sampler is not None and "sampler" in state:
+        sampler.load_state_dict(state["sampler"])
+
+
+def serialize(state: Mapping[str, Any]) -> bytes:
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(dict(state), buffer)
+    return buffer.getvalue()
+
+
+class CheckpointManager:
+    """Save (rank 0 only), prune to the last `keep`, and load the latest committed checkpoint."""
+
+    def __init__(
+        self,
+        prefix: s3.S3Url | str | None = None,
+        keep: int = 3,
+        async_save: bool = False,
+        part_size: int = 64 * 1024 * 1024,
+        rank: int | None = None,
+    ) -> None:
+        if keep < 1:
+            raise ConfigError(f"CheckpointManager keep={keep} must be >= 1")
+        if isinstance(prefix, str):
+            prefix = s3.parse_uri(prefix)
+        if prefix is None:
+            from .results import job_prefix
+
+            prefix = job_prefix()
+        self.prefix = prefix.join("checkpoints")
+        self.keep = keep
+        self.async_save = async_save
+        self.part_size = part_size
+        self.rank = env.rank() if rank is None else rank
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: Future[s3.S3Url] | None = None
+        self._lock = threading.Lock()
+
+    def step_url(self, step: int) -> s3.S3Url:
+        return self.prefix.join(f"step-{step:012d}")
+
+    # Saving ---------------------------------------------------------------------------------
+
+    def save(self, step: int, state: Mapping[str, Any]) -> s3.S3Url | None:
+        """Write checkpoint `step` (rank 0; other ranks return None at once).
+
+        Asynchronous mode copies tensors to CPU here, then serialises and uploads in a
+        background thread; at most one save is in flight, so a second save waits for the first.
+        Errors of a background save are raised by the next save(), wait() or close().
+        """
+        if self.rank != 0:
+            return None
+        if step < 0:
+            raise ConfigError(f"checkpoint step {step} must be >= 0")
+        if not self.async_save:
+            return self._write(step, state)
+        self.wait()
+        frozen = snapshot(state)
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ddp-checkpoint")
+            self._pending = self._executor.submit(self._write, step, frozen)
+        return self.step_url(step)
+
+    def wait(self) -> s3.S3Url | None:
+        """Block until the in-flight asynchronous save (if any) is committed; re-raise its error."""
+        with self._lock:
+            pending, self._pending = self._pending, None
+        return pending.result() if pending is not None else None
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+
+    def __enter__(self) -> "CheckpointManager":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _write(self, step: int, state: Mapping[str, Any]) -> s3.S3Url:
+        started = time.monotonic()
+        data = serialize(state)
+        url = self.step_url(step)
+        s3.upload_fileobj(io.BytesIO(data), url.join(STATE), part_size=self.part_size)
+        manifest = {
+            "version": 1,
+            "step": step,
+            "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "files": {STATE: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}},
+        }
+        s3.put_bytes(url.join(MANIFEST), json.dumps(manifest).encode(), content_type="application/json")
+        log.info("checkpoint step %d committed to %s (%d bytes, %.2fs)", step, url, len(data), time.monotonic() - started)
+        self._prune(step)
+        return url
+
+    def _prune(self, committed: int) -> None:
+        steps = self._scan()
+        complete = sorted((s for s, has_manifest in steps.items() if has_manifest), reverse=True)
+        doomed = set(complete[self.keep :])
+        # Directories without a manifest older than the committed step are leftovers of a crash.
+        doomed |= {s for s, has_manifest in steps.items() if not has_manifest and s < committed}
+        for step in sorted(doomed):
+            url = self.step_url(step)
+            s3.delete_keys(url.bucket, [url.join(MANIFEST).key])
+            s3.delete_keys(url.bucket, [key for key, _ in s3.list_objects(url)])
+
+    def _scan(self) -> dict[int, bool]:
+        """step -> whether its manifest exists."""
+        steps: dict[int, bool] = {}
+        base = self.prefix.key + "/"
+        for key, _ in s3.list_objects(self.prefix):
+            directory, _, name = key[len(base) :].partition("/")
+            match = _STEP_DIR.match(directory)
+            if match:
+                step = int(match.group(1))
+                steps[step] = steps.get(step, False) or name == MANIFEST
+        return steps
+
+    # Loading --------------------------------------------------------------------------------
+
+    def committed_steps(self) -> list[int]:
+        return sorted(s for s, has_manifest in self._scan().items() if has_manifest)
+
+    def load(self, step: int, map_location: Any = "cpu", weights_only: bool = True) -> Checkpoint:
+        import torch
+
+        url = self.step_url(step)
+        manifest_url = url.join(MANIFEST)
+        try:
+            manifest = json.loads(s3.get_bytes(manifest_url))
+            expected = manifest["files"][STATE]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptDataError(f"checkpoint manifest {manifest_url} is malformed: {exc}") from exc
+        state_url = url.join(STATE)
+        data = s3.get_bytes(state_url)
+        if len(data) != expected["size"] or hashlib.sha256(data).hexdigest() != expected["sha256"]:
+            raise CorruptDataError(
+                f"checkpoint {state_url} does not match its manifest "
+                f"({len(data)} bytes, manifest says {expected['size']})"
+            )
+        state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=weights_only)
+        return Checkpoint(step=step, state=state, url=url, manifest=manifest)
+
+    def load_latest(self, map_location: Any = "cpu", weights_only: bool = True) -> Checkpoint | None:
+        """The newest committed checkpoint that verifies, or None when there is none."""
+        for step in reversed(self.committed_steps()):
+            try:
+                return self.load(step, map_location=map_location, weights_only=weights_only)
+            except (CorruptDataError, ObjectNotFoundError) as exc:
+                log.warning("skipping checkpoint step %d: %s", step, exc)
+        return None

@@ -1,0 +1,311 @@
+"""Runs the user's code in one rank: check env, wait for the master, init, run, tear down.
+
+Usage: ``python -m ddp_trainer run [TARGET] [ARGS...]`` where TARGET is ``module:function``,
+``module`` or ``path/to/script.py`` (default: $DDP_ENTRYPOINT). ARGS become ``sys.argv[1:]``.
+A ``module:function`` target is called with no arguments, or with the `RankContext` if it takes
+one positional parameter. The process group is already initialised when the user code runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import logging
+import os
+import runpy
+import socket
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Sequence
+
+from . import env
+from .errors import (
+    ConfigError,
+    ExitCode,
+    MasterUnresolvedError,
+    RendezvousError,
+    TrainerError,
+)
+
+log = logging.getLogger("ddp_trainer")
+
+_RESOLVE_ATTEMPT_TIMEOUT_S = 5.0
+_RESOLVE_MAX_BACKOFF_S = 5.0
+
+
+@dataclass(frozen=True)
+class RankContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: Any  # torch.device; typed loosely so this module imports without torch
+    job: env.JobInfo
+
+
+_context: RankContext | None = None
+
+
+def context() -> RankContext:
+    """The running rank's context; only valid inside code started by the entrypoint."""
+    if _context is None:
+        raise RuntimeError("ddp_trainer.context() is only available inside `python -m ddp_trainer run`")
+    return _context
+
+
+def _resolve_once(host: str, timeout_s: float) -> bool:
+    """getaddrinfo can block far longer than we want to wait, so it runs in a daemon thread."""
+    result: list[bool] = []
+
+    def attempt() -> None:
+        try:
+            result.append(bool(socket.getaddrinfo(host, None)))
+        except OSError:
+            result.append(False)
+
+    thread = threading.Thread(target=attempt, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return bool(result and result[0])
+
+
+def wait_for_master(host: str, timeout_s: float) -> None:
+    """Wait, with backoff, until `host` resolves; the master's DNS record can lag its pod."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.2
+    attempts = 0
+    while True:
+        attempts += 1
+        remaining = deadline - time.monotonic()
+        if _resolve_once(host, min(_RESOLVE_ATTEMPT_TIMEOUT_S, max(remaining, 0.1))):
+            return
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise MasterUnresolvedError(
+                f"{env.MASTER_ADDR}={host!r} did not resolve after {attempts} attempts in {timeout_s:g}s "
+                f"(set {env.MASTER_WAIT_SECONDS} to wait longer)"
+            )
+        time.sleep(min(delay, remaining))
+        delay = min(delay * 2, _RESOLVE_MAX_BACKOFF_S)
+
+
+def select_backend(requested: str, cuda_available: bool) -> str:
+    if requested == "auto":
+        return "nccl" if cuda_available else "gloo"
+    if requested == "nccl" and not cuda_available:
+        raise ConfigError(f"{env.BACKEND}=nccl but this rank has no CUDA device")
+    return requested
+
+
+def init_distributed(settings: env.DistSettings) -> tuple[str, Any]:
+    """Initialise the default process group; returns (backend, device)."""
+    import torch
+    import torch.distributed as dist
+
+    backend = select_backend(settings.backend, torch.cuda.is_available())
+    if backend == "nccl":
+        if settings.local_rank >= torch.cuda.device_count():
+            raise ConfigError(
+                f"{env.LOCAL_RANK}={settings.local_rank} but only {torch.cuda.device_count()} CUDA devices are visible"
+            )
+        torch.cuda.set_device(settings.local_rank)
+        device = torch.device("cuda", settings.local_rank)
+    else:
+        device = torch.device("cpu")
+    os.environ[env.MASTER_ADDR] = settings.master_addr
+    os.environ[env.MASTER_PORT] = str(settings.master_port)
+    try:
+        dist.init_process_group(
+            backend=backend,
+            init_method="env://",
+            rank=settings.rank,
+            world_size=settings.world_size,
+            timeout=timedelta(seconds=settings.init_timeout_s),
+        )
+    except (RuntimeError, ValueError, OSError) as exc:
+        raise RendezvousError(
+            f"joining the process group at {settings.master_addr}:{settings.master_port} "
+            f"(rank {settings.rank} of {settings.world_size}, backend {backend}, "
+            f"timeout {settings.init_timeout_s:g}s) failed: {exc}"
+        ) from exc
+    return backend, device
+
+
+def load_target(target: str) -> Callable[[RankContext], Any]:
+    """Turn `module:function`, `module` or `script.py` into a callable taking the context."""
+    if target.endswith(".py") or os.sep in target:
+        if not os.path.isfile(target):
+            raise ConfigError(f"entrypoint script {target!r} does not exist")
+        return lambda ctx: runpy.run_path(target, run_name="__main__")
+    module_name, _, func_name = target.partition(":")
+    if not module_name:
+        raise ConfigError(f"entrypoint {target!r} is not `module:function`, `module` or a script path")
+    if not func_name:
+        if importlib.util.find_spec(module_name) is None:
+            raise ConfigError(f"entrypoint module {module_name!r} cannot be found on sys.path")
+        return lambda ctx: runpy.run_module(module_name, run_name="__main__", alter_sys=True)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise ConfigError(f"entrypoint module {module_name!r} cannot be found on sys.path") from exc
+        raise
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise ConfigError(f"entrypoint {target!r}: module {module_name!r} has no function {func_name!r}")
+    positional = [
+        p
+        for p in inspect.signature(func).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    if len(positional) > 1:
+        raise ConfigError(f"entrypoint {target!r} must take no arguments or one (the RankContext)")
+    return (lambda ctx: func(ctx)) if positional else (lambda ctx: func())
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in seen:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+_COMMUNICATION_MARKERS = ("gloo", "nccl", "connection closed by peer", "connection reset by peer", "broken pipe")
+
+
+def classify(exc: BaseException) -> ExitCode:
+    """Map an exception escaping the user's code to an exit code (see errors.ExitCode)."""
+    import torch.distributed as dist
+
+    for item in _chain(exc):
+        if isinstance(item, TrainerError):
+            return item.exit_code
+        if isinstance(item, (dist.DistStoreError, dist.DistNetworkError)):
+            return ExitCode.COMMUNICATION_ERROR
+        if isinstance(item, dist.DistBackendError):
+            return ExitCode.COMMUNICATION_ERROR
+        if type(item).__module__.startswith(("botocore", "urllib3")) and _is_connection_error(item):
+            return ExitCode.STORAGE_UNAVAILABLE
+        # Older torch builds raise a bare RuntimeError from the backends.
+        if type(item) is RuntimeError and any(m in str(item).lower() for m in _COMMUNICATION_MARKERS):
+            return ExitCode.COMMUNICATION_ERROR
+    return ExitCode.USER_ERROR
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    from botocore.exceptions import ConnectionError as BotoConnectionError, ConnectTimeoutError, ReadTimeoutError
+
+    return isinstance(exc, (BotoConnectionError, ConnectTimeoutError, ReadTimeoutError))
+
+
+def _exit_code_of_system_exit(exc: SystemExit) -> int:
+    if exc.code is None:
+        return ExitCode.OK
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return ExitCode.USER_ERROR
+
+
+def _report(code: ExitCode, rank: int | None, exc: BaseException) -> None:
+    where = f"rank {rank}" if rank is not None else "startup"
+    kind = "retryable" if code.retryable else "permanent"
+    if code == ExitCode.USER_ERROR and not isinstance(exc, TrainerError):
+        traceback.print_exception(exc, file=sys.stderr)
+    print(f"ddp-trainer: error ({where}, exit {int(code)} {code.name}, {kind}): {exc}", file=sys.stderr, flush=True)
+
+
+def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None = None) -> int:
+    """Run one rank to completion and return the process exit code."""
+    global _context
+    environ = dict(os.environ) if environ is None else environ
+    rank: int | None = None
+    try:
+        target = target or environ.get(env.ENTRYPOINT, "").strip()
+        if not target:
+            raise ConfigError(f"no entrypoint: pass `module:function` or a script, or set {env.ENTRYPOINT}")
+        settings = env.DistSettings.from_env(environ)
+        rank = settings.rank
+        func = load_target(target)
+        wait_for_master(settings.master_addr, settings.master_wait_s)
+    except BaseException as exc:  # noqa: BLE001 - every startup failure becomes an exit code
+        # Anything but our own errors comes from importing the user's module: a user error.
+        code = exc.exit_code if isinstance(exc, TrainerError) else ExitCode.USER_ERROR
+        _report(code, rank, exc)
+        return code
+
+    import torch.distributed as dist
+
+    try:
+        backend, device = init_distributed(settings)
+        log.info("rank %d/%d joined (%s on %s)", settings.rank, settings.world_size, backend, device)
+        _context = RankContext(
+            rank=settings.rank,
+            world_size=settings.world_size,
+            local_rank=settings.local_rank,
+            backend=backend,
+            device=device,
+            job=env.JobInfo.from_env(environ),
+        )
+        sys.argv = [target, *args]
+        func(_context)
+        return ExitCode.OK
+    except SystemExit as exc:
+        return _exit_code_of_system_exit(exc)
+    except BaseException as exc:  # noqa: BLE001
+        code = classify(exc)
+        _report(code, rank, exc)
+        return code
+    finally:
+        _context = None
+        destroy_process_group()
+
+
+_DESTROY_TIMEOUT_S = 30.0
+
+
+def destroy_process_group(timeout_s: float = _DESTROY_TIMEOUT_S) -> bool:
+    """Destroy the default group if there is one; bounded, because after a peer failure the
+    backend can block in teardown. Returns False when it did not finish in time or failed."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return True
+    outcome: list[BaseException | None] = []
+
+    def destroy() -> None:
+        try:
+            dist.destroy_process_group()
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - reported below, the exit code is already decided
+            outcome.append(exc)
+
+    thread = threading.Thread(target=destroy, name="ddp-destroy", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not outcome:
+        log.warning("destroy_process_group did not finish in %gs; exiting anyway", timeout_s)
+        return False
+    if outcome[0] is not None:
+        log.warning("destroy_process_group failed: %s", outcome[0])
+        return False
+    return True
+
+
+def exit_process(code: int) -> None:
+    """Exit with `code`. Failures skip interpreter teardown: after a broken collective, C++
+    threads left by the backend or DDP can abort the process at exit (SIGABRT), which would
+    replace a meaningful exit code by 134."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code != ExitCode.OK:
+        logging.shutdown()
+        os._exit(code)
+    sys.exit(code)

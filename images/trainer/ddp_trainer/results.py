@@ -1,0 +1,127 @@
+"""Results and per-rank metrics under the job's S3 results prefix.
+
+Layout (``<results>`` is $DDP_RESULTS_URI, e.g. ``s3://bucket/runs``)::
+
+    <results>/<namespace>/<job name>/results/<name>                   submit_result()
+    <results>/<namespace>/<job name>/metrics/rank-<RRRRR>-<session>.jsonl   log_metrics()
+    <results>/<namespace>/<job name>/checkpoints/...                  checkpoint.py
+
+The job prefix survives gang restarts (same name), which is what lets a restarted job resume.
+S3 cannot append, so each rank buffers its metrics and rewrites its own JSON-lines object at
+most every `flush_interval_s`; `session` (start time + pid) keeps a restarted rank from
+overwriting the lines its previous incarnation wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Any, Mapping
+
+from . import env, s3
+from .errors import ConfigError
+
+
+def job_prefix(results_uri: str | None = None, job: env.JobInfo | None = None) -> s3.S3Url:
+    """`s3://bucket/prefix/<namespace>/<job name>` for this job."""
+    base = s3.parse_uri(results_uri or env.results_uri())
+    job = job or env.JobInfo.from_env()
+    return base.join(job.namespace, job.require_name())
+
+
+def _check_name(name: str) -> str:
+    clean = name.strip("/")
+    if not clean or any(part in ("", ".", "..") for part in clean.split("/")):
+        raise ConfigError(f"result name {name!r} must be a relative path without '.' or '..' parts")
+    return clean
+
+
+class S3ResultsHandler:
+    """`submit_result(name, data)` from any rank; `log_metrics(...)` appends to this rank's JSON lines."""
+
+    def __init__(
+        self,
+        prefix: s3.S3Url | str | None = None,
+        rank: int | None = None,
+        flush_interval_s: float = 30.0,
+    ) -> None:
+        if isinstance(prefix, str):
+            prefix = s3.parse_uri(prefix)
+        self.prefix = prefix or job_prefix()
+        self.rank = env.rank() if rank is None else rank
+        self.flush_interval_s = flush_interval_s
+        self.session = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}"
+        self._lines: list[str] = []
+        self._dirty = False
+        self._last_flush = time.monotonic()
+        self._lock = threading.Lock()
+
+    @property
+    def metrics_url(self) -> s3.S3Url:
+        return self.prefix.join("metrics", f"rank-{self.rank:05d}-{self.session}.jsonl")
+
+    def result_url(self, name: str) -> s3.S3Url:
+        return self.prefix.join("results", _check_name(name))
+
+    def submit_result(self, name: str, data: bytes | str) -> s3.S3Url:
+        """Store `data` as `results/<name>`; returns where it went."""
+        url = self.result_url(name)
+        s3.put_bytes(url, data.encode() if isinstance(data, str) else bytes(data))
+        return url
+
+    def log_metrics(
+        self,
+        step: int,
+        epoch: int | None = None,
+        loss: float | None = None,
+        **extra: Any,
+    ) -> None:
+        record: dict[str, Any] = {"step": int(step), "epoch": epoch, "loss": _number(loss), "time": time.time()}
+        record["rank"] = self.rank
+        record.update({k: _number(v) for k, v in extra.items()})
+        with self._lock:
+            self._lines.append(json.dumps(record, default=str))
+            self._dirty = True
+            due = time.monotonic() - self._last_flush >= self.flush_interval_s
+        if due:
+            self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            if not self._dirty:
+                return
+            body = ("\n".join(self._lines) + "\n").encode()
+            self._dirty = False
+            self._last_flush = time.monotonic()
+        s3.put_bytes(self.metrics_url, body, content_type="application/x-ndjson")
+
+    def close(self) -> None:
+        self.flush()
+
+    def __enter__(self) -> "S3ResultsHandler":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _number(value: Any) -> Any:
+    """Tensors and numpy scalars become plain numbers so records stay JSON."""
+    if value is not None and hasattr(value, "item") and callable(value.item):
+        try:
+            return value.item()
+        except (ValueError, RuntimeError):
+            return value
+    return value
+
+
+def read_metrics(prefix: s3.S3Url) -> list[Mapping[str, Any]]:
+    """All ranks' metric records under a job prefix (for tests, notebooks and the operator)."""
+    records: list[Mapping[str, Any]] = []
+    for key, _ in s3.list_objects(prefix.join("metrics")):
+        if key.endswith(".jsonl"):
+            body = s3.get_bytes(s3.S3Url(prefix.bucket, key)).decode()
+            records.extend(json.loads(line) for line in body.splitlines() if line.strip())
+    return records

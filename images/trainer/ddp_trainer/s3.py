@@ -1,0 +1,278 @@
+"""S3 access for any S3-compatible endpoint: per-process clients, retries, errors that name keys.
+
+boto3 clients must not cross fork(): `client()` caches one per process id, so a DataLoader worker
+(fork or spawn) builds its own on first use. Objects holding S3 state drop it when pickled.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import IO, Any, Callable, Iterable, Iterator, TypeVar
+
+from . import env
+from .errors import (
+    ConfigError,
+    ObjectNotFoundError,
+    StorageError,
+    StorageUnavailableError,
+    TrainerError,
+)
+
+T = TypeVar("T")
+
+_NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
+_DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "InvalidToken", "ExpiredToken"}
+_THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "ServiceUnavailable", "503", "500"}
+
+
+@dataclass(frozen=True)
+class S3Url:
+    bucket: str
+    key: str
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+    def join(self, *parts: str) -> "S3Url":
+        return S3Url(self.bucket, join_key(self.key, *parts))
+
+
+def parse_uri(uri: str) -> S3Url:
+    """`s3://bucket/some/prefix` -> S3Url("bucket", "some/prefix")."""
+    if not uri.startswith("s3://"):
+        raise ConfigError(f"{uri!r} is not an s3:// URI")
+    bucket, _, key = uri[len("s3://") :].partition("/")
+    if not bucket:
+        raise ConfigError(f"{uri!r} has no bucket name")
+    return S3Url(bucket, key.strip("/"))
+
+
+def join_key(*parts: str) -> str:
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+def make_client(settings: env.S3Settings | None = None) -> Any:
+    """A new boto3 S3 client with adaptive retries (backoff on throttling, 5xx and connection errors)."""
+    import boto3
+    from botocore.config import Config
+
+    settings = settings or env.S3Settings.from_env()
+    config = Config(
+        region_name=settings.region,
+        retries={"max_attempts": settings.max_attempts, "mode": "adaptive"},
+        connect_timeout=10,
+        read_timeout=60,
+        max_pool_connections=32,
+        s3={"addressing_style": "path"} if settings.endpoint_url else {},
+    )
+    session = boto3.session.Session(
+        aws_access_key_id=settings.access_key_id,
+        aws_secret_access_key=settings.secret_access_key,
+        region_name=settings.region,
+    )
+    return session.client("s3", endpoint_url=settings.endpoint_url, config=config)
+
+
+_clients: dict[int, Any] = {}
+_clients_lock = threading.Lock()
+
+
+def client() -> Any:
+    """This process's shared client, created on first use after fork/spawn."""
+    pid = os.getpid()
+    existing = _clients.get(pid)
+    if existing is not None:
+        return existing
+    with _clients_lock:
+        if pid not in _clients:
+            _clients.clear()  # entries inherited through fork belong to the parent
+            _clients[pid] = make_client()
+        return _clients[pid]
+
+
+def reset_clients() -> None:
+    """Forget cached clients (after changing S3 settings in the environment)."""
+    with _clients_lock:
+        _clients.clear()
+
+
+def _endpoint(s3: Any) -> str:
+    return str(getattr(getattr(s3, "meta", None), "endpoint_url", "S3"))
+
+
+def translate(exc: BaseException, url: S3Url | str, action: str, s3: Any = None) -> TrainerError:
+    """Turn a botocore exception into a runtime error naming the object and the cause."""
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+    where = f"{action} {url}"
+    if isinstance(exc, ClientError):
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        bucket = url.bucket if isinstance(url, S3Url) else str(url)
+        if code == "NoSuchBucket":
+            return ObjectNotFoundError(f"{where}: bucket {bucket!r} does not exist")
+        if code in _NOT_FOUND:
+            return ObjectNotFoundError(f"{where}: object does not exist")
+        if code in _DENIED:
+            return StorageError(
+                f"{where}: access denied ({code}); check {env.AWS_ACCESS_KEY_ID}/{env.AWS_SECRET_ACCESS_KEY} "
+                f"and the bucket policy"
+            )
+        if code in _THROTTLED:
+            return StorageUnavailableError(f"{where}: S3 still failing after retries ({code})")
+        return StorageError(f"{where}: {code or 'error'}: {exc}")
+    if isinstance(exc, NoCredentialsError):
+        return StorageError(f"{where}: no S3 credentials; set {env.AWS_ACCESS_KEY_ID}/{env.AWS_SECRET_ACCESS_KEY}")
+    if isinstance(exc, BotoCoreError):
+        return StorageUnavailableError(f"{where}: S3 endpoint {_endpoint(s3)} unreachable: {exc}")
+    return StorageUnavailableError(f"{where}: {type(exc).__name__}: {exc}")
+
+
+def call(action: str, url: S3Url, fn: Callable[[], T], s3: Any = None) -> T:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return fn()
+    except (BotoCoreError, ClientError) as exc:
+        raise translate(exc, url, action, s3) from exc
+
+
+def _streaming_errors() -> tuple[type[BaseException], ...]:
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+    from botocore.exceptions import ReadTimeoutError, ResponseStreamingError
+    from urllib3.exceptions import ProtocolError
+
+    return (ResponseStreamingError, ProtocolError, ReadTimeoutError, BotoConnectionError)
+
+
+def get_bytes(url: S3Url, s3: Any = None, byte_range: tuple[int, int] | None = None, attempts: int = 5) -> bytes:
+    """GET an object; a body cut mid-stream is retried (botocore only retries the request)."""
+    s3 = s3 or client()
+    extra = {"Range": f"bytes={byte_range[0]}-{byte_range[1] - 1}"} if byte_range else {}
+    for attempt in range(attempts):
+        response = call("reading", url, lambda: s3.get_object(Bucket=url.bucket, Key=url.key, **extra), s3)
+        try:
+            return response["Body"].read()
+        except _streaming_errors() as exc:
+            if attempt == attempts - 1:
+                raise StorageUnavailableError(f"reading {url}: body interrupted {attempts} times: {exc}") from exc
+            time.sleep(min(0.1 * 2**attempt, 5.0) * (1 + random.random()))
+    raise AssertionError("unreachable")
+
+
+def open_stream(url: S3Url, s3: Any = None) -> IO[bytes]:
+    """A file-like streaming body for sequential reads (tar streaming)."""
+    s3 = s3 or client()
+    return call("reading", url, lambda: s3.get_object(Bucket=url.bucket, Key=url.key), s3)["Body"]
+
+
+def put_bytes(url: S3Url, data: bytes, s3: Any = None, content_type: str | None = None) -> None:
+    s3 = s3 or client()
+    extra = {"ContentType": content_type} if content_type else {}
+    call("writing", url, lambda: s3.put_object(Bucket=url.bucket, Key=url.key, Body=data, **extra), s3)
+
+
+def upload_fileobj(
+    fileobj: IO[bytes],
+    url: S3Url,
+    s3: Any = None,
+    part_size: int = 64 * 1024 * 1024,
+    concurrency: int = 8,
+) -> None:
+    """Upload, switching to multipart above `part_size`; parts go up `concurrency` at a time."""
+    from boto3.s3.transfer import TransferConfig
+
+    s3 = s3 or client()
+    config = TransferConfig(
+        multipart_threshold=part_size, multipart_chunksize=part_size, max_concurrency=concurrency, use_threads=True
+    )
+    call("writing", url, lambda: s3.upload_fileobj(fileobj, url.bucket, url.key, Config=config), s3)
+
+
+def download_file(url: S3Url, path: str, s3: Any = None, part_size: int = 64 * 1024 * 1024) -> None:
+    from boto3.s3.transfer import TransferConfig
+
+    s3 = s3 or client()
+    config = TransferConfig(multipart_threshold=part_size, multipart_chunksize=part_size, max_concurrency=8)
+    call("reading", url, lambda: s3.download_file(url.bucket, url.key, path, Config=config), s3)
+
+
+def head(url: S3Url, s3: Any = None) -> dict[str, Any]:
+    s3 = s3 or client()
+    return call("checking", url, lambda: s3.head_object(Bucket=url.bucket, Key=url.key), s3)
+
+
+def list_objects(url: S3Url, s3: Any = None) -> Iterator[tuple[str, int]]:
+    """Yield (key, size) under a prefix, in key order."""
+    s3 = s3 or client()
+    prefix = url.key + "/" if url.key and not url.key.endswith("/") else url.key
+    paginator = s3.get_paginator("list_objects_v2")
+    pages = paginator.paginate(Bucket=url.bucket, Prefix=prefix)
+    iterator = iter(pages)
+    while True:
+        page = call("listing", S3Url(url.bucket, prefix), lambda: next(iterator, None), s3)
+        if page is None:
+            return
+        for item in page.get("Contents", []):
+            yield item["Key"], int(item["Size"])
+
+
+def delete_keys(bucket: str, keys: Iterable[str], s3: Any = None) -> None:
+    s3 = s3 or client()
+    batch = list(keys)
+    for start in range(0, len(batch), 1000):
+        chunk = batch[start : start + 1000]
+        call(
+            "deleting",
+            S3Url(bucket, chunk[0]),
+            lambda: s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True}),
+            s3,
+        )
+
+
+def read_uri(uri: str) -> bytes:
+    """Bytes of an s3:// URI or a local path."""
+    if uri.startswith("s3://"):
+        return get_bytes(parse_uri(uri))
+    path = uri[len("file://") :] if uri.startswith("file://") else uri
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise ObjectNotFoundError(f"reading {path}: file does not exist") from None
+
+
+def write_uri(uri: str, data: bytes) -> None:
+    if uri.startswith("s3://"):
+        put_bytes(parse_uri(uri), data)
+        return
+    path = uri[len("file://") :] if uri.startswith("file://") else uri
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+__all__ = [
+    "S3Url",
+    "parse_uri",
+    "join_key",
+    "make_client",
+    "client",
+    "reset_clients",
+    "translate",
+    "get_bytes",
+    "open_stream",
+    "put_bytes",
+    "upload_fileobj",
+    "download_file",
+    "head",
+    "list_objects",
+    "delete_keys",
+    "read_uri",
+    "write_uri",
+]

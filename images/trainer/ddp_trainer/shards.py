@@ -1,0 +1,486 @@
+"""Indexed tar shards, compatible with webdataset and wids.
+
+Index (wids format): ``{"wids_version": 1, "shardlist": [{"url": ..., "nsamples": N}, ...]}``;
+relative URLs resolve against the index's own location (s3:// or a local path).
+
+Samples follow webdataset's rules: tar members are grouped by consecutive basename (everything up
+to the first dot of the file name) and each sample is a dict ``{"__key__", "__url__", "<ext>": ...}``
+with lower-cased extensions and no leading dot, e.g. ``sample["jpg"]``, ``sample["cls"]``.
+
+Two ways to read:
+
+* `ShardedDataset` (map-style): shards are downloaded whole into a bounded local cache (least
+  recently used shard evicted first) and members are read by offset. Pair it with
+  `DistributedChunkedSampler(chunksize≈samples per shard)` for locality.
+* `ShardStream` (iterable): streams shards sequentially, split by rank and DataLoader worker so
+  that every rank yields exactly the same number of samples (and batches) per epoch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import posixpath
+import random
+import re
+import tarfile
+import tempfile
+import threading
+from bisect import bisect_right
+from dataclasses import dataclass
+from typing import IO, Any, Callable, Iterable, Iterator
+
+from torch.utils.data import Dataset, IterableDataset
+
+from . import env, s3
+from .errors import ConfigError, CorruptDataError, ObjectNotFoundError
+
+log = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS = {"jpg", "jpeg", "png", "ppm", "pgm", "pbm", "pnm", "bmp", "webp", "tif", "tiff", "gif"}
+INT_EXTENSIONS = {"cls", "cls2", "class", "count", "index", "inx", "id"}
+TEXT_EXTENSIONS = {"txt", "text", "transcript"}
+JSON_EXTENSIONS = {"json", "jsn"}
+
+_KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    url: str  # absolute: s3://bucket/key or a local path
+    nsamples: int
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    url: str
+    shards: list[ShardInfo]
+    extra: dict[str, Any]
+
+    @property
+    def total(self) -> int:
+        return sum(s.nsamples for s in self.shards)
+
+
+# Index -----------------------------------------------------------------------------------------
+
+
+def resolve(index_url: str, url: str) -> str:
+    """Resolve a shard URL relative to the index location, as wids does."""
+    if url.startswith("s3://") or os.path.isabs(url) or "://" in url:
+        return url[len("file://") :] if url.startswith("file://") else url
+    if index_url.startswith("s3://"):
+        return "s3://" + posixpath.normpath(posixpath.join(posixpath.dirname(index_url[5:]), url))
+    base = index_url[len("file://") :] if index_url.startswith("file://") else index_url
+    return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(base)), url))
+
+
+def parse_index(data: bytes, index_url: str) -> ShardIndex:
+    try:
+        doc = json.loads(data)
+        if doc.get("wids_version") != 1:
+            raise ValueError(f"wids_version is {doc.get('wids_version')!r}, expected 1")
+        shards = [ShardInfo(resolve(index_url, str(s["url"])), int(s["nsamples"])) for s in doc["shardlist"]]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptDataError(f"shard index {index_url} is not a valid wids index: {exc}") from exc
+    if not shards or any(s.nsamples < 0 for s in shards):
+        raise CorruptDataError(f"shard index {index_url} lists no shards or a negative nsamples")
+    extra = {k: v for k, v in doc.items() if k not in ("wids_version", "shardlist")}
+    return ShardIndex(url=index_url, shards=shards, extra=extra)
+
+
+def load_index(index_url: str) -> ShardIndex:
+    return parse_index(s3.read_uri(index_url), index_url)
+
+
+def write_index(index_url: str, shards: list[tuple[str, int]], **extra: Any) -> None:
+    """`shards` holds (url relative to the index or absolute, nsamples)."""
+    doc = {"wids_version": 1, **extra, "shardlist": [{"url": u, "nsamples": n} for u, n in shards]}
+    s3.write_uri(index_url, json.dumps(doc, indent=1).encode())
+
+
+# Tar members -> samples --------------------------------------------------------------------------
+
+
+def split_name(name: str) -> tuple[str, str] | None:
+    """webdataset's base_plus_ext: 'a/b.seg.png' -> ('a/b', 'seg.png')."""
+    match = _KEY_EXT.match(name)
+    return (match.group(1), match.group(2)) if match else None
+
+
+def group_members(members: Iterable[tuple[str, Any]], url: str) -> Iterator[dict[str, Any]]:
+    """Group (member name, payload) pairs into samples by consecutive key."""
+    current: dict[str, Any] | None = None
+    for name, payload in members:
+        parts = split_name(name)
+        if parts is None:
+            continue
+        key, ext = parts[0], parts[1].lower()
+        if current is not None and current["__key__"] != key:
+            yield current
+            current = None
+        if current is None:
+            current = {"__key__": key, "__url__": url}
+        if ext in current:
+            raise CorruptDataError(f"shard {url}: sample {key!r} has two {ext!r} members")
+        current[ext] = payload
+    if current is not None:
+        yield current
+
+
+def _regular_members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+    for info in tar:
+        # webdataset skips non-files and top-level "__...__" metadata members.
+        if not info.isreg() or ("/" not in info.name and info.name.startswith("__") and info.name.endswith("__")):
+            continue
+        yield info
+
+
+def decode(sample: dict[str, Any]) -> dict[str, Any]:
+    """Decode by extension like webdataset's `.decode("pil")`: ints, text, JSON, npy, PIL images."""
+    out: dict[str, Any] = {}
+    for field, value in sample.items():
+        if field.startswith("__") or not isinstance(value, (bytes, bytearray)):
+            out[field] = value
+            continue
+        ext = field.rsplit(".", 1)[-1]
+        try:
+            out[field] = _decode_value(ext, bytes(value))
+        except Exception as exc:  # noqa: BLE001 - any decoder failure means corrupt data
+            raise CorruptDataError(f"decoding {sample['__key__']}.{field} in shard {sample['__url__']}: {exc}") from exc
+    return out
+
+
+def _decode_value(ext: str, data: bytes) -> Any:
+    if ext in INT_EXTENSIONS:
+        return int(data)
+    if ext in TEXT_EXTENSIONS:
+        return data.decode("utf-8")
+    if ext in JSON_EXTENSIONS:
+        return json.loads(data)
+    if ext == "npy":
+        import numpy
+
+        return numpy.load(io.BytesIO(data), allow_pickle=False)
+    if ext in IMAGE_EXTENSIONS:
+        from PIL import Image
+
+        image = Image.open(io.BytesIO(data))
+        image.load()
+        return image
+    return data
+
+
+# Local shard cache -------------------------------------------------------------------------------
+
+
+class ShardCache:
+    """Whole shards on local disk, at most `limit_bytes` (plus the shard being read).
+
+    Safe across DataLoader worker processes sharing the directory: downloads land under a
+    temporary name and are renamed into place; an evicted shard that another process has open
+    stays readable (POSIX), and one evicted before it was opened is fetched again.
+    """
+
+    def __init__(self, directory: str | None = None, limit_bytes: int | None = None) -> None:
+        limit_bytes = env.shard_cache_bytes() if limit_bytes is None else limit_bytes
+        if limit_bytes <= 0:
+            raise ConfigError(f"shard cache limit {limit_bytes} must be > 0 bytes")
+        self.directory = directory or env.shard_cache_dir() or os.path.join(tempfile.gettempdir(), "ddp-shard-cache")
+        self.limit_bytes = limit_bytes
+
+    def path_for(self, url: str) -> str:
+        digest = hashlib.sha1(url.encode()).hexdigest()[:16]
+        return os.path.join(self.directory, f"{digest}-{posixpath.basename(url)}")
+
+    def get(self, url: str) -> str:
+        path = self.path_for(url)
+        try:
+            os.utime(path)  # mark as recently used
+            return path
+        except FileNotFoundError:
+            pass
+        os.makedirs(self.directory, exist_ok=True)
+        tmp = f"{path}.part.{os.getpid()}.{threading.get_ident()}"
+        try:
+            s3.download_file(s3.parse_uri(url), tmp)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        self.evict(keep=path)
+        return path
+
+    def evict(self, keep: str | None = None) -> list[str]:
+        """Remove least recently used shards until the cache fits its limit."""
+        entries = []
+        for name in os.listdir(self.directory) if os.path.isdir(self.directory) else []:
+            full = os.path.join(self.directory, name)
+            if ".part." in name:
+                continue
+            try:
+                stat = os.stat(full)
+            except FileNotFoundError:
+                continue
+            entries.append((stat.st_mtime, stat.st_size, full))
+        total = sum(size for _, size, _ in entries)
+        removed = []
+        for _, size, full in sorted(entries):
+            if total <= self.limit_bytes:
+                break
+            if full == keep:
+                continue
+            try:
+                os.remove(full)
+                removed.append(full)
+            except FileNotFoundError:
+                pass
+            total -= size
+        return removed
+
+    def size_bytes(self) -> int:
+        if not os.path.isdir(self.directory):
+            return 0
+        return sum(os.path.getsize(os.path.join(self.directory, n)) for n in os.listdir(self.directory) if ".part." not in n)
+
+
+# Map-style ---------------------------------------------------------------------------------------
+
+MemberTable = list[dict[str, Any]]  # per sample: {"__key__": key, ext: (offset, size)}
+
+
+def _member_table(path: str, url: str, expected: int) -> MemberTable:
+    try:
+        with tarfile.open(path, "r:") as tar:
+            members = [(info.name, (info.offset_data, info.size)) for info in _regular_members(tar)]
+    except tarfile.ReadError as exc:
+        raise CorruptDataError(f"shard {url} is not a readable uncompressed tar: {exc}") from exc
+    table = list(group_members(members, url))
+    if len(table) != expected:
+        raise CorruptDataError(f"shard {url} holds {len(table)} samples but the index says {expected}")
+    return table
+
+
+class ShardedDataset(Dataset[Any]):
+    """Map-style dataset over an indexed shard set; `dataset[i]` is the i-th sample of the index.
+
+    `transform` receives the decoded sample dict (or raw bytes with decode=False).
+    """
+
+    def __init__(
+        self,
+        index: str | ShardIndex,
+        cache_dir: str | None = None,
+        cache_limit_bytes: int | None = None,
+        transform: Callable[[dict[str, Any]], Any] | None = None,
+        decode: bool = True,
+    ) -> None:
+        self.index = load_index(index) if isinstance(index, str) else index
+        self.cache = ShardCache(cache_dir, cache_limit_bytes)
+        self.transform = transform
+        self.decode = decode
+        self.cumulative: list[int] = []
+        total = 0
+        for shard in self.index.shards:
+            total += shard.nsamples
+            self.cumulative.append(total)
+        self._tables: dict[str, MemberTable] = {}
+
+    def __len__(self) -> int:
+        return self.cumulative[-1] if self.cumulative else 0
+
+    @property
+    def shard_sizes(self) -> list[int]:
+        return [s.nsamples for s in self.index.shards]
+
+    def locate(self, index: int) -> tuple[ShardInfo, int]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"sample {index} is out of range for {len(self)} samples")
+        shard_no = bisect_right(self.cumulative, index)
+        start = self.cumulative[shard_no - 1] if shard_no else 0
+        return self.index.shards[shard_no], index - start
+
+    def _local_path(self, url: str) -> str:
+        return url if not url.startswith("s3://") else self.cache.get(url)
+
+    def raw(self, index: int) -> dict[str, Any]:
+        shard, offset = self.locate(index)
+        for attempt in range(3):
+            path = self._local_path(shard.url)
+            try:
+                with open(path, "rb") as f:
+                    table = self._tables.get(shard.url)
+                    if table is None:
+                        table = self._tables[shard.url] = _member_table(path, shard.url, shard.nsamples)
+                    entry = table[offset]
+                    sample: dict[str, Any] = {"__key__": entry["__key__"], "__url__": shard.url}
+                    for ext, location in entry.items():
+                        if not ext.startswith("__"):
+                            f.seek(location[0])
+                            sample[ext] = f.read(location[1])
+                return sample
+            except FileNotFoundError:
+                if not shard.url.startswith("s3://"):
+                    raise ObjectNotFoundError(f"shard {shard.url} does not exist") from None
+                log.debug("shard %s evicted before it was opened (attempt %d)", shard.url, attempt)
+        raise CorruptDataError(f"shard {shard.url} kept disappearing from the cache at {self.cache.directory}")
+
+    def __getitem__(self, index: int) -> Any:
+        sample = self.raw(index)
+        if self.decode:
+            sample = decode(sample)
+        return self.transform(sample) if self.transform is not None else sample
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_tables"] = {}
+        return state
+
+
+# Streaming ---------------------------------------------------------------------------------------
+
+
+def _open_shard(url: str) -> IO[bytes]:
+    if url.startswith("s3://"):
+        return s3.open_stream(s3.parse_uri(url))
+    try:
+        return open(url, "rb")
+    except FileNotFoundError:
+        raise ObjectNotFoundError(f"shard {url} does not exist") from None
+
+
+def iter_shard(url: str, expected: int | None = None) -> Iterator[dict[str, Any]]:
+    """Raw samples of one shard, read sequentially."""
+    stream = _open_shard(url)
+    count = 0
+    try:
+        with tarfile.open(fileobj=stream, mode="r|*") as tar:
+
+            def members() -> Iterator[tuple[str, bytes]]:
+                for info in _regular_members(tar):
+                    handle = tar.extractfile(info)
+                    yield info.name, handle.read() if handle is not None else b""
+
+            for sample in group_members(members(), url):
+                count += 1
+                yield sample
+    except tarfile.TarError as exc:
+        raise CorruptDataError(f"shard {url} is not a readable tar: {exc}") from exc
+    finally:
+        stream.close()
+    if expected is not None and count != expected:
+        raise CorruptDataError(f"shard {url} holds {count} samples but the index says {expected}")
+
+
+def rank_quota(total: int, world_size: int) -> int:
+    """Samples every rank yields per epoch (the remainder is left out, as with drop_last)."""
+    quota = total // world_size
+    if quota < 1:
+        raise ConfigError(f"{total} samples cannot be split over {world_size} ranks")
+    return quota
+
+
+def worker_range(rank_start: int, quota: int, worker: int, num_workers: int) -> tuple[int, int]:
+    """[start, end) of this worker within its rank's contiguous range."""
+    base, extra = divmod(quota, num_workers)
+    start = rank_start + worker * base + min(worker, extra)
+    return start, start + base + (1 if worker < extra else 0)
+
+
+class ShardStream(IterableDataset[Any]):
+    """Iterable dataset streaming shards, equal sample counts on every rank.
+
+    Each epoch the shard order is shuffled (seed + epoch, same on every rank) and the resulting
+    sample sequence is cut into `world_size` contiguous ranges of `rank_quota` samples, then each
+    range into one piece per DataLoader worker. A worker reads only the shards its piece touches,
+    so locality stays. Every worker count gives the same per-rank batch count because piece sizes
+    depend only on the quota and the number of workers, which all ranks share.
+    Call `set_epoch` before iterating (workers must not be persistent for the epoch to reach them).
+    """
+
+    def __init__(
+        self,
+        index: str | ShardIndex,
+        rank: int | None = None,
+        world_size: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        shuffle_buffer: int = 0,
+        transform: Callable[[dict[str, Any]], Any] | None = None,
+        decode: bool = True,
+    ) -> None:
+        import torch.distributed as dist
+
+        initialised = dist.is_available() and dist.is_initialized()
+        self.rank = rank if rank is not None else (dist.get_rank() if initialised else 0)
+        self.world_size = world_size if world_size is not None else (dist.get_world_size() if initialised else 1)
+        self.index = load_index(index) if isinstance(index, str) else index
+        self.quota = rank_quota(self.index.total, self.world_size)
+        self.shuffle = shuffle
+        self.seed = seed
+        self.shuffle_buffer = shuffle_buffer
+        self.transform = transform
+        self.decode = decode
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.quota
+
+    def shard_order(self) -> list[ShardInfo]:
+        shards = list(self.index.shards)
+        if self.shuffle:
+            random.Random(self.seed + self.epoch).shuffle(shards)
+        return shards
+
+    def _worker(self) -> tuple[int, int]:
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        return (info.id, info.num_workers) if info is not None else (0, 1)
+
+    def raw_samples(self, worker: int = 0, num_workers: int = 1) -> Iterator[dict[str, Any]]:
+        start, end = worker_range(self.rank * self.quota, self.quota, worker, num_workers)
+        position = 0
+        for shard in self.shard_order():
+            shard_end = position + shard.nsamples
+            if shard_end > start and position < end:
+                skip, take = max(start - position, 0), min(end, shard_end) - max(start, position)
+                samples = iter_shard(shard.url, shard.nsamples)
+                for n, sample in enumerate(samples):
+                    if n >= skip + take:
+                        samples.close()  # the rest of this shard belongs to the next range
+                        break
+                    if n >= skip:
+                        yield sample
+            position = shard_end
+            if position >= end:
+                return
+
+    def __iter__(self) -> Iterator[Any]:
+        worker, num_workers = self._worker()
+        samples: Iterator[dict[str, Any]] = self.raw_samples(worker, num_workers)
+        if self.shuffle and self.shuffle_buffer > 1:
+            samples = _buffer_shuffle(samples, self.shuffle_buffer, random.Random((self.seed, self.epoch, self.rank, worker).__hash__()))
+        for sample in samples:
+            if self.decode:
+                sample = decode(sample)
+            yield self.transform(sample) if self.transform is not None else sample
+
+
+def _buffer_shuffle(samples: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
+    buffer: list[Any] = []
+    for sample in samples:
+        if len(buffer) < size:
+            buffer.append(sample)
+            continue
+        i = rng.randrange(size)
+        buffer[i], sample = sample, buffer[i]
+        yield sample
+    rng.shuffle(buffer)
+    yield from buffer

@@ -1,0 +1,157 @@
+"""Training functions the tests run in every rank through `python -m ddp_trainer run`.
+
+Configured by WL_* environment variables so the same code serves several tests; also holds the
+single-process reference training used to check DDP equivalence.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from ddp_trainer.checkpoint import CheckpointManager, restore_training_state, training_state
+from ddp_trainer.entrypoint import RankContext
+from ddp_trainer.progress import default_reporter
+from ddp_trainer.results import S3ResultsHandler
+from ddp_trainer.sampler import DistributedChunkedSampler
+
+SAMPLES = 96
+FEATURES = 8
+LR = 0.05
+MOMENTUM = 0.9
+
+
+def dataset() -> TensorDataset:
+    generator = torch.Generator().manual_seed(1234)
+    x = torch.randn(SAMPLES, FEATURES, generator=generator)
+    y = (x @ torch.linspace(-1, 1, FEATURES)).unsqueeze(1) + 0.1 * torch.randn(SAMPLES, 1, generator=generator)
+    return TensorDataset(x, y)
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, 1))
+
+
+def optimizer(net: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
+
+
+def sampler(world_size: int, rank: int) -> DistributedChunkedSampler:
+    return DistributedChunkedSampler(SAMPLES, num_replicas=world_size, rank=rank, chunksize=8, seed=7)
+
+
+def _int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def train(ctx: RankContext) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    batch, epochs = _int("WL_BATCH", 4), _int("WL_EPOCHS", 2)
+    every, crash_at = _int("WL_CKPT_EVERY", 0), _int("WL_CRASH_AT_STEP", -1)
+    net = model()
+    opt = optimizer(net)
+    ddp = DistributedDataParallel(net)
+    data_sampler = sampler(ctx.world_size, ctx.rank)
+    loader = DataLoader(dataset(), batch_size=batch, sampler=data_sampler)
+    checkpoints = CheckpointManager(keep=2, async_save=os.environ.get("WL_ASYNC") == "1") if every else None
+    results = S3ResultsHandler(flush_interval_s=5.0) if os.environ.get("DDP_RESULTS_URI") else None
+    progress = default_reporter()
+    step = 0
+    if checkpoints is not None:
+        latest = checkpoints.load_latest()
+        if latest is not None:
+            restore_training_state(latest.state, ddp, opt, data_sampler)
+            step = latest.step
+            print(f"rank {ctx.rank} resumed from step {step}", flush=True)
+    loss_fn = nn.MSELoss()
+    for epoch in range(data_sampler.epoch, epochs):
+        data_sampler.set_epoch(epoch)
+        for x, y in loader:
+            opt.zero_grad()
+            loss = loss_fn(ddp(x), y)
+            loss.backward()
+            opt.step()
+            step += 1
+            progress.report(epoch, step, loss.item(), samples=batch * ctx.world_size)
+            if results is not None:
+                results.log_metrics(step, epoch, loss, lr=LR)
+            if checkpoints is not None and step % every == 0:
+                checkpoints.save(step, training_state(ddp, opt, data_sampler))
+            if step == crash_at and ctx.rank == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+    progress.flush()
+    if checkpoints is not None:
+        checkpoints.close()
+    if results is not None:
+        results.close()
+    if ctx.rank == 0:
+        torch.save(net.state_dict(), os.environ["WL_OUT"])
+        if results is not None:
+            results.submit_result("final.txt", f"steps={step}")
+
+
+def reference(world_size: int, batch: int, epochs: int) -> dict[str, torch.Tensor]:
+    """One process, global batch world_size*batch, visiting the same global batches as the ranks."""
+    data = dataset()
+    net = model()
+    opt = optimizer(net)
+    loss_fn = nn.MSELoss()
+    samplers = [sampler(world_size, r) for r in range(world_size)]
+    for epoch in range(epochs):
+        per_rank = []
+        for s in samplers:
+            s.set_epoch(epoch)
+            per_rank.append(list(s))
+        for start in range(0, len(per_rank[0]), batch):
+            indices = [i for rank_indices in per_rank for i in rank_indices[start : start + batch]]
+            x, y = data[indices]
+            opt.zero_grad()
+            loss_fn(net(x), y).backward()
+            opt.step()
+    return net.state_dict()
+
+
+def fail(ctx: RankContext) -> Any:
+    raise ValueError(f"user code failed in rank {ctx.rank}")
+
+
+def use_collective(ctx: RankContext) -> None:
+    """Rank 1 dies; rank 0 then fails in an all-reduce, which is an infrastructure error."""
+    import time
+
+    import torch.distributed as dist
+
+    dist.barrier()
+    if ctx.rank == 1:
+        os._exit(0)
+    time.sleep(1.0)
+    dist.all_reduce(torch.ones(4))
+    dist.all_reduce(torch.ones(4))
+
+
+def stream_train(ctx: RankContext) -> None:
+    """DDP over ShardStream with uneven shards and 2 loader workers: must not hang."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from ddp_trainer.shards import ShardStream
+
+    stream = ShardStream(os.environ["WL_INDEX"], seed=1, transform=lambda s: (torch.tensor(s["npy"]), float(s["cls"])))
+    loader = DataLoader(stream, batch_size=2, num_workers=2, multiprocessing_context="fork")
+    net = DistributedDataParallel(nn.Linear(3, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=0.001)
+    for epoch in range(2):
+        stream.set_epoch(epoch)
+        batches = 0
+        for x, y in loader:
+            opt.zero_grad()
+            nn.functional.mse_loss(net(x).squeeze(1), y.float()).backward()
+            opt.step()
+            batches += 1
+        print(f"rank {ctx.rank} epoch {epoch} batches {batches}", flush=True)

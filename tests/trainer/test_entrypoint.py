@@ -1,0 +1,157 @@
+"""The entrypoint in real processes: gloo process groups on loopback, exit codes, resume."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import ddp_workloads
+from conftest import launch
+from ddp_trainer import s3
+from ddp_trainer.checkpoint import CheckpointManager
+from ddp_trainer.errors import ExitCode
+from ddp_trainer.results import read_metrics
+
+WORLD = 2
+BATCH = 4
+EPOCHS = 2
+STEPS = EPOCHS * ddp_workloads.SAMPLES // (WORLD * BATCH)
+
+
+def _describe(results) -> str:
+    return "\n".join(f"--- rank {r.rank} rc={r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}" for r in results)
+
+
+def _job_env(s3_env: dict[str, str], bucket: str, job: str, out: Path, **extra: str) -> dict[str, str]:
+    return {
+        **s3_env,
+        "DDP_RESULTS_URI": f"s3://{bucket}/runs",
+        "DDP_JOB_NAME": job,
+        "DDP_JOB_NAMESPACE": "team-a",
+        "WL_BATCH": str(BATCH),
+        "WL_EPOCHS": str(EPOCHS),
+        "WL_OUT": str(out),
+        "DDP_PROGRESS_FILE": str(out.parent / f"{job}-progress.json"),
+        "DDP_PROGRESS_INTERVAL_SECONDS": "0.5",
+        **extra,
+    }
+
+
+@pytest.fixture
+def uninterrupted(s3_env, bucket, tmp_path):
+    out = tmp_path / "uninterrupted.pt"
+    results = launch("ddp_workloads:train", WORLD, _job_env(s3_env, bucket, "straight", out, WL_CKPT_EVERY="5"))
+    assert [r.returncode for r in results] == [0] * WORLD, _describe(results)
+    return torch.load(out), bucket, out
+
+
+@pytest.mark.timeout(240)
+def test_ddp_matches_single_process_and_resumes_after_kill(uninterrupted, s3_env, tmp_path) -> None:
+    params, bucket, out = uninterrupted
+
+    # DDP equivalence: N ranks with batch b == one process with batch N*b on the same order.
+    reference = ddp_workloads.reference(WORLD, BATCH, EPOCHS)
+    assert params.keys() == reference.keys()
+    for name in params:
+        assert torch.allclose(params[name], reference[name], rtol=1e-5, atol=1e-6), name
+    assert not torch.allclose(params["0.weight"], ddp_workloads.model().state_dict()["0.weight"])  # it trained
+
+    # The run left metrics, a result and progress behind.
+    prefix = s3.S3Url(bucket, "runs/team-a/straight")
+    metrics = read_metrics(prefix)
+    assert sorted({m["rank"] for m in metrics}) == list(range(WORLD))
+    assert sorted(m["step"] for m in metrics if m["rank"] == 0) == list(range(1, STEPS + 1))
+    assert {"epoch", "loss", "time", "lr"} <= metrics[0].keys()
+    assert s3.get_bytes(prefix.join("results", "final.txt")) == f"steps={STEPS}".encode()
+    assert CheckpointManager(prefix, keep=2, rank=0).committed_steps() == [15, 20]
+    progress = (out.parent / "straight-progress.json").read_text()
+    assert f'"step": {STEPS}' in progress and '"samplesPerSecond"' in progress
+
+    # Kill rank 0 (SIGKILL) right after an async save at step 10 was started; rank 1 then fails
+    # in a collective and must exit with a retryable code.
+    crashed_out = tmp_path / "resumed.pt"
+    env = _job_env(s3_env, bucket, "crashy", crashed_out, WL_CKPT_EVERY="5", WL_CRASH_AT_STEP="10", WL_ASYNC="1")
+    first = launch("ddp_workloads:train", WORLD, env)
+    assert first[0].returncode == -9, _describe(first)
+    assert first[1].returncode == ExitCode.COMMUNICATION_ERROR, _describe(first)
+    assert "retryable" in first[1].stderr
+    assert not crashed_out.exists()
+    committed = CheckpointManager(s3.S3Url(bucket, "runs/team-a/crashy"), rank=0).committed_steps()
+    assert committed and max(committed) in (5, 10)
+
+    # Gang restart without the crash: resumes from the latest checkpoint, ends identical.
+    env.pop("WL_CRASH_AT_STEP")
+    second = launch("ddp_workloads:train", WORLD, env)
+    assert [r.returncode for r in second] == [0] * WORLD, _describe(second)
+    assert f"resumed from step {max(committed)}" in second[0].stdout
+    resumed = torch.load(crashed_out)
+    for name in params:
+        assert torch.equal(resumed[name], params[name]), name
+
+
+def test_user_exception_exits_1_and_names_rank() -> None:
+    (result,) = launch("ddp_workloads:fail", 1)
+    assert result.returncode == ExitCode.USER_ERROR
+    assert "ValueError: user code failed in rank 0" in result.stderr
+    assert "exit 1 USER_ERROR, permanent" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("target", "env", "message"),
+    [
+        ("ddp_workloads:train", {"WORLD_SIZE": ""}, "environment variable WORLD_SIZE is not set"),
+        ("ddp_workloads:nope", {}, "module 'ddp_workloads' has no function 'nope'"),
+        ("no_such_module:main", {}, "entrypoint module 'no_such_module' cannot be found"),
+        ("ddp_workloads:train", {"DDP_BACKEND": "nccl"}, "DDP_BACKEND=nccl but this rank has no CUDA device"),
+    ],
+)
+def test_bad_configuration_exits_2(target: str, env: dict[str, str], message: str) -> None:
+    (result,) = launch(target, 1, env)
+    assert result.returncode == ExitCode.CONFIG_ERROR, result.stderr
+    assert message in result.stderr
+
+
+def test_master_that_never_resolves_is_retryable() -> None:
+    started = time.monotonic()
+    (result,) = launch(
+        "ddp_workloads:train", 2, {"MASTER_ADDR": "ddp-master.invalid", "DDP_MASTER_WAIT_SECONDS": "2"}, ranks=[1]
+    )
+    assert result.returncode == ExitCode.MASTER_UNRESOLVED, result.stderr
+    assert "MASTER_ADDR='ddp-master.invalid' did not resolve" in result.stderr
+    assert time.monotonic() - started < 60
+
+
+def test_rendezvous_timeout_is_retryable() -> None:
+    # Rank 0 alone: rank 1 never arrives, so init_process_group times out.
+    (result,) = launch("ddp_workloads:train", 2, {"DDP_INIT_TIMEOUT_SECONDS": "3"}, ranks=[0])
+    assert result.returncode == ExitCode.RENDEZVOUS_FAILED, result.stderr
+    assert "joining the process group at 127.0.0.1" in result.stderr
+
+
+def test_peer_death_in_collective_is_retryable() -> None:
+    results = launch("ddp_workloads:use_collective", 2, {"DDP_INIT_TIMEOUT_SECONDS": "20"})
+    assert results[1].returncode == 0
+    assert results[0].returncode == ExitCode.COMMUNICATION_ERROR, _describe(results)
+
+
+def test_operator_command_form_runs_ddp_entrypoint_with_args(tmp_path: Path) -> None:
+    # `python -m ddp_trainer run -- ARGS`, target from DDP_ENTRYPOINT: here a script that checks
+    # its argv and the process group, then exits with its own code.
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import sys, torch.distributed as dist\n"
+        "import ddp_trainer\n"
+        "assert dist.is_initialized() and dist.get_world_size() == 1, 'no process group'\n"
+        "assert ddp_trainer.context().rank == 0\n"
+        "print('argv', sys.argv[1:])\n"
+        "sys.exit(int(sys.argv[-1]))\n"
+    )
+    (result,) = launch(None, 1, {"DDP_ENTRYPOINT": str(script)}, args=["--lr", "0.1", "3"])
+    assert result.returncode == 3, result.stderr
+    assert "argv ['--lr', '0.1', '3']" in result.stdout
+    (missing,) = launch(None, 1, {})
+    assert missing.returncode == ExitCode.CONFIG_ERROR
+    assert "set DDP_ENTRYPOINT" in missing.stderr

@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import pytest
+
+from ddp_trainer import env
+from ddp_trainer.errors import ConfigError, ExitCode
+
+BASE = {"MASTER_ADDR": "master-0", "MASTER_PORT": "29500", "RANK": "1", "WORLD_SIZE": "4"}
+
+
+def test_dist_settings_read_from_environment() -> None:
+    settings = env.DistSettings.from_env({**BASE, "DDP_BACKEND": "GLOO", "DDP_INIT_TIMEOUT_SECONDS": "30"})
+    assert (settings.master_addr, settings.master_port, settings.rank, settings.world_size) == ("master-0", 29500, 1, 4)
+    assert settings.backend == "gloo"
+    assert settings.init_timeout_s == 30.0
+    assert settings.master_wait_s == 30.0  # defaults to the init timeout
+    assert (settings.local_rank, settings.local_world_size) == (0, 1)
+
+
+@pytest.mark.parametrize("missing", ["MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"])
+def test_missing_variable_is_named(missing: str) -> None:
+    values = {k: v for k, v in BASE.items() if k != missing}
+    with pytest.raises(ConfigError, match=f"environment variable {missing} is not set"):
+        env.DistSettings.from_env(values)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("RANK", "x", "RANK='x' is not an integer"),
+        ("RANK", "4", "RANK=4 must be < WORLD_SIZE=4"),
+        ("MASTER_PORT", "70000", "MASTER_PORT=70000 is not a TCP port"),
+        ("DDP_BACKEND", "mpi", "DDP_BACKEND='mpi' must be one of auto, nccl, gloo"),
+        ("DDP_INIT_TIMEOUT_SECONDS", "-1", "DDP_INIT_TIMEOUT_SECONDS=-1.0 must be > 0"),
+    ],
+)
+def test_bad_values_are_named(name: str, value: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        env.DistSettings.from_env({**BASE, name: value})
+
+
+def test_s3_settings() -> None:
+    settings = env.S3Settings.from_env(
+        {"DDP_S3_ENDPOINT": "http://minio:9000", "AWS_REGION": "eu-west-1", "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+    )
+    assert (settings.endpoint_url, settings.region, settings.access_key_id) == ("http://minio:9000", "eu-west-1", "k")
+    assert env.S3Settings.from_env({"DDP_S3_REGION": "a", "AWS_REGION": "b"}).region == "a"
+    with pytest.raises(ConfigError, match="AWS_SECRET_ACCESS_KEY is not set but its pair is"):
+        env.S3Settings.from_env({"AWS_ACCESS_KEY_ID": "k"})
+    with pytest.raises(ConfigError, match="DDP_S3_ENDPOINT='minio:9000' must start with http"):
+        env.S3Settings.from_env({"DDP_S3_ENDPOINT": "minio:9000"})
+
+
+def test_exit_codes_are_distinct_and_classified() -> None:
+    values = [int(code) for code in ExitCode]
+    assert len(values) == len(set(values))
+    assert not ExitCode.USER_ERROR.retryable and not ExitCode.CONFIG_ERROR.retryable
+    retryable = [c for c in ExitCode if c.retryable]
+    assert set(retryable) == {
+        ExitCode.MASTER_UNRESOLVED,
+        ExitCode.RENDEZVOUS_FAILED,
+        ExitCode.COMMUNICATION_ERROR,
+        ExitCode.STORAGE_UNAVAILABLE,
+    }
+    # Signal exits (128+N) stay distinguishable from ours.
+    assert all(c > 128 + 64 for c in retryable)

@@ -1,0 +1,51 @@
+"""The example entrypoint end to end: 2 gloo ranks, S3 image folder and shards, resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import launch
+from ddp_trainer import s3
+from ddp_trainer.checkpoint import CheckpointManager
+from ddp_trainer.convert import make_shards
+from ddp_trainer.results import read_metrics
+from test_imagefolder import upload_tree, write_tree
+
+ARGS = ["--batch-size", "2", "--workers", "1", "--checkpoint-every", "3"]
+
+
+@pytest.mark.timeout(180)
+def test_example_trains_resumes_and_reads_shards(tmp_path: Path, bucket: str, s3_env: dict[str, str]) -> None:
+    images = tmp_path / "images"
+    write_tree(images)  # 8 images: 4 per rank, 2 steps per epoch
+    upload_tree(images, bucket, "train")
+    env = {
+        **s3_env,
+        "DDP_DATASET_URI": f"s3://{bucket}/train",
+        "DDP_RESULTS_URI": f"s3://{bucket}/results",
+        "DDP_JOB_NAME": "example",
+        "DDP_PROGRESS_FILE": str(tmp_path / "progress.json"),
+        "DDP_SHARD_CACHE_DIR": str(tmp_path / "shard-cache"),
+    }
+    prefix = s3.S3Url(bucket, "results/default/example")
+
+    def run(epochs: int) -> None:
+        results = launch("train_classifier:main", 2, env, args=["--epochs", str(epochs), *ARGS])
+        assert [r.returncode for r in results] == [0, 0], [r.stderr[-3000:] for r in results]
+
+    run(2)
+    assert CheckpointManager(prefix, rank=0).committed_steps() == [3, 4]
+    run(3)  # a later run of the same job resumes at the end of epoch 2 and trains one more
+    assert CheckpointManager(prefix, rank=0).committed_steps() == [3, 4, 6]
+    steps = sorted(m["step"] for m in read_metrics(prefix) if m["rank"] == 0)
+    assert steps == [1, 2, 3, 4, 5, 6]
+    assert len(s3.get_bytes(prefix.join("results", "model.pt"))) > 1000
+    assert '"step": 6' in (tmp_path / "progress.json").read_text()
+
+    index = make_shards(f"s3://{bucket}/train", f"s3://{bucket}/shards", samples_per_shard=3)
+    env.update(DDP_DATASET_URI=index, DDP_JOB_NAME="example-shards")
+    run(1)
+    assert len(list((tmp_path / "shard-cache").iterdir())) == 3  # the shards went through the cache
+    assert CheckpointManager(s3.S3Url(bucket, "results/default/example-shards"), rank=0).committed_steps() == [2]

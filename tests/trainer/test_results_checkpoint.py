@@ -1,0 +1,133 @@
+"""Results handler and checkpoints against a real S3 server."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+from ddp_trainer import s3
+from ddp_trainer.checkpoint import MANIFEST, STATE, CheckpointManager, restore_training_state, training_state
+from ddp_trainer.errors import ConfigError
+from ddp_trainer.results import S3ResultsHandler, job_prefix, read_metrics
+from ddp_trainer.sampler import DistributedChunkedSampler
+
+
+def test_results_go_under_the_job_prefix(bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDP_RESULTS_URI", f"s3://{bucket}/experiments/")
+    monkeypatch.setenv("DDP_JOB_NAME", "resnet")
+    monkeypatch.setenv("DDP_JOB_NAMESPACE", "ml")
+    monkeypatch.setenv("RANK", "3")
+    assert job_prefix() == s3.S3Url(bucket, "experiments/ml/resnet")
+    handler = S3ResultsHandler(flush_interval_s=3600)
+    url = handler.submit_result("eval/accuracy.json", json.dumps({"top1": 0.5}))
+    assert url == s3.S3Url(bucket, "experiments/ml/resnet/results/eval/accuracy.json")
+    assert json.loads(s3.get_bytes(url)) == {"top1": 0.5}
+    handler.log_metrics(1, 0, torch.tensor(2.5), accuracy=0.25)
+    handler.log_metrics(2, 0, 1.5)
+    assert read_metrics(job_prefix()) == []  # buffered until flush / interval
+    handler.close()
+    records = read_metrics(job_prefix())
+    assert [(r["step"], r["epoch"], r["loss"], r["rank"]) for r in records] == [(1, 0, 2.5, 3), (2, 0, 1.5, 3)]
+    assert records[0]["accuracy"] == 0.25 and abs(records[0]["time"] - time.time()) < 60
+    assert handler.metrics_url.key.startswith("experiments/ml/resnet/metrics/rank-00003-")
+    with pytest.raises(ConfigError, match="must be a relative path"):
+        handler.submit_result("../escape", b"x")
+
+
+def test_missing_job_name_is_named(bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDP_RESULTS_URI", f"s3://{bucket}/x")
+    monkeypatch.delenv("DDP_JOB_NAME", raising=False)
+    with pytest.raises(ConfigError, match="DDP_JOB_NAME is not set"):
+        S3ResultsHandler()
+
+
+def _state(seed: int) -> dict:
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    sampler = DistributedChunkedSampler(100, num_replicas=2, rank=0, chunksize=10)
+    sampler.set_epoch(3)
+    return training_state(model, opt, sampler, step_seed=seed)
+
+
+def test_save_keep_last_k_and_load_latest(bucket: str) -> None:
+    manager = CheckpointManager(s3.S3Url(bucket, "job"), keep=2, rank=0)
+    assert manager.load_latest() is None
+    for step in (10, 20, 30):
+        manager.save(step, _state(step))
+    assert manager.committed_steps() == [20, 30]
+    keys = [k for k, _ in s3.list_objects(s3.S3Url(bucket, "job/checkpoints"))]
+    assert not any("step-000000000010" in k for k in keys)
+    latest = manager.load_latest()
+    assert latest is not None and latest.step == 30
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sampler = DistributedChunkedSampler(100, num_replicas=2, rank=0, chunksize=10)
+    restore_training_state(latest.state, model, opt, sampler)
+    expected = _state(30)
+    assert torch.equal(model.weight, expected["model"]["weight"])
+    assert torch.equal(opt.state_dict()["state"][0]["momentum_buffer"], expected["optimizer"]["state"][0]["momentum_buffer"])
+    assert sampler.epoch == 3 and latest.state["step_seed"] == 30
+    manifest = json.loads(s3.get_bytes(latest.url.join(MANIFEST)))
+    assert manifest["step"] == 30 and manifest["files"][STATE]["size"] > 0
+
+
+def test_uncommitted_and_corrupt_checkpoints_are_ignored(bucket: str) -> None:
+    manager = CheckpointManager(s3.S3Url(bucket, "job"), keep=3, rank=0)
+    manager.save(1, _state(1))
+    # A crash after the data upload but before the manifest: step 2 has data, no manifest.
+    s3.put_bytes(manager.step_url(2).join(STATE), b"partial")
+    assert manager.committed_steps() == [1]
+    assert manager.load_latest().step == 1
+    # Data that no longer matches its manifest is skipped too.
+    manager.save(3, _state(3))
+    s3.put_bytes(manager.step_url(3).join(STATE), b"truncated")
+    assert manager.load_latest().step == 1
+    # Committing a newer checkpoint removes the leftovers of the crashed save.
+    manager.save(4, _state(4))
+    keys = [k for k, _ in s3.list_objects(manager.prefix)]
+    assert not any("step-000000000002" in k for k in keys)
+
+
+def test_only_rank_0_writes(bucket: str) -> None:
+    manager = CheckpointManager(s3.S3Url(bucket, "job"), rank=1)
+    assert manager.save(5, _state(5)) is None
+    assert manager.committed_steps() == []
+
+
+def test_async_save_does_not_stall_and_snapshots_state(bucket: str) -> None:
+    manager = CheckpointManager(s3.S3Url(bucket, "job"), keep=5, async_save=True, rank=0)
+    weights = torch.zeros(512, 1024)  # 2 MiB
+    started = time.monotonic()
+    url = manager.save(7, {"w": weights})
+    returned_after = time.monotonic() - started
+    weights += 1  # training goes on mutating the tensors; the checkpoint keeps the old values
+    manager.wait()
+    assert url == manager.step_url(7)
+    latest = manager.load_latest()
+    assert latest.step == 7 and torch.equal(latest.state["w"], torch.zeros(512, 1024))
+    manager.save(8, {"w": weights})
+    manager.close()
+    assert manager.committed_steps() == [7, 8]
+    assert returned_after < 2.0
+
+
+def test_async_save_error_surfaces(s3_env) -> None:
+    manager = CheckpointManager(s3.S3Url("no-such-bucket-ckpt", "job"), async_save=True, rank=0)
+    manager.save(1, {"w": torch.ones(2)})
+    with pytest.raises(Exception, match="no-such-bucket-ckpt"):
+        manager.wait()
+
+
+def test_multipart_upload_of_large_checkpoint(bucket: str) -> None:
+    manager = CheckpointManager(s3.S3Url(bucket, "big"), rank=0, part_size=5 * 1024 * 1024)
+    big = {"w": torch.arange(3 * 1024 * 1024, dtype=torch.float32)}  # 12 MiB -> 3 parts
+    url = manager.save(1, big)
+    etag = s3.head(url.join(STATE))["ETag"]
+    assert etag.strip('"').endswith("-3")  # multipart ETags end in -<number of parts>
+    assert torch.equal(manager.load_latest().state["w"], big["w"])

@@ -1,0 +1,286 @@
+"""Indexed tar shards: webdataset interop, cache, sampler, streaming, converter, failures."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+from torchvision.datasets import ImageFolder
+
+from conftest import ROOT, TRAINER_SRC
+from ddp_trainer import s3
+from ddp_trainer.errors import CorruptDataError, ObjectNotFoundError
+from ddp_trainer.sampler import DistributedChunkedSampler
+from ddp_trainer.shards import ShardedDataset, ShardStream, load_index, resolve, write_index
+from test_imagefolder import upload_tree, write_tree
+
+SHARD_SIZES = [7, 3, 11, 5, 9]  # uneven on purpose
+
+
+def _image(i: int) -> Image.Image:
+    return Image.new("RGB", (4 + i % 3, 3), color=(i * 5 % 256, 100, 255 - i))
+
+
+def write_webdataset_shards(directory: Path) -> list[dict]:
+    """Shards written by the real webdataset library, plus a wids index; returns the samples."""
+    import webdataset as wds
+
+    directory.mkdir(parents=True, exist_ok=True)
+    samples, shard_list, n = [], [], 0
+    for shard_no, size in enumerate(SHARD_SIZES):
+        name = f"part-{shard_no:03d}.tar"
+        with wds.TarWriter(str(directory / name)) as sink:
+            for _ in range(size):
+                sample = {
+                    "__key__": f"s{n:05d}",
+                    "png": _image(n),
+                    "cls": n % 4,
+                    "json": {"n": n, "tag": f"t{n}"},
+                    "txt": f"caption {n}",
+                    "npy": np.arange(n, n + 3, dtype=np.float32),
+                }
+                sink.write(sample)
+                samples.append(sample)
+                n += 1
+        shard_list.append((name, size))
+    write_index(str(directory / "index.json"), shard_list)
+    return samples
+
+
+@pytest.fixture
+def wds_shards(tmp_path: Path, bucket: str) -> tuple[Path, str, list[dict]]:
+    local = tmp_path / "wds"
+    samples = write_webdataset_shards(local)
+    for path in local.iterdir():
+        s3.put_bytes(s3.S3Url(bucket, f"sets/wds/{path.name}"), path.read_bytes())
+    return local, bucket, samples
+
+
+def _same(ours: dict, theirs: dict) -> None:
+    assert ours["__key__"] == theirs["__key__"]
+    fields = {k for k in theirs if not k.startswith("__")}
+    assert {k for k in ours if not k.startswith("__")} == fields
+    for field in fields:
+        a, b = ours[field], theirs[field]
+        if isinstance(b, Image.Image):
+            assert a.mode == b.mode and a.size == b.size and a.tobytes() == b.tobytes(), (ours["__key__"], field)
+        elif isinstance(b, np.ndarray):
+            assert a.dtype == b.dtype and np.array_equal(a, b), (ours["__key__"], field)
+        else:
+            assert a == b, (ours["__key__"], field)
+
+
+def test_index_urls_resolve_against_the_index() -> None:
+    assert resolve("s3://b/data/idx/index.json", "shard-0.tar") == "s3://b/data/idx/shard-0.tar"
+    assert resolve("s3://b/data/idx/index.json", "../other/s.tar") == "s3://b/data/other/s.tar"
+    assert resolve("s3://b/i.json", "s3://c/x.tar") == "s3://c/x.tar"
+    assert resolve("/data/index.json", "sub/s.tar") == "/data/sub/s.tar"
+
+
+def test_webdataset_shards_read_back_identically(wds_shards, tmp_path: Path) -> None:
+    import webdataset as wds
+
+    local, bucket, written = wds_shards
+    urls = [str(local / f"part-{i:03d}.tar") for i in range(len(SHARD_SIZES))]
+    theirs = list(wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode("pil"))
+    assert len(theirs) == sum(SHARD_SIZES) == len(written)
+
+    index = load_index(f"s3://{bucket}/sets/wds/index.json")
+    assert index.shards[1].url == f"s3://{bucket}/sets/wds/part-001.tar"
+    mapped = ShardedDataset(index, cache_dir=str(tmp_path / "cache"))
+    assert len(mapped) == len(theirs)
+    for i, expected in enumerate(theirs):
+        _same(mapped[i], expected)
+    assert mapped[8]["json"] == {"n": 8, "tag": "t8"} and mapped[8]["cls"] == 0
+
+    streamed = list(ShardStream(index, rank=0, world_size=1, shuffle=False))
+    assert len(streamed) == len(theirs)
+    for ours, expected in zip(streamed, theirs):
+        _same(ours, expected)
+
+
+def test_cache_is_bounded_and_evicts_least_recently_used(wds_shards, tmp_path: Path) -> None:
+    _, bucket, _ = wds_shards
+    index = load_index(f"s3://{bucket}/sets/wds/index.json")
+    shard_bytes = max(s3.head(s3.parse_uri(s.url))["ContentLength"] for s in index.shards)
+    limit = int(shard_bytes * 2.5)
+    dataset = ShardedDataset(index, cache_dir=str(tmp_path / "cache"), cache_limit_bytes=limit)
+    keys = [dataset[i]["__key__"] for i in range(len(dataset))]
+    assert keys == [f"s{i:05d}" for i in range(len(dataset))]
+    cache = dataset.cache
+    assert cache.size_bytes() <= limit
+    files = sorted(Path(cache.directory).iterdir())
+    assert 1 <= len(files) < len(index.shards)
+    assert cache.path_for(index.shards[-1].url) in map(str, files)  # the newest stays
+    assert dataset[0]["__key__"] == "s00000"  # evicted shard fetched again
+    assert Path(cache.path_for(index.shards[0].url)).exists()
+
+
+def test_map_style_with_dataloader_workers(wds_shards, tmp_path: Path) -> None:
+    _, bucket, _ = wds_shards
+    dataset = ShardedDataset(
+        f"s3://{bucket}/sets/wds/index.json",
+        cache_dir=str(tmp_path / "cache"),
+        transform=lambda s: (torch.tensor(s["npy"]), s["cls"]),
+    )
+    sampler = DistributedChunkedSampler(dataset, num_replicas=1, rank=0, chunksize=5, seed=3)
+    loader = DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=2, multiprocessing_context="fork")
+    firsts = torch.cat([x[:, 0] for x, _ in loader]).long().tolist()
+    assert firsts == list(sampler)  # npy[0] == sample number
+    assert sorted(firsts) == list(range(len(dataset)))
+
+
+def test_chunked_sampler_splits_evenly_keeps_locality_and_reshuffles() -> None:
+    size, world, chunk = 103, 4, 10
+    samplers = [DistributedChunkedSampler(size, num_replicas=world, rank=r, chunksize=chunk, seed=1) for r in range(world)]
+    epoch0 = [list(s) for s in samplers]
+    assert {len(x) for x in epoch0} == {26}  # ceil(103 / 4), padded by wrapping
+    assert set().union(*map(set, epoch0)) == set(range(size))
+    for indices in epoch0:
+        assert len({i // chunk for i in indices}) <= 26 // chunk + 2  # a few whole chunks, not scattered
+    for s in samplers:
+        s.set_epoch(1)
+    epoch1 = [list(s) for s in samplers]
+    assert epoch1 != epoch0 and set().union(*map(set, epoch1)) == set(range(size))
+    # Resume mid-epoch: skip what was consumed, later epochs start from the beginning.
+    resumed = DistributedChunkedSampler(size, num_replicas=world, rank=2, chunksize=chunk, seed=1)
+    resumed.load_state_dict(samplers[2].state_dict(samples_consumed=10))
+    assert list(resumed) == epoch1[2][10:]
+    assert samplers[2].state_dict(samples_consumed=26) == {"epoch": 2, "offset": 0, "seed": 1}
+
+
+def test_streaming_gives_every_rank_the_same_batches(wds_shards) -> None:
+    _, bucket, _ = wds_shards
+    world, workers, batch = 3, 2, 2
+    total = sum(SHARD_SIZES)
+    seen: list[str] = []
+    batch_counts = []
+    for rank in range(world):
+        stream = ShardStream(f"s3://{bucket}/sets/wds/index.json", rank=rank, world_size=world, seed=5)
+        stream.set_epoch(2)
+        loader = DataLoader(
+            stream,
+            batch_size=batch,
+            num_workers=workers,
+            multiprocessing_context="fork",
+            collate_fn=lambda samples: [s["__key__"] for s in samples],
+        )
+        batches = list(loader)
+        batch_counts.append(len(batches))
+        seen.extend(k for b in batches for k in b)
+    quota = total // world
+    assert batch_counts == [batch_counts[0]] * world
+    worker_quotas = [quota // workers + (w < quota % workers) for w in range(workers)]
+    assert batch_counts[0] == sum(-(-q // batch) for q in worker_quotas)
+    assert len(seen) == quota * world and len(set(seen)) == len(seen)  # no sample twice in an epoch
+    orders = []
+    for epoch in (0, 1):
+        stream = ShardStream(f"s3://{bucket}/sets/wds/index.json", rank=0, world_size=1, seed=5, shuffle_buffer=4)
+        stream.set_epoch(epoch)
+        orders.append([s["__key__"] for s in stream])
+    assert orders[0] != orders[1] and sorted(orders[0]) == sorted(orders[1])
+
+
+def test_corrupt_truncated_and_missing_shards_name_their_key(wds_shards, tmp_path: Path) -> None:
+    local, bucket, _ = wds_shards
+    prefix = "sets/wds"
+    good = (local / "part-001.tar").read_bytes()
+    s3.put_bytes(s3.S3Url(bucket, f"{prefix}/part-001.tar"), b"\x00garbage" * 300)
+    dataset = ShardedDataset(f"s3://{bucket}/{prefix}/index.json", cache_dir=str(tmp_path / "c1"))
+    with pytest.raises(CorruptDataError, match=f"shard s3://{bucket}/{prefix}/part-001.tar"):
+        dataset[8]
+    stream = ShardStream(f"s3://{bucket}/{prefix}/index.json", rank=0, world_size=1, shuffle=False)
+    with pytest.raises(CorruptDataError, match=f"shard s3://{bucket}/{prefix}/part-001.tar"):
+        list(stream)
+
+    # A truncated shard has fewer samples than the index promises (would unbalance ranks).
+    s3.put_bytes(s3.S3Url(bucket, f"{prefix}/part-001.tar"), good[: len(good) // 2])
+    dataset = ShardedDataset(f"s3://{bucket}/{prefix}/index.json", cache_dir=str(tmp_path / "c2"))
+    with pytest.raises(CorruptDataError, match=f"part-001.tar holds [0-9] samples but the index says 3"):
+        dataset[8]
+
+    s3.client().delete_object(Bucket=bucket, Key=f"{prefix}/part-002.tar")
+    with pytest.raises(ObjectNotFoundError, match=f"s3://{bucket}/{prefix}/part-002.tar: object does not exist"):
+        dataset[12]
+    with pytest.raises(ObjectNotFoundError, match=f"s3://{bucket}/sets/missing/index.json"):
+        load_index(f"s3://{bucket}/sets/missing/index.json")
+    s3.put_bytes(s3.S3Url(bucket, "sets/bad/index.json"), b'{"shardlist": []}')
+    with pytest.raises(CorruptDataError, match=f"s3://{bucket}/sets/bad/index.json is not a valid wids index"):
+        load_index(f"s3://{bucket}/sets/bad/index.json")
+
+
+def test_make_shards_command_from_local_folder_to_s3(tmp_path: Path, bucket: str, s3_env) -> None:
+    import webdataset as wds
+
+    images = tmp_path / "images"
+    write_tree(images)
+    env = {**s3_env, "PYTHONPATH": str(TRAINER_SRC), "PATH": "/usr/bin:/bin"}
+    dest = f"s3://{bucket}/shards/v1"
+    result = subprocess.run(
+        [sys.executable, "-m", "ddp_trainer", "make-shards", str(images), dest, "--samples-per-shard", "3"],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"{dest}/index.json"
+    assert "make-shards [" in result.stderr and "8/8" in result.stderr  # progress bar
+
+    folder = ImageFolder(str(images))
+    index = load_index(f"{dest}/index.json")
+    assert [s.nsamples for s in index.shards] == [3, 3, 2]
+    assert index.extra["classes"] == folder.classes
+    dataset = ShardedDataset(index, cache_dir=str(tmp_path / "cache"), decode=False)
+    by_path = {Path(p).relative_to(images).as_posix(): t for p, t in folder.samples}
+    got = {}
+    for i in range(len(dataset)):
+        sample = dataset[i]
+        meta = json.loads(sample["json"])
+        image_ext = next(k for k in sample if k not in ("__key__", "__url__", "json", "cls"))
+        assert sample[image_ext] == (images / meta["path"]).read_bytes()
+        got[meta["path"]] = int(sample["cls"])
+    assert got == by_path
+
+    # ...and the webdataset library reads our shards too.
+    local = tmp_path / "ours"
+    local.mkdir()
+    for shard in index.shards:
+        (local / Path(shard.url).name).write_bytes(s3.get_bytes(s3.parse_uri(shard.url)))
+    theirs = list(wds.WebDataset(sorted(map(str, local.iterdir())), shardshuffle=False, empty_check=False))
+    assert [s["__key__"] for s in theirs] == [dataset[i]["__key__"] for i in range(len(dataset))]
+
+
+def test_make_shards_from_s3_source(tmp_path: Path, bucket: str) -> None:
+    from ddp_trainer.convert import make_shards
+
+    images = tmp_path / "images"
+    write_tree(images)
+    upload_tree(images, bucket, "raw")
+    out = io.StringIO()
+    index_url = make_shards(f"s3://{bucket}/raw", str(tmp_path / "out"), samples_per_shard=5, progress=out)
+    assert index_url == str(tmp_path / "out" / "index.json")
+    dataset = ShardedDataset(index_url, cache_dir=str(tmp_path / "unused-cache"))
+    assert Counter(dataset[i]["cls"] for i in range(len(dataset))) == Counter(ImageFolder(str(images)).targets)
+    assert "8/8" in out.getvalue()
+    assert not (tmp_path / "unused-cache").exists()  # local shards are read in place
+
+
+@pytest.mark.timeout(120)
+def test_streaming_ddp_with_uneven_shards_does_not_hang(wds_shards, s3_env) -> None:
+    from conftest import launch
+
+    _, bucket, _ = wds_shards
+    env = {**s3_env, "WL_INDEX": f"s3://{bucket}/sets/wds/index.json", "DDP_INIT_TIMEOUT_SECONDS": "30"}
+    results = launch("ddp_workloads:stream_train", 3, env, timeout=90)
+    assert [r.returncode for r in results] == [0, 0, 0], [r.stderr[-3000:] for r in results]
+    quota = sum(SHARD_SIZES) // 3  # 11 -> workers get 6 and 5 -> 3 + 3 batches of 2
+    for r in results:
+        assert f"rank {r.rank} epoch 0 batches 6" in r.stdout and f"rank {r.rank} epoch 1 batches 6" in r.stdout
+    assert quota == 11
