@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 from datetime import datetime, timezone
 from pathlib import Path
@@ -15,6 +14,7 @@ from ddp_operator import constants as c
 from ddp_operator.spec import parse_spec
 from ddp_operator.status import Action, Decision, RankFailure, compute_status, summarize_pods
 from kube import install_crd, wait_until
+from specs import changed
 
 pytestmark = pytest.mark.cluster
 
@@ -52,13 +52,7 @@ def refusal(custom: Any, namespace: str, body: dict[str, Any]) -> str:
 
 
 def spec_with(**changes: Any) -> dict[str, Any]:
-    spec = copy.deepcopy(VALID_SPEC)
-    for key, value in changes.items():
-        if value is None:
-            spec.pop(key, None)
-        else:
-            spec[key] = value
-    return spec
+    return changed(VALID_SPEC, **changes)
 
 
 def test_valid_job_is_accepted_with_defaults(custom: Any, namespace: str) -> None:

@@ -1,24 +1,18 @@
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
 
 from ddp_operator import constants as c
 from ddp_operator.spec import InvalidSpec, JobSpec, S3Spec, parse_spec, validate_job_name
+from specs import changed
 
 MINIMAL: dict[str, Any] = {"worldSize": 2, "image": "trainer:1", "entrypoint": "train.main:run"}
 
 
 def with_(**changes: Any) -> dict[str, Any]:
-    spec = copy.deepcopy(MINIMAL)
-    for key, value in changes.items():
-        if value is None:
-            spec.pop(key, None)
-        else:
-            spec[key] = value
-    return spec
+    return changed(MINIMAL, **changes)
 
 
 def test_defaults_are_applied() -> None:

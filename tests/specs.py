@@ -1,0 +1,17 @@
+"""DDPJob spec fixtures shared by the unit tests and the CRD tests."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Mapping
+
+
+def changed(base: Mapping[str, Any], **changes: Any) -> dict[str, Any]:
+    """A deep copy of base with fields replaced; a None value removes the field."""
+    spec = copy.deepcopy(dict(base))
+    for key, value in changes.items():
+        if value is None:
+            spec.pop(key, None)
+        else:
+            spec[key] = value
+    return spec
