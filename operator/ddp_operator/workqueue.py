@@ -17,7 +17,8 @@ Reconcile = Callable[[Hashable], Awaitable[float | None]]
 
 
 class WorkQueue:
-    def __init__(self, reconcile: Reconcile, workers: int = 16, error_backoff: float = 2.0) -> None:
+    def __init__(self, reconcile: Reconcile, workers: int = 16, error_backoff: float = 0.5,
+                 max_backoff: float = 60.0) -> None:
         self._reconcile = reconcile
         self._queue: asyncio.Queue[Hashable] = asyncio.Queue()
         self._queued: set[Hashable] = set()
@@ -26,6 +27,8 @@ class WorkQueue:
         self._timers: dict[Hashable, asyncio.TimerHandle] = {}
         self._workers = workers
         self._error_backoff = error_backoff
+        self._max_backoff = max_backoff
+        self._failures: dict[Hashable, int] = {}
         self._tasks: list[asyncio.Task] = []
 
     def add(self, key: Hashable) -> None:
@@ -54,6 +57,13 @@ class WorkQueue:
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer.cancel()
+        self._failures.pop(key, None)
+
+    def backoff(self, key: Hashable) -> float:
+        """Doubles with each failure in a row, so a persistent error (a quota, say) is not a hot loop."""
+        failures = self._failures.get(key, 0)
+        self._failures[key] = failures + 1
+        return min(self._error_backoff * 2**failures, self._max_backoff)
 
     def _fire(self, key: Hashable) -> None:
         self._timers.pop(key, None)
@@ -76,11 +86,12 @@ class WorkQueue:
             self._running.add(key)
             try:
                 requeue_after = await self._reconcile(key)
+                self._failures.pop(key, None)
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("reconcile of %s failed; retrying in %.0fs", key, self._error_backoff)
-                requeue_after = self._error_backoff
+                requeue_after = self.backoff(key)
+                log.exception("reconcile of %s failed; retrying in %.1fs", key, requeue_after)
             finally:
                 self._running.discard(key)
             if key in self._dirty:
