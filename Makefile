@@ -5,7 +5,7 @@ PYTEST_ARGS ?=
 
 BENCH_ARGS ?=
 
-.PHONY: demo bench-data bench-operator test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
+.PHONY: demo bench-data bench-operator crds test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
 
 demo:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/demo.py
@@ -18,6 +18,9 @@ test-unit:
 
 bench-data:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python images/trainer/bench_data.py $(BENCH_ARGS)
+
+crds:
+	@scripts/sync-crds.sh
 
 venv:
 	@scripts/venv.sh

@@ -124,14 +124,18 @@ class OperatorProcess:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
-        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("operator", "images/trainer"))}
+        pythonpath = os.pathsep.join(str(REPO / p) for p in ("operator", "images/trainer"))
+        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "PYTHONPATH": pythonpath}
         log = self.log_path.open("a")
+        starts = self._starts()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "ddp_operator"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO
         )
-        wait_until(lambda: "ddp-operator started" in self.log_path.read_text() or self._died(), 60,
-                   "the operator to start")
+        wait_until(lambda: self._starts() > starts or self._died(), 60, "the operator to start")
         assert self.process.poll() is None, f"the operator exited:\n{self.log_path.read_text()[-3000:]}"
+
+    def _starts(self) -> int:
+        return self.log_path.read_text().count("ddp-operator started") if self.log_path.exists() else 0
 
     def _died(self) -> bool:
         return self.process is not None and self.process.poll() is not None
@@ -146,8 +150,10 @@ class OperatorProcess:
             self.process.kill()
             self.process.wait()
 
-    def restart(self) -> None:
+    def restart(self, kubeconfig: str | None = None) -> None:
+        """Stops and starts the operator, with another identity if a kubeconfig is given."""
         self.stop()
+        self.kubeconfig = kubeconfig or self.kubeconfig
         self.log_path.write_text(self.log_path.read_text() + "\n--- restart ---\n")
         self.start()
 

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# crds/ is the single source of the API; the chart carries a copy in charts/ddp-operator/crds/.
+# Usage: scripts/sync-crds.sh          copy crds/*.yaml into the chart
+#        scripts/sync-crds.sh --check  fail, naming the file, when the chart's copy differs
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+src=$root/crds
+dst=$root/charts/ddp-operator/crds
+if [ "${1:-}" = "--check" ]; then
+  status=0
+  for f in "$src"/*.yaml; do
+    if ! cmp -s "$f" "$dst/$(basename "$f")"; then
+      echo "charts/ddp-operator/crds/$(basename "$f") differs from crds/$(basename "$f"): run scripts/sync-crds.sh" >&2
+      status=1
+    fi
+  done
+  for f in "$dst"/*.yaml; do
+    [ -e "$src/$(basename "$f")" ] || { echo "charts/ddp-operator/crds/$(basename "$f") has no source in crds/" >&2; status=1; }
+  done
+  exit $status
+fi
+mkdir -p "$dst"
+rm -f "$dst"/*.yaml
+cp "$src"/*.yaml "$dst"/
