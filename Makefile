@@ -19,6 +19,9 @@ test-unit:
 bench-data:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python images/trainer/bench_data.py $(BENCH_ARGS)
 
+bench-operator:
+	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $$venv/bin/python benchmarks/bench_operator.py $(BENCH_ARGS)
+
 crds:
 	@scripts/sync-crds.sh
 
