@@ -45,7 +45,7 @@ async def post_event(kube: KubeApi, job: Mapping[str, Any], type_: str, reason: 
     """Posts an Event; a failure is logged, never raised: events are a courtesy, not state."""
     event = build_event(job, type_, reason, message, datetime.now(timezone.utc))
     try:
-        await kube.call(kube.core.create_namespaced_event, event["metadata"]["namespace"], event,
+        await kube.call_status(kube.core.create_namespaced_event, event["metadata"]["namespace"], event,
                         _preload_content=False)
     except Exception as error:  # noqa: BLE001
         log.warning("could not post event %s on %s: %s", reason, job["metadata"]["name"], error)

@@ -17,7 +17,8 @@ from kubernetes.client.rest import ApiException
 from ddp_operator import constants as c
 
 T = TypeVar("T")
-CONCURRENCY = 32
+CONCURRENCY = 32  # calls in flight for children (pods, services, ...)
+STATUS_CONCURRENCY = 8  # and, apart, for status patches and Events
 
 
 def make_api_client(kubeconfig: str | None = None) -> client.ApiClient:
@@ -26,7 +27,7 @@ def make_api_client(kubeconfig: str | None = None) -> client.ApiClient:
         config.load_incluster_config(client_configuration=configuration)
     except config.ConfigException:
         config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    configuration.connection_pool_maxsize = CONCURRENCY
+    configuration.connection_pool_maxsize = CONCURRENCY + STATUS_CONCURRENCY
     return client.ApiClient(configuration)
 
 
@@ -54,10 +55,17 @@ class KubeApi:
         self.custom = client.CustomObjectsApi(api)
         self.rbac = client.RbacAuthorizationV1Api(api)
         self._pool = ThreadPoolExecutor(max_workers=CONCURRENCY, thread_name_prefix="kube-api")
+        # Status has its own threads: a job that just became Running must not wait behind the
+        # hundreds of pod creations other jobs have queued.
+        self._status_pool = ThreadPoolExecutor(max_workers=STATUS_CONCURRENCY, thread_name_prefix="kube-status")
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+
+    async def call_status(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._status_pool, functools.partial(fn, *args, **kwargs))
 
     async def create_pod(self, pod: dict[str, Any]) -> None:
         """Creates the pod; one that already exists (an earlier pass made it) is left alone."""
@@ -90,7 +98,7 @@ class KubeApi:
                 raise
 
     async def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
-        return await self.call(
+        return await self.call_status(
             self.custom.patch_namespaced_custom_object_status,
             c.GROUP, c.VERSION, namespace, c.PLURAL, name, {"status": status},
         )
@@ -107,4 +115,5 @@ class KubeApi:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._status_pool.shutdown(wait=False, cancel_futures=True)
         self.api.close()

@@ -135,8 +135,8 @@ class Reconciler:
         return requeue_after({**status, **patch}, spec, now)
 
     async def _create(self, job: dict[str, Any], spec: JobSpec, ranks: tuple[int, ...], attempt: int) -> None:
-        for child in (build_service(job, spec), *build_progress_access(job, spec)):
-            await self.kube.ensure(adopt(child, job))
+        children = (build_service(job, spec), *build_progress_access(job, spec))
+        await asyncio.gather(*(self.kube.ensure(adopt(child, job)) for child in children))
         pods = [adopt(build_pod(job, spec, rank, attempt), job) for rank in ranks]
         results = await asyncio.gather(*(self.kube.create_pod(pod) for pod in pods), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
