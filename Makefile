@@ -5,7 +5,7 @@ PYTEST_ARGS ?=
 
 BENCH_ARGS ?=
 
-.PHONY: demo bench-data bench-operator crds test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
+.PHONY: demo bench-data bench-operator chart-check crds test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
 
 demo:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/demo.py
@@ -21,6 +21,9 @@ bench-data:
 
 bench-operator:
 	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $$venv/bin/python benchmarks/bench_operator.py $(BENCH_ARGS)
+
+chart-check:
+	@scripts/sync-crds.sh --check && $$($(CLUSTER) bindir | cut -d: -f2)/helm lint --strict charts/ddp-operator
 
 crds:
 	@scripts/sync-crds.sh

@@ -260,10 +260,13 @@ class PodRunner:
         }
         if message:
             status["message"] = message
+        # The uid is a precondition: a late report about a process of a deleted pod must not land
+        # on its successor of the same name (the next gang attempt).
+        body = {"metadata": {"uid": pod.metadata.uid}, "status": status}
         try:
-            self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": status})
+            self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, body)
         except ApiException as error:
-            if error.status != 404:
+            if error.status not in (404, 409, 422):  # gone, or replaced (uid mismatch)
                 log.warning("status of %s failed: %s", pod.metadata.name, error.reason)
 
     def shutdown(self) -> None:

@@ -3,14 +3,19 @@
 # Usage: scripts/sync-crds.sh          copy crds/*.yaml into the chart
 #        scripts/sync-crds.sh --check  fail, naming the file, when the chart's copy differs
 set -euo pipefail
+shopt -s nullglob  # an empty directory is an empty list, not a literal "*.yaml"
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 src=$root/crds
 dst=$root/charts/ddp-operator/crds
 if [ "${1:-}" = "--check" ]; then
   status=0
   for f in "$src"/*.yaml; do
-    if ! cmp -s "$f" "$dst/$(basename "$f")"; then
-      echo "charts/ddp-operator/crds/$(basename "$f") differs from crds/$(basename "$f"): run scripts/sync-crds.sh" >&2
+    name=$(basename "$f")
+    if [ ! -e "$dst/$name" ]; then
+      echo "charts/ddp-operator/crds/$name is missing: run scripts/sync-crds.sh" >&2
+      status=1
+    elif ! cmp -s "$f" "$dst/$name"; then
+      echo "charts/ddp-operator/crds/$name differs from crds/$name: run scripts/sync-crds.sh" >&2
       status=1
     fi
   done

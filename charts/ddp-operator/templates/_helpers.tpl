@@ -6,9 +6,12 @@
 {{- end -}}
 {{- end -}}
 
-{{/* Cluster-scoped objects carry the namespace too, so releases in two namespaces do not collide. */}}
+{{/*
+Cluster-scoped objects carry the namespace too, so releases in two namespaces do not collide.
+Not cut to 63 characters: RBAC names may be longer, and cutting could make two names equal.
+*/}}
 {{- define "ddp-operator.clusterName" -}}
-{{- printf "%s-%s" .Release.Namespace (include "ddp-operator.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Namespace (include "ddp-operator.fullname" .) -}}
 {{- end -}}
 
 {{- define "ddp-operator.selectorLabels" -}}
