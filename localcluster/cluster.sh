@@ -45,8 +45,9 @@ PIDS=$DDP_CLUSTER_DIR/pids
 KUBECONFIG_FILE=$DDP_CLUSTER_DIR/kubeconfig
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 
-log() { printf '[cluster] %s\n' "$*" >&2; }
-die() { printf '[cluster] error: %s\n' "$*" >&2; exit 1; }
+exec 3>&2  # messages go here even from inside checks whose own output is silenced
+log() { printf '[cluster] %s\n' "$*" >&3; }
+die() { printf '[cluster] error: %s\n' "$*" >&3; exit 1; }
 
 # --- build -----------------------------------------------------------------
 
@@ -147,6 +148,17 @@ start() {
 
 alive() { [ -f "$PIDS/$1.pid" ] && kill -0 "$(cat "$PIDS/$1.pid")" 2>/dev/null; }
 
+# started_and NAME COMMAND...: fails at once (with NAME's log) if NAME's process has exited.
+started_and() {
+  local name=$1
+  shift
+  if ! alive "$name"; then
+    tail -5 "$LOGS/$name.log" >&3
+    die "$name exited during start; see $LOGS/$name.log"
+  fi
+  "$@"
+}
+
 # wait_for WHAT SECONDS COMMAND...: polls COMMAND until it succeeds.
 wait_for() {
   local what=$1 limit=$2
@@ -211,7 +223,8 @@ cmd_up() {
     --listen-client-urls "http://$BIND:$ETCD_PORT" --advertise-client-urls "http://$BIND:$ETCD_PORT" \
     --listen-peer-urls "http://$BIND:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://$BIND:$ETCD_PEER_PORT" \
     --initial-cluster "local=http://$BIND:$ETCD_PEER_PORT" --unsafe-no-fsync --quota-backend-bytes 4294967296
-  wait_for etcd 30 curl -sf "http://$BIND:$ETCD_PORT/health"
+  # Each check also needs our process alive: a stray server on the same port must not pass for it.
+  wait_for etcd 30 started_and etcd curl -sf "http://$BIND:$ETCD_PORT/health"
 
   start kube-apiserver "$BIN_K8S/kube-apiserver" \
     --etcd-servers "http://$BIND:$ETCD_PORT" \
@@ -224,7 +237,7 @@ cmd_up() {
     --service-cluster-ip-range "$SERVICE_CIDR" \
     --allow-privileged=true --enable-priority-and-fairness=false \
     --profiling=false --v=1
-  wait_for kube-apiserver 60 api_healthy
+  wait_for kube-apiserver 60 started_and kube-apiserver api_healthy
 
   start kube-controller-manager "$BIN_K8S/kube-controller-manager" \
     --kubeconfig "$DDP_CLUSTER_DIR/controller-manager.kubeconfig" \
