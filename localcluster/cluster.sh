@@ -142,7 +142,7 @@ start() {
   local name=$1
   shift
   log "starting $name"
-  setsid "$@" >"$LOGS/$name.log" 2>&1 </dev/null &
+  setsid "$@" >"$LOGS/$name.log" 2>&1 </dev/null 3>&- &
   echo $! >"$PIDS/$name.pid"
 }
 
@@ -285,7 +285,7 @@ nodes_ready() {
 watchdog() {
   local owner=$1
   setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 1; done; exec "$2" down' \
-    watchdog "$owner" "$HERE/cluster.sh" >>"$LOGS/watchdog.log" 2>&1 </dev/null &
+    watchdog "$owner" "$HERE/cluster.sh" >>"$LOGS/watchdog.log" 2>&1 </dev/null 3>&- &
   echo $! >"$PIDS/watchdog.pid"
 }
 
