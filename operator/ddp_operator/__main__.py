@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
 
 import kopf
 
@@ -10,6 +12,7 @@ from ddp_operator import handlers  # noqa: F401  (registers the handlers)
 
 
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints every thread's stack
     kopf.configure(verbose=bool(os.environ.get("DDP_OPERATOR_VERBOSE")))
     kopf.run(
         clusterwide=True,

@@ -8,7 +8,9 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from ddp_operator import constants as c
-from ddp_operator.kubeapi import KubeApi
+from kubernetes.client.rest import ApiException
+
+from ddp_operator.kubeapi import KubeApi, api_message, is_going_away
 
 log = logging.getLogger(__name__)
 COMPONENT = "ddp-operator"
@@ -47,5 +49,8 @@ async def post_event(kube: KubeApi, job: Mapping[str, Any], type_: str, reason: 
     try:
         await kube.call_status(kube.core.create_namespaced_event, event["metadata"]["namespace"], event,
                         _preload_content=False)
+    except ApiException as error:
+        level = logging.DEBUG if is_going_away(error) else logging.WARNING
+        log.log(level, "could not post event %s on %s: %s", reason, job["metadata"]["name"], api_message(error))
     except Exception as error:  # noqa: BLE001
         log.warning("could not post event %s on %s: %s", reason, job["metadata"]["name"], error)

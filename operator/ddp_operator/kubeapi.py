@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, TypeVar
 
@@ -117,3 +118,24 @@ class KubeApi:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._status_pool.shutdown(wait=False, cancel_futures=True)
         self.api.close()
+
+
+def is_going_away(error: ApiException) -> bool:
+    """The job itself is gone (404 on a DDPJob) or its namespace is being deleted: nothing to do.
+
+    Any other error, a 404 about a child included, propagates so the work queue retries it.
+    """
+    try:
+        body = json.loads(error.body or "{}")
+    except ValueError:
+        body = {}
+    if error.status == 404:
+        return (body.get("details") or {}).get("kind") == c.PLURAL
+    return error.status == 403 and "NamespaceTerminating" in (error.body or "")
+
+
+def api_message(error: ApiException) -> str:
+    try:
+        return json.loads(error.body).get("message", error.reason)
+    except (TypeError, ValueError):
+        return str(error.reason)

@@ -8,7 +8,6 @@ the cluster holds now, so an operator restarted at any moment carries on where i
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 from datetime import datetime, timezone
@@ -18,7 +17,7 @@ from kubernetes.client.rest import ApiException
 
 from ddp_operator import constants as c
 from ddp_operator.events import post_event
-from ddp_operator.kubeapi import KubeApi, adopt
+from ddp_operator.kubeapi import KubeApi, adopt, api_message, is_going_away
 from ddp_operator.manifests import build_pod, build_progress_access, build_service
 from ddp_operator.podwatch import JobKey, PodCache
 from ddp_operator.spec import InvalidSpec, JobSpec, parse_spec, validate_job_name
@@ -115,6 +114,7 @@ class Reconciler:
         summary = summarize_pods(self.pods.pods((job["metadata"]["namespace"], name)),
                                  int(status.get("attempt", 0)), name)
         decision = decide(spec, status, summary, now)
+        log.debug("%s/%s: %s", job["metadata"]["namespace"], name, decision)
         # Status first: if an action below fails, the next pass repeats it from the recorded
         # attempt instead of counting the same restart twice.
         patch = compute_status(spec, status, summary, decision, now, job["metadata"].get("generation"))
@@ -135,8 +135,10 @@ class Reconciler:
         return requeue_after({**status, **patch}, spec, now)
 
     async def _create(self, job: dict[str, Any], spec: JobSpec, ranks: tuple[int, ...], attempt: int) -> None:
-        children = (build_service(job, spec), *build_progress_access(job, spec))
-        await asyncio.gather(*(self.kube.ensure(adopt(child, job)) for child in children))
+        # In order: a RoleBinding is refused (404) while its Role does not exist yet, unless the
+        # caller may bind anything (an admin may; the operator's own ClusterRole may not).
+        for child in (build_service(job, spec), *build_progress_access(job, spec)):
+            await self.kube.ensure(adopt(child, job))
         pods = [adopt(build_pod(job, spec, rank, attempt), job) for rank in ranks]
         results = await asyncio.gather(*(self.kube.create_pod(pod) for pod in pods), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -163,15 +165,3 @@ class Reconciler:
             log.info("%s/%s: %s -> %s (%s) %s", meta["namespace"], meta["name"], status.get("phase"), phase,
                      reason, message)
             await post_event(self.kube, updated, kind, reason, message)
-
-
-def is_going_away(error: ApiException) -> bool:
-    """The job (404) or its namespace (403 NamespaceTerminating) is being deleted: nothing to do."""
-    return error.status == 404 or (error.status == 403 and "NamespaceTerminating" in (error.body or ""))
-
-
-def api_message(error: ApiException) -> str:
-    try:
-        return json.loads(error.body).get("message", error.reason)
-    except (TypeError, ValueError):
-        return str(error.reason)
