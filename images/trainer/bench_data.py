@@ -1,17 +1,29 @@
 """Data-path and checkpoint benchmark for the trainer runtime (not a test; `make bench-data`).
 
-Measures samples/s and MB/s over the same synthetic image set stored four ways:
-  per-object      S3ImageFolder, one GET per sample (DataLoader workers)
+Measures samples/s and MB/s over one synthetic image set, read with the same DataLoader settings
+(batch_size 32, every --workers count, fork) and without decoding (raw bytes: I/O and tar parsing):
+  raw-get         whole shard objects fetched by as many threads as DataLoader workers (at least 1):
+                  the ceiling for this endpoint; the other rows show their share of it
+  per-object      S3ImageFolder, one GET per sample (over the first --per-object-samples objects)
   shards-map      ShardedDataset + DistributedChunkedSampler, cold cache then warm cache
-  shards-stream   ShardStream (DataLoader workers)
-  webdataset      the webdataset library's tar expander over the same S3 streams
-  raw-get         parallel GETs of the shard objects: the ceiling for this endpoint
-and checkpoint save/load throughput of a --size-mb state dict (sync and async save).
+  shards-stream   ShardStream
+  webdataset      the webdataset library (split_by_worker, tar_file_expander, group_by_keys) over
+                  the same S3 streams
+  s3torchconnector  S3IterableDataset (AWS CRT client) feeding webdataset's tar expander, if installed
+  shards-stream (local files)  ShardStream over a local copy of the shards: our reader without S3
+With --decoded, shards-stream and webdataset are measured again decoding the images with PIL.
+"steady/s" leaves out the DataLoader start (worker fork, first shard) and shut-down: samples after
+the first batch over the time from the first batch to the last; "1st-b" is the time to the first batch.
+Each row also shows the CPU seconds spent by the readers (this process and its DataLoader workers)
+and by the S3 server when it is the local moto server, to tell which side limits the rate.
+Plus checkpoint save/load throughput of a --size-mb state dict (sync and async save).
 
 S3 comes from DDP_S3_ENDPOINT/AWS_* if DDP_S3_ENDPOINT is set, otherwise a moto server is started
-on loopback (then the numbers compare the readers with each other, not with real S3).
+in a child process on loopback (then the numbers compare the readers with each other, not with
+real S3; moto serves from one Python process, so it is often the limit).
 
-    python images/trainer/bench_data.py [--samples 2000] [--image-kb 16] [--workers 4] [--size-mb 1024] [--json out.json]
+    python images/trainer/bench_data.py [--samples 20000] [--image-kb 16] [--shard-samples 1000]
+        [--workers 0,4] [--repeat 2] [--decoded] [--size-mb 1024] [--json out.json]
 """
 
 from __future__ import annotations
@@ -20,7 +32,10 @@ import argparse
 import io
 import json
 import os
+import resource
 import shutil
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,128 +48,332 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from ddp_trainer import s3  # noqa: E402
 from ddp_trainer.checkpoint import CheckpointManager  # noqa: E402
-from ddp_trainer.convert import make_shards  # noqa: E402
+from ddp_trainer.convert import SourceSample, build_shard  # noqa: E402
 from ddp_trainer.imagefolder import S3ImageFolder  # noqa: E402
 from ddp_trainer.sampler import DistributedChunkedSampler  # noqa: E402
-from ddp_trainer.shards import ShardedDataset, ShardStream, load_index  # noqa: E402
+from ddp_trainer.shards import ShardedDataset, ShardIndex, ShardStream, load_index, write_index  # noqa: E402
+
+BATCH_SIZE = 32
+_MOTO = """
+import logging, sys, time
+logging.getLogger("werkzeug").setLevel(logging.WARNING)
+from moto.server import ThreadedMotoServer
+server = ThreadedMotoServer(ip_address="127.0.0.1", port=int(sys.argv[1]), verbose=False)
+server.start()
+while True:
+    time.sleep(3600)
+"""
+server_pid: int | None = None  # the moto server's process, for its CPU time
 
 
 @contextmanager
 def s3_endpoint() -> Iterator[str]:
+    global server_pid
     if os.environ.get("DDP_S3_ENDPOINT"):
         yield os.environ["DDP_S3_ENDPOINT"]
         return
-    import logging
-
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    os.environ.update(
-        DDP_S3_ENDPOINT=f"http://{host}:{port}", AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench"
-    )
-    s3.reset_clients()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    # A child process, not a thread here: in-process readers would share this interpreter's GIL with it.
+    server = subprocess.Popen([sys.executable, "-c", _MOTO, str(port)])
     try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise RuntimeError("the moto server did not start") from None
+                time.sleep(0.1)
+        server_pid = server.pid
+        os.environ.update(
+            DDP_S3_ENDPOINT=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench"
+        )
+        s3.reset_clients()
         yield os.environ["DDP_S3_ENDPOINT"]
     finally:
-        server.stop()
+        server.terminate()
+        server.wait(10)
 
 
-def make_image_folder(bucket: str, prefix: str, samples: int, image_kb: int, classes: int = 10) -> int:
-    """Upload `samples` random-noise PNGs of about `image_kb` KB; returns total bytes."""
+def server_cpu() -> float:
+    if server_pid is None:
+        return float("nan")
+    with open(f"/proc/{server_pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def reader_cpu() -> float:
+    """CPU seconds of this process and its finished children (DataLoader workers, once joined)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def make_images(distinct: int, image_kb: int) -> list[bytes]:
+    """`distinct` random-noise PNGs of about `image_kb` KB (incompressible, so about that size)."""
     import numpy as np
     from PIL import Image
 
     side = max(8, int((image_kb * 1024 / 3) ** 0.5))
-    total = 0
-
-    def upload(i: int) -> int:
+    images = []
+    for i in range(distinct):
         pixels = np.random.default_rng(i).integers(0, 256, size=(side, side, 3), dtype=np.uint8)
         buffer = io.BytesIO()
         Image.fromarray(pixels).save(buffer, format="PNG", compress_level=1)
-        data = buffer.getvalue()
-        s3.put_bytes(s3.S3Url(bucket, f"{prefix}/class{i % classes:02d}/{i:07d}.png"), data)
-        return len(data)
-
-    with ThreadPoolExecutor(16) as pool:
-        total = sum(pool.map(upload, range(samples)))
-    return total
+        images.append(buffer.getvalue())
+    return images
 
 
-def timed(label: str, samples: int, nbytes: int, fn: Callable[[], int], results: list[dict[str, Any]]) -> None:
-    started = time.perf_counter()
-    seen = fn()
-    elapsed = time.perf_counter() - started
-    row = {
-        "reader": label,
-        "samples": seen,
-        "seconds": round(elapsed, 3),
-        "samples_per_s": round(seen / elapsed, 1),
-        "MB_per_s": round(nbytes * seen / max(samples, 1) / elapsed / 1e6, 2),
-    }
-    results.append(row)
-    print(f"{label:<22} {row['samples_per_s']:>10.1f} samples/s {row['MB_per_s']:>9.2f} MB/s  ({seen} in {elapsed:.2f}s)", flush=True)
+class Dataset:
+    """The benchmark's data: shards in S3 (and a local copy), and a per-object image folder."""
+
+    def __init__(self, bucket: str, args: argparse.Namespace) -> None:
+        classes = [f"class{c:02d}" for c in range(10)]
+        images = make_images(min(args.samples, 256), args.image_kb)  # reused cyclically: distinct bytes do not matter here
+        self.samples = args.samples
+        self.local_dir = tempfile.mkdtemp(prefix="bench-shards-")
+        shard_list, self.shard_bytes, self.payload_bytes = [], 0, 0
+
+        def put_shard(number: int) -> tuple[str, int, int, int]:
+            first = number * args.shard_samples
+            items = []
+            for n in range(first, min(first + args.shard_samples, args.samples)):
+                items.append((n, SourceSample(f"{classes[n % 10]}/{n:07d}.png", n % 10, lambda: b""), images[n % len(images)]))
+            data = build_shard(items, classes)
+            name = f"shard-{number:06d}.tar"
+            s3.put_bytes(s3.S3Url(bucket, f"shards/{name}"), data)
+            with open(os.path.join(self.local_dir, name), "wb") as f:
+                f.write(data)
+            payload = sum(len(d) for _, _, d in items) + sum(len(str(s.target)) for _, s, _ in items)
+            payload += sum(len(json.dumps({"path": s.path, "class": classes[s.target]})) for _, s, _ in items)
+            return name, len(items), len(data), payload
+
+        with ThreadPoolExecutor(4) as pool:
+            for name, count, size, payload in pool.map(put_shard, range(-(-args.samples // args.shard_samples))):
+                shard_list.append((name, count))
+                self.shard_bytes += size
+                self.payload_bytes += payload
+        write_index(f"s3://{bucket}/shards/index.json", shard_list)
+        write_index(os.path.join(self.local_dir, "index.json"), shard_list)
+        self.index = load_index(f"s3://{bucket}/shards/index.json")
+        self.local_index = load_index(os.path.join(self.local_dir, "index.json"))
+
+        self.per_object = min(args.per_object_samples, args.samples)
+        with ThreadPoolExecutor(16) as pool:
+            list(
+                pool.map(
+                    lambda n: s3.put_bytes(s3.S3Url(bucket, f"folder/{classes[n % 10]}/{n:07d}.png"), images[n % len(images)]),
+                    range(self.per_object),
+                )
+            )
+        self.bucket = bucket
+
+    def close(self) -> None:
+        shutil.rmtree(self.local_dir, ignore_errors=True)
 
 
-def count_loader(dataset: Any, workers: int, batch_size: int = 32, sampler: Any = None) -> int:
+class Bench:
+    def __init__(self, data: Dataset, repeat: int, results: list[dict[str, Any]]) -> None:
+        self.data, self.repeat, self.results = data, repeat, results
+        self.ceiling: float | None = None
+
+    def run(self, label: str, workers: int, fn: Callable[[], int], repeat: int | None = None) -> None:
+        """Best of `repeat` runs; MB/s counts sample payload bytes (image + cls + json)."""
+        best: dict[str, Any] | None = None
+        for _ in range(repeat or self.repeat):
+            _batch_times.clear()
+            cpu0, server0, started = reader_cpu(), server_cpu(), time.perf_counter()
+            try:
+                seen = fn()
+            except Exception as exc:  # noqa: BLE001 - a reader that fails is reported, not fatal
+                print(f"{label:<30} {workers:>2}  failed: {type(exc).__name__}: {exc}", flush=True)
+                self.results.append({"reader": label, "workers": workers, "error": f"{type(exc).__name__}: {exc}"})
+                return
+            elapsed = time.perf_counter() - started
+            if _batch_times and _batch_times[1] > _batch_times[0]:
+                first_at, last_at, after_first = _batch_times
+                steady, first_batch = after_first / (last_at - first_at), first_at - started
+            else:  # not a DataLoader: no start-up to leave out
+                steady, first_batch = seen / elapsed, 0.0
+            row = {
+                "reader": label,
+                "workers": workers,
+                "samples": seen,
+                "seconds": round(elapsed, 3),
+                "samples_per_s": round(seen / elapsed, 1),
+                "steady_samples_per_s": round(steady, 1),
+                "first_batch_s": round(first_batch, 3),
+                "MB_per_s": round(self.data.payload_bytes / self.data.samples * seen / elapsed / 1e6, 1),
+                "reader_cpu_s": round(reader_cpu() - cpu0, 2),
+                "server_cpu_s": round(server_cpu() - server0, 2),
+            }
+            if best is None or row["samples_per_s"] > best["samples_per_s"]:
+                best = row
+        assert best is not None
+        if label.startswith("raw-get"):
+            self.ceiling = best["samples_per_s"]
+        if self.ceiling and not label.startswith("raw-get"):
+            best["of_ceiling"] = round(best["samples_per_s"] / self.ceiling, 3)
+        self.results.append(best)
+        share = f"{best['of_ceiling']:>6.0%}" if "of_ceiling" in best else "      "
+        print(
+            f"{label:<30} {workers:>2} {best['samples_per_s']:>10.0f} {best['MB_per_s']:>8.1f} {share} "
+            f"{best['steady_samples_per_s']:>9.0f} {best['first_batch_s']:>6.2f} "
+            f"{best['samples']:>7} {best['seconds']:>7.2f} {best['reader_cpu_s']:>7.2f} {best['server_cpu_s']:>7.2f}",
+            flush=True,
+        )
+
+
+_batch_times: list[float] = []  # (time of the first batch, of the last batch, samples after the first batch)
+
+
+def count_loader(dataset: Any, workers: int, sampler: Any = None) -> int:
+    """Samples delivered by a DataLoader; notes when the first and last batches arrived."""
     from torch.utils.data import DataLoader
 
     loader = DataLoader(
         dataset,
-        batch_size=batch_size,
+        batch_size=BATCH_SIZE,
         sampler=sampler,
         num_workers=workers,
         collate_fn=len,
         multiprocessing_context="fork" if workers else None,
     )
-    return sum(loader)
+    total = first = 0
+    first_at = last_at = 0.0
+    for batch in loader:
+        last_at = time.perf_counter()
+        if not total:
+            first, first_at = batch, last_at
+        total += batch
+    _batch_times[:] = [first_at, last_at, total - first]
+    return total
 
 
 def raw_payload(sample: dict[str, Any]) -> int:
     return sum(len(v) for k, v in sample.items() if not k.startswith("__"))
 
 
+def decoded_image(sample: dict[str, Any]) -> int:
+    return sample["png"].size[0] if hasattr(sample["png"], "size") else 0
+
+
+def webdataset_pipeline(urls: list[str], open_stream: Callable[[str], Any], decoded: bool) -> Any:
+    import webdataset as wds
+    from webdataset.tariterators import group_by_keys, tar_file_expander
+
+    def opened(shards: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        for shard in shards:
+            yield {**shard, "stream": open_stream(shard["url"])}
+
+    stages: list[Any] = [wds.SimpleShardList(urls), wds.split_by_worker, opened, tar_file_expander, group_by_keys]
+    stages += [wds.decode("pil"), wds.map(decoded_image)] if decoded else [wds.map(raw_payload)]
+    return wds.DataPipeline(*stages)
+
+
+def s3torchconnector_pipeline(urls: list[str]) -> Any:
+    import webdataset as wds
+    from s3torchconnector import S3ClientConfig, S3IterableDataset
+    from webdataset.tariterators import group_by_keys, tar_file_expander
+
+    objects = S3IterableDataset.from_objects(
+        urls,
+        region=os.environ.get("DDP_S3_REGION", "us-east-1"),
+        endpoint=os.environ["DDP_S3_ENDPOINT"],
+        s3client_config=S3ClientConfig(force_path_style=True),
+        enable_sharding=True,  # splits the objects over DataLoader workers (and ranks)
+    )
+    return wds.DataPipeline(
+        objects, wds.map(lambda reader: {"url": reader.key, "stream": reader}), tar_file_expander, group_by_keys, wds.map(raw_payload)
+    )
+
+
 def bench_readers(bucket: str, args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
-    print(f"uploading {args.samples} images of ~{args.image_kb} KB ...", flush=True)
-    nbytes = make_image_folder(bucket, "folder", args.samples, args.image_kb)
-    make_shards(f"s3://{bucket}/folder", f"s3://{bucket}/shards", samples_per_shard=args.shard_samples, progress=io.StringIO())
-    index = load_index(f"s3://{bucket}/shards/index.json")
-    print(f"{args.samples} samples, {nbytes / 1e6:.1f} MB, {len(index.shards)} shards; workers={args.workers}", flush=True)
-
-    folder = S3ImageFolder(bucket, "folder", loader=lambda data, key: len(data))
-    timed("per-object", args.samples, nbytes, lambda: count_loader(folder, args.workers), results)
-
-    cache_dir = tempfile.mkdtemp(prefix="bench-cache-")
+    started = time.perf_counter()
+    data = Dataset(bucket, args)
+    index: ShardIndex = data.index
+    urls = [shard.url for shard in index.shards]
+    print(
+        f"{data.samples} samples of ~{args.image_kb} KB in {len(index.shards)} shards of {args.shard_samples} "
+        f"({data.shard_bytes / 1e6:.0f} MB; payload {data.payload_bytes / 1e6:.0f} MB), {data.per_object} as objects; "
+        f"prepared in {time.perf_counter() - started:.0f}s; {os.cpu_count()} CPUs; best of {args.repeat}",
+        flush=True,
+    )
     try:
-        mapped = ShardedDataset(index, cache_dir=cache_dir, transform=raw_payload, decode=False)
-        sampler = DistributedChunkedSampler(mapped, num_replicas=1, rank=0, chunksize=args.shard_samples)
-        timed("shards-map (cold)", args.samples, nbytes, lambda: count_loader(mapped, args.workers, sampler=sampler), results)
-        timed("shards-map (warm)", args.samples, nbytes, lambda: count_loader(mapped, args.workers, sampler=sampler), results)
-    finally:
-        shutil.rmtree(cache_dir, ignore_errors=True)
+        import s3torchconnector  # noqa: F401
 
-    stream = ShardStream(index, rank=0, world_size=1, transform=raw_payload, decode=False)
-    timed("shards-stream", args.samples, nbytes, lambda: count_loader(stream, args.workers), results)
+        have_s3tc = True
+    except ImportError as exc:
+        have_s3tc = False
+        print(f"s3torchconnector not installed ({exc}); `pip install s3torchconnector` to include it", flush=True)
+    bench = Bench(data, args.repeat, results)
+    print(
+        f"{'reader':<30} {'wk':>2} {'samples/s':>10} {'MB/s':>8} {'%ceil':>6} {'steady/s':>9} {'1st-b':>6} {'samples':>7} {'seconds':>7} "
+        f"{'cpu-rd':>7} {'cpu-srv':>7}",
+        flush=True,
+    )
+    for workers in args.workers:
+        threads = max(workers, 1)
 
-    def webdataset_count() -> int:
-        from webdataset.tariterators import group_by_keys, tar_file_expander
+        def raw_get() -> int:
+            with ThreadPoolExecutor(threads) as pool:
+                list(pool.map(lambda url: s3.get_bytes(s3.parse_uri(url)), urls))
+            return data.samples
 
-        def streams() -> Iterator[dict[str, Any]]:
-            for shard in index.shards:
-                yield {"url": shard.url, "stream": s3.open_stream(s3.parse_uri(shard.url))}
+        bench.run(f"raw-get ({threads} thread{'s' if threads > 1 else ''})", workers, raw_get)
 
-        return sum(1 for _ in group_by_keys(tar_file_expander(streams())))
+        stream = ShardStream(index, rank=0, world_size=1, transform=raw_payload, decode=False)
+        bench.run("shards-stream", workers, lambda: count_loader(stream, workers))
+        bench.run("webdataset", workers, lambda: count_loader(webdataset_pipeline(urls, lambda u: s3.open_stream(s3.parse_uri(u)), False), workers))
+        if have_s3tc:
+            bench.run("s3torchconnector+webdataset", workers, lambda: count_loader(s3torchconnector_pipeline(urls), workers))
+        if args.decoded:
+            decoding = ShardStream(index, rank=0, world_size=1, transform=decoded_image, decode=True)
+            bench.run("shards-stream (decoded)", workers, lambda: count_loader(decoding, workers))
+            bench.run(
+                "webdataset (decoded)",
+                workers,
+                lambda: count_loader(webdataset_pipeline(urls, lambda u: s3.open_stream(s3.parse_uri(u)), True), workers),
+            )
 
-    timed("webdataset (1 stream)", args.samples, nbytes, webdataset_count, results)
+        cache_dir = tempfile.mkdtemp(prefix="bench-cache-")
+        try:
+            mapped = ShardedDataset(index, cache_dir=cache_dir, transform=raw_payload, decode=False)
+            sampler = DistributedChunkedSampler(mapped, num_replicas=1, rank=0, chunksize=args.shard_samples)
+            bench.run("shards-map (cold cache)", workers, lambda: count_loader(mapped, workers, sampler=sampler), repeat=1)
+            bench.run("shards-map (warm cache)", workers, lambda: count_loader(mapped, workers, sampler=sampler))
+        finally:
+            shutil.rmtree(cache_dir, ignore_errors=True)
 
-    def raw_get() -> int:
-        with ThreadPoolExecutor(max(args.workers, 1) * 4) as pool:
-            list(pool.map(lambda shard: s3.get_bytes(s3.parse_uri(shard.url)), index.shards))
-        return args.samples
+        folder = S3ImageFolder(bucket, "folder", loader=lambda data, key: len(data))
+        bench.run(f"per-object ({data.per_object} samples)", workers, lambda: count_loader(folder, workers), repeat=1)
 
-    timed("raw-get (parallel)", args.samples, nbytes, raw_get, results)
+        local = ShardStream(data.local_index, rank=0, world_size=1, transform=raw_payload, decode=False)
+        bench.run("shards-stream (local files)", workers, lambda: count_loader(local, workers))
+    data.close()
+    verdict(results)
+
+
+def verdict(results: list[dict[str, Any]]) -> None:
+    """The issue's targets, for each worker count measured."""
+    rows = {(r["reader"].split(" (")[0], r["workers"]): r for r in results if "samples_per_s" in r and ("(" not in r["reader"] or r["reader"].startswith("raw-get"))}
+    for workers in sorted({w for _, w in rows}):
+        ours, theirs = rows.get(("shards-stream", workers)), rows.get(("webdataset", workers))
+        ceiling = rows.get(("raw-get", workers))
+        if not (ours and theirs and ceiling):
+            continue
+        for kind, field in (("end-to-end", "samples_per_s"), ("steady", "steady_samples_per_s")):
+            vs_wds = ours[field] / theirs[field]
+            share = ours[field] / ceiling["samples_per_s"]
+            print(
+                f"target, {workers} workers, {kind}: shards-stream {ours[field]:.0f}/s = {vs_wds:.2f}x webdataset "
+                f"({'met' if vs_wds >= 1 else 'NOT met'}), {share:.0%} of the raw-get ceiling "
+                f"({'met' if share >= 0.8 else 'NOT met'})",
+                flush=True,
+            )
 
 
 def bench_checkpoint(bucket: str, size_mb: int, results: list[dict[str, Any]]) -> None:
@@ -180,12 +399,19 @@ def bench_checkpoint(bucket: str, size_mb: int, results: list[dict[str, Any]]) -
     print(f"checkpoint load       {size / 1e6 / elapsed:>9.1f} MB/s  ({size / 1e6:.0f} MB in {elapsed:.2f}s)", flush=True)
 
 
+def worker_counts(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--samples", type=int, default=2000)
+    parser.add_argument("--samples", type=int, default=20000)
     parser.add_argument("--image-kb", type=int, default=16)
-    parser.add_argument("--shard-samples", type=int, default=250)
-    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--shard-samples", type=int, default=1000)
+    parser.add_argument("--per-object-samples", type=int, default=2000, help="objects for the per-object reader")
+    parser.add_argument("--workers", type=worker_counts, default=[0, 4], help="DataLoader worker counts, e.g. 0,4")
+    parser.add_argument("--repeat", type=int, default=2, help="runs per row; the best is shown")
+    parser.add_argument("--decoded", action="store_true", help="also stream with PIL decoding")
     parser.add_argument("--size-mb", type=int, default=1024, help="checkpoint state dict size; 0 skips")
     parser.add_argument("--skip-readers", action="store_true")
     parser.add_argument("--bucket", default=None, help="existing bucket to use (default: a new one)")
