@@ -2,34 +2,45 @@
 
 Starts a separate local control plane (own state dir and ports; kwok plays the kubelet for
 fake nodes) and the operator as a subprocess, then for each world size and for many concurrent
-small jobs measures, from the create call:
+small jobs measures, with local monotonic clocks, from the create call *returning*:
 
-  created   all pods seen by a watch (the operator's work)
-  running   all pods Running (kwok and the scheduler's work, on the same 2 cores)
+  first     the first of the job's pods seen by a watch (the operator's reaction)
+  created   all pods seen by a watch (the operator's work, bounded by the API server)
+  bound     all pods bound to a node (the scheduler's work)
+  running   all pods Running (kwok's work; on the same 2 cores as everything else)
   phase     status.phase Running seen by a watch
-  lag       phase - running: how long after the last pod ran the job said so (target < 1 s)
+  lag       phase - last pod Running of that job: how long the job took to say so (target < 1 s)
 
-and the operator's peak RSS (VmHWM). Targets: 64 ranks created < 2 s, 1024 < 20 s, lag < 1 s,
-RSS < 250 MB with 100 jobs x 8 ranks.
+and the operator's RSS (sampled VmRSS and VmHWM). A baseline scenario creates the same number of
+bare pods straight from this script with as many calls in flight as the operator uses, so the
+control plane's own limits (API server, scheduler, kwok) read apart from the operator's.
+
+Targets: 64 ranks created < 2 s, 1024 < 20 s, lag < 1 s, RSS < 250 MB with 100 jobs x 8 ranks.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kubernetes import client, config, watch
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+from kubernetes.watch.watch import iter_resp_lines
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "operator"), str(REPO / "images" / "trainer")]
 from ddp_operator import constants as c  # noqa: E402
+from ddp_operator.kubeapi import CONCURRENCY  # noqa: E402
 
 BENCH_CLUSTER = {
     "DDP_CLUSTER_DIR": "/tmp/ddp-bench-cluster",
@@ -42,64 +53,134 @@ BENCH_CLUSTER = {
     "DDP_KWOK_PORT": "22247",
 }
 NAMESPACE = "bench"
+BASELINE_LABEL = "ddp-bench/baseline"
+BENCH_NODE_PREFIX = "bench-node-"
+BENCH_NODE_PODS = 512
+OPERATOR: subprocess.Popen | None = None  # checked by every wait: a dead operator fails fast
+TARGETS = {"created_64_s": 2.0, "created_1024_s": 20.0, "lag_s": 1.0, "rss_many_mb": 250.0}
+
+
+@dataclass
+class PodTimes:
+    added: float
+    bound: float | None = None
+    running: float | None = None
+    ready: float | None = None  # Ready condition True: what the operator counts as a ready rank
 
 
 @dataclass
 class Tracker:
     """What the watches saw, with local monotonic times."""
 
-    pods_added: dict[str, float] = field(default_factory=dict)
-    pods_running: dict[str, float] = field(default_factory=dict)
+    pods: dict[str, PodTimes] = field(default_factory=dict)
+    live: set[str] = field(default_factory=set)  # pods that exist now (for the clean-up waits)
     jobs_running: dict[str, float] = field(default_factory=dict)
+    job_updates: dict[str, int] = field(default_factory=dict)  # watch events per job: ~ status patches
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reset(self) -> None:
         with self.lock:
-            self.pods_added.clear()
-            self.pods_running.clear()
+            self.pods.clear()
             self.jobs_running.clear()
+            self.job_updates.clear()
+
+    def count(self, attr: str) -> int:
+        with self.lock:
+            return sum(1 for t in self.pods.values() if getattr(t, attr) is not None)
 
 
 def stream(list_fn, stop: threading.Event, *args, **kwargs):
-    """Events of a watch that resumes from where it was across the server's timeouts."""
-    watcher, version = watch.Watch(), None
+    """Raw watch events (dicts), resumed across the server's timeouts and relisted on 410 Gone.
+
+    Raw JSON, not the client's models: deserializing every pod into V1Pod would take CPU from
+    the operator on the same 2 cores.
+    """
+    version = None
     while not stop.is_set():
-        for event in watcher.stream(list_fn, *args, timeout_seconds=5, resource_version=version, **kwargs):
-            yield event
-        version = watcher.resource_version
+        try:
+            if version is None:
+                listing = json.loads(list_fn(*args, _preload_content=False, **kwargs).data)
+                version = listing["metadata"]["resourceVersion"]
+                for item in listing.get("items", []):
+                    yield {"type": "ADDED", "object": item}
+            response = list_fn(*args, watch=True, resource_version=version, timeout_seconds=30,
+                               allow_watch_bookmarks=True, _preload_content=False, **kwargs)
+            try:
+                for line in iter_resp_lines(response):
+                    event = json.loads(line)
+                    if event["type"] == "ERROR":
+                        raise ApiException(status=event["object"].get("code", 500),
+                                           reason=event["object"].get("message"))
+                    version = event["object"].get("metadata", {}).get("resourceVersion", version)
+                    if event["type"] != "BOOKMARK":
+                        yield event
+                    if stop.is_set():
+                        return
+            finally:
+                response.release_conn()
+        except ApiException as error:
+            if error.status == 410:
+                version = None
+            else:
+                print(f"watch error: {error.status} {error.reason}", file=sys.stderr)
+                stop.wait(0.5)
+        except Exception as error:  # noqa: BLE001 - a dropped connection: resume
+            print(f"watch broke: {error!r}", file=sys.stderr)
+            stop.wait(0.5)
 
 
 def watch_pods(core: client.CoreV1Api, tracker: Tracker, stop: threading.Event) -> None:
-    for event in stream(core.list_namespaced_pod, stop, NAMESPACE, label_selector=c.LABEL_JOB_NAME):
-        pod, now = event["raw_object"], time.monotonic()
+    # Every pod in the namespace: the operator's and the baseline's.
+    for event in stream(core.list_namespaced_pod, stop, NAMESPACE):
+        pod, now = event["object"], time.monotonic()
         name = pod["metadata"]["name"]
         with tracker.lock:
             if event["type"] == "DELETED":
+                tracker.live.discard(name)
                 continue
-            tracker.pods_added.setdefault(name, now)
-            if pod.get("status", {}).get("phase") == "Running":
-                tracker.pods_running.setdefault(name, now)
+            tracker.live.add(name)
+            if pod["metadata"].get("deletionTimestamp"):
+                continue
+            times = tracker.pods.setdefault(name, PodTimes(now))
+            if times.bound is None and pod.get("spec", {}).get("nodeName"):
+                times.bound = now
+            if times.running is None and pod.get("status", {}).get("phase") == "Running":
+                times.running = now
+                times.bound = times.bound or now
+            if times.ready is None and any(x.get("type") == "Ready" and x.get("status") == "True"
+                                           for x in pod.get("status", {}).get("conditions") or []):
+                times.ready = now
 
 
 def watch_jobs(custom: client.CustomObjectsApi, tracker: Tracker, stop: threading.Event) -> None:
     for event in stream(custom.list_namespaced_custom_object, stop, c.GROUP, c.VERSION, NAMESPACE, c.PLURAL):
         job, now = event["object"], time.monotonic()
-        if (job.get("status") or {}).get("phase") == c.PHASE_RUNNING:
-            with tracker.lock:
-                tracker.jobs_running.setdefault(job["metadata"]["name"], now)
+        name = job["metadata"]["name"]
+        with tracker.lock:
+            if event["type"] == "MODIFIED":
+                tracker.job_updates[name] = tracker.job_updates.get(name, 0) + 1
+            if (job.get("status") or {}).get("phase") == c.PHASE_RUNNING:
+                tracker.jobs_running.setdefault(name, now)
 
 
 class RssSampler(threading.Thread):
     def __init__(self, pid: int) -> None:
         super().__init__(daemon=True)
-        self.pid, self.peak_kb, self.stop = pid, 0, threading.Event()
+        self.pid, self.peak_kb, self.window_peak_kb, self.stop = pid, 0, 0, threading.Event()
 
     def run(self) -> None:
         while not self.stop.wait(0.1):
             try:
-                self.peak_kb = max(self.peak_kb, status_kb(self.pid, "VmRSS"))
+                rss = status_kb(self.pid, "VmRSS")
             except FileNotFoundError:  # the operator has exited
                 return
+            self.peak_kb = max(self.peak_kb, rss)
+            self.window_peak_kb = max(self.window_peak_kb, rss)
+
+    def window(self) -> float:
+        """Peak MB since the last call."""
+        peak, self.window_peak_kb = self.window_peak_kb, 0
+        return round(peak / 1024, 1)
 
 
 def status_kb(pid: int, field_name: str) -> int:
@@ -115,119 +196,347 @@ def job_body(name: str, world_size: int) -> dict:
                      "command": ["python", "train.py"]}}
 
 
-def wait(predicate, timeout: float, what: str) -> float:
+def bare_pod(name: str) -> dict:
+    """A pod like a rank's (same image, command, restart policy), without the operator's labels."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": {BASELINE_LABEL: "1"}},
+            "spec": {"restartPolicy": "Never", "enableServiceLinks": False,
+                     "containers": [{"name": "trainer", "image": "trainer:bench", "command": ["python", "train.py"],
+                                     "env": [{"name": "RANK", "value": "0"}]}]}}
+
+
+def wait(predicate, timeout: float, what: str, interval: float = 0.02, needs_operator: bool = True) -> float:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return time.monotonic()
-        time.sleep(0.02)
+        if needs_operator and OPERATOR is not None and OPERATOR.poll() is not None:
+            raise RuntimeError(f"the operator exited (status {OPERATOR.returncode}; negative: killed by that "
+                               f"signal) while waiting for {what}")
+        time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
 
 
-def scenario(custom, tracker: Tracker, label: str, jobs: int, ranks: int, timeout: float) -> dict:
+def job_of(pod_name: str) -> str:
+    return pod_name.rsplit("-", 1)[0]
+
+
+def figures(tracker: Tracker, start: dict[str, float], t0: float, jobs_phase: bool) -> dict:
+    """Times in seconds from t0 (the first create returned), and per-job figures from each job's own."""
+    with tracker.lock:
+        pods = dict(tracker.pods)
+        running = dict(tracker.jobs_running)
+        updates = dict(tracker.job_updates)
+    r = lambda x: round(x, 3)  # noqa: E731
+    last_added = max(p.added for p in pods.values())
+    last_bound = max(p.bound for p in pods.values())
+    last_running = max(p.running for p in pods.values())
+    out = {
+        "first_pod_s": r(min(p.added for p in pods.values()) - t0),
+        "created_s": r(last_added - t0),
+        "bound_s": r(last_bound - t0),
+        "pods_running_s": r(last_running - t0),
+        # The control plane's share: after the last pod exists, how long scheduling and kwok took.
+        "bind_after_created_s": r(last_bound - last_added),
+        "kwok_after_bound_s": r(last_running - last_bound),
+        "bind_latency_max_s": r(max(p.bound - p.added for p in pods.values())),
+        "kwok_latency_max_s": r(max(p.running - p.bound for p in pods.values())),
+    }
+    if not jobs_phase:
+        return out
+    per_job_created = [max(p.added for n, p in pods.items() if job_of(n) == j) - start[j] for j in start]
+    # lag: from the job's last pod Ready (the operator counts Ready ranks) to phase Running seen;
+    # lag_from_phase: from its last pod's phase Running (kwok may set Ready in a later update).
+    lags = {j: running[j] - max(p.ready or p.running for n, p in pods.items() if job_of(n) == j) for j in start}
+    phase_lags = {j: running[j] - max(p.running for n, p in pods.items() if job_of(n) == j) for j in start}
+    out.update({
+        "phase_running_s": r(max(running.values()) - t0),
+        "lag_max_s": r(max(lags.values())),
+        "lag_median_s": r(statistics.median(lags.values())),
+        "lag_from_pod_phase_max_s": r(max(phase_lags.values())),
+        "ready_after_running_max_s": r(max((p.ready or p.running) - p.running for p in pods.values())),
+        "lag_worst_job": max(lags, key=lags.get),
+        "lag_last_s": r(max(running.values()) - last_running),
+        "job_created_median_s": r(statistics.median(per_job_created)),
+        "job_created_max_s": r(max(per_job_created)),
+        "status_updates_per_job_max": max(updates.values(), default=0),
+        "status_updates_total": sum(updates.values()),
+    })
+    return out
+
+
+def run_jobs(custom, tracker: Tracker, label: str, jobs: int, ranks: int, timeout: float) -> dict:
     tracker.reset()
     names = [f"{label}-{i}" for i in range(jobs)]
     total = jobs * ranks
-    started = time.monotonic()
-    for name in names:
+    start: dict[str, float] = {}
+
+    def create(name: str) -> None:
         custom.create_namespaced_custom_object(c.GROUP, c.VERSION, NAMESPACE, c.PLURAL, job_body(name, ranks))
-    created = wait(lambda: len(tracker.pods_added) >= total, timeout, f"{total} pods created")
-    running = wait(lambda: len(tracker.pods_running) >= total, timeout, f"{total} pods Running")
-    wait(lambda: len(tracker.jobs_running) >= jobs, timeout, f"{jobs} jobs Running")
-    with tracker.lock:
-        last_pod_running = max(tracker.pods_running.values())
-        last_job_running = max(tracker.jobs_running.values())
-        lags = [tracker.jobs_running[n] - max(t for p, t in tracker.pods_running.items() if p.rsplit("-", 1)[0] == n)
-                for n in names]
-    result = {
-        "scenario": label, "jobs": jobs, "ranks_per_job": ranks, "pods": total,
-        "created_s": round(created - started, 3), "pods_running_s": round(running - started, 3),
-        "phase_running_s": round(last_job_running - started, 3),
-        "lag_max_s": round(max(lags), 3), "lag_last_s": round(last_job_running - last_pod_running, 3),
-    }
+        start[name] = time.monotonic()
+
+    try:
+        called = time.monotonic()
+        with ThreadPoolExecutor(min(16, jobs)) as pool:  # "concurrent" jobs: created concurrently
+            list(pool.map(create, names))
+        t0 = min(start.values())
+        wait(lambda: len(tracker.pods) >= total, timeout, f"{total} pods created")
+        wait(lambda: tracker.count("running") >= total, timeout, f"{total} pods Running")
+        wait(lambda: tracker.count("ready") >= total, timeout, f"{total} pods Ready")
+        wait(lambda: len(tracker.jobs_running) >= jobs, timeout, f"{jobs} jobs Running")
+        time.sleep(0.5)  # let trailing status updates arrive for the count
+        return {"scenario": label, "jobs": jobs, "ranks_per_job": ranks, "pods": total,
+                "create_calls_s": round(max(start.values()) - called, 3), **figures(tracker, start, t0, True)}
+    finally:
+        delete_jobs(custom, names, timeout)
+        wait_pods_gone(tracker, timeout)
+
+
+def run_baseline(core, tracker: Tracker, count: int, timeout: float) -> dict:
+    """count bare pods created from here, CONCURRENCY calls in flight: the control plane alone."""
+    tracker.reset()
+    names = [f"baseline-{i}" for i in range(count)]
+    try:
+        called = time.monotonic()
+        with ThreadPoolExecutor(CONCURRENCY) as pool:
+            list(pool.map(lambda n: core.create_namespaced_pod(NAMESPACE, bare_pod(n), _preload_content=False),
+                          names))
+        returned = time.monotonic()
+        wait(lambda: len(tracker.pods) >= count, timeout, f"{count} baseline pods created")
+        wait(lambda: tracker.count("running") >= count, timeout, f"{count} baseline pods Running")
+        return {"scenario": f"baseline{count}", "jobs": 0, "ranks_per_job": 0, "pods": count,
+                "create_calls_s": round(returned - called, 3), **figures(tracker, {}, called, False)}
+    finally:
+        core.delete_collection_namespaced_pod(NAMESPACE, label_selector=BASELINE_LABEL, grace_period_seconds=0)
+        wait_pods_gone(tracker, timeout)
+
+
+def delete_jobs(custom, names: list[str], timeout: float) -> None:
     for name in names:
-        custom.delete_namespaced_custom_object(c.GROUP, c.VERSION, NAMESPACE, c.PLURAL, name)
-    core = client.CoreV1Api(custom.api_client)
-    wait(lambda: not core.list_namespaced_pod(NAMESPACE, label_selector=c.LABEL_JOB_NAME, limit=1).items, timeout,
-         "the pods to be deleted")
-    return result
+        try:
+            custom.delete_namespaced_custom_object(c.GROUP, c.VERSION, NAMESPACE, c.PLURAL, name,
+                                                   propagation_policy="Background")
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+
+def wait_pods_gone(tracker: Tracker, timeout: float) -> None:
+    def gone() -> bool:
+        with tracker.lock:
+            return not tracker.live
+    wait(gone, timeout, "the pods to be deleted", interval=0.2, needs_operator=False)  # the GC deletes them
+
+
+def run(cmd: list[str], env: dict[str, str], **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, env={**os.environ, **env}, check=True, **kwargs)
 
 
 def start_cluster(env: dict[str, str]) -> str:
     script = str(REPO / "localcluster" / "cluster.sh")
-    subprocess.run(["bash", script, "up"], env={**os.environ, **env}, check=True)
-    kubeconfig = str(Path(env["DDP_CLUSTER_DIR"]) / "kubeconfig")
-    subprocess.run(["bash", script, "kubectl", "apply", "-f", str(REPO / "crds" / "ddpjob.yaml")],
-                   env={**os.environ, **env}, check=True, capture_output=True)
-    subprocess.run(["bash", script, "kubectl", "wait", "--for=condition=Established", f"crd/{c.CRD_NAME}"],
-                   env={**os.environ, **env}, check=True, capture_output=True)
-    return kubeconfig
+    run(["bash", script, "up"], env)
+    run(["bash", script, "kubectl", "apply", "-f", str(REPO / "crds" / "ddpjob.yaml")], env, capture_output=True)
+    run(["bash", script, "kubectl", "wait", "--for=condition=Established", "--timeout=120s", f"crd/{c.CRD_NAME}"], env,
+        capture_output=True)
+    return str(Path(env["DDP_CLUSTER_DIR"]) / "kubeconfig")
+
+
+def add_capacity(core: client.CoreV1Api, needed: int) -> list[str]:
+    """Adds kwok fake nodes named bench-node-N until `needed` more pods fit; returns their names."""
+    free = 0
+    for node in core.list_node(label_selector="type=kwok").items:
+        if node.metadata.name.startswith(BENCH_NODE_PREFIX) or node.spec.unschedulable:
+            continue
+        ready = any(x.type == "Ready" and x.status == "True" for x in node.status.conditions or [])
+        if ready:
+            used = len(core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node.metadata.name}").items)
+            free += int(node.status.allocatable.get("pods", "0")) - used
+    names = [f"{BENCH_NODE_PREFIX}{i}" for i in range(math.ceil(max(0, needed - free) / BENCH_NODE_PODS))]
+    for name in names:
+        capacity = {"cpu": "1000", "memory": "4Ti", "pods": str(BENCH_NODE_PODS)}
+        body = {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "annotations": {"kwok.x-k8s.io/node": "fake",
+                                                           "node.alpha.kubernetes.io/ttl": "0"},
+                             "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                                        "kubernetes.io/arch": "amd64", "type": "kwok"}},
+                "status": {"capacity": capacity, "allocatable": capacity}}
+        try:
+            core.create_node(body)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+    if names:
+        wait(lambda: all(any(x.type == "Ready" and x.status == "True" for x in core.read_node(n).status.conditions or [])
+                         for n in names), 60, "the bench nodes to be Ready", interval=0.5)
+    return names
+
+
+def ensure_namespace(core: client.CoreV1Api) -> None:
+    def exists_and_active() -> bool:
+        try:
+            return core.read_namespace(NAMESPACE).status.phase == "Active"
+        except ApiException as error:
+            if error.status != 404:
+                raise
+        try:
+            core.create_namespace({"metadata": {"name": NAMESPACE}})
+        except ApiException as error:
+            if error.status != 409:  # 409: still terminating from an earlier run
+                raise
+        return False
+    wait(exists_and_active, 120, f"namespace {NAMESPACE}", interval=0.5)
+    wait(lambda: core.list_namespaced_service_account(NAMESPACE).items, 30, "the default ServiceAccount", 0.2)
+
+
+def verdicts(results: list[dict], rss_mb: float | None) -> list[tuple[str, str, bool | None]]:
+    by = {r["scenario"]: r for r in results}
+    out: list[tuple[str, str, bool | None]] = []
+    for size, key in ((64, "created_64_s"), (1024, "created_1024_s")):
+        if f"w{size}" in by:
+            value = by[f"w{size}"]["created_s"]
+            out.append((f"{size} ranks created < {TARGETS[key]:g} s", f"{value:.2f} s", value < TARGETS[key]))
+    lags = [r["lag_max_s"] for r in results if "lag_max_s" in r]
+    if lags:
+        out.append((f"phase Running within {TARGETS['lag_s']:g} s of last pod Running (all jobs)",
+                    f"max {max(lags):.2f} s", max(lags) < TARGETS["lag_s"]))
+    if rss_mb is not None:
+        out.append((f"operator peak RSS < {TARGETS['rss_many_mb']:g} MB", f"{rss_mb:.1f} MB",
+                    rss_mb < TARGETS["rss_many_mb"]))
+    return out
+
+
+def print_table(results: list[dict], peak: dict, checks: list) -> None:
+    cols = [("scenario", "scenario", 12, "s"), ("pods", "pods", 5, "d"), ("first", "first_pod_s", 6, ".2f"),
+            ("created", "created_s", 8, ".2f"), ("bound", "bound_s", 7, ".2f"),
+            ("running", "pods_running_s", 8, ".2f"), ("phase", "phase_running_s", 7, ".2f"),
+            ("lag max", "lag_max_s", 8, ".3f"), ("job crt max", "job_created_max_s", 11, ".2f"),
+            ("status upd", "status_updates_total", 10, "d"), ("RSS MB", "rss_peak_mb", 7, ".1f")]
+    print()
+    print("Seconds from the (first) create call returning, as seen by this script's watches:")
+    print(" ".join(f"{h:>{w}}" if i else f"{h:<{w}}" for i, (h, _, w, _) in enumerate(cols)))
+    for r in results:
+        cells = []
+        for i, (_, key, width, fmt) in enumerate(cols):
+            value = r.get(key)
+            text = "-" if value is None else format(value, fmt)
+            cells.append(f"{text:>{width}}" if i else f"{text:<{width}}")
+        print(" ".join(cells))
+    print()
+    print("Control plane's share (after the last pod existed): bind = scheduler, kwok = fake kubelet:")
+    for r in results:
+        print(f"  {r['scenario']:<12} bind +{r['bind_after_created_s']:.2f} s (max per pod {r['bind_latency_max_s']:.2f})"
+              f"  kwok +{r['kwok_after_bound_s']:.2f} s (max per pod {r['kwok_latency_max_s']:.2f})")
+    print()
+    print(f"operator RSS: peak sampled {peak['rss_peak_sampled_mb']} MB, VmHWM {peak['vm_hwm_mb']} MB")
+    print()
+    for what, value, ok in checks:
+        print(f"  [{'PASS' if ok else 'FAIL'}] {what}: {value}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="8,64,256,1024")
-    parser.add_argument("--concurrent-jobs", type=int, default=100)
+    parser.add_argument("--sizes", default="8,64,256,1024", help="world sizes, one job each")
+    parser.add_argument("--concurrent-jobs", type=int, default=100, help="0 skips the concurrent scenario")
     parser.add_argument("--ranks-per-concurrent-job", type=int, default=8)
+    parser.add_argument("--baseline", type=int, default=None,
+                        help="bare pods for the control-plane baseline (default: the largest size; 0 skips)")
     parser.add_argument("--kubeconfig", help="use this cluster instead of starting a separate local one")
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--json", type=Path, help="write the results here as JSON")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds each wait may take")
     args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    baseline = max(sizes, default=0) if args.baseline is None else args.baseline
 
+    global OPERATOR
     own_cluster = args.kubeconfig is None
-    kubeconfig = args.kubeconfig or start_cluster(BENCH_CLUSTER)
-    api = config.new_client_from_config(config_file=kubeconfig)
-    api.configuration.connection_pool_maxsize = 8
-    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    try:
-        core.create_namespace({"metadata": {"name": NAMESPACE}})
-    except client.ApiException as error:
-        if error.status != 409:
-            raise
-    wait(lambda: core.list_namespaced_service_account(NAMESPACE).items, 30, "the default ServiceAccount")
-
-    log = Path(os.environ.get("TMPDIR", "/tmp")) / "ddp-bench-operator.log"
-    env = {**os.environ, "KUBECONFIG": kubeconfig,
-           "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("operator", "images/trainer"))}
-    operator = subprocess.Popen([sys.executable, "-m", "ddp_operator"], env=env, stdout=log.open("w"),
-                                stderr=subprocess.STDOUT)
+    kubeconfig = args.kubeconfig
+    bench_nodes: list[str] = []
+    operator = None
     tracker, stop = Tracker(), threading.Event()
     results: list[dict] = []
+    peak = {"rss_peak_sampled_mb": None, "vm_hwm_mb": None}
     try:
-        wait(lambda: "ddp-operator started" in log.read_text(), 60, "the operator to start")
+        kubeconfig = args.kubeconfig or start_cluster(BENCH_CLUSTER)
+        api = config.new_client_from_config(config_file=kubeconfig)
+        api.configuration.connection_pool_maxsize = CONCURRENCY + 4
+        core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+        ensure_namespace(core)
+        needed = max([*sizes, args.concurrent_jobs * args.ranks_per_concurrent_job, baseline])
+        bench_nodes = add_capacity(core, needed + 16)
+        if bench_nodes:
+            print(f"added fake nodes for capacity: {', '.join(bench_nodes)}", flush=True)
+
+        log = Path(os.environ.get("TMPDIR", "/tmp")) / "ddp-bench-operator.log"
+        env = {**os.environ, "KUBECONFIG": kubeconfig,
+               "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("operator", "images/trainer"))}
+        operator = subprocess.Popen([sys.executable, "-m", "ddp_operator"], env=env, stdout=log.open("w"),
+                                    stderr=subprocess.STDOUT)
+        OPERATOR = operator
+        print(f"operator pid {operator.pid}, log {log}", flush=True)
+        wait(lambda: "ddp-operator started" in log.read_text(), 60, "the operator to start", interval=0.1)
         sampler = RssSampler(operator.pid)
         sampler.start()
-        for target in (watch_pods, watch_jobs):
-            threading.Thread(target=target, args=(core if target is watch_pods else custom, tracker, stop),
-                             daemon=True).start()
+        for target, api_obj in ((watch_pods, core), (watch_jobs, custom)):
+            threading.Thread(target=target, args=(api_obj, tracker, stop), daemon=True).start()
         time.sleep(1)
-        for size in (int(s) for s in args.sizes.split(",") if s):
-            results.append(scenario(custom, tracker, f"w{size}", 1, size, args.timeout))
-            print(json.dumps(results[-1]), flush=True)
+        sampler.window()
+        scenarios = [(f"w{size}", 1, size) for size in sizes]
         if args.concurrent_jobs:
-            results.append(scenario(custom, tracker, "many", args.concurrent_jobs, args.ranks_per_concurrent_job,
-                                    args.timeout))
-            print(json.dumps(results[-1]), flush=True)
+            scenarios.append((f"many{args.concurrent_jobs}x{args.ranks_per_concurrent_job}", args.concurrent_jobs,
+                              args.ranks_per_concurrent_job))
+        for label, jobs, ranks in scenarios:
+            result = run_jobs(custom, tracker, label, jobs, ranks, args.timeout)
+            result["rss_peak_mb"] = sampler.window()
+            results.append(result)
+            print(json.dumps(result), flush=True)
+        if baseline:
+            result = run_baseline(core, tracker, baseline, args.timeout)
+            results.append(result)
+            print(json.dumps(result), flush=True)
         peak = {"rss_peak_sampled_mb": round(sampler.peak_kb / 1024, 1),
                 "vm_hwm_mb": round(status_kb(operator.pid, "VmHWM") / 1024, 1)}
     finally:
         stop.set()
-        operator.terminate()
-        operator.wait(20)
+        OPERATOR = None
+        if operator is not None:
+            operator.terminate()
+            try:
+                operator.wait(20)
+            except subprocess.TimeoutExpired:
+                operator.kill()
         if own_cluster:
-            subprocess.run(["bash", str(REPO / "localcluster" / "cluster.sh"), "down"],
-                           env={**os.environ, **BENCH_CLUSTER}, check=False)
+            run(["bash", str(REPO / "localcluster" / "cluster.sh"), "down"], BENCH_CLUSTER)
+        elif kubeconfig:
+            cleanup_shared(kubeconfig, bench_nodes)
 
-    print()
-    print(f"{'scenario':<10} {'pods':>5} {'created s':>10} {'pods Running s':>15} {'phase Running s':>16} "
-          f"{'lag max s':>10}")
-    for r in results:
-        print(f"{r['scenario']:<10} {r['pods']:>5} {r['created_s']:>10.2f} {r['pods_running_s']:>15.2f} "
-              f"{r['phase_running_s']:>16.2f} {r['lag_max_s']:>10.2f}")
-    print(f"operator peak RSS: {peak['vm_hwm_mb']} MB (VmHWM), {peak['rss_peak_sampled_mb']} MB sampled")
+    many = [r for r in results if r["jobs"] > 1]
+    checks = verdicts(results, peak["vm_hwm_mb"] if many else None)
+    print_table(results, peak, checks)
     if args.json:
-        args.json.write_text(json.dumps({"results": results, **peak}, indent=2))
-    return 0
+        args.json.write_text(json.dumps({"results": results, **peak, "targets": TARGETS,
+                                         "checks": [{"target": t, "value": v, "pass": ok} for t, v, ok in checks]},
+                                        indent=2))
+    return 0 if all(ok for _, _, ok in checks) else 1
+
+
+def cleanup_shared(kubeconfig: str, bench_nodes: list[str]) -> None:
+    """On a cluster we did not start: remove our namespace (jobs, pods) and our fake nodes."""
+    api = config.new_client_from_config(config_file=kubeconfig)
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    try:
+        for job in custom.list_namespaced_custom_object(c.GROUP, c.VERSION, NAMESPACE, c.PLURAL)["items"]:
+            delete_jobs(custom, [job["metadata"]["name"]], 0)
+        core.delete_collection_namespaced_pod(NAMESPACE, grace_period_seconds=0)
+        core.delete_namespace(NAMESPACE)
+    except ApiException as error:
+        if error.status != 404:
+            print(f"clean-up: {error.status} {error.reason}", file=sys.stderr)
+    for name in bench_nodes:
+        try:
+            core.delete_node(name)
+        except ApiException as error:
+            if error.status != 404:
+                print(f"clean-up of node {name}: {error.status} {error.reason}", file=sys.stderr)
 
 
 if __name__ == "__main__":
