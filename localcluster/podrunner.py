@@ -25,7 +25,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
