@@ -18,7 +18,6 @@ from ddp_operator import constants as c
 from ddp_operator.kubeapi import KubeApi, make_api_client
 from ddp_operator.podwatch import PodCache
 from ddp_operator.reconciler import JobStore, Reconciler
-from ddp_operator.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +30,11 @@ class Runtime:
         self.kube = KubeApi(make_api_client(os.environ.get("KUBECONFIG")))
         self.loop = asyncio.get_running_loop()
         self.pods = PodCache(self.kube.api, self._pods_changed)
-        self.queue = WorkQueue(Reconciler(self.kube, self.jobs, self.pods))
+        self.reconciler = Reconciler(self.kube, self.jobs, self.pods)
 
     def _pods_changed(self, key: tuple[str, str]) -> None:
         # Called on the pod-watch thread.
-        self.queue.add_threadsafe(self.loop, key)
+        self.reconciler.queue.add_threadsafe(self.loop, key)
 
 
 RUNTIME: Runtime | None = None
@@ -52,7 +51,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     RUNTIME = Runtime()
     RUNTIME.pods.start()
     await asyncio.get_running_loop().run_in_executor(None, RUNTIME.pods.synced.wait, 60)
-    RUNTIME.queue.start()
+    RUNTIME.reconciler.start()
     log.info("ddp-operator started")
 
 
@@ -60,7 +59,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
 async def cleanup(**_: Any) -> None:
     if RUNTIME is not None:
         RUNTIME.pods.stop()
-        await RUNTIME.queue.stop()
+        await RUNTIME.reconciler.stop()
         RUNTIME.kube.close()
 
 
@@ -70,10 +69,10 @@ def job_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
     key = (body["metadata"]["namespace"], body["metadata"]["name"])
     if event.get("type") == "DELETED":
         RUNTIME.jobs.remove(key)
-        RUNTIME.queue.forget(key)
+        RUNTIME.reconciler.forget(key)
         return
     RUNTIME.jobs.put(dict(body))
-    RUNTIME.queue.add(key)
+    RUNTIME.reconciler.queue.add(key)
 
 
 @kopf.on.probe(id="jobs")

@@ -19,7 +19,7 @@ from ddp_operator import constants as c
 
 T = TypeVar("T")
 CONCURRENCY = 32  # calls in flight for children (pods, services, ...)
-STATUS_CONCURRENCY = 8  # and, apart, for status patches and Events
+STATUS_CONCURRENCY = 32  # and, apart, for status patches and Events
 
 
 def make_api_client(kubeconfig: str | None = None) -> client.ApiClient:
@@ -121,7 +121,7 @@ class KubeApi:
 
 
 def is_going_away(error: ApiException) -> bool:
-    """The job itself is gone (404 on a DDPJob) or its namespace is being deleted: nothing to do.
+    """The job itself is gone (404 on a DDPJob) or its namespace is being deleted or gone: nothing to do.
 
     Any other error, a 404 about a child included, propagates so the work queue retries it.
     """
@@ -130,7 +130,7 @@ def is_going_away(error: ApiException) -> bool:
     except ValueError:
         body = {}
     if error.status == 404:
-        return (body.get("details") or {}).get("kind") == c.PLURAL
+        return (body.get("details") or {}).get("kind") in (c.PLURAL, "namespaces")
     return error.status == 403 and "NamespaceTerminating" in (error.body or "")
 
 

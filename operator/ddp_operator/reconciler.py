@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
@@ -21,11 +22,15 @@ from ddp_operator.kubeapi import KubeApi, adopt, api_message, is_going_away
 from ddp_operator.manifests import build_pod, build_progress_access, build_service
 from ddp_operator.podwatch import JobKey, PodCache
 from ddp_operator.spec import InvalidSpec, JobSpec, parse_spec, validate_job_name
+from ddp_operator.workqueue import WorkQueue
 from ddp_operator.status import (
     Action,
+    PodSummary,
+    changed_fields,
     compute_status,
     decide,
     invalid_spec_status,
+    only_counts_changed,
     requeue_after,
     summarize_pods,
     ttl_expired,
@@ -33,13 +38,9 @@ from ddp_operator.status import (
 
 log = logging.getLogger(__name__)
 WARNING_PHASES = frozenset({c.PHASE_FAILED, c.PHASE_RESTARTING})
-# Fields of status this operator owns; progress is the trainer's.
-OWNED_STATUS = (
-    "phase", "attempt", "restarts", "readyRanks", "totalRanks", "ready", "reason", "message", "startTime",
-    "completionTime", "conditions", "observedGeneration", "failedRank",
-)
-
-
+# A job's status is patched at most this often for rank counts alone (readyRanks 3/8 -> 4/8), so a
+# gang coming up writes a few times, not once per pod, and a phase change never queues behind them.
+COUNTS_INTERVAL = 1.0
 def resource_version(job: Mapping[str, Any]) -> int:
     try:
         return int(job.get("metadata", {}).get("resourceVersion") or 0)
@@ -75,28 +76,36 @@ class JobStore:
         return len(self._jobs)
 
 
-def status_changed(current: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
-    return any(current.get(field) != patch.get(field) for field in patch if field in OWNED_STATUS)
-
-
 class Reconciler:
-    def __init__(self, kube: KubeApi, jobs: JobStore, pods: PodCache) -> None:
+    """Two keyed queues drive it: `queue` runs status passes, `creations` runs creation passes."""
+
+    def __init__(self, kube: KubeApi, jobs: JobStore, pods: PodCache, workers: int = 32) -> None:
         self.kube = kube
         self.jobs = jobs
         self.pods = pods
+        self._patched_at: dict[JobKey, float] = {}  # monotonic time of each job's last status patch
+        self.queue = WorkQueue(self.reconcile, workers=workers)
+        self.creations = WorkQueue(self.create_children, workers=workers)
 
-    async def __call__(self, key: JobKey) -> float | None:
-        job = self.jobs.get(key)
-        if job is None or job["metadata"].get("deletionTimestamp"):
-            return None  # ownerReferences let the garbage collector remove the children
-        now = datetime.now(timezone.utc)
-        status = job.get("status") or {}
-        try:
-            spec = parse_spec(job.get("spec") or {})
-            validate_job_name(job["metadata"]["name"], spec.world_size)
-        except InvalidSpec as error:
-            await self._record(job, invalid_spec_status(error, status, now, job["metadata"].get("generation")))
+    def start(self) -> None:
+        self.queue.start()
+        self.creations.start()
+
+    async def stop(self) -> None:
+        await self.queue.stop()
+        await self.creations.stop()
+
+    def forget(self, key: JobKey) -> None:
+        self.queue.forget(key)
+        self.creations.forget(key)
+        self._patched_at.pop(key, None)
+
+    async def reconcile(self, key: JobKey) -> float | None:
+        """The status pass: decide, record status, delete, and hand pod creation to `creations`."""
+        current = await self._current(key, record_invalid=True)
+        if current is None:
             return None
+        job, spec, status, now = current
         if ttl_expired(status, spec, now):
             log.info("deleting %s/%s: ttlSecondsAfterFinished passed", *key)
             await self.kube.delete_job(*key)
@@ -109,30 +118,77 @@ class Reconciler:
             log.debug("%s/%s is being deleted: %s", *key, api_message(error))
             return None
 
+    async def create_children(self, key: JobKey) -> None:
+        """The creation pass, run by `creations`: decides again from what the cluster holds now
+        and creates the missing children, so a stale request creates nothing."""
+        current = await self._current(key, record_invalid=False)
+        if current is None:
+            return
+        job, spec, status, now = current
+        decision = decide(spec, status, self._summary(job, status), now)
+        # Status first: until the status pass has recorded this attempt, it is not ours to create.
+        if decision.action != Action.CREATE or decision.attempt != int(status.get("attempt", 0)):
+            return
+        try:
+            await self._create(job, spec, decision.create_ranks, decision.attempt)
+        except ApiException as error:
+            if is_going_away(error):
+                return
+            if error.status not in (400, 422):
+                raise
+            # The API refused the pod itself: a template mistake the schema cannot see.
+            invalid = InvalidSpec("template", f"the pod for this job was refused: {api_message(error)}")
+            failed = self.jobs.get(key) or job
+            await self._record(failed, invalid_spec_status(invalid, failed.get("status") or {}, now,
+                                                           job["metadata"].get("generation")))
+
+    async def _current(self, key: JobKey, record_invalid: bool
+                       ) -> tuple[dict[str, Any], JobSpec, Mapping[str, Any], datetime] | None:
+        """The job as last seen, with its parsed spec; None if it is gone, going, or invalid."""
+        job = self.jobs.get(key)
+        if job is None or job["metadata"].get("deletionTimestamp"):
+            return None  # ownerReferences let the garbage collector remove the children
+        now = datetime.now(timezone.utc)
+        status = job.get("status") or {}
+        try:
+            spec = parse_spec(job.get("spec") or {})
+            validate_job_name(job["metadata"]["name"], spec.world_size)
+        except InvalidSpec as error:
+            if record_invalid:
+                await self._record(job, invalid_spec_status(error, status, now, job["metadata"].get("generation")))
+            return None
+        return job, spec, status, now
+
+    def _summary(self, job: Mapping[str, Any], status: Mapping[str, Any]) -> PodSummary:
+        name = job["metadata"]["name"]
+        return summarize_pods(self.pods.pods((job["metadata"]["namespace"], name)), int(status.get("attempt", 0)), name)
+
     async def _reconcile(self, job: dict[str, Any], spec: JobSpec, status: Mapping[str, Any], now: datetime) -> float | None:
         name = job["metadata"]["name"]
-        summary = summarize_pods(self.pods.pods((job["metadata"]["namespace"], name)),
-                                 int(status.get("attempt", 0)), name)
+        summary = self._summary(job, status)
         decision = decide(spec, status, summary, now)
         log.debug("%s/%s: %s", job["metadata"]["namespace"], name, decision)
         # Status first: if an action below fails, the next pass repeats it from the recorded
         # attempt instead of counting the same restart twice.
         patch = compute_status(spec, status, summary, decision, now, job["metadata"].get("generation"))
-        await self._record(job, patch)
+        key = (job["metadata"]["namespace"], name)
+        wait = self._counts_wait(key, status, patch)
+        if wait is None:
+            await self._record(job, patch)
         await self._delete(job, decision.delete_pods)
         if decision.action == Action.CREATE:
-            try:
-                await self._create(job, spec, decision.create_ranks, decision.attempt)
-            except ApiException as error:
-                if error.status not in (400, 422):
-                    raise
-                # The API refused the pod itself: a template mistake the schema cannot see.
-                invalid = InvalidSpec("template", f"the pod for this job was refused: {api_message(error)}")
-                failed = self.jobs.get((job["metadata"]["namespace"], job["metadata"]["name"])) or job
-                await self._record(failed, invalid_spec_status(invalid, failed.get("status") or {}, now,
-                                                               job["metadata"].get("generation")))
-                return None
-        return requeue_after({**status, **patch}, spec, now)
+            # Not awaited here: a pass that waited on pod creation would hold its worker while
+            # other jobs' status (a gang that just became Running) waits in the queue.
+            self.creations.add(key)
+        due = [t for t in (wait, requeue_after({**status, **patch}, spec, now)) if t is not None]
+        return min(due) if due else None
+
+    def _counts_wait(self, key: JobKey, status: Mapping[str, Any], patch: Mapping[str, Any]) -> float | None:
+        """Seconds to hold back a patch that only moves rank counts; None to patch now."""
+        if not only_counts_changed(status, patch):
+            return None
+        elapsed = time.monotonic() - self._patched_at.get(key, float("-inf"))
+        return COUNTS_INTERVAL - elapsed if elapsed < COUNTS_INTERVAL else None
 
     async def _create(self, job: dict[str, Any], spec: JobSpec, ranks: tuple[int, ...], attempt: int) -> None:
         # In order: a RoleBinding is refused (404) while its Role does not exist yet, unless the
@@ -152,9 +208,10 @@ class Reconciler:
     async def _record(self, job: dict[str, Any], patch: Mapping[str, Any]) -> None:
         """Patches status when it changed, keeps the answer, and announces a new phase as an Event."""
         status = job.get("status") or {}
-        if not status_changed(status, patch):
+        if not changed_fields(status, patch):
             return
         meta = job["metadata"]
+        self._patched_at[(meta["namespace"], meta["name"])] = time.monotonic()
         updated = await self.kube.patch_job_status(meta["namespace"], meta["name"], patch)
         self.jobs.put(updated)
         phase = patch.get("phase")

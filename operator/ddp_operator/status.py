@@ -425,6 +425,34 @@ def compute_status(
     return patch
 
 
+# Fields of status this operator owns; progress is the trainer's.
+OWNED_STATUS = frozenset({
+    "phase", "attempt", "restarts", "readyRanks", "totalRanks", "ready", "reason", "message", "startTime",
+    "completionTime", "conditions", "observedGeneration", "failedRank",
+})
+# What moves with every rank that becomes ready; a patch that changes nothing else may wait a little.
+COUNT_FIELDS = frozenset({"readyRanks", "ready", "message"})
+
+
+def changed_fields(current: Mapping[str, Any], patch: Mapping[str, Any]) -> frozenset[str]:
+    """The operator-owned fields whose value the patch changes."""
+    return frozenset(f for f in patch if f in OWNED_STATUS and current.get(f) != patch.get(f))
+
+
+def only_counts_changed(current: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
+    """Whether the patch changes rank counts and the messages quoting them, and nothing else:
+    no phase, attempt or restart, and no condition's status or reason."""
+    changed = changed_fields(current, patch)
+    if not changed or not changed <= COUNT_FIELDS | {"conditions"}:
+        return False
+    return _condition_states(current.get("conditions")) == _condition_states(patch.get("conditions"))
+
+
+def _condition_states(conditions: Iterable[Mapping[str, Any]] | None) -> list[tuple[Any, ...]]:
+    return [(cond.get("type"), cond.get("status"), cond.get("reason"), cond.get("lastTransitionTime"),
+             cond.get("observedGeneration")) for cond in conditions or []]
+
+
 def invalid_spec_status(
     error: InvalidSpec, status: Mapping[str, Any], now: datetime, generation: int | None = None
 ) -> dict[str, Any]:

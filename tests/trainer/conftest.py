@@ -83,7 +83,8 @@ class RankResult:
 def rank_env(extra: Mapping[str, str], rank: int, world_size: int, port: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WL_", "DDP_", "MASTER_"))}
     env.update(
-        PYTHONPATH=os.pathsep.join([str(TRAINER_SRC), str(HERE), str(EXAMPLES)]),
+        # Ahead of, not instead of, an inherited PYTHONPATH (packages installed with --target).
+        PYTHONPATH=os.pathsep.join([str(TRAINER_SRC), str(HERE), str(EXAMPLES), *filter(None, [os.environ.get("PYTHONPATH")])]),
         OMP_NUM_THREADS="1",
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -125,6 +126,26 @@ def launch(
                 proc.kill()
                 proc.communicate()
     return results
+
+
+def describe(results: Sequence[RankResult]) -> str:
+    """Each rank's exit code and the tail of its output, for assertion messages."""
+    return "\n".join(f"--- rank {r.rank} rc={r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}" for r in results)
+
+
+def workload_env(s3_env: Mapping[str, str], bucket: str, job: str, namespace: str, out: Path, batch: int,
+                 epochs: int, **extra: str) -> dict[str, str]:
+    """Settings of ddp_workloads.train for one job writing its results under s3://bucket/runs."""
+    return {
+        **s3_env,
+        "DDP_RESULTS_URI": f"s3://{bucket}/runs",
+        "DDP_JOB_NAME": job,
+        "DDP_JOB_NAMESPACE": namespace,
+        "WL_BATCH": str(batch),
+        "WL_EPOCHS": str(epochs),
+        "WL_OUT": str(out),
+        **extra,
+    }
 
 
 @pytest.fixture

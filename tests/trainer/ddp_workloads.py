@@ -55,9 +55,10 @@ def train(ctx: RankContext) -> None:
 
     batch, epochs = _int("WL_BATCH", 4), _int("WL_EPOCHS", 2)
     every, crash_at = _int("WL_CKPT_EVERY", 0), _int("WL_CRASH_AT_STEP", -1)
-    net = model()
+    device = ctx.device  # cuda:LOCAL_RANK under nccl, else the CPU
+    net = model().to(device)
     opt = optimizer(net)
-    ddp = DistributedDataParallel(net)
+    ddp = DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
     data_sampler = sampler(ctx.world_size, ctx.rank)
     loader = DataLoader(dataset(), batch_size=batch, sampler=data_sampler)
     checkpoints = CheckpointManager(keep=2, async_save=os.environ.get("WL_ASYNC") == "1") if every else None
@@ -74,6 +75,7 @@ def train(ctx: RankContext) -> None:
     for epoch in range(data_sampler.epoch, epochs):
         data_sampler.set_epoch(epoch)
         for x, y in loader:
+            x, y = x.to(device), y.to(device)
             opt.zero_grad()
             loss = loss_fn(ddp(x), y)
             loss.backward()
@@ -92,7 +94,7 @@ def train(ctx: RankContext) -> None:
     if results is not None:
         results.close()
     if ctx.rank == 0:
-        torch.save(net.state_dict(), os.environ["WL_OUT"])
+        torch.save({name: value.cpu() for name, value in net.state_dict().items()}, os.environ["WL_OUT"])
         if results is not None:
             results.submit_result("final.txt", f"steps={step}")
 

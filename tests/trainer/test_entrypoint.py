@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ddp_workloads
-from conftest import launch
+from conftest import describe as _describe, launch, workload_env
 from ddp_trainer import s3
 from ddp_trainer.checkpoint import CheckpointManager
 from ddp_trainer.errors import ExitCode
@@ -21,23 +21,10 @@ EPOCHS = 2
 STEPS = EPOCHS * ddp_workloads.SAMPLES // (WORLD * BATCH)
 
 
-def _describe(results) -> str:
-    return "\n".join(f"--- rank {r.rank} rc={r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}" for r in results)
-
-
 def _job_env(s3_env: dict[str, str], bucket: str, job: str, out: Path, **extra: str) -> dict[str, str]:
-    return {
-        **s3_env,
-        "DDP_RESULTS_URI": f"s3://{bucket}/runs",
-        "DDP_JOB_NAME": job,
-        "DDP_JOB_NAMESPACE": "team-a",
-        "WL_BATCH": str(BATCH),
-        "WL_EPOCHS": str(EPOCHS),
-        "WL_OUT": str(out),
-        "DDP_PROGRESS_FILE": str(out.parent / f"{job}-progress.json"),
-        "DDP_PROGRESS_INTERVAL_SECONDS": "0.5",
-        **extra,
-    }
+    return workload_env(s3_env, bucket, job, "team-a", out, BATCH, EPOCHS,
+                        DDP_PROGRESS_FILE=str(out.parent / f"{job}-progress.json"),
+                        DDP_PROGRESS_INTERVAL_SECONDS="0.5", **extra)
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from ddp_operator.status import (
     Decision,
     PodSummary,
     RankFailure,
+    changed_fields,
     compute_status,
     deadline_exceeded,
     decide,
@@ -20,6 +21,7 @@ from ddp_operator.status import (
     invalid_spec_status,
     is_retryable,
     next_phase,
+    only_counts_changed,
     parse_time,
     requeue_after,
     set_condition,
@@ -557,3 +559,46 @@ def test_parse_time(value: str | None, expected: datetime | None) -> None:
 
 def test_format_time_treats_naive_as_utc() -> None:
     assert format_time(NOW.replace(tzinfo=None)) == "2025-01-02T03:04:05Z"
+
+
+# --- which patches may wait ---------------------------------------------------------------
+
+
+def gang_coming_up(spec: Any, steps: list[list[dict[str, Any]]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(status before, patch) for each pass as the pods move through steps, each patch applied."""
+    status: dict[str, Any] = {}
+    passes = []
+    for pods in steps:
+        patch = status_after(spec, status, summary_of(*pods))
+        passes.append((status, patch))
+        status = {**status, **patch}
+    return passes
+
+
+def test_only_rank_counts_moving_may_wait_but_phase_changes_may_not() -> None:
+    spec = job_spec(worldSize=3)
+    passes = gang_coming_up(spec, [
+        [],  # new job: Pending, Created
+        [pod(0, "pending"), pod(1, "pending"), pod(2, "pending")],  # "3 pods exist": counts only
+        [pod(0), pod(1, "pending"), pod(2, "pending")],  # Starting: a phase change
+        [pod(0), pod(1), pod(2, "pending")],  # 2/3 ready: counts only
+        [pod(0), pod(1), pod(2)],  # Running
+        [pod(0), pod(1), pod(2)],  # nothing changes
+    ])
+    assert [p["phase"] for _, p in passes] == ["Pending", "Pending", "Starting", "Starting", "Running", "Running"]
+    assert [only_counts_changed(before, patch) for before, patch in passes] == [False, True, False, True, False, False]
+    assert changed_fields(*passes[3]) == {"readyRanks", "ready", "message"}
+    assert changed_fields(*passes[-1]) == frozenset()
+
+
+def test_a_restart_or_a_condition_change_is_never_only_counts() -> None:
+    running = {"phase": "Running", "readyRanks": 2, "ready": "2/2", "restarts": 0, "message": "2 ranks ready",
+               "conditions": [{"type": "Running", "status": "True", "reason": "AllRanksReady", "message": "a"}]}
+    assert only_counts_changed(running, {**running, "readyRanks": 1, "ready": "1/2", "message": "1 ranks ready"})
+    assert not only_counts_changed(running, {**running, "readyRanks": 1, "restarts": 1})
+    flipped = [{"type": "Running", "status": "False", "reason": "RankFailed", "message": "b"}]
+    assert not only_counts_changed(running, {**running, "readyRanks": 1, "conditions": flipped})
+    reworded = [{"type": "Running", "status": "True", "reason": "AllRanksReady", "message": "b"}]
+    assert only_counts_changed(running, {**running, "message": "x", "conditions": reworded})
+    # progress and other fields the operator does not own are never its changes
+    assert changed_fields(running, {"progress": {"step": 3}}) == frozenset()
