@@ -20,7 +20,9 @@ Plus checkpoint save/load throughput of a --size-mb state dict (sync and async s
 
 S3 comes from DDP_S3_ENDPOINT/AWS_* if DDP_S3_ENDPOINT is set, otherwise a moto server is started
 in a child process on loopback (then the numbers compare the readers with each other, not with
-real S3; moto serves from one Python process, so it is often the limit).
+real S3; moto serves from one Python process, so it is often the limit). --link-mbps paces each of its
+responses like one connection to a remote S3, so that the network, not the CPU this machine shares between
+server and readers, bounds the ceiling.
 
     python images/trainer/bench_data.py [--samples 20000] [--image-kb 16] [--shard-samples 1000]
         [--workers 0,4] [--repeat 2] [--decoded] [--size-mb 1024] [--json out.json]
@@ -57,17 +59,36 @@ BATCH_SIZE = 32
 _MOTO = """
 import logging, sys, time
 logging.getLogger("werkzeug").setLevel(logging.WARNING)
-from moto.server import ThreadedMotoServer
-server = ThreadedMotoServer(ip_address="127.0.0.1", port=int(sys.argv[1]), verbose=False)
-server.start()
-while True:
-    time.sleep(3600)
+from werkzeug.serving import make_server
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+
+port, link = int(sys.argv[1]), float(sys.argv[2])  # link: bytes/s per response, 0 for no limit
+CHUNK = 256 * 1024
+
+
+def paced(app):
+    # Each response body leaves at most `link` bytes/s, as through one connection to a remote S3.
+    def wrapped(environ, start_response):
+        started = time.monotonic()
+        sent = 0
+        for piece in app(environ, start_response):
+            for at in range(0, len(piece), CHUNK):
+                chunk = piece[at:at + CHUNK]
+                sent += len(chunk)
+                time.sleep(max(0.0, started + sent / link - time.monotonic()))
+                yield chunk
+    return wrapped
+
+
+app = DomainDispatcherApplication(create_backend_app)
+server = make_server("127.0.0.1", port, paced(app) if link else app, True, request_handler=MotoRequestHandler)
+server.serve_forever()
 """
 server_pid: int | None = None  # the moto server's process, for its CPU time
 
 
 @contextmanager
-def s3_endpoint() -> Iterator[str]:
+def s3_endpoint(link_mbps: float = 0) -> Iterator[str]:
     global server_pid
     if os.environ.get("DDP_S3_ENDPOINT"):
         yield os.environ["DDP_S3_ENDPOINT"]
@@ -76,7 +97,7 @@ def s3_endpoint() -> Iterator[str]:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     # A child process, not a thread here: in-process readers would share this interpreter's GIL with it.
-    server = subprocess.Popen([sys.executable, "-c", _MOTO, str(port)])
+    server = subprocess.Popen([sys.executable, "-c", _MOTO, str(port), str(link_mbps * 1e6)])
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -416,9 +437,14 @@ def main() -> int:
     parser.add_argument("--skip-readers", action="store_true")
     parser.add_argument("--bucket", default=None, help="existing bucket to use (default: a new one)")
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--link-mbps", type=float, default=0,
+                        help="pace each response of the local S3 server to this many MB/s, like one connection to a "
+                             "remote S3, so the network and not this machine's shared CPU bounds the ceiling")
     args = parser.parse_args()
     results: list[dict[str, Any]] = []
-    with s3_endpoint() as endpoint:
+    if args.link_mbps and os.environ.get("DDP_S3_ENDPOINT"):
+        parser.error("--link-mbps paces the local S3 server; it does not apply with DDP_S3_ENDPOINT")
+    with s3_endpoint(args.link_mbps) as endpoint:
         bucket = args.bucket or f"bench-{uuid.uuid4().hex[:10]}"
         if not args.bucket:
             s3.client().create_bucket(Bucket=bucket)

@@ -177,7 +177,9 @@ def _decode_value(ext: str, data: bytes) -> Any:
 
 _BLOCK = 512
 _ZERO_BLOCK = bytes(_BLOCK)
-_READ_CHUNK = 4 << 20  # bytes per read from the underlying stream
+_READ_CHUNK = 4 << 20  # bytes per read from the underlying stream, once it is flowing
+_FIRST_READ = 64 << 10  # the first read, doubled on each read up to _READ_CHUNK: the first sample
+# comes after 64 KB, not after 4 MB (0.1 s at 40 MB/s, per shard and per DataLoader worker)
 _REGULAR = frozenset((b"0", b"\0", b"7"))
 _NO_DATA = frozenset((b"1", b"2", b"3", b"4", b"5", b"6"))  # links, devices, dirs, fifos: size is not data
 _GNU_META = frozenset((b"L", b"K"))
@@ -259,6 +261,13 @@ def _decompressing_reader(kind: str, raw: _Prefixed) -> Callable[[int], bytes]:
     return read
 
 
+def _read_sizes() -> Iterator[int]:
+    size = _FIRST_READ
+    while True:
+        yield size
+        size = min(size * 2, _READ_CHUNK)
+
+
 def _tar_entries(stream: IO[bytes], allow_compressed: bool = False) -> Iterator[tuple[str, bytes, int, int, int]]:
     """Regular members of a tar stream: (name, buffer, start, size, stream offset of the data).
 
@@ -267,13 +276,14 @@ def _tar_entries(stream: IO[bytes], allow_compressed: bool = False) -> Iterator[
     ``__name__`` metadata members are left out. Raises _TarFormatError on a damaged archive.
     """
     read = stream.read
-    buf = read(_READ_CHUNK)
+    sizes = _read_sizes()
+    buf = read(next(sizes))
     for magic, kind in _COMPRESSED:
         if buf.startswith(magic):
             if not allow_compressed:
                 raise _TarFormatError(f"{kind}-compressed")
             read = _decompressing_reader(kind, _Prefixed(buf, stream))
-            buf = read(_READ_CHUNK)
+            buf = read(next(sizes))
             break
     pos = 0  # next header in buf
     base = 0  # stream offset of buf[0]
@@ -287,7 +297,7 @@ def _tar_entries(stream: IO[bytes], allow_compressed: bool = False) -> Iterator[
         parts = [buf[pos:]] if pos < len(buf) else []
         have = len(parts[0]) if parts else 0
         while have < need:
-            chunk = read(max(_READ_CHUNK, need - have + skip))
+            chunk = read(max(next(sizes), need - have + skip))
             if not chunk:
                 break
             if skip:
