@@ -1,4 +1,7 @@
-"""One reconcile pass of a DDPJob: read the job and its pods, decide, act, record status.
+"""Reconciling a DDPJob: read the job and its pods, decide, act, record status.
+
+A status pass decides, records status and deletes; pod creation runs as a separate pass on its
+own queue, so a job whose gang just became Running never waits behind other jobs' creations.
 
 All judgement lives in the pure functions of spec.py, manifests.py and status.py; this module only
 carries their decisions out against the API, and is level-triggered: every pass starts from what
@@ -22,7 +25,6 @@ from ddp_operator.kubeapi import KubeApi, adopt, api_message, is_going_away
 from ddp_operator.manifests import build_pod, build_progress_access, build_service
 from ddp_operator.podwatch import JobKey, PodCache
 from ddp_operator.spec import InvalidSpec, JobSpec, parse_spec, validate_job_name
-from ddp_operator.workqueue import WorkQueue
 from ddp_operator.status import (
     Action,
     PodSummary,
@@ -35,12 +37,15 @@ from ddp_operator.status import (
     summarize_pods,
     ttl_expired,
 )
+from ddp_operator.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 WARNING_PHASES = frozenset({c.PHASE_FAILED, c.PHASE_RESTARTING})
 # A job's status is patched at most this often for rank counts alone (readyRanks 3/8 -> 4/8), so a
 # gang coming up writes a few times, not once per pod, and a phase change never queues behind them.
 COUNTS_INTERVAL = 1.0
+
+
 def resource_version(job: Mapping[str, Any]) -> int:
     try:
         return int(job.get("metadata", {}).get("resourceVersion") or 0)
