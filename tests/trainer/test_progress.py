@@ -5,6 +5,7 @@ import json
 from datetime import datetime
 
 import pytest
+import torch
 
 from ddp_trainer.progress import FileSink, LogSink, ProgressReporter, default_reporter
 
@@ -32,6 +33,17 @@ def test_rate_limit_and_samples_per_second() -> None:
     assert records[1] == {"epoch": 0, "step": 6, "loss": 1.0, "samplesPerSecond": 32.0, "updatedAt": "1970-01-01T00:00:00.000Z"}
     assert reporter.flush() and records[-1]["step"] == 9
     assert not reporter.flush()  # nothing new
+
+
+@pytest.mark.parametrize(
+    ("loss", "shown"),
+    [(1.0835673809051514, 1.084), (0.4375, 0.4375), (123456.7, 123500.0), (torch.tensor(2.5e-05), 2.5e-05),
+     (float("nan"), None), (float("inf"), None), (None, None)],
+)
+def test_loss_is_shown_with_four_significant_digits(loss, shown) -> None:
+    records: list[dict] = []
+    ProgressReporter(records.append, min_interval_s=0.0).report(0, 1, loss)
+    assert records[0]["loss"] == shown
 
 
 def test_sinks_write_file_and_one_log_line(tmp_path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -132,11 +133,14 @@ class ProgressReporter:
 
 
 def _float(value: Any) -> float | None:
+    """The loss as `kubectl get ddpjobs` shows it: 4 significant digits (the metrics keep them all);
+    None for NaN or infinity, which a JSON status cannot hold."""
     if value is None:
         return None
     if hasattr(value, "item"):
         value = value.item()
-    return float(value)
+    value = float(value)
+    return float(f"{value:.4g}") if math.isfinite(value) else None
 
 
 def default_reporter(rank: int | None = None) -> ProgressReporter:
