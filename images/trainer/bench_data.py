@@ -4,6 +4,8 @@ Measures samples/s and MB/s over one synthetic image set, read with the same Dat
 (batch_size 32, every --workers count, fork) and without decoding (raw bytes: I/O and tar parsing):
   raw-get         whole shard objects fetched by as many threads as DataLoader workers (at least 1):
                   the ceiling for this endpoint; the other rows show their share of it
+  whole-shard GETs in workers  the same GETs from inside the DataLoader workers, nothing parsed:
+                  the part of the ceiling that the DataLoader's own machinery leaves to any reader
   per-object      S3ImageFolder, one GET per sample (over the first --per-object-samples objects)
   shards-map      ShardedDataset + DistributedChunkedSampler, cold cache then warm cache
   shards-stream   ShardStream
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import os
 import resource
@@ -47,6 +50,8 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from torch.utils.data import IterableDataset  # noqa: E402
 
 from ddp_trainer import s3  # noqa: E402
 from ddp_trainer.checkpoint import CheckpointManager  # noqa: E402
@@ -274,6 +279,23 @@ def count_loader(dataset: Any, workers: int, sampler: Any = None) -> int:
     return total
 
 
+class WholeShards(IterableDataset):
+    """Each DataLoader worker GETs whole shards (every num_workers-th) and parses nothing: what the
+    DataLoader's own machinery (fork, per-worker clients and connections) leaves of the raw ceiling."""
+
+    def __init__(self, index: ShardIndex) -> None:
+        self.shards = index.shards
+
+    def __iter__(self) -> Iterator[int]:
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for shard in self.shards[worker::workers]:
+            s3.get_bytes(s3.parse_uri(shard.url))
+            yield from itertools.repeat(1, shard.nsamples)
+
+
 def raw_payload(sample: dict[str, Any]) -> int:
     return sum(len(v) for k, v in sample.items() if not k.startswith("__"))
 
@@ -345,6 +367,8 @@ def bench_readers(bucket: str, args: argparse.Namespace, results: list[dict[str,
             return data.samples
 
         bench.run(f"raw-get ({threads} thread{'s' if threads > 1 else ''})", workers, raw_get)
+        if workers:
+            bench.run("whole-shard GETs in workers", workers, lambda: count_loader(WholeShards(index), workers))
 
         stream = ShardStream(index, rank=0, world_size=1, transform=raw_payload, decode=False)
         bench.run("shards-stream", workers, lambda: count_loader(stream, workers))
@@ -395,6 +419,10 @@ def verdict(results: list[dict[str, Any]]) -> None:
                 f"({'met' if share >= 0.8 else 'NOT met'})",
                 flush=True,
             )
+        in_workers = rows.get(("whole-shard GETs in workers", workers))
+        if in_workers:
+            print(f"  (shards-stream is {ours['samples_per_s'] / in_workers['samples_per_s']:.0%} of whole-shard GETs in "
+                  f"the same {workers} DataLoader workers, {in_workers['samples_per_s']:.0f}/s)", flush=True)
 
 
 def bench_checkpoint(bucket: str, size_mb: int, results: list[dict[str, Any]]) -> None:
