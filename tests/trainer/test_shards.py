@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import io
 import json
+import multiprocessing
+import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -20,7 +23,7 @@ from conftest import ROOT, TRAINER_SRC
 from ddp_trainer import s3
 from ddp_trainer.errors import CorruptDataError, ObjectNotFoundError
 from ddp_trainer.sampler import DistributedChunkedSampler
-from ddp_trainer.shards import ShardedDataset, ShardStream, load_index, resolve, write_index
+from ddp_trainer.shards import ShardCache, ShardedDataset, ShardStream, load_index, resolve, write_index
 from test_imagefolder import upload_tree, write_tree
 
 SHARD_SIZES = [7, 3, 11, 5, 9]  # uneven on purpose
@@ -118,11 +121,42 @@ def test_cache_is_bounded_and_evicts_least_recently_used(wds_shards, tmp_path: P
     assert keys == [f"s{i:05d}" for i in range(len(dataset))]
     cache = dataset.cache
     assert cache.size_bytes() <= limit
-    files = sorted(Path(cache.directory).iterdir())
+    files = sorted(p for p in Path(cache.directory).iterdir() if p.is_file())
     assert 1 <= len(files) < len(index.shards)
     assert cache.path_for(index.shards[-1].url) in map(str, files)  # the newest stays
     assert dataset[0]["__key__"] == "s00000"  # evicted shard fetched again
     assert Path(cache.path_for(index.shards[0].url)).exists()
+
+
+def test_processes_asking_for_one_shard_at_once_download_it_once(wds_shards, tmp_path: Path, monkeypatch) -> None:
+    _, bucket, _ = wds_shards
+    url = load_index(f"s3://{bucket}/sets/wds/index.json").shards[2].url
+    context = multiprocessing.get_context("fork")
+    downloads, barrier = context.Value("i", 0), context.Barrier(4)
+    real_download = s3.download_file
+
+    def counted_download(*args, **kwargs):
+        with downloads.get_lock():
+            downloads.value += 1
+        time.sleep(0.3)  # a slow link: the others ask while this download runs
+        return real_download(*args, **kwargs)
+
+    monkeypatch.setattr(s3, "download_file", counted_download)
+    cache = ShardCache(str(tmp_path / "cache"), limit_bytes=1 << 30)
+
+    def fetch() -> None:
+        barrier.wait()
+        path = cache.get(url)
+        os._exit(0 if Path(path).read_bytes() == s3.get_bytes(s3.parse_uri(url)) else 1)
+
+    processes = [context.Process(target=fetch) for _ in range(4)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(60)
+    assert [p.exitcode for p in processes] == [0, 0, 0, 0]
+    assert downloads.value == 1
+    assert cache.size_bytes() == len(s3.get_bytes(s3.parse_uri(url)))
 
 
 def test_map_style_with_dataloader_workers(wds_shards, tmp_path: Path) -> None:

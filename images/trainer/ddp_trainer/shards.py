@@ -18,6 +18,7 @@ Two ways to read:
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import json
@@ -374,10 +375,13 @@ def _tar_entries(stream: IO[bytes], allow_compressed: bool = False) -> Iterator[
 class ShardCache:
     """Whole shards on local disk, at most `limit_bytes` (plus the shard being read).
 
-    Safe across DataLoader worker processes sharing the directory: downloads land under a
+    Safe across DataLoader worker processes sharing the directory: a shard is fetched by one of
+    them while the others wait for it (a lock file per shard under `.locks/`), downloads land under a
     temporary name and are renamed into place; an evicted shard that another process has open
     stays readable (POSIX), and one evicted before it was opened is fetched again.
     """
+
+    LOCKS = ".locks"
 
     def __init__(self, directory: str | None = None, limit_bytes: int | None = None) -> None:
         limit_bytes = env.shard_cache_bytes() if limit_bytes is None else limit_bytes
@@ -392,37 +396,52 @@ class ShardCache:
 
     def get(self, url: str) -> str:
         path = self.path_for(url)
-        try:
-            os.utime(path)  # mark as recently used
+        if self._touch(path):
             return path
-        except FileNotFoundError:
-            pass
-        os.makedirs(self.directory, exist_ok=True)
-        tmp = f"{path}.part.{os.getpid()}.{threading.get_ident()}"
-        try:
-            s3.download_file(s3.parse_uri(url), tmp)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        locks = os.path.join(self.directory, self.LOCKS)
+        os.makedirs(locks, exist_ok=True)
+        # Workers of one DataLoader ask for the same shard at once (a chunked sampler hands them
+        # consecutive batches): one downloads it, the rest wait instead of downloading it again.
+        with open(os.path.join(locks, os.path.basename(path)), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self._touch(path):
+                return path
+            tmp = f"{path}.part.{os.getpid()}.{threading.get_ident()}"
+            try:
+                s3.download_file(s3.parse_uri(url), tmp)
+                os.replace(tmp, path)
+            finally:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
         self.evict(keep=path)
         return path
 
-    def evict(self, keep: str | None = None) -> list[str]:
-        """Remove least recently used shards until the cache fits its limit."""
-        entries = []
+    @staticmethod
+    def _touch(path: str) -> bool:
+        """Marks a cached shard as recently used; False if it is not cached."""
+        try:
+            os.utime(path)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def _shards(self) -> Iterator[tuple[os.stat_result, str]]:
+        """(stat, path) of each complete shard in the cache."""
         for name in os.listdir(self.directory) if os.path.isdir(self.directory) else []:
-            full = os.path.join(self.directory, name)
-            if ".part." in name:
+            if ".part." in name or name == self.LOCKS:
                 continue
+            full = os.path.join(self.directory, name)
             try:
-                stat = os.stat(full)
+                yield os.stat(full), full
             except FileNotFoundError:
                 continue
-            entries.append((stat.st_mtime, stat.st_size, full))
+
+    def evict(self, keep: str | None = None) -> list[str]:
+        """Remove least recently used shards until the cache fits its limit."""
+        entries = sorted((stat.st_mtime, stat.st_size, full) for stat, full in self._shards())
         total = sum(size for _, size, _ in entries)
         removed = []
-        for _, size, full in sorted(entries):
+        for _, size, full in entries:
             if total <= self.limit_bytes:
                 break
             if full == keep:
@@ -436,9 +455,7 @@ class ShardCache:
         return removed
 
     def size_bytes(self) -> int:
-        if not os.path.isdir(self.directory):
-            return 0
-        return sum(os.path.getsize(os.path.join(self.directory, n)) for n in os.listdir(self.directory) if ".part." not in n)
+        return sum(stat.st_size for stat, _ in self._shards())
 
 
 # Map-style ---------------------------------------------------------------------------------------
