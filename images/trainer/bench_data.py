@@ -58,7 +58,14 @@ from ddp_trainer.checkpoint import CheckpointManager  # noqa: E402
 from ddp_trainer.convert import SourceSample, build_shard  # noqa: E402
 from ddp_trainer.imagefolder import S3ImageFolder  # noqa: E402
 from ddp_trainer.sampler import DistributedChunkedSampler  # noqa: E402
-from ddp_trainer.shards import ShardedDataset, ShardIndex, ShardStream, load_index, write_index  # noqa: E402
+from ddp_trainer.shards import (  # noqa: E402
+    ShardedDataset,
+    ShardIndex,
+    ShardStream,
+    dataloader_worker,
+    load_index,
+    write_index,
+)
 
 BATCH_SIZE = 32
 _MOTO = """
@@ -287,10 +294,7 @@ class WholeShards(IterableDataset):
         self.shards = index.shards
 
     def __iter__(self) -> Iterator[int]:
-        from torch.utils.data import get_worker_info
-
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        worker, workers = dataloader_worker()
         for shard in self.shards[worker::workers]:
             s3.get_bytes(s3.parse_uri(shard.url))
             yield from itertools.repeat(1, shard.nsamples)

@@ -619,6 +619,14 @@ def rank_quota(total: int, world_size: int) -> int:
     return quota
 
 
+def dataloader_worker() -> tuple[int, int]:
+    """(this DataLoader worker's id, the number of workers); (0, 1) outside a worker."""
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    return (info.id, info.num_workers) if info is not None else (0, 1)
+
+
 def worker_range(rank_start: int, quota: int, worker: int, num_workers: int) -> tuple[int, int]:
     """[start, end) of this worker within its rank's contiguous range."""
     base, extra = divmod(quota, num_workers)
@@ -674,12 +682,6 @@ class ShardStream(IterableDataset[Any]):
             random.Random(self.seed + self.epoch).shuffle(shards)
         return shards
 
-    def _worker(self) -> tuple[int, int]:
-        from torch.utils.data import get_worker_info
-
-        info = get_worker_info()
-        return (info.id, info.num_workers) if info is not None else (0, 1)
-
     def raw_samples(self, worker: int = 0, num_workers: int = 1) -> Iterator[dict[str, Any]]:
         start, end = worker_range(self.rank * self.quota, self.quota, worker, num_workers)
         position = 0
@@ -693,7 +695,7 @@ class ShardStream(IterableDataset[Any]):
                 return
 
     def __iter__(self) -> Iterator[Any]:
-        worker, num_workers = self._worker()
+        worker, num_workers = dataloader_worker()
         samples: Iterator[dict[str, Any]] = self.raw_samples(worker, num_workers)
         if self.shuffle and self.shuffle_buffer > 1:
             samples = _buffer_shuffle(samples, self.shuffle_buffer, random.Random((self.seed, self.epoch, self.rank, worker).__hash__()))
