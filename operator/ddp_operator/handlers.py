@@ -34,7 +34,7 @@ class Runtime:
 
     def _pods_changed(self, key: tuple[str, str]) -> None:
         # Called on the pod-watch thread.
-        self.reconciler.queue.add_threadsafe(self.loop, key)
+        self.reconciler.add_threadsafe(self.loop, key)
 
 
 RUNTIME: Runtime | None = None
@@ -72,7 +72,7 @@ def job_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
         RUNTIME.reconciler.forget(key)
         return
     RUNTIME.jobs.put(dict(body))
-    RUNTIME.reconciler.queue.add(key)
+    RUNTIME.reconciler.add(key)
 
 
 @kopf.on.probe(id="jobs")

@@ -100,6 +100,13 @@ class Reconciler:
         await self.queue.stop()
         await self.creations.stop()
 
+    def add(self, key: JobKey) -> None:
+        """Schedules a status pass for the job (coalesced with any pending one)."""
+        self.queue.add(key)
+
+    def add_threadsafe(self, loop: asyncio.AbstractEventLoop, key: JobKey) -> None:
+        self.queue.add_threadsafe(loop, key)
+
     def forget(self, key: JobKey) -> None:
         self.queue.forget(key)
         self.creations.forget(key)
