@@ -8,7 +8,8 @@ Measures samples/s and MB/s over one synthetic image set, read with the same Dat
                   the part of the ceiling that the DataLoader's own machinery leaves to any reader
   per-object      S3ImageFolder, one GET per sample (over the first --per-object-samples objects)
   shards-map      ShardedDataset + DistributedChunkedSampler, cold cache then warm cache
-  shards-stream   ShardStream
+  shards-stream   ShardStream (shipped settings: each shard read as 8 MB ranged GETs, 3 ahead of the reader)
+  shards-stream (one GET per shard)  the same with DDP_S3_READ_AHEAD=0
   webdataset      the webdataset library (split_by_worker, tar_file_expander, group_by_keys) over
                   the same S3 streams
   s3torchconnector  S3IterableDataset (AWS CRT client) feeding webdataset's tar expander, if installed
@@ -21,13 +22,17 @@ and by the S3 server when it is the local moto server, to tell which side limits
 Plus checkpoint save/load throughput of a --size-mb state dict (sync and async save).
 
 S3 comes from DDP_S3_ENDPOINT/AWS_* if DDP_S3_ENDPOINT is set, otherwise a moto server is started
-in a child process on loopback (then the numbers compare the readers with each other, not with
-real S3; moto serves from one Python process, so it is often the limit). --link-mbps paces each of its
-responses like one connection to a remote S3, so that the network, not the CPU this machine shares between
-server and readers, bounds the ceiling.
+in a child process on loopback, once per --link-mbps value (a "regime"):
+  0    unpaced: the server and the readers share this machine's cores, so the ceiling is CPU, and the
+       rows compare how much CPU each reader needs per sample
+  N    each response paced to N MB/s after --link-latency-ms, like one connection to a remote S3: the
+       network bounds the ceiling, as on a cluster; measured with the --workers counts above 0 only
+The benchmark's moto keeps each object as one bytes object, so that a ranged GET costs the server what
+it serves (stock moto reads the whole object for every range).
 
     python images/trainer/bench_data.py [--samples 20000] [--image-kb 16] [--shard-samples 1000]
-        [--workers 0,4] [--repeat 2] [--decoded] [--size-mb 1024] [--json out.json]
+        [--workers 0,4] [--link-mbps 0,50] [--link-latency-ms 20] [--repeat 2] [--decoded]
+        [--size-mb 1024] [--only shards-stream,webdataset] [--json out.json]
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from torch.utils.data import IterableDataset  # noqa: E402
 
-from ddp_trainer import s3  # noqa: E402
+from ddp_trainer import env, s3  # noqa: E402
 from ddp_trainer.checkpoint import CheckpointManager  # noqa: E402
 from ddp_trainer.convert import SourceSample, build_shard  # noqa: E402
 from ddp_trainer.imagefolder import S3ImageFolder  # noqa: E402
@@ -74,13 +79,15 @@ logging.getLogger("werkzeug").setLevel(logging.WARNING)
 from werkzeug.serving import make_server
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
 
-port, link = int(sys.argv[1]), float(sys.argv[2])  # link: bytes/s per response, 0 for no limit
+port, link, latency = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])  # link: bytes/s per response, 0 for no limit
 CHUNK = 256 * 1024
 
 
 def paced(app):
-    # Each response body leaves at most `link` bytes/s, as through one connection to a remote S3.
+    # Each response body starts after `latency` s and leaves at most `link` bytes/s, as through one
+    # connection to a remote S3.
     def wrapped(environ, start_response):
+        time.sleep(latency)
         started = time.monotonic()
         sent = 0
         for piece in app(environ, start_response):
@@ -92,24 +99,61 @@ def paced(app):
     return wrapped
 
 
+def serve_ranges_like_s3():
+    # moto reads an object's whole body on every GET, then slices out the requested range: a ranged
+    # GET of 8 MB from a 19 MB shard costs the server 19 MB. Keeping each body as one immutable bytes
+    # object makes a GET cost what it serves, as on S3.
+    from moto.s3.models import FakeKey
+
+    read_body, write_body = FakeKey.value.fget, FakeKey.value.fset
+
+    def cached(key):
+        body = key.__dict__.get("_whole_body")
+        if body is None:
+            body = key.__dict__["_whole_body"] = read_body(key)
+        return body
+
+    def replace(key, value):
+        key.__dict__.pop("_whole_body", None)
+        write_body(key, value)
+
+    FakeKey.value = property(cached, replace)
+
+
+serve_ranges_like_s3()
 app = DomainDispatcherApplication(create_backend_app)
-server = make_server("127.0.0.1", port, paced(app) if link else app, True, request_handler=MotoRequestHandler)
+server = make_server("127.0.0.1", port, paced(app) if link or latency else app, True, request_handler=MotoRequestHandler)
 server.serve_forever()
 """
 server_pid: int | None = None  # the moto server's process, for its CPU time
 
 
 @contextmanager
-def s3_endpoint(link_mbps: float = 0) -> Iterator[str]:
+def environment(**values: str) -> Iterator[None]:
+    """Environment variables for the readers run inside (DataLoader workers inherit them)."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextmanager
+def s3_endpoint(link_mbps: float = 0, latency_ms: float = 0) -> Iterator[str]:
     global server_pid
-    if os.environ.get("DDP_S3_ENDPOINT"):
-        yield os.environ["DDP_S3_ENDPOINT"]
+    if os.environ.get(env.S3_ENDPOINT):
+        yield os.environ[env.S3_ENDPOINT]
         return
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     # A child process, not a thread here: in-process readers would share this interpreter's GIL with it.
-    server = subprocess.Popen([sys.executable, "-c", _MOTO, str(port), str(link_mbps * 1e6)])
+    server = subprocess.Popen([sys.executable, "-c", _MOTO, str(port), str(link_mbps * 1e6), str(latency_ms / 1e3)])
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -121,14 +165,15 @@ def s3_endpoint(link_mbps: float = 0) -> Iterator[str]:
                     raise RuntimeError("the moto server did not start") from None
                 time.sleep(0.1)
         server_pid = server.pid
-        os.environ.update(
-            DDP_S3_ENDPOINT=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench"
-        )
-        s3.reset_clients()
-        yield os.environ["DDP_S3_ENDPOINT"]
+        endpoint = f"http://127.0.0.1:{port}"
+        with environment(**{env.S3_ENDPOINT: endpoint, env.AWS_ACCESS_KEY_ID: "bench", env.AWS_SECRET_ACCESS_KEY: "bench"}):
+            s3.reset_clients()
+            yield endpoint
     finally:
         server.terminate()
         server.wait(10)
+        server_pid = None
+        s3.reset_clients()
 
 
 def server_cpu() -> float:
@@ -209,12 +254,14 @@ class Dataset:
 
 
 class Bench:
-    def __init__(self, data: Dataset, repeat: int, results: list[dict[str, Any]]) -> None:
-        self.data, self.repeat, self.results = data, repeat, results
+    def __init__(self, data: Dataset, repeat: int, results: list[dict[str, Any]], only: list[str], link_mbps: float) -> None:
+        self.data, self.repeat, self.results, self.only, self.link_mbps = data, repeat, results, only, link_mbps
         self.ceiling: float | None = None
 
     def run(self, label: str, workers: int, fn: Callable[[], int], repeat: int | None = None) -> None:
         """Best of `repeat` runs; MB/s counts sample payload bytes (image + cls + json)."""
+        if self.only and not label.startswith("raw-get") and not any(label.startswith(prefix) for prefix in self.only):
+            return
         best: dict[str, Any] | None = None
         for _ in range(repeat or self.repeat):
             _batch_times.clear()
@@ -223,7 +270,7 @@ class Bench:
                 seen = fn()
             except Exception as exc:  # noqa: BLE001 - a reader that fails is reported, not fatal
                 print(f"{label:<30} {workers:>2}  failed: {type(exc).__name__}: {exc}", flush=True)
-                self.results.append({"reader": label, "workers": workers, "error": f"{type(exc).__name__}: {exc}"})
+                self.results.append({"link_mbps": self.link_mbps, "reader": label, "workers": workers, "error": f"{type(exc).__name__}: {exc}"})
                 return
             elapsed = time.perf_counter() - started
             if _batch_times and _batch_times[1] > _batch_times[0]:
@@ -232,6 +279,7 @@ class Bench:
             else:  # not a DataLoader: no start-up to leave out
                 steady, first_batch = seen / elapsed, 0.0
             row = {
+                "link_mbps": self.link_mbps,
                 "reader": label,
                 "workers": workers,
                 "samples": seen,
@@ -338,7 +386,7 @@ def s3torchconnector_pipeline(urls: list[str]) -> Any:
     )
 
 
-def bench_readers(bucket: str, args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
+def bench_readers(bucket: str, args: argparse.Namespace, link_mbps: float, results: list[dict[str, Any]]) -> None:
     started = time.perf_counter()
     data = Dataset(bucket, args)
     index: ShardIndex = data.index
@@ -356,18 +404,19 @@ def bench_readers(bucket: str, args: argparse.Namespace, results: list[dict[str,
     except ImportError as exc:
         have_s3tc = False
         print(f"s3torchconnector not installed ({exc}); `pip install s3torchconnector` to include it", flush=True)
-    bench = Bench(data, args.repeat, results)
+    bench = Bench(data, args.repeat, results, args.only, link_mbps)
     print(
         f"{'reader':<30} {'wk':>2} {'samples/s':>10} {'MB/s':>8} {'%ceil':>6} {'steady/s':>9} {'1st-b':>6} {'samples':>7} {'seconds':>7} "
         f"{'cpu-rd':>7} {'cpu-srv':>7}",
         flush=True,
     )
-    for workers in args.workers:
+    for workers in [w for w in args.workers if w or not link_mbps]:  # one paced connection is just the link's rate
         threads = max(workers, 1)
 
         def raw_get() -> int:
             with ThreadPoolExecutor(threads) as pool:
-                list(pool.map(lambda url: s3.get_bytes(s3.parse_uri(url)), urls))
+                for _ in pool.map(lambda url: len(s3.get_bytes(s3.parse_uri(url))), urls):
+                    pass  # each body is dropped when read, as a reader would: holding them all costs page faults
             return data.samples
 
         bench.run(f"raw-get ({threads} thread{'s' if threads > 1 else ''})", workers, raw_get)
@@ -376,6 +425,8 @@ def bench_readers(bucket: str, args: argparse.Namespace, results: list[dict[str,
 
         stream = ShardStream(index, rank=0, world_size=1, transform=raw_payload, decode=False)
         bench.run("shards-stream", workers, lambda: count_loader(stream, workers))
+        with environment(**{env.S3_READ_AHEAD: "0"}):
+            bench.run("shards-stream (one GET per shard)", workers, lambda: count_loader(stream, workers))
         bench.run("webdataset", workers, lambda: count_loader(webdataset_pipeline(urls, lambda u: s3.open_stream(s3.parse_uri(u)), False), workers))
         if have_s3tc:
             bench.run("s3torchconnector+webdataset", workers, lambda: count_loader(s3torchconnector_pipeline(urls), workers))
@@ -403,12 +454,22 @@ def bench_readers(bucket: str, args: argparse.Namespace, results: list[dict[str,
         local = ShardStream(data.local_index, rank=0, world_size=1, transform=raw_payload, decode=False)
         bench.run("shards-stream (local files)", workers, lambda: count_loader(local, workers))
     data.close()
-    verdict(results)
 
 
-def verdict(results: list[dict[str, Any]]) -> None:
-    """The issue's targets, for each worker count measured."""
-    rows = {(r["reader"].split(" (")[0], r["workers"]): r for r in results if "samples_per_s" in r and ("(" not in r["reader"] or r["reader"].startswith("raw-get"))}
+def regime(link_mbps: float, latency_ms: float) -> str:
+    if not link_mbps:
+        return "unpaced loopback (CPU-bound: server and readers share this machine's cores)"
+    return f"link {link_mbps:g} MB/s per connection, {latency_ms:g} ms to first byte"
+
+
+def verdict(results: list[dict[str, Any]], link_mbps: float, latency_ms: float) -> None:
+    """The issue's targets, for each worker count measured in one regime."""
+    rows = {
+        (r["reader"].split(" (")[0], r["workers"]): r
+        for r in results
+        if "samples_per_s" in r and r["link_mbps"] == link_mbps and ("(" not in r["reader"] or r["reader"].startswith("raw-get"))
+    }
+    print(f"targets, {regime(link_mbps, latency_ms)}:", flush=True)
     for workers in sorted({w for _, w in rows}):
         ours, theirs = rows.get(("shards-stream", workers)), rows.get(("webdataset", workers))
         ceiling = rows.get(("raw-get", workers))
@@ -418,14 +479,14 @@ def verdict(results: list[dict[str, Any]]) -> None:
             vs_wds = ours[field] / theirs[field]
             share = ours[field] / ceiling["samples_per_s"]
             print(
-                f"target, {workers} workers, {kind}: shards-stream {ours[field]:.0f}/s = {vs_wds:.2f}x webdataset "
+                f"  {workers} workers, {kind}: shards-stream {ours[field]:.0f}/s = {vs_wds:.2f}x webdataset "
                 f"({'met' if vs_wds >= 1 else 'NOT met'}), {share:.0%} of the raw-get ceiling "
                 f"({'met' if share >= 0.8 else 'NOT met'})",
                 flush=True,
             )
         in_workers = rows.get(("whole-shard GETs in workers", workers))
         if in_workers:
-            print(f"  (shards-stream is {ours['samples_per_s'] / in_workers['samples_per_s']:.0%} of whole-shard GETs in "
+            print(f"    (shards-stream is {ours['samples_per_s'] / in_workers['samples_per_s']:.0%} of whole-shard GETs in "
                   f"the same {workers} DataLoader workers, {in_workers['samples_per_s']:.0f}/s)", flush=True)
 
 
@@ -452,6 +513,14 @@ def bench_checkpoint(bucket: str, size_mb: int, results: list[dict[str, Any]]) -
     print(f"checkpoint load       {size / 1e6 / elapsed:>9.1f} MB/s  ({size / 1e6:.0f} MB in {elapsed:.2f}s)", flush=True)
 
 
+def make_bucket(existing: str | None) -> str:
+    if existing:
+        return existing
+    bucket = f"bench-{uuid.uuid4().hex[:10]}"
+    s3.client().create_bucket(Bucket=bucket)
+    return bucket
+
+
 def worker_counts(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
@@ -467,23 +536,29 @@ def main() -> int:
     parser.add_argument("--decoded", action="store_true", help="also stream with PIL decoding")
     parser.add_argument("--size-mb", type=int, default=1024, help="checkpoint state dict size; 0 skips")
     parser.add_argument("--skip-readers", action="store_true")
+    parser.add_argument("--only", type=lambda text: [p.strip() for p in text.split(",") if p.strip()], default=[],
+                        help="measure only the readers whose names start with these, e.g. shards-stream,webdataset")
     parser.add_argument("--bucket", default=None, help="existing bucket to use (default: a new one)")
     parser.add_argument("--json", default=None, help="also write the results here")
-    parser.add_argument("--link-mbps", type=float, default=0,
-                        help="pace each response of the local S3 server to this many MB/s, like one connection to a "
-                             "remote S3, so the network and not this machine's shared CPU bounds the ceiling")
+    parser.add_argument("--link-mbps", type=lambda text: [float(v) for v in text.split(",") if v.strip()], default=[0.0, 50.0],
+                        help="regimes: 0 for the unpaced local server, N to pace each of its responses to N MB/s like one "
+                             "connection to a remote S3, so that the network and not this machine's shared CPU bounds the ceiling")
+    parser.add_argument("--link-latency-ms", type=float, default=20,
+                        help="in the paced regimes: time to first byte of each response")
     args = parser.parse_args()
     results: list[dict[str, Any]] = []
-    if args.link_mbps and os.environ.get("DDP_S3_ENDPOINT"):
-        parser.error("--link-mbps paces the local S3 server; it does not apply with DDP_S3_ENDPOINT")
-    with s3_endpoint(args.link_mbps) as endpoint:
-        bucket = args.bucket or f"bench-{uuid.uuid4().hex[:10]}"
-        if not args.bucket:
-            s3.client().create_bucket(Bucket=bucket)
-        print(f"endpoint {endpoint}, bucket {bucket}", flush=True)
-        if not args.skip_readers:
-            bench_readers(bucket, args, results)
-        if args.size_mb:
+    if any(args.link_mbps) and os.environ.get(env.S3_ENDPOINT):
+        parser.error(f"--link-mbps paces the local S3 server; with {env.S3_ENDPOINT} set, pass --link-mbps 0")
+    for link_mbps in [] if args.skip_readers else args.link_mbps:
+        with s3_endpoint(link_mbps, args.link_latency_ms if link_mbps else 0) as endpoint:
+            bucket = make_bucket(args.bucket)
+            print(f"\n== {regime(link_mbps, args.link_latency_ms)}: endpoint {endpoint}, bucket {bucket}", flush=True)
+            bench_readers(bucket, args, link_mbps, results)
+        verdict(results, link_mbps, args.link_latency_ms)
+    if args.size_mb:
+        with s3_endpoint() as endpoint:
+            bucket = make_bucket(args.bucket)
+            print(f"\n== checkpoints: endpoint {endpoint}, bucket {bucket}", flush=True)
             bench_checkpoint(bucket, args.size_mb, results)
     if args.json:
         with open(args.json, "w") as f:

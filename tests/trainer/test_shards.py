@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 
 from conftest import ROOT, TRAINER_SRC
-from ddp_trainer import s3
+from ddp_trainer import env, s3
 from ddp_trainer.errors import CorruptDataError, ObjectNotFoundError
 from ddp_trainer.sampler import DistributedChunkedSampler
 from ddp_trainer.shards import ShardCache, ShardedDataset, ShardStream, load_index, resolve, write_index
@@ -89,8 +89,13 @@ def test_index_urls_resolve_against_the_index() -> None:
     assert resolve("/data/index.json", "sub/s.tar") == "/data/sub/s.tar"
 
 
-def test_webdataset_shards_read_back_identically(wds_shards, tmp_path: Path) -> None:
+@pytest.mark.parametrize("part_bytes, ahead", [("8388608", "3"), ("4096", "2"), ("4096", "0")])
+def test_webdataset_shards_read_back_identically(wds_shards, tmp_path: Path, monkeypatch, part_bytes: str, ahead: str) -> None:
+    """Also with shards fetched as many small ranged parts (4 KB: every member spans a part boundary)."""
     import webdataset as wds
+
+    monkeypatch.setenv(env.S3_READ_PART_BYTES, part_bytes)
+    monkeypatch.setenv(env.S3_READ_AHEAD, ahead)
 
     local, bucket, written = wds_shards
     urls = [str(local / f"part-{i:03d}.tar") for i in range(len(SHARD_SIZES))]

@@ -40,6 +40,8 @@ S3_ENDPOINT = "DDP_S3_ENDPOINT"
 S3_REGION = "DDP_S3_REGION"
 AWS_REGION = "AWS_REGION"
 S3_MAX_ATTEMPTS = "DDP_S3_MAX_ATTEMPTS"
+S3_READ_PART_BYTES = "DDP_S3_READ_PART_BYTES"
+S3_READ_AHEAD = "DDP_S3_READ_AHEAD"
 SHARD_CACHE_DIR = "DDP_SHARD_CACHE_DIR"
 SHARD_CACHE_BYTES = "DDP_SHARD_CACHE_BYTES"
 DATASET_URI = "DDP_DATASET_URI"
@@ -51,6 +53,8 @@ DEFAULT_PROGRESS_FILE = "/tmp/ddp-progress.json"
 DEFAULT_PROGRESS_INTERVAL_SECONDS = 10.0
 DEFAULT_S3_REGION = "us-east-1"
 DEFAULT_S3_MAX_ATTEMPTS = 8
+DEFAULT_S3_READ_PART_BYTES = 8 * 1024**2  # the ranged-GET size S3's performance guidance suggests (8 or 16 MB)
+DEFAULT_S3_READ_AHEAD = 3
 DEFAULT_SHARD_CACHE_BYTES = 10 * 1024**3
 DEFAULT_JOB_NAMESPACE = "default"
 
@@ -165,6 +169,8 @@ class S3Settings:
     access_key_id: str | None
     secret_access_key: str | None
     max_attempts: int = DEFAULT_S3_MAX_ATTEMPTS
+    read_part_bytes: int = DEFAULT_S3_READ_PART_BYTES  # a large object is read as ranged GETs of this size
+    read_ahead: int = DEFAULT_S3_READ_AHEAD  # parts fetched in parallel ahead of a sequential reader; 0: one GET
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "S3Settings":
@@ -184,6 +190,8 @@ class S3Settings:
             access_key_id=key_id,
             secret_access_key=secret,
             max_attempts=_int(env, S3_MAX_ATTEMPTS, default=DEFAULT_S3_MAX_ATTEMPTS, minimum=1),
+            read_part_bytes=_int(env, S3_READ_PART_BYTES, default=DEFAULT_S3_READ_PART_BYTES, minimum=4096),
+            read_ahead=_int(env, S3_READ_AHEAD, default=DEFAULT_S3_READ_AHEAD, minimum=0),
         )
 
 

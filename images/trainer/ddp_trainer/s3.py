@@ -164,12 +164,13 @@ def call(action: str, url: S3Url, fn: Callable[[], T], s3: Any = None) -> T:
         raise translate(exc, url, action, s3) from exc
 
 
-def _streaming_errors() -> tuple[type[BaseException], ...]:
+def streaming_errors() -> tuple[type[BaseException], ...]:
+    """What reading a response body raises when the connection breaks or the body comes up short."""
     from botocore.exceptions import ConnectionError as BotoConnectionError
-    from botocore.exceptions import ReadTimeoutError, ResponseStreamingError
+    from botocore.exceptions import IncompleteReadError, ReadTimeoutError, ResponseStreamingError
     from urllib3.exceptions import ProtocolError
 
-    return (ResponseStreamingError, ProtocolError, ReadTimeoutError, BotoConnectionError)
+    return (ResponseStreamingError, ProtocolError, ReadTimeoutError, BotoConnectionError, IncompleteReadError)
 
 
 def get_bytes(url: S3Url, s3: Any = None, byte_range: tuple[int, int] | None = None, attempts: int = 5) -> bytes:
@@ -180,7 +181,7 @@ def get_bytes(url: S3Url, s3: Any = None, byte_range: tuple[int, int] | None = N
         response = call("reading", url, lambda: s3.get_object(Bucket=url.bucket, Key=url.key, **extra), s3)
         try:
             return response["Body"].read()
-        except _streaming_errors() as exc:
+        except streaming_errors() as exc:
             if attempt == attempts - 1:
                 raise StorageUnavailableError(f"reading {url}: body interrupted {attempts} times: {exc}") from exc
             time.sleep(min(0.1 * 2**attempt, 5.0) * (1 + random.random()))
@@ -216,11 +217,16 @@ def upload_fileobj(
     call("writing", url, lambda: s3.upload_fileobj(fileobj, url.bucket, url.key, Config=config), s3)
 
 
-def download_file(url: S3Url, path: str, s3: Any = None, part_size: int = 64 * 1024 * 1024) -> None:
+def download_file(url: S3Url, path: str, s3: Any = None, settings: env.S3Settings | None = None) -> None:
+    """Download to a local file: ranged GETs of read_part_bytes, read_ahead + 1 of them at a time."""
     from boto3.s3.transfer import TransferConfig
 
     s3 = s3 or client()
-    config = TransferConfig(multipart_threshold=part_size, multipart_chunksize=part_size, max_concurrency=8)
+    settings = settings or env.S3Settings.from_env()
+    part_size = settings.read_part_bytes
+    config = TransferConfig(
+        multipart_threshold=part_size, multipart_chunksize=part_size, max_concurrency=settings.read_ahead + 1
+    )
     call("reading", url, lambda: s3.download_file(url.bucket, url.key, path, Config=config), s3)
 
 
@@ -291,6 +297,7 @@ __all__ = [
     "translate",
     "get_bytes",
     "open_stream",
+    "streaming_errors",
     "put_bytes",
     "upload_fileobj",
     "download_file",

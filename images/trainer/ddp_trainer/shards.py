@@ -38,6 +38,7 @@ from torch.utils.data import Dataset, IterableDataset
 
 from . import env, s3
 from .errors import ConfigError, CorruptDataError, ObjectNotFoundError
+from .readahead import open_readahead
 
 log = logging.getLogger(__name__)
 
@@ -556,7 +557,7 @@ class ShardedDataset(Dataset[Any]):
 
 def _open_shard(url: str) -> IO[bytes]:
     if url.startswith("s3://"):
-        return s3.open_stream(s3.parse_uri(url))
+        return open_readahead(s3.parse_uri(url))
     try:
         return open(url, "rb")
     except FileNotFoundError:

@@ -1,0 +1,194 @@
+"""Ranged, parallel reads of one S3 object (ReadAhead) against the moto server on loopback."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import threading
+import time
+from typing import Callable, Iterator
+
+import pytest
+
+from ddp_trainer import env, s3
+from ddp_trainer.errors import ObjectNotFoundError
+from ddp_trainer.readahead import ReadAhead, object_size, open_readahead, part_ranges
+
+PART = 4096
+
+
+def test_part_ranges_and_object_size() -> None:
+    assert part_ranges(4, 10, 4) == [(4, 8), (8, 10)]
+    assert part_ranges(8, 16, 4) == [(8, 12), (12, 16)]
+    assert part_ranges(8, 8, 4) == [] and part_ranges(0, 0, 4) == []
+    assert object_size({"ContentRange": "bytes 0-3/10", "ContentLength": 4}) == 10
+    assert object_size({"ContentLength": 7}) is None  # a store that ignored the Range
+
+
+def _read_in_pieces(reader, rng: random.Random) -> bytes:
+    pieces = []
+    while True:
+        piece = reader.read(rng.choice([1, 7, 512, PART - 1, PART, PART + 1, 3 * PART + 5, 1 << 20]))
+        if not piece:
+            return b"".join(pieces)
+        pieces.append(piece)
+
+
+@pytest.mark.parametrize("size", [0, 1, PART - 1, PART, PART + 1, 2 * PART, 7 * PART + 123])
+@pytest.mark.parametrize("ahead", [1, 3])
+def test_ranged_reads_return_the_object_in_order(bucket: str, size: int, ahead: int) -> None:
+    data = os.urandom(size)
+    url = s3.S3Url(bucket, f"obj-{size}")
+    s3.put_bytes(url, data)
+    with ReadAhead(url, PART, ahead) as reader:
+        assert reader.size == size
+        assert _read_in_pieces(reader, random.Random(size)) == data
+        assert reader.read(100) == b""
+        assert reader.parts_fetched == len(part_ranges(PART, size, PART))
+    with ReadAhead(url, PART, ahead) as reader:
+        assert reader.read(1) == data[:1]
+        assert reader.read() == data[1:]
+
+
+def test_settings_choose_read_ahead_or_a_plain_stream(bucket: str, s3_env) -> None:
+    data = os.urandom(5 * PART)
+    url = s3.S3Url(bucket, "obj")
+    s3.put_bytes(url, data)
+    settings = env.S3Settings.from_env({**s3_env, env.S3_READ_PART_BYTES: str(PART), env.S3_READ_AHEAD: "2"})
+    assert (settings.read_part_bytes, settings.read_ahead) == (PART, 2)
+    reader = open_readahead(url, settings=settings)
+    assert isinstance(reader, ReadAhead) and reader.read() == data
+    reader.close()
+    single = open_readahead(url, settings=env.S3Settings.from_env({**s3_env, env.S3_READ_AHEAD: "0"}))
+    assert not isinstance(single, ReadAhead) and single.read() == data
+
+
+def test_missing_object_names_its_key(bucket: str) -> None:
+    with pytest.raises(ObjectNotFoundError, match=f"s3://{bucket}/no/such.tar"):
+        ReadAhead(s3.S3Url(bucket, "no/such.tar"), PART, 2)
+
+
+def test_closing_early_stops_the_fetch_threads(bucket: str) -> None:
+    url = s3.S3Url(bucket, "big")
+    s3.put_bytes(url, os.urandom(40 * PART))
+    reader = ReadAhead(url, PART, 3)
+    assert len(reader.read(10)) == 10 and reader.parts_fetched == 3
+    reader.close()
+    deadline = time.monotonic() + 10
+    while any(t.name.startswith("s3-read-ahead") for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("s3-read-ahead")]
+
+
+class LinkProxy:
+    """A TCP proxy on loopback in front of the S3 server, standing in for the network: it breaks its
+    first `cuts` connections after `cut_after` response bytes (a body cut mid-stream), paces each
+    response to `rate` bytes/s (one slow connection), and counts the ranged GETs it forwards and the
+    most connections delivering responses at once."""
+
+    def __init__(self, upstream: str, cuts: int = 0, cut_after: int = 0, rate: float = 0) -> None:
+        host, port = upstream.rsplit("//", 1)[1].rsplit(":", 1)
+        self.upstream = (host, int(port))
+        self.cuts, self.cut_after, self.rate = cuts, cut_after, rate
+        self.cut_done = self.ranged_requests = self.open_responses = self.most_connections_at_once = 0
+        self.lock = threading.Lock()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            with self.lock:
+                cut = self.cut_done < self.cuts
+                self.cut_done += cut
+            server = socket.create_connection(self.upstream)
+            threading.Thread(target=self._pipe, args=(client, server, None, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, self.cut_after if cut else None, False), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, limit: int | None, requests: bool) -> None:
+        sent, started, counted = 0, time.monotonic(), False
+        try:
+            while True:
+                data = src.recv(16384)
+                if not data:
+                    break
+                if not requests and not counted:
+                    counted = True
+                    with self.lock:
+                        self.open_responses += 1
+                        self.most_connections_at_once = max(self.most_connections_at_once, self.open_responses)
+                if requests:
+                    with self.lock:
+                        self.ranged_requests += data.lower().count(b"\r\nrange: bytes=")
+                if limit is not None and sent + len(data) >= limit:
+                    dst.sendall(data[: limit - sent])
+                    break
+                dst.sendall(data)
+                sent += len(data)
+                if self.rate and not requests:
+                    time.sleep(max(0.0, started + sent / self.rate - time.monotonic()))
+        except OSError:
+            pass
+        if counted:
+            with self.lock:
+                self.open_responses -= 1
+        for sock in (src, dst):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.fixture
+def link_proxy(s3_endpoint: str) -> Iterator[Callable[..., LinkProxy]]:
+    proxies: list[LinkProxy] = []
+
+    def make(**options: float) -> LinkProxy:
+        proxies.append(LinkProxy(s3_endpoint, **options))  # type: ignore[arg-type]
+        return proxies[-1]
+
+    yield make
+    for proxy in proxies:
+        proxy.close()
+
+
+def _client_via(proxy: LinkProxy, s3_env) -> object:
+    return s3.make_client(env.S3Settings.from_env({**s3_env, env.S3_ENDPOINT: proxy.url}))
+
+
+def test_bodies_cut_mid_stream_are_resumed(bucket: str, s3_env, link_proxy) -> None:
+    data = os.urandom(4 * 8 * PART + 99)
+    url = s3.S3Url(bucket, "flaky")
+    s3.put_bytes(url, data)
+    proxy = link_proxy(cuts=3, cut_after=3 * PART)
+    with ReadAhead(url, 8 * PART, 2, _client_via(proxy, s3_env)) as reader:
+        assert _read_in_pieces(reader, random.Random(1)) == data
+    assert proxy.cut_done == 3  # the first connection and two ranged parts were cut, and recovered
+
+
+def test_a_slow_link_is_read_over_parallel_connections(bucket: str, s3_env, link_proxy) -> None:
+    data = os.urandom(64 * PART)  # 256 KB: the first 32 KB part streamed, 7 more fetched 3 at a time
+    url = s3.S3Url(bucket, "far")
+    s3.put_bytes(url, data)
+    proxy = link_proxy(rate=512 * 1024)  # 0.5 s for the object over one connection
+    client = _client_via(proxy, s3_env)
+
+    def timed(reader) -> float:
+        started = time.monotonic()
+        with reader:
+            assert b"".join(iter(lambda: reader.read(PART), b"")) == data
+        return time.monotonic() - started
+
+    one_connection = timed(s3.open_stream(url, client))
+    ranged = timed(ReadAhead(url, 8 * PART, 3, client))
+    assert proxy.ranged_requests == 1 + 7 and proxy.most_connections_at_once >= 3
+    assert ranged < one_connection / 1.5, (ranged, one_connection)
