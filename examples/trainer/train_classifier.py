@@ -56,7 +56,9 @@ def main(ctx: RankContext) -> None:
     else:
         dataset, classes = open_dataset(transform=TRANSFORM), probe.classes
     sampler = DistributedChunkedSampler(dataset, chunksize=256, seed=0)
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers)
+    # Shards: the next ones download while this one is read (set_epoch etc. stay on `sampler`).
+    drawn = dataset.prefetching(sampler) if isinstance(dataset, ShardedDataset) else sampler
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=drawn, num_workers=args.workers)
 
     torch.manual_seed(0)
     model = nn.Sequential(

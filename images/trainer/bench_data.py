@@ -7,7 +7,7 @@ Measures samples/s and MB/s over one synthetic image set, read with the same Dat
   whole-shard GETs in workers  the same GETs from inside the DataLoader workers, nothing parsed:
                   the part of the ceiling that the DataLoader's own machinery leaves to any reader
   per-object      S3ImageFolder, one GET per sample (over the first --per-object-samples objects)
-  shards-map      ShardedDataset + DistributedChunkedSampler, cold cache then warm cache
+  shards-map      ShardedDataset + DistributedChunkedSampler (with prefetching), cold cache then warm cache
   shards-stream   ShardStream (shipped settings: each shard read as 8 MB ranged GETs, 3 ahead of the reader)
   shards-stream (one GET per shard)  the same with DDP_S3_READ_AHEAD=0
   webdataset      the webdataset library (split_by_worker, tar_file_expander, group_by_keys) over
@@ -442,7 +442,7 @@ def bench_readers(bucket: str, args: argparse.Namespace, link_mbps: float, resul
         cache_dir = tempfile.mkdtemp(prefix="bench-cache-")
         try:
             mapped = ShardedDataset(index, cache_dir=cache_dir, transform=raw_payload, decode=False)
-            sampler = DistributedChunkedSampler(mapped, num_replicas=1, rank=0, chunksize=args.shard_samples)
+            sampler = mapped.prefetching(DistributedChunkedSampler(mapped, num_replicas=1, rank=0, chunksize=args.shard_samples))
             bench.run("shards-map (cold cache)", workers, lambda: count_loader(mapped, workers, sampler=sampler), repeat=1)
             bench.run("shards-map (warm cache)", workers, lambda: count_loader(mapped, workers, sampler=sampler))
         finally:

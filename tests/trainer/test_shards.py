@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 
 from conftest import ROOT, TRAINER_SRC
-from ddp_trainer import env, s3
+from ddp_trainer import env, readahead, s3
 from ddp_trainer.errors import CorruptDataError, ObjectNotFoundError
 from ddp_trainer.sampler import DistributedChunkedSampler
 from ddp_trainer.shards import ShardCache, ShardedDataset, ShardStream, load_index, resolve, write_index
@@ -126,11 +126,39 @@ def test_cache_is_bounded_and_evicts_least_recently_used(wds_shards, tmp_path: P
     assert keys == [f"s{i:05d}" for i in range(len(dataset))]
     cache = dataset.cache
     assert cache.size_bytes() <= limit
-    files = sorted(p for p in Path(cache.directory).iterdir() if p.is_file())
+    files = sorted(p for p in Path(cache.directory).iterdir() if p.is_file() and p.suffix == ".tar")
     assert 1 <= len(files) < len(index.shards)
     assert cache.path_for(index.shards[-1].url) in map(str, files)  # the newest stays
+    tables = {str(p)[: -len(ShardCache.TABLE_SUFFIX)] for p in Path(cache.directory).glob("*" + ShardCache.TABLE_SUFFIX)}
+    assert tables == set(map(str, files))  # each cached shard has its member table, evicted ones took theirs along
     assert dataset[0]["__key__"] == "s00000"  # evicted shard fetched again
     assert Path(cache.path_for(index.shards[0].url)).exists()
+
+
+def test_member_tables_are_worked_out_once_per_cache(wds_shards, tmp_path: Path, monkeypatch) -> None:
+    from ddp_trainer import shards
+
+    local, bucket, _ = wds_shards
+    index = load_index(f"s3://{bucket}/sets/wds/index.json")
+    first = ShardedDataset(index, cache_dir=str(tmp_path / "cache"), decode=False)
+    expected = [first[i] for i in range(len(first))]
+    first.close()
+
+    def no_parsing(*args, **kwargs):
+        raise AssertionError("the shard was parsed again")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(shards, "member_table", no_parsing)
+        second = ShardedDataset(index, cache_dir=str(tmp_path / "cache"), decode=False)  # another process would do the same
+        assert [second[i] for i in range(len(second))] == expected
+        second.close()
+
+    table = Path(first.cache.path_for(index.shards[1].url) + ShardCache.TABLE_SUFFIX)
+    table.write_text(json.dumps({"size": 1, "samples": []}))  # not this shard's: ignored and rewritten
+    third = ShardedDataset(index, cache_dir=str(tmp_path / "cache"), decode=False)
+    assert [third[i] for i in range(len(third))] == expected
+    assert json.loads(table.read_text())["size"] == (local / "part-001.tar").stat().st_size
+    third.close()
 
 
 def test_processes_asking_for_one_shard_at_once_download_it_once(wds_shards, tmp_path: Path, monkeypatch) -> None:
@@ -138,7 +166,7 @@ def test_processes_asking_for_one_shard_at_once_download_it_once(wds_shards, tmp
     url = load_index(f"s3://{bucket}/sets/wds/index.json").shards[2].url
     context = multiprocessing.get_context("fork")
     downloads, barrier = context.Value("i", 0), context.Barrier(4)
-    real_download = s3.download_file
+    real_download = readahead.download
 
     def counted_download(*args, **kwargs):
         with downloads.get_lock():
@@ -146,7 +174,7 @@ def test_processes_asking_for_one_shard_at_once_download_it_once(wds_shards, tmp
         time.sleep(0.3)  # a slow link: the others ask while this download runs
         return real_download(*args, **kwargs)
 
-    monkeypatch.setattr(s3, "download_file", counted_download)
+    monkeypatch.setattr(readahead, "download", counted_download)
     cache = ShardCache(str(tmp_path / "cache"), limit_bytes=1 << 30)
 
     def fetch() -> None:
@@ -176,6 +204,33 @@ def test_map_style_with_dataloader_workers(wds_shards, tmp_path: Path) -> None:
     firsts = torch.cat([x[:, 0] for x, _ in loader]).long().tolist()
     assert firsts == list(sampler)  # npy[0] == sample number
     assert sorted(firsts) == list(range(len(dataset)))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_prefetching_sampler_downloads_the_next_shards_ahead(wds_shards, tmp_path: Path, workers: int) -> None:
+    _, bucket, _ = wds_shards
+    dataset = ShardedDataset(
+        f"s3://{bucket}/sets/wds/index.json", cache_dir=str(tmp_path / "cache"), transform=lambda s: int(s["npy"][0])
+    )
+    sampler = DistributedChunkedSampler(dataset, num_replicas=1, rank=0, chunksize=4, seed=5)
+    shard_order = list(dict.fromkeys(dataset.locate(i)[0].url for i in sampler))  # shards in the order first used
+    prefetching = dataset.prefetching(sampler, shards_ahead=2)
+    assert len(prefetching) == len(sampler)
+
+    drawn = iter(prefetching)
+    first = next(drawn)
+    assert dataset.locate(first)[0].url == shard_order[0]
+    cached = [dataset.cache.path_for(url) for url in shard_order]
+    deadline = time.monotonic() + 30
+    while not all(os.path.exists(path) for path in cached[:3]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(os.path.exists(path) for path in cached[:3])  # the shard in use and the next two
+    assert not any(os.path.exists(path) for path in cached[3:])  # nothing further ahead
+    assert [first, *drawn] == list(sampler)
+
+    sampler.set_epoch(1)  # the wrapped sampler's epoch is used
+    loader = DataLoader(dataset, batch_size=3, sampler=prefetching, num_workers=workers, multiprocessing_context="fork" if workers else None)
+    assert torch.cat(list(loader)).tolist() == list(sampler) != list(range(len(dataset)))
 
 
 def test_chunked_sampler_splits_evenly_keeps_locality_and_reshuffles() -> None:

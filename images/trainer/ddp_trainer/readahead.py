@@ -30,6 +30,14 @@ def open_readahead(url: s3.S3Url, client: Any = None, settings: env.S3Settings |
     return ReadAhead(url, settings.read_part_bytes, settings.read_ahead, client)  # type: ignore[return-value]
 
 
+def download(url: s3.S3Url, path: str, client: Any = None, settings: env.S3Settings | None = None) -> None:
+    """Write the object to a local file, read the same way."""
+    settings = settings or env.S3Settings.from_env()
+    with open_readahead(url, client, settings) as reader, open(path, "wb") as out:
+        while chunk := reader.read(settings.read_part_bytes):
+            out.write(chunk)
+
+
 def part_ranges(start: int, size: int, part_size: int) -> list[tuple[int, int]]:
     """[start, end) of each part from `start` to the end of the object."""
     return [(at, min(at + part_size, size)) for at in range(start, size, part_size)]

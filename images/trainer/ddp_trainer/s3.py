@@ -217,19 +217,6 @@ def upload_fileobj(
     call("writing", url, lambda: s3.upload_fileobj(fileobj, url.bucket, url.key, Config=config), s3)
 
 
-def download_file(url: S3Url, path: str, s3: Any = None, settings: env.S3Settings | None = None) -> None:
-    """Download to a local file: ranged GETs of read_part_bytes, read_ahead + 1 of them at a time."""
-    from boto3.s3.transfer import TransferConfig
-
-    s3 = s3 or client()
-    settings = settings or env.S3Settings.from_env()
-    part_size = settings.read_part_bytes
-    config = TransferConfig(
-        multipart_threshold=part_size, multipart_chunksize=part_size, max_concurrency=settings.read_ahead + 1
-    )
-    call("reading", url, lambda: s3.download_file(url.bucket, url.key, path, Config=config), s3)
-
-
 def head(url: S3Url, s3: Any = None) -> dict[str, Any]:
     s3 = s3 or client()
     return call("checking", url, lambda: s3.head_object(Bucket=url.bucket, Key=url.key), s3)
@@ -300,7 +287,6 @@ __all__ = [
     "streaming_errors",
     "put_bytes",
     "upload_fileobj",
-    "download_file",
     "head",
     "list_objects",
     "delete_keys",

@@ -11,13 +11,15 @@ Two ways to read:
 
 * `ShardedDataset` (map-style): shards are downloaded whole into a bounded local cache (least
   recently used shard evicted first) and members are read by offset. Pair it with
-  `DistributedChunkedSampler(chunksize≈samples per shard)` for locality.
+  `DistributedChunkedSampler(chunksize≈samples per shard)` for locality, wrapped in
+  `dataset.prefetching(sampler)` to download the next shards ahead.
 * `ShardStream` (iterable): streams shards sequentially, split by rank and DataLoader worker so
   that every rank yields exactly the same number of samples (and batches) per epoch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import io
@@ -31,14 +33,14 @@ import struct
 import tempfile
 import threading
 from bisect import bisect_right
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Iterable, Iterator
 
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import Dataset, IterableDataset, Sampler
 
-from . import env, s3
+from . import env, readahead, s3
 from .errors import ConfigError, CorruptDataError, ObjectNotFoundError
-from .readahead import open_readahead
 
 log = logging.getLogger(__name__)
 
@@ -379,10 +381,12 @@ class ShardCache:
     Safe across DataLoader worker processes sharing the directory: a shard is fetched by one of
     them while the others wait for it (a lock file per shard under `.locks/`), downloads land under a
     temporary name and are renamed into place; an evicted shard that another process has open
-    stays readable (POSIX), and one evicted before it was opened is fetched again.
+    stays readable (POSIX), and one evicted before it was opened is fetched again. A shard's
+    member table (`<shard>.members.json`, written by ShardedDataset) is removed with it.
     """
 
     LOCKS = ".locks"
+    TABLE_SUFFIX = ".members.json"
 
     def __init__(self, directory: str | None = None, limit_bytes: int | None = None) -> None:
         limit_bytes = env.shard_cache_bytes() if limit_bytes is None else limit_bytes
@@ -409,7 +413,8 @@ class ShardCache:
                 return path
             tmp = f"{path}.part.{os.getpid()}.{threading.get_ident()}"
             try:
-                s3.download_file(s3.parse_uri(url), tmp)
+                readahead.download(s3.parse_uri(url), tmp)
+                self._remove(path + self.TABLE_SUFFIX)  # left by a process that died while evicting
                 os.replace(tmp, path)
             finally:
                 if os.path.exists(tmp):
@@ -429,7 +434,7 @@ class ShardCache:
     def _shards(self) -> Iterator[tuple[os.stat_result, str]]:
         """(stat, path) of each complete shard in the cache."""
         for name in os.listdir(self.directory) if os.path.isdir(self.directory) else []:
-            if ".part." in name or name == self.LOCKS:
+            if ".part." in name or name == self.LOCKS or self.TABLE_SUFFIX in name:
                 continue
             full = os.path.join(self.directory, name)
             try:
@@ -447,13 +452,19 @@ class ShardCache:
                 break
             if full == keep:
                 continue
-            try:
-                os.remove(full)
+            if self._remove(full):
                 removed.append(full)
-            except FileNotFoundError:
-                pass
+            self._remove(full + self.TABLE_SUFFIX)
             total -= size
         return removed
+
+    @staticmethod
+    def _remove(path: str) -> bool:
+        try:
+            os.remove(path)
+            return True
+        except FileNotFoundError:
+            return False
 
     def size_bytes(self) -> int:
         return sum(stat.st_size for stat, _ in self._shards())
@@ -461,25 +472,106 @@ class ShardCache:
 
 # Map-style ---------------------------------------------------------------------------------------
 
-MemberTable = list[dict[str, Any]]  # per sample: {"__key__": key, ext: (offset, size)}
+_OPEN_SHARDS = 2  # per process: a chunked sampler keeps each worker on one shard at a time
 
 
-def _member_table(path: str, url: str, expected: int) -> MemberTable:
+@dataclass(frozen=True)
+class MemberTable:
+    """Where each sample's members lie in a shard, in columns (cheap to save and load as JSON).
+
+    Sample i is `keys[i]`; its members are numbers first[i] .. first[i+1]-1, with the extensions
+    `layouts[layout[i]]` and their data at `offsets` / `sizes` (in shard order, so one sample's
+    members lie within offsets[first[i]] .. the end of its last member).
+    """
+
+    keys: list[str]
+    layouts: list[list[str]]
+    layout: list[int]
+    first: list[int]
+    offsets: list[int]
+    sizes: list[int]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def sample(self, i: int) -> tuple[str, int, int, list[tuple[str, int, int]]]:
+        """(key, start, end of the members' span, [(extension, offset, size), ...])."""
+        a, b = self.first[i], self.first[i + 1]
+        members = list(zip(self.layouts[self.layout[i]], self.offsets[a:b], self.sizes[a:b]))
+        return self.keys[i], self.offsets[a], self.offsets[b - 1] + self.sizes[b - 1], members
+
+    @classmethod
+    def of_samples(cls, samples: Iterable[dict[str, Any]]) -> "MemberTable":
+        """From group_members output whose member values are (offset, size)."""
+        table = cls([], [], [], [0], [], [])
+        layout_ids: dict[tuple[str, ...], int] = {}
+        for sample in samples:
+            exts = tuple(ext for ext in sample if not ext.startswith("__"))
+            if exts not in layout_ids:
+                layout_ids[exts] = len(table.layouts)
+                table.layouts.append(list(exts))
+            table.keys.append(sample["__key__"])
+            table.layout.append(layout_ids[exts])
+            for ext in exts:
+                table.offsets.append(sample[ext][0])
+                table.sizes.append(sample[ext][1])
+            table.first.append(len(table.offsets))
+        return table
+
+
+def member_table(path: str, url: str, expected: int) -> MemberTable:
+    """Parse an uncompressed tar shard's headers into its member table."""
     try:
         with open(path, "rb") as f:
             members = [(name, (offset, size)) for name, _, _, size, offset in _tar_entries(f)]
     except _TarFormatError as exc:
         raise CorruptDataError(f"shard {url} is not a readable uncompressed tar: {exc}") from exc
-    table = list(group_members(members, url))
+    table = MemberTable.of_samples(group_members(members, url))
     if len(table) != expected:
         raise CorruptDataError(f"shard {url} holds {len(table)} samples but the index says {expected}")
     return table
 
 
+def _load_table(path: str, size: int) -> MemberTable | None:
+    """The member table saved next to a cached shard, if it is there and of this shard."""
+    try:
+        with open(path + ShardCache.TABLE_SUFFIX) as f:
+            doc = json.load(f)
+        if doc.pop("size") != size:
+            return None
+        table = MemberTable(**doc)
+        lengths_agree = len(table.layout) == len(table) == len(table.first) - 1
+        if not (lengths_agree and len(table.offsets) == len(table.sizes) == table.first[-1]):
+            return None
+        return table
+    except (OSError, ValueError, TypeError, KeyError, IndexError):
+        return None
+
+
+def _save_table(path: str, size: int, table: MemberTable) -> None:
+    tmp = f"{path}{ShardCache.TABLE_SUFFIX}.part.{os.getpid()}.{threading.get_ident()}"
+    try:
+        with open(tmp, "w") as f:
+            json.dump({"size": size, **dataclasses.asdict(table)}, f, separators=(",", ":"))
+        os.replace(tmp, path + ShardCache.TABLE_SUFFIX)
+    except OSError as exc:  # a cache that cannot hold the table still works: each process parses the shard
+        log.debug("could not save the member table of %s: %s", path, exc)
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+@dataclass
+class _OpenShard:
+    file: IO[bytes]
+    table: MemberTable
+
+
 class ShardedDataset(Dataset[Any]):
     """Map-style dataset over an indexed shard set; `dataset[i]` is the i-th sample of the index.
 
-    `transform` receives the decoded sample dict (or raw bytes with decode=False).
+    `transform` receives the decoded sample dict (or raw bytes with decode=False). Each process
+    keeps its last shards open and reads a sample with one positioned read; a cached shard's
+    member table is worked out once and saved beside it for the other processes.
     """
 
     def __init__(
@@ -499,7 +591,8 @@ class ShardedDataset(Dataset[Any]):
         for shard in self.index.shards:
             total += shard.nsamples
             self.cumulative.append(total)
-        self._tables: dict[str, MemberTable] = {}
+        self._open: OrderedDict[str, _OpenShard] = OrderedDict()
+        self._open_pid = os.getpid()
 
     def __len__(self) -> int:
         return self.cumulative[-1] if self.cumulative else 0
@@ -515,30 +608,51 @@ class ShardedDataset(Dataset[Any]):
         start = self.cumulative[shard_no - 1] if shard_no else 0
         return self.index.shards[shard_no], index - start
 
-    def _local_path(self, url: str) -> str:
-        return url if not url.startswith("s3://") else self.cache.get(url)
+    def _opened(self, shard: ShardInfo) -> _OpenShard:
+        if self._open_pid != os.getpid():  # forked: the parent's handles stay the parent's
+            self._open, self._open_pid = OrderedDict(), os.getpid()
+        opened = self._open.get(shard.url)
+        if opened is not None:
+            self._open.move_to_end(shard.url)
+            return opened
+        cached = shard.url.startswith("s3://")
+        for attempt in range(3):
+            path = self.cache.get(shard.url) if cached else shard.url
+            try:
+                f = open(path, "rb")
+                break
+            except FileNotFoundError:
+                if not cached:
+                    raise ObjectNotFoundError(f"shard {shard.url} does not exist") from None
+                log.debug("shard %s evicted before it was opened (attempt %d)", shard.url, attempt)
+        else:
+            raise CorruptDataError(f"shard {shard.url} kept disappearing from the cache at {self.cache.directory}")
+        size = os.fstat(f.fileno()).st_size
+        table = _load_table(path, size) if cached else None
+        if table is None or len(table) != shard.nsamples:
+            try:
+                table = member_table(path, shard.url, shard.nsamples)
+            except BaseException:
+                f.close()
+                raise
+            if cached:
+                _save_table(path, size, table)
+        opened = self._open[shard.url] = _OpenShard(f, table)
+        while len(self._open) > _OPEN_SHARDS:
+            self._open.popitem(last=False)[1].file.close()
+        return opened
 
     def raw(self, index: int) -> dict[str, Any]:
         shard, offset = self.locate(index)
-        for attempt in range(3):
-            path = self._local_path(shard.url)
-            try:
-                with open(path, "rb") as f:
-                    table = self._tables.get(shard.url)
-                    if table is None:
-                        table = self._tables[shard.url] = _member_table(path, shard.url, shard.nsamples)
-                    entry = table[offset]
-                    sample: dict[str, Any] = {"__key__": entry["__key__"], "__url__": shard.url}
-                    for ext, location in entry.items():
-                        if not ext.startswith("__"):
-                            f.seek(location[0])
-                            sample[ext] = f.read(location[1])
-                return sample
-            except FileNotFoundError:
-                if not shard.url.startswith("s3://"):
-                    raise ObjectNotFoundError(f"shard {shard.url} does not exist") from None
-                log.debug("shard %s evicted before it was opened (attempt %d)", shard.url, attempt)
-        raise CorruptDataError(f"shard {shard.url} kept disappearing from the cache at {self.cache.directory}")
+        opened = self._opened(shard)
+        key, start, end, members = opened.table.sample(offset)
+        span = os.pread(opened.file.fileno(), end - start, start)  # a sample's members lie together
+        if len(span) != end - start:
+            raise CorruptDataError(f"shard {shard.url} ends inside sample {key!r}")
+        sample: dict[str, Any] = {"__key__": key, "__url__": shard.url}
+        for ext, at, size in members:
+            sample[ext] = span[at - start : at - start + size]
+        return sample
 
     def __getitem__(self, index: int) -> Any:
         sample = self.raw(index)
@@ -548,8 +662,72 @@ class ShardedDataset(Dataset[Any]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_tables"] = {}
+        state["_open"] = OrderedDict()
         return state
+
+    def close(self) -> None:
+        """Close this process's open shard files."""
+        while self._open:
+            self._open.popitem()[1].file.close()
+
+    def prefetching(self, sampler: Iterable[int], shards_ahead: int = 2) -> "PrefetchingSampler":
+        """`sampler` with the shards its next indices fall in downloaded ahead (see PrefetchingSampler)."""
+        return PrefetchingSampler(sampler, self, shards_ahead)
+
+
+class PrefetchingSampler(Sampler[int]):
+    """Yields `sampler`'s indices unchanged while `shards_ahead` threads download the shards of
+    the indices coming next into the dataset's cache.
+
+    The DataLoader draws indices in the training process, ahead of its workers; the workers then
+    find each new shard already cached (or wait on the one download under way) instead of all of
+    them stopping at every shard boundary. Pass it as the DataLoader's sampler and keep calling
+    `set_epoch`/`state_dict` on the wrapped sampler.
+    """
+
+    def __init__(self, sampler: Iterable[int], dataset: ShardedDataset, shards_ahead: int = 2) -> None:
+        if shards_ahead < 1:
+            raise ConfigError(f"shards_ahead {shards_ahead} must be >= 1")
+        self.sampler, self.dataset, self.shards_ahead = sampler, dataset, shards_ahead
+
+    def __len__(self) -> int:
+        return len(self.sampler)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[int]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        source = iter(self.sampler)
+        window: deque[tuple[int, str]] = deque()  # indices drawn but not yet yielded, with their shard
+        in_window: Counter[str] = Counter()  # the window's shards: the one in use and those coming
+        scheduled: set[str] = set()
+        pool = ThreadPoolExecutor(self.shards_ahead, "shard-prefetch")
+        try:
+            while True:
+                while len(in_window) <= self.shards_ahead:
+                    index = next(source, None)
+                    if index is None:
+                        break
+                    url = self.dataset.locate(index)[0].url
+                    if url not in scheduled and url.startswith("s3://"):
+                        scheduled.add(url)
+                        pool.submit(self._fetch, url)
+                    window.append((index, url))
+                    in_window[url] += 1
+                if not window:
+                    return
+                index, url = window.popleft()
+                in_window[url] -= 1
+                if not in_window[url]:
+                    del in_window[url]
+                yield index
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _fetch(self, url: str) -> None:
+        try:
+            self.dataset.cache.get(url)
+        except Exception as exc:  # noqa: BLE001 - the worker that needs the shard reports the error
+            log.debug("prefetching %s failed: %s", url, exc)
 
 
 # Streaming ---------------------------------------------------------------------------------------
@@ -557,7 +735,7 @@ class ShardedDataset(Dataset[Any]):
 
 def _open_shard(url: str) -> IO[bytes]:
     if url.startswith("s3://"):
-        return open_readahead(s3.parse_uri(url))
+        return readahead.open_readahead(s3.parse_uri(url))
     try:
         return open(url, "rb")
     except FileNotFoundError:
