@@ -6,6 +6,7 @@ import io
 import json
 import multiprocessing
 import os
+import random
 import subprocess
 import sys
 import time
@@ -204,6 +205,29 @@ def test_map_style_with_dataloader_workers(wds_shards, tmp_path: Path) -> None:
     firsts = torch.cat([x[:, 0] for x, _ in loader]).long().tolist()
     assert firsts == list(sampler)  # npy[0] == sample number
     assert sorted(firsts) == list(range(len(dataset)))
+
+
+def test_map_style_in_spawned_workers(wds_shards, tmp_path: Path) -> None:
+    _, bucket, _ = wds_shards
+    dataset = ShardedDataset(f"s3://{bucket}/sets/wds/index.json", cache_dir=str(tmp_path / "cache"), decode=False)
+    assert dataset[0]["__key__"] == "s00000"  # the parent holds an open shard and a lock: neither may travel
+    loader = DataLoader(dataset, batch_size=5, num_workers=2, collate_fn=list, multiprocessing_context="spawn")
+    assert [sample["__key__"] for batch in loader for sample in batch] == [f"s{i:05d}" for i in range(len(dataset))]
+    dataset.close()
+
+
+def test_threads_sharing_a_map_style_dataset_read_the_right_samples(wds_shards, tmp_path: Path) -> None:
+    """Threads hopping between shards make the dataset close files (2 kept open) while others read."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, bucket, written = wds_shards
+    dataset = ShardedDataset(f"s3://{bucket}/sets/wds/index.json", cache_dir=str(tmp_path / "cache"), decode=False)
+    expected = {i: dataset[i] for i in range(len(dataset))}
+    order = [i for _ in range(40) for i in random.Random(7).sample(range(len(dataset)), len(dataset))]
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(dataset.__getitem__, order))
+    assert got == [expected[i] for i in order]
+    dataset.close()
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -591,8 +591,7 @@ class ShardedDataset(Dataset[Any]):
         for shard in self.index.shards:
             total += shard.nsamples
             self.cumulative.append(total)
-        self._open: OrderedDict[str, _OpenShard] = OrderedDict()
-        self._open_pid = os.getpid()
+        self._reset_handles()
 
     def __len__(self) -> int:
         return self.cumulative[-1] if self.cumulative else 0
@@ -608,9 +607,13 @@ class ShardedDataset(Dataset[Any]):
         start = self.cumulative[shard_no - 1] if shard_no else 0
         return self.index.shards[shard_no], index - start
 
+    def _reset_handles(self) -> None:
+        """Fresh handles for this process (a forked worker leaves the parent's alone)."""
+        self._open: OrderedDict[str, _OpenShard] = OrderedDict()
+        self._open_lock = threading.Lock()  # threads sharing the dataset must not close a file another reads
+        self._open_pid = os.getpid()
+
     def _opened(self, shard: ShardInfo) -> _OpenShard:
-        if self._open_pid != os.getpid():  # forked: the parent's handles stay the parent's
-            self._open, self._open_pid = OrderedDict(), os.getpid()
         opened = self._open.get(shard.url)
         if opened is not None:
             self._open.move_to_end(shard.url)
@@ -644,9 +647,12 @@ class ShardedDataset(Dataset[Any]):
 
     def raw(self, index: int) -> dict[str, Any]:
         shard, offset = self.locate(index)
-        opened = self._opened(shard)
-        key, start, end, members = opened.table.sample(offset)
-        span = os.pread(opened.file.fileno(), end - start, start)  # a sample's members lie together
+        if self._open_pid != os.getpid():
+            self._reset_handles()
+        with self._open_lock:
+            opened = self._opened(shard)
+            key, start, end, members = opened.table.sample(offset)
+            span = os.pread(opened.file.fileno(), end - start, start)  # a sample's members lie together
         if len(span) != end - start:
             raise CorruptDataError(f"shard {shard.url} ends inside sample {key!r}")
         sample: dict[str, Any] = {"__key__": key, "__url__": shard.url}
@@ -662,13 +668,16 @@ class ShardedDataset(Dataset[Any]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_open"] = OrderedDict()
+        state.update(_open=OrderedDict(), _open_lock=None, _open_pid=None)  # rebuilt in the process that uses it
         return state
 
     def close(self) -> None:
         """Close this process's open shard files."""
-        while self._open:
-            self._open.popitem()[1].file.close()
+        if self._open_pid != os.getpid():
+            return
+        with self._open_lock:
+            while self._open:
+                self._open.popitem()[1].file.close()
 
     def prefetching(self, sampler: Iterable[int], shards_ahead: int = 2) -> "PrefetchingSampler":
         """`sampler` with the shards its next indices fall in downloaded ahead (see PrefetchingSampler)."""
