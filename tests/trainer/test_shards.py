@@ -24,7 +24,8 @@ from conftest import ROOT, TRAINER_SRC
 from ddp_trainer import env, readahead, s3
 from ddp_trainer.errors import CorruptDataError, ObjectNotFoundError
 from ddp_trainer.sampler import DistributedChunkedSampler
-from ddp_trainer.shards import ShardCache, ShardedDataset, ShardStream, load_index, resolve, write_index
+from ddp_trainer.shardcache import ShardCache
+from ddp_trainer.shards import ShardedDataset, ShardStream, load_index, resolve, write_index
 from test_imagefolder import upload_tree, write_tree
 
 SHARD_SIZES = [7, 3, 11, 5, 9]  # uneven on purpose
@@ -323,7 +324,7 @@ def test_corrupt_truncated_and_missing_shards_name_their_key(wds_shards, tmp_pat
     # A truncated shard has fewer samples than the index promises (would unbalance ranks).
     s3.put_bytes(s3.S3Url(bucket, f"{prefix}/part-001.tar"), good[: len(good) // 2])
     dataset = ShardedDataset(f"s3://{bucket}/{prefix}/index.json", cache_dir=str(tmp_path / "c2"))
-    with pytest.raises(CorruptDataError, match=f"part-001.tar holds [0-9] samples but the index says 3"):
+    with pytest.raises(CorruptDataError, match="part-001.tar holds [0-9] samples but the index says 3"):
         dataset[8]
 
     s3.client().delete_object(Bucket=bucket, Key=f"{prefix}/part-002.tar")

@@ -17,7 +17,7 @@ _EXPORTS = {
     "S3ImageFolder": "imagefolder",
     "ShardedDataset": "shards",
     "ShardStream": "shards",
-    "ShardCache": "shards",
+    "ShardCache": "shardcache",
     "load_index": "shards",
     "DistributedChunkedSampler": "sampler",
     "S3ResultsHandler": "results",

@@ -241,8 +241,6 @@ def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None 
         _report(code, rank, exc)
         return code
 
-    import torch.distributed as dist
-
     try:
         backend, device = init_distributed(settings)
         log.info("rank %d/%d joined (%s on %s)", settings.rank, settings.world_size, backend, device)

@@ -20,8 +20,6 @@ Two ways to read:
 from __future__ import annotations
 
 import dataclasses
-import fcntl
-import hashlib
 import io
 import json
 import logging
@@ -29,8 +27,6 @@ import os
 import posixpath
 import random
 import re
-import struct
-import tempfile
 import threading
 from bisect import bisect_right
 from collections import Counter, OrderedDict, deque
@@ -39,8 +35,10 @@ from typing import IO, Any, Callable, Iterable, Iterator
 
 from torch.utils.data import Dataset, IterableDataset, Sampler
 
-from . import env, readahead, s3
+from . import readahead, s3
 from .errors import ConfigError, CorruptDataError, ObjectNotFoundError
+from .shardcache import ShardCache
+from .tarreader import TarFormatError, tar_entries
 
 log = logging.getLogger(__name__)
 
@@ -170,306 +168,6 @@ def _decode_value(ext: str, data: bytes) -> Any:
     return data
 
 
-# Tar reading -------------------------------------------------------------------------------------
-#
-# A small sequential tar reader instead of `tarfile`: tarfile parses every header field in Python
-# and reads members through several layers of small reads, which made it the bottleneck of
-# streaming (about 40 us per member). This reader pulls the stream in large chunks, parses only the
-# fields webdataset needs (name, type, size, checksum; ustar prefix, GNU long names, pax path/size)
-# and slices payloads straight out of the chunk. Member selection matches tarfile's: regular files
-# only, a zero block or the end of the stream at a header boundary ends the archive.
-
-_BLOCK = 512
-_ZERO_BLOCK = bytes(_BLOCK)
-_READ_CHUNK = 4 << 20  # bytes per read from the underlying stream, once it is flowing
-_FIRST_READ = 64 << 10  # the first read, doubled on each read up to _READ_CHUNK: the first sample
-# comes after 64 KB, not after 4 MB (0.1 s at 40 MB/s, per shard and per DataLoader worker)
-_REGULAR = frozenset((b"0", b"\0", b"7"))
-_NO_DATA = frozenset((b"1", b"2", b"3", b"4", b"5", b"6"))  # links, devices, dirs, fifos: size is not data
-_GNU_META = frozenset((b"L", b"K"))
-_COMPRESSED = ((b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "xz"))
-
-
-class _TarFormatError(Exception):
-    pass
-
-
-def _octal(field: bytes) -> int:
-    if field[:1] in (b"\x80", b"\xff"):  # GNU base-256 for values that do not fit in octal
-        value = int.from_bytes(field[1:], "big")
-        return value - 256 ** (len(field) - 1) if field[0] == 0xFF else value
-    end = field.find(b"\0")
-    try:
-        return int((field if end < 0 else field[:end]).strip() or b"0", 8)
-    except ValueError:
-        raise _TarFormatError(f"invalid number {field!r} in a header") from None
-
-
-def _signed_sum(header: bytes) -> int:
-    """Checksum with signed bytes, which some old tar writers produced (tarfile accepts both)."""
-    return sum(struct.unpack_from("148b8x356b", header)) + 256
-
-
-def _text(field: bytes) -> str:
-    end = field.find(b"\0")
-    return (field if end < 0 else field[:end]).decode("utf-8", "surrogateescape")
-
-
-def _pax_records(data: bytes) -> dict[str, str]:
-    records, pos = {}, 0
-    while pos < len(data) and data[pos] != 0:
-        space = data.find(b" ", pos)
-        try:
-            length = int(data[pos:space])
-        except ValueError:
-            raise _TarFormatError("invalid pax header") from None
-        if space < 0 or length <= 0:
-            raise _TarFormatError("invalid pax header")
-        key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
-        records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
-        pos += length
-    return records
-
-
-class _Prefixed:
-    """`head` followed by the rest of `stream`, for the decompressors."""
-
-    def __init__(self, head: bytes, stream: IO[bytes]) -> None:
-        self.head, self.stream = head, stream
-
-    def read(self, size: int = -1) -> bytes:
-        if self.head:
-            data, self.head = (self.head, b"") if size < 0 or size >= len(self.head) else (self.head[:size], self.head[size:])
-            return data
-        return self.stream.read(size)
-
-    def readable(self) -> bool:
-        return True
-
-
-def _decompressing_reader(kind: str, raw: _Prefixed) -> Callable[[int], bytes]:
-    import bz2
-    import gzip
-    import lzma
-
-    decompressed: IO[bytes] = (
-        gzip.GzipFile(fileobj=raw, mode="rb") if kind == "gzip" else bz2.BZ2File(raw, "rb") if kind == "bz2" else lzma.LZMAFile(raw, "rb")
-    )
-
-    def read(size: int) -> bytes:
-        try:
-            return decompressed.read(size)
-        except (OSError, EOFError, lzma.LZMAError) as exc:
-            raise _TarFormatError(f"{kind} data: {exc}") from exc
-
-    return read
-
-
-def _read_sizes() -> Iterator[int]:
-    size = _FIRST_READ
-    while True:
-        yield size
-        size = min(size * 2, _READ_CHUNK)
-
-
-def _tar_entries(stream: IO[bytes], allow_compressed: bool = False) -> Iterator[tuple[str, bytes, int, int, int]]:
-    """Regular members of a tar stream: (name, buffer, start, size, stream offset of the data).
-
-    The payload is ``buffer[start:start + size]``; slice it before resuming the generator (the
-    buffer is replaced, never mutated, so a slice taken later still works). Webdataset's top-level
-    ``__name__`` metadata members are left out. Raises _TarFormatError on a damaged archive.
-    """
-    read = stream.read
-    sizes = _read_sizes()
-    buf = read(next(sizes))
-    for magic, kind in _COMPRESSED:
-        if buf.startswith(magic):
-            if not allow_compressed:
-                raise _TarFormatError(f"{kind}-compressed")
-            read = _decompressing_reader(kind, _Prefixed(buf, stream))
-            buf = read(next(sizes))
-            break
-    pos = 0  # next header in buf
-    base = 0  # stream offset of buf[0]
-    long_name: str | None = None
-    pax: dict[str, str] = {}
-    pax_global: dict[str, str] = {}
-
-    def refill(pos: int, need: int) -> tuple[bytes, int]:
-        """(buffer starting at stream offset base + pos holding at least `need` bytes unless EOF, base)."""
-        skip = pos - len(buf) if pos > len(buf) else 0  # padding past the end of the buffer
-        parts = [buf[pos:]] if pos < len(buf) else []
-        have = len(parts[0]) if parts else 0
-        while have < need:
-            chunk = read(max(next(sizes), need - have + skip))
-            if not chunk:
-                break
-            if skip:
-                dropped = min(skip, len(chunk))
-                chunk, skip = chunk[dropped:], skip - dropped
-            parts.append(chunk)
-            have += len(chunk)
-        return (parts[0] if len(parts) == 1 else b"".join(parts)), base + pos
-
-    while True:
-        if pos + _BLOCK > len(buf):
-            buf, base = refill(pos, _BLOCK)
-            pos = 0
-            if len(buf) < _BLOCK:
-                if not buf:
-                    return  # end of stream at a header boundary
-                raise _TarFormatError(f"truncated header at byte {base}")
-        header = buf[pos : pos + _BLOCK]
-        if header == _ZERO_BLOCK:
-            return
-        try:  # plain octal digits (the usual case) parse in one call; anything else goes the long way
-            checksum = int(header[148:156].rstrip(b" \0"), 8)
-        except ValueError:
-            checksum = _octal(header[148:156])
-        if checksum != sum(header.translate(None, b"\0")) - sum(header[148:156]) + 256 and checksum != _signed_sum(header):
-            raise _TarFormatError(f"bad header checksum at byte {base + pos}")
-        kind = header[156:157]
-        try:
-            size = int(header[124:136].rstrip(b" \0"), 8)
-        except ValueError:
-            size = _octal(header[124:136])
-        if pax_global or pax:
-            merged = {**pax_global, **pax}
-            if "size" in merged:
-                size = int(merged["size"])
-        start = pos + _BLOCK
-        has_data = kind not in _NO_DATA
-        if has_data and start + size > len(buf):
-            buf, base = refill(start, size)
-            start = 0
-            if size > len(buf):
-                raise _TarFormatError(f"unexpected end of data at byte {base + len(buf)}")
-        pos = start + ((size + _BLOCK - 1) & ~(_BLOCK - 1) if has_data else 0)
-        if kind in _REGULAR:
-            if long_name is not None:
-                name = long_name
-            else:
-                name = header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-                if header[345]:  # ustar prefix
-                    name = _text(header[345:500]) + "/" + name
-            if pax_global or pax:
-                name = {**pax_global, **pax}.get("path", name)
-            long_name, pax = None, {}
-            if kind == b"\0" and name.endswith("/"):
-                continue  # old-style directory
-            if "/" not in name and name.startswith("__") and name.endswith("__"):
-                continue
-            yield name, buf, start, size, base + start
-        elif kind == b"x":
-            pax = _pax_records(buf[start : start + size])
-        elif kind == b"g":
-            pax_global.update(_pax_records(buf[start : start + size]))
-        elif kind == b"L":
-            long_name = _text(buf[start : start + size])
-        elif kind == b"S":
-            raise _TarFormatError("GNU sparse members are not supported")
-        elif kind not in _GNU_META:
-            long_name, pax = None, {}
-
-
-# Local shard cache -------------------------------------------------------------------------------
-
-
-class ShardCache:
-    """Whole shards on local disk, at most `limit_bytes` (plus the shard being read).
-
-    Safe across DataLoader worker processes sharing the directory: a shard is fetched by one of
-    them while the others wait for it (a lock file per shard under `.locks/`), downloads land under a
-    temporary name and are renamed into place; an evicted shard that another process has open
-    stays readable (POSIX), and one evicted before it was opened is fetched again. A shard's
-    member table (`<shard>.members.json`, written by ShardedDataset) is removed with it.
-    """
-
-    LOCKS = ".locks"
-    TABLE_SUFFIX = ".members.json"
-
-    def __init__(self, directory: str | None = None, limit_bytes: int | None = None) -> None:
-        limit_bytes = env.shard_cache_bytes() if limit_bytes is None else limit_bytes
-        if limit_bytes <= 0:
-            raise ConfigError(f"shard cache limit {limit_bytes} must be > 0 bytes")
-        self.directory = directory or env.shard_cache_dir() or os.path.join(tempfile.gettempdir(), "ddp-shard-cache")
-        self.limit_bytes = limit_bytes
-
-    def path_for(self, url: str) -> str:
-        digest = hashlib.sha1(url.encode()).hexdigest()[:16]
-        return os.path.join(self.directory, f"{digest}-{posixpath.basename(url)}")
-
-    def get(self, url: str) -> str:
-        path = self.path_for(url)
-        if self._touch(path):
-            return path
-        locks = os.path.join(self.directory, self.LOCKS)
-        os.makedirs(locks, exist_ok=True)
-        # Workers of one DataLoader ask for the same shard at once (a chunked sampler hands them
-        # consecutive batches): one downloads it, the rest wait instead of downloading it again.
-        with open(os.path.join(locks, os.path.basename(path)), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if self._touch(path):
-                return path
-            tmp = f"{path}.part.{os.getpid()}.{threading.get_ident()}"
-            try:
-                readahead.download(s3.parse_uri(url), tmp)
-                self._remove(path + self.TABLE_SUFFIX)  # left by a process that died while evicting
-                os.replace(tmp, path)
-            finally:
-                if os.path.exists(tmp):
-                    os.remove(tmp)
-        self.evict(keep=path)
-        return path
-
-    @staticmethod
-    def _touch(path: str) -> bool:
-        """Marks a cached shard as recently used; False if it is not cached."""
-        try:
-            os.utime(path)
-            return True
-        except FileNotFoundError:
-            return False
-
-    def _shards(self) -> Iterator[tuple[os.stat_result, str]]:
-        """(stat, path) of each complete shard in the cache."""
-        for name in os.listdir(self.directory) if os.path.isdir(self.directory) else []:
-            if ".part." in name or name == self.LOCKS or self.TABLE_SUFFIX in name:
-                continue
-            full = os.path.join(self.directory, name)
-            try:
-                yield os.stat(full), full
-            except FileNotFoundError:
-                continue
-
-    def evict(self, keep: str | None = None) -> list[str]:
-        """Remove least recently used shards until the cache fits its limit."""
-        entries = sorted((stat.st_mtime, stat.st_size, full) for stat, full in self._shards())
-        total = sum(size for _, size, _ in entries)
-        removed = []
-        for _, size, full in entries:
-            if total <= self.limit_bytes:
-                break
-            if full == keep:
-                continue
-            if self._remove(full):
-                removed.append(full)
-            self._remove(full + self.TABLE_SUFFIX)
-            total -= size
-        return removed
-
-    @staticmethod
-    def _remove(path: str) -> bool:
-        try:
-            os.remove(path)
-            return True
-        except FileNotFoundError:
-            return False
-
-    def size_bytes(self) -> int:
-        return sum(stat.st_size for stat, _ in self._shards())
-
-
 # Map-style ---------------------------------------------------------------------------------------
 
 _OPEN_SHARDS = 2  # per process: a chunked sampler keeps each worker on one shard at a time
@@ -523,8 +221,8 @@ def member_table(path: str, url: str, expected: int) -> MemberTable:
     """Parse an uncompressed tar shard's headers into its member table."""
     try:
         with open(path, "rb") as f:
-            members = [(name, (offset, size)) for name, _, _, size, offset in _tar_entries(f)]
-    except _TarFormatError as exc:
+            members = [(name, (offset, size)) for name, _, _, size, offset in tar_entries(f)]
+    except TarFormatError as exc:
         raise CorruptDataError(f"shard {url} is not a readable uncompressed tar: {exc}") from exc
     table = MemberTable.of_samples(group_members(members, url))
     if len(table) != expected:
@@ -763,7 +461,7 @@ def iter_shard(url: str, expected: int | None = None, skip: int = 0, stop: int |
     key: str | None = None
     current: dict[str, Any] | None = None
     try:
-        for name, buf, start, size, _ in _tar_entries(stream, allow_compressed=True):
+        for name, buf, start, size, _ in tar_entries(stream, allow_compressed=True):
             # split_name without the regex in the usual case: the key ends at the basename's first dot
             dot = name.find(".", name.rfind("/") + 1)
             if dot > 0 and name[dot - 1] != "/":
@@ -791,7 +489,7 @@ def iter_shard(url: str, expected: int | None = None, skip: int = 0, stop: int |
             if current is not None:
                 yield current
             count += 1
-    except _TarFormatError as exc:
+    except TarFormatError as exc:
         raise CorruptDataError(f"shard {url} is not a readable tar: {exc}") from exc
     finally:
         stream.close()
