@@ -6,6 +6,7 @@ import io
 import json
 import multiprocessing
 import os
+import pickle
 import random
 import subprocess
 import sys
@@ -307,6 +308,31 @@ def test_streaming_gives_every_rank_the_same_batches(wds_shards) -> None:
         stream.set_epoch(epoch)
         orders.append([s["__key__"] for s in stream])
     assert orders[0] != orders[1] and sorted(orders[0]) == sorted(orders[1])
+
+
+def _keys(samples: list[dict]) -> list[str]:
+    return [sample["__key__"] for sample in samples]
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_persistent_workers_reshuffle_every_epoch(wds_shards, start_method: str) -> None:
+    local, _, _ = wds_shards
+    stream = ShardStream(str(local / "index.json"), rank=0, world_size=1, seed=5, shuffle_buffer=4, decode=False)
+    expected = []
+    for epoch in (0, 1, 2):  # what fresh workers give each epoch
+        stream.set_epoch(epoch)
+        expected.append(list(DataLoader(stream, batch_size=3, num_workers=2, collate_fn=_keys, multiprocessing_context="fork")))
+    assert expected[0] != expected[1] != expected[2]
+
+    loader = DataLoader(
+        stream, batch_size=3, num_workers=2, collate_fn=_keys, multiprocessing_context=start_method, persistent_workers=True
+    )
+    for epoch in (0, 1, 2):
+        stream.set_epoch(epoch)
+        assert list(loader) == expected[epoch]
+    copied = pickle.loads(pickle.dumps(stream))  # outside a worker's start: a copy with its own epoch
+    copied.set_epoch(7)
+    assert (copied.epoch, stream.epoch) == (7, 2)
 
 
 def test_corrupt_truncated_and_missing_shards_name_their_key(wds_shards, tmp_path: Path) -> None:

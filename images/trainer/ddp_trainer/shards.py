@@ -520,6 +520,38 @@ def worker_range(rank_start: int, quota: int, worker: int, num_workers: int) -> 
     return start, start + base + (1 if worker < extra else 0)
 
 
+class SharedEpoch:
+    """An epoch number in shared memory: DataLoader workers, persistent ones too, see `set_epoch`.
+
+    Forked workers share the memory; spawned workers get it handed over when they start. Any
+    other copy (pickled to disk, deep-copied) gets its own memory holding the current value.
+    """
+
+    def __init__(self, value: int = 0) -> None:
+        import multiprocessing
+
+        self._shared = multiprocessing.RawValue("q", value)
+
+    @property
+    def value(self) -> int:
+        return int(self._shared.value)
+
+    @value.setter
+    def value(self, epoch: int) -> None:
+        self._shared.value = epoch
+
+    def __getstate__(self) -> dict[str, Any]:
+        from multiprocessing.context import get_spawning_popen
+
+        return {"shared": self._shared} if get_spawning_popen() is not None else {"value": self.value}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "shared" in state:
+            self._shared = state["shared"]
+        else:
+            self.__init__(state["value"])  # type: ignore[misc]
+
+
 class ShardStream(IterableDataset[Any]):
     """Iterable dataset streaming shards, equal sample counts on every rank.
 
@@ -528,7 +560,8 @@ class ShardStream(IterableDataset[Any]):
     range into one piece per DataLoader worker. A worker reads only the shards its piece touches,
     so locality stays. Every worker count gives the same per-rank batch count because piece sizes
     depend only on the quota and the number of workers, which all ranks share.
-    Call `set_epoch` before iterating (workers must not be persistent for the epoch to reach them).
+    Call `set_epoch` before iterating; the epoch reaches the DataLoader's workers through shared
+    memory, so `persistent_workers=True` reshuffles too.
     """
 
     def __init__(
@@ -554,10 +587,14 @@ class ShardStream(IterableDataset[Any]):
         self.shuffle_buffer = shuffle_buffer
         self.transform = transform
         self.decode = decode
-        self.epoch = 0
+        self._epoch = SharedEpoch()
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch.value
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        self._epoch.value = epoch
 
     def __len__(self) -> int:
         return self.quota
