@@ -195,6 +195,55 @@ def test_processes_asking_for_one_shard_at_once_download_it_once(wds_shards, tmp
     assert cache.size_bytes() == len(s3.get_bytes(s3.parse_uri(url)))
 
 
+def test_a_process_forked_during_a_download_is_not_locked_out(wds_shards, tmp_path: Path, monkeypatch) -> None:
+    """A prefetch thread downloads (holding the shard's lock) when the DataLoader forks a worker
+    that wants the same shard: the worker waits for that download, then goes on."""
+    import threading
+
+    _, bucket, _ = wds_shards
+    url = load_index(f"s3://{bucket}/sets/wds/index.json").shards[1].url
+    real_download, downloading = readahead.download, threading.Event()
+
+    def slow_download(*args, **kwargs):
+        downloading.set()
+        time.sleep(1.0)
+        return real_download(*args, **kwargs)
+
+    monkeypatch.setattr(readahead, "download", slow_download)
+    cache = ShardCache(str(tmp_path / "cache"), limit_bytes=1 << 30)
+    s3.client()  # the parent's client exists before the thread: only the lock is in play here
+    downloader = threading.Thread(target=cache.get, args=(url,))
+    downloader.start()
+    assert downloading.wait(10)
+
+    def worker() -> None:
+        path = cache.get(url)
+        os._exit(0 if Path(path).read_bytes() == s3.get_bytes(s3.parse_uri(url)) else 1)
+
+    child = multiprocessing.get_context("fork").Process(target=worker)
+    child.start()  # forked while the download holds the lock
+    downloader.join(30)
+    child.join(30)
+    if child.exitcode is None:
+        child.kill()
+    assert child.exitcode == 0
+
+
+def test_a_client_lock_held_at_fork_does_not_block_the_child(s3_env) -> None:
+    def worker() -> None:
+        s3.client()  # would wait forever on the lock copied in its held state
+        os._exit(0)
+
+    s3.reset_clients()
+    with s3._clients_lock:  # as a thread of the parent making its first client would at fork time
+        child = multiprocessing.get_context("fork").Process(target=worker)
+        child.start()
+    child.join(30)
+    if child.exitcode is None:
+        child.kill()
+    assert child.exitcode == 0
+
+
 def test_map_style_with_dataloader_workers(wds_shards, tmp_path: Path) -> None:
     _, bucket, _ = wds_shards
     dataset = ShardedDataset(

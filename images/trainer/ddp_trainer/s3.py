@@ -118,6 +118,17 @@ def client() -> Any:
         return _clients[pid]
 
 
+def _forget_clients_in_child() -> None:
+    # A thread of the parent may have held the lock when it forked (a prefetch thread making the
+    # parent's first client while the DataLoader starts its workers): the child starts afresh.
+    global _clients_lock
+    _clients_lock = threading.Lock()
+    _clients.clear()
+
+
+os.register_at_fork(after_in_child=_forget_clients_in_child)
+
+
 def reset_clients() -> None:
     """Forget cached clients (after changing S3 settings in the environment)."""
     with _clients_lock:

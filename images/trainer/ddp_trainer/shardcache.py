@@ -47,18 +47,27 @@ class ShardCache:
         # consecutive batches): one downloads it, the rest wait instead of downloading it again.
         with open(os.path.join(locks, os.path.basename(path)), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if self._touch(path):
-                return path
-            tmp = f"{path}.part.{os.getpid()}.{threading.get_ident()}"
             try:
-                readahead.download(s3.parse_uri(url), tmp)
-                self._remove(path + self.TABLE_SUFFIX)  # left by a process that died while evicting
-                os.replace(tmp, path)
+                self._fetch(url, path)
             finally:
-                if os.path.exists(tmp):
-                    os.remove(tmp)
+                # Unlock explicitly: a process forked meanwhile (a DataLoader worker, while a
+                # prefetch thread downloads) shares this open file, and closing ours alone
+                # would leave the lock held until that process exits.
+                fcntl.flock(lock, fcntl.LOCK_UN)
         self.evict(keep=path)
         return path
+
+    def _fetch(self, url: str, path: str) -> None:
+        if self._touch(path):
+            return  # another process fetched it while this one waited
+        tmp = f"{path}.part.{os.getpid()}.{threading.get_ident()}"
+        try:
+            readahead.download(s3.parse_uri(url), tmp)
+            self._remove(path + self.TABLE_SUFFIX)  # left by a process that died while evicting
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
 
     @staticmethod
     def _touch(path: str) -> bool:
