@@ -58,10 +58,10 @@ def test_settings_choose_read_ahead_or_a_plain_stream(bucket: str, s3_env) -> No
     settings = env.S3Settings.from_env({**s3_env, env.S3_READ_PART_BYTES: str(PART), env.S3_READ_AHEAD: "2"})
     assert (settings.read_part_bytes, settings.read_ahead) == (PART, 2)
     reader = open_readahead(url, settings=settings)
-    assert isinstance(reader, ReadAhead) and reader.read() == data
+    assert reader.read(PART) + reader.read() == data and reader.parts_fetched == 4
     reader.close()
-    single = open_readahead(url, settings=env.S3Settings.from_env({**s3_env, env.S3_READ_AHEAD: "0"}))
-    assert not isinstance(single, ReadAhead) and single.read() == data
+    with open_readahead(url, settings=env.S3Settings.from_env({**s3_env, env.S3_READ_AHEAD: "0"})) as single:
+        assert single.read(PART) + single.read() == data and single.parts_fetched == 0  # one GET
 
 
 def test_missing_object_names_its_key(bucket: str) -> None:
@@ -173,6 +173,12 @@ def test_bodies_cut_mid_stream_are_resumed(bucket: str, s3_env, link_proxy) -> N
     with ReadAhead(url, 8 * PART, 2, _client_via(proxy, s3_env)) as reader:
         assert _read_in_pieces(reader, random.Random(1)) == data
     assert proxy.cut_done == 3  # the first connection and two ranged parts were cut, and recovered
+
+    proxy = link_proxy(cuts=2, cut_after=3 * PART)
+    one_get = env.S3Settings.from_env({**s3_env, env.S3_READ_AHEAD: "0"})
+    with open_readahead(url, _client_via(proxy, s3_env), one_get) as reader:
+        assert _read_in_pieces(reader, random.Random(2)) == data and reader.parts_fetched == 0
+    assert proxy.cut_done == 2  # one GET per shard is resumed the same way
 
 
 def test_a_slow_link_is_read_over_parallel_connections(bucket: str, s3_env, link_proxy) -> None:

@@ -13,21 +13,22 @@ import re
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import IO, Any
+from typing import Any
 
 from . import env, s3
 from .errors import StorageError, StorageUnavailableError
 
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 _RESUME_ATTEMPTS = 5
+_WHOLE_OBJECT = 1 << 62  # a first "part" that is the whole object: one GET, no threads
 
 
-def open_readahead(url: s3.S3Url, client: Any = None, settings: env.S3Settings | None = None) -> IO[bytes]:
-    """A file-like reader of the whole object: ranged parallel GETs, or one GET if read_ahead is 0."""
+def open_readahead(url: s3.S3Url, client: Any = None, settings: env.S3Settings | None = None) -> "ReadAhead":
+    """A file-like reader of the whole object: ranged parallel GETs, or one GET if read_ahead is 0
+    (resumed after a cut either way)."""
     settings = settings or env.S3Settings.from_env()
-    if settings.read_ahead == 0:
-        return s3.open_stream(url, client)
-    return ReadAhead(url, settings.read_part_bytes, settings.read_ahead, client)  # type: ignore[return-value]
+    part_size = settings.read_part_bytes if settings.read_ahead else _WHOLE_OBJECT
+    return ReadAhead(url, part_size, max(settings.read_ahead, 1), client)
 
 
 def download(url: s3.S3Url, path: str, client: Any = None, settings: env.S3Settings | None = None) -> None:
