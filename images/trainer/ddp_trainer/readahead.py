@@ -109,7 +109,7 @@ class ReadAhead:
             except s3.streaming_errors() as exc:
                 if attempt == _RESUME_ATTEMPTS - 1:
                     raise StorageUnavailableError(f"reading {self.url}: body interrupted {_RESUME_ATTEMPTS} times: {exc}") from exc
-                time.sleep(min(0.1 * 2**attempt, 5.0))
+                time.sleep(s3.body_retry_pause(attempt))
                 self._resume()
                 continue
             self._pos += len(data)

@@ -184,6 +184,11 @@ def streaming_errors() -> tuple[type[BaseException], ...]:
     return (ResponseStreamingError, ProtocolError, ReadTimeoutError, BotoConnectionError, IncompleteReadError)
 
 
+def body_retry_pause(attempt: int) -> float:
+    """Seconds to wait before asking again for a body cut mid-stream (exponential, with jitter)."""
+    return min(0.1 * 2**attempt, 5.0) * (1 + random.random())
+
+
 def get_bytes(url: S3Url, s3: Any = None, byte_range: tuple[int, int] | None = None, attempts: int = 5) -> bytes:
     """GET an object; a body cut mid-stream is retried (botocore only retries the request)."""
     s3 = s3 or client()
@@ -195,7 +200,7 @@ def get_bytes(url: S3Url, s3: Any = None, byte_range: tuple[int, int] | None = N
         except streaming_errors() as exc:
             if attempt == attempts - 1:
                 raise StorageUnavailableError(f"reading {url}: body interrupted {attempts} times: {exc}") from exc
-            time.sleep(min(0.1 * 2**attempt, 5.0) * (1 + random.random()))
+            time.sleep(body_retry_pause(attempt))
     raise AssertionError("unreachable")
 
 
@@ -296,6 +301,7 @@ __all__ = [
     "get_bytes",
     "open_stream",
     "streaming_errors",
+    "body_retry_pause",
     "put_bytes",
     "upload_fileobj",
     "head",
