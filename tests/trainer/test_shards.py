@@ -23,7 +23,7 @@ from torchvision.datasets import ImageFolder
 
 from conftest import ROOT, TRAINER_SRC
 from ddp_trainer import env, readahead, s3
-from ddp_trainer.errors import CorruptDataError, ObjectNotFoundError
+from ddp_trainer.errors import ConfigError, CorruptDataError, ObjectNotFoundError
 from ddp_trainer.sampler import DistributedChunkedSampler
 from ddp_trainer.shardcache import ShardCache
 from ddp_trainer.shards import ShardedDataset, ShardStream, load_index, resolve, write_index
@@ -382,6 +382,63 @@ def test_persistent_workers_reshuffle_every_epoch(wds_shards, start_method: str)
     copied = pickle.loads(pickle.dumps(stream))  # outside a worker's start: a copy with its own epoch
     copied.set_epoch(7)
     assert (copied.epoch, stream.epoch) == (7, 2)
+
+
+def test_resume_plan_follows_the_dataloaders_round_robin() -> None:
+    from ddp_trainer.shards import resume_plan
+
+    # pieces of 7, 7 and 3 samples in batches of 3: batches per worker 3, 3, 1
+    assert resume_plan([7, 7, 3], 3, 0) == ([0, 0, 0], 0)
+    assert resume_plan([7, 7, 3], 3, 4) == ([2, 1, 1], 1)  # w0 w1 w2 w0 | next in turn: w1
+    assert resume_plan([7, 7, 3], 3, 5) == ([2, 2, 1], 2)  # w0 w1 w2 w0 w1 | w2's turn, but it is out
+    assert resume_plan([7, 7, 3], 3, 6) == ([3, 2, 1], 1)  # ... w0 (w2 passed over) | w1
+    assert resume_plan([7, 7, 3], 3, 7) == ([3, 3, 1], 2)  # the whole epoch
+    with pytest.raises(ConfigError, match="8 batches done, but an epoch here has 7"):
+        resume_plan([7, 7, 3], 3, 8)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")  # 3 on 2 cores: on purpose
+@pytest.mark.parametrize("workers, shuffle_buffer", [(0, 0), (2, 0), (3, 0), (3, 4)])
+def test_streaming_resumes_mid_epoch_with_exactly_the_batches_to_come(wds_shards, workers: int, shuffle_buffer: int) -> None:
+    local, _, _ = wds_shards
+    batch = 3
+
+    def stream() -> ShardStream:
+        return ShardStream(str(local / "index.json"), rank=1, world_size=2, seed=4, shuffle_buffer=shuffle_buffer, decode=False)
+
+    def batches(source: ShardStream) -> list[list[str]]:
+        loader = DataLoader(source, batch_size=batch, num_workers=workers, collate_fn=_keys,
+                            multiprocessing_context="fork" if workers else None)
+        return list(loader)
+
+    original = stream()
+    original.set_epoch(3)
+    epoch = batches(original)
+    assert len(epoch) == original.batches_per_epoch(batch, workers)
+    for done in range(len(epoch) + 1):
+        state = original.state_dict(done, batch, workers)
+        resumed = stream()
+        resumed.load_state_dict(state)
+        if done == len(epoch):
+            assert state["epoch"] == 4 and state["batches"] == 0  # the epoch was finished: the next one, whole
+            original.set_epoch(4)
+            assert batches(resumed) == batches(original)
+            original.set_epoch(3)
+        else:
+            assert resumed.epoch == 3 and batches(resumed) == epoch[done:], done
+            resumed.set_epoch(4)  # the resume applies to its own epoch only
+            original.set_epoch(4)
+            assert batches(resumed) == batches(original)
+            original.set_epoch(3)
+
+
+def test_streaming_resume_with_another_worker_count_is_refused(wds_shards) -> None:
+    local, _, _ = wds_shards
+    stream = ShardStream(str(local / "index.json"), rank=0, world_size=1, decode=False)
+    stream.load_state_dict(stream.state_dict(2, 3, num_workers=2))
+    loader = DataLoader(stream, batch_size=3, num_workers=0, collate_fn=_keys)
+    with pytest.raises(ConfigError, match="saved with 2 DataLoader worker"):
+        list(loader)
 
 
 def test_corrupt_truncated_and_missing_shards_name_their_key(wds_shards, tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import itertools
 import json
 import logging
 import os
@@ -520,36 +521,54 @@ def worker_range(rank_start: int, quota: int, worker: int, num_workers: int) -> 
     return start, start + base + (1 if worker < extra else 0)
 
 
-class SharedEpoch:
-    """An epoch number in shared memory: DataLoader workers, persistent ones too, see `set_epoch`.
+class SharedInts:
+    """A few integers in shared memory: DataLoader workers, persistent ones too, see changes made
+    after they started (`set_epoch`, `load_state_dict`).
 
     Forked workers share the memory; spawned workers get it handed over when they start. Any
-    other copy (pickled to disk, deep-copied) gets its own memory holding the current value.
+    other copy (pickled to disk, deep-copied) gets its own memory holding the current values.
     """
 
-    def __init__(self, value: int = 0) -> None:
+    def __init__(self, values: list[int]) -> None:
         import multiprocessing
 
-        self._shared = multiprocessing.RawValue("q", value)
+        self._shared = multiprocessing.RawArray("q", values)
 
-    @property
-    def value(self) -> int:
-        return int(self._shared.value)
+    def __getitem__(self, i: int) -> int:
+        return int(self._shared[i])
 
-    @value.setter
-    def value(self, epoch: int) -> None:
-        self._shared.value = epoch
+    def __setitem__(self, i: int, value: int) -> None:
+        self._shared[i] = value
 
     def __getstate__(self) -> dict[str, Any]:
         from multiprocessing.context import get_spawning_popen
 
-        return {"shared": self._shared} if get_spawning_popen() is not None else {"value": self.value}
+        return {"shared": self._shared} if get_spawning_popen() is not None else {"values": list(self._shared)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         if "shared" in state:
             self._shared = state["shared"]
         else:
-            self.__init__(state["value"])  # type: ignore[misc]
+            self.__init__(state["values"])  # type: ignore[misc]
+
+
+def resume_plan(piece_sizes: list[int], batch_size: int, batches_done: int) -> tuple[list[int], int]:
+    """After the DataLoader yielded `batches_done` batches of an iterable dataset: how many came
+    from each worker, and which worker's batch comes next. The DataLoader takes one batch from each
+    worker in turn and passes over workers that have run out."""
+    totals = [-(-size // batch_size) for size in piece_sizes]
+    if not 0 <= batches_done <= sum(totals):
+        raise ConfigError(f"{batches_done} batches done, but an epoch here has {sum(totals)}")
+    done, worker = [0] * len(totals), 0
+    for _ in range(batches_done):
+        while done[worker] == totals[worker]:
+            worker = (worker + 1) % len(totals)
+        done[worker] += 1
+        worker = (worker + 1) % len(totals)
+    return done, worker
+
+
+_EPOCH, _RESUME_EPOCH, _RESUME_BATCHES, _RESUME_BATCH_SIZE, _RESUME_WORKERS = range(5)
 
 
 class ShardStream(IterableDataset[Any]):
@@ -562,6 +581,10 @@ class ShardStream(IterableDataset[Any]):
     depend only on the quota and the number of workers, which all ranks share.
     Call `set_epoch` before iterating; the epoch reaches the DataLoader's workers through shared
     memory, so `persistent_workers=True` reshuffles too.
+
+    Mid-epoch resume: `state_dict(batches_done, batch_size, num_workers)` records how far the
+    training loop got; after `load_state_dict`, iterating that epoch again with the same batch size
+    and worker count yields exactly the batches that were still to come, in the same order.
     """
 
     def __init__(
@@ -587,17 +610,47 @@ class ShardStream(IterableDataset[Any]):
         self.shuffle_buffer = shuffle_buffer
         self.transform = transform
         self.decode = decode
-        self._epoch = SharedEpoch()
+        self._shared = SharedInts([0, -1, 0, 1, 1])  # epoch, then where to resume (epoch -1: nowhere)
 
     @property
     def epoch(self) -> int:
-        return self._epoch.value
+        return self._shared[_EPOCH]
 
     def set_epoch(self, epoch: int) -> None:
-        self._epoch.value = epoch
+        self._shared[_EPOCH] = epoch
 
     def __len__(self) -> int:
         return self.quota
+
+    def piece_sizes(self, num_workers: int) -> list[int]:
+        """Samples each of `num_workers` DataLoader workers yields per epoch (0 workers: one piece)."""
+        workers = max(num_workers, 1)
+        return [end - start for start, end in (worker_range(0, self.quota, w, workers) for w in range(workers))]
+
+    def batches_per_epoch(self, batch_size: int, num_workers: int) -> int:
+        return sum(-(-size // batch_size) for size in self.piece_sizes(num_workers))
+
+    def state_dict(self, batches_done: int, batch_size: int, num_workers: int) -> dict[str, int]:
+        """Where this epoch stands after the training loop finished `batches_done` batches of a
+        DataLoader(batch_size=..., num_workers=...) over this stream."""
+        resume_plan(self.piece_sizes(num_workers), batch_size, batches_done)  # checks the count
+        finished = batches_done == self.batches_per_epoch(batch_size, num_workers)
+        return {
+            "epoch": self.epoch + finished,
+            "batches": 0 if finished else batches_done,
+            "batch_size": batch_size,
+            "num_workers": max(num_workers, 1),
+            "seed": self.seed,
+        }
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if int(state.get("seed", self.seed)) != self.seed:
+            raise ConfigError(f"stream state was saved with seed {state['seed']}, this stream has {self.seed}")
+        self.set_epoch(int(state["epoch"]))
+        self._shared[_RESUME_EPOCH] = int(state["epoch"]) if int(state["batches"]) else -1
+        self._shared[_RESUME_BATCHES] = int(state["batches"])
+        self._shared[_RESUME_BATCH_SIZE] = int(state["batch_size"])
+        self._shared[_RESUME_WORKERS] = int(state["num_workers"])
 
     def shard_order(self) -> list[ShardInfo]:
         shards = list(self.index.shards)
@@ -605,23 +658,44 @@ class ShardStream(IterableDataset[Any]):
             random.Random(self.seed + self.epoch).shuffle(shards)
         return shards
 
-    def raw_samples(self, worker: int = 0, num_workers: int = 1) -> Iterator[dict[str, Any]]:
+    def raw_samples(self, worker: int = 0, num_workers: int = 1, skip: int = 0) -> Iterator[dict[str, Any]]:
         start, end = worker_range(self.rank * self.quota, self.quota, worker, num_workers)
+        start = min(start + skip, end)
         position = 0
         for shard in self.shard_order():
             shard_end = position + shard.nsamples
             if shard_end > start and position < end:
-                skip, stop = max(start - position, 0), min(end, shard_end) - position
-                yield from iter_shard(shard.url, shard.nsamples, skip, stop if stop < shard.nsamples else None)
+                first, stop = max(start - position, 0), min(end, shard_end) - position
+                yield from iter_shard(shard.url, shard.nsamples, first, stop if stop < shard.nsamples else None)
             position = shard_end
             if position >= end:
                 return
 
+    def _resume_point(self, worker: int, num_workers: int) -> tuple[int, int]:
+        """(the piece this worker reads, samples of it already consumed) for this epoch."""
+        if self._shared[_RESUME_EPOCH] != self.epoch:
+            return worker, 0
+        saved_workers, batch_size = self._shared[_RESUME_WORKERS], self._shared[_RESUME_BATCH_SIZE]
+        if saved_workers != num_workers:
+            raise ConfigError(
+                f"the stream's state was saved with {saved_workers} DataLoader worker(s) and is resumed with "
+                f"{num_workers}: resume with the same num_workers (0 and 1 count as 1)"
+            )
+        done, next_worker = resume_plan(self.piece_sizes(num_workers), batch_size, self._shared[_RESUME_BATCHES])
+        # A new DataLoader starts its round at worker 0: worker 0 takes the piece whose batch was next.
+        piece = (next_worker + worker) % num_workers
+        return piece, done[piece] * batch_size
+
     def __iter__(self) -> Iterator[Any]:
         worker, num_workers = dataloader_worker()
-        samples: Iterator[dict[str, Any]] = self.raw_samples(worker, num_workers)
-        if self.shuffle and self.shuffle_buffer > 1:
-            samples = _buffer_shuffle(samples, self.shuffle_buffer, random.Random((self.seed, self.epoch, self.rank, worker).__hash__()))
+        piece, consumed = self._resume_point(worker, num_workers)
+        buffered = self.shuffle and self.shuffle_buffer > 1
+        # Without a shuffle buffer the consumed samples are skipped unread; with one, the piece is
+        # replayed through the same buffer and its first outputs dropped, which keeps the order exact.
+        samples: Iterator[dict[str, Any]] = self.raw_samples(piece, num_workers, 0 if buffered else consumed)
+        if buffered:
+            rng = random.Random((self.seed, self.epoch, self.rank, piece).__hash__())
+            samples = itertools.islice(_buffer_shuffle(samples, self.shuffle_buffer, rng), consumed, None)
         for sample in samples:
             if self.decode:
                 sample = decode(sample)
