@@ -139,21 +139,42 @@ def use_collective(ctx: RankContext) -> None:
 
 
 def stream_train(ctx: RankContext) -> None:
-    """DDP over ShardStream with uneven shards and 2 loader workers: must not hang."""
+    """DDP over ShardStream with uneven shards and 2 loader workers: must not hang. With
+    WL_CKPT_EVERY it checkpoints the stream's position too and resumes mid-epoch after a crash."""
     from torch.nn.parallel import DistributedDataParallel
 
     from ddp_trainer.shards import ShardStream
 
+    batch, workers, epochs = 2, 2, 2
+    every, crash_at = _int("WL_CKPT_EVERY", 0), _int("WL_CRASH_AT_STEP", -1)
     stream = ShardStream(os.environ["WL_INDEX"], seed=1, transform=lambda s: (torch.tensor(s["npy"]), float(s["cls"])))
-    loader = DataLoader(stream, batch_size=2, num_workers=2, multiprocessing_context="fork")
+    loader = DataLoader(stream, batch_size=batch, num_workers=workers, multiprocessing_context="fork")
+    torch.manual_seed(0)
     net = DistributedDataParallel(nn.Linear(3, 1))
-    opt = torch.optim.SGD(net.parameters(), lr=0.001)
-    for epoch in range(2):
+    opt = torch.optim.SGD(net.parameters(), lr=0.001, momentum=0.9)
+    checkpoints = CheckpointManager(keep=2) if every else None
+    step, done = 0, 0  # done: batches finished in the current epoch
+    latest = checkpoints.load_latest() if checkpoints is not None else None
+    if latest is not None:
+        restore_training_state(latest.state, net, opt)
+        stream.load_state_dict(latest.state["stream"])
+        step, done = latest.step, latest.state["stream"]["batches"]
+        print(f"rank {ctx.rank} resumed from step {step} (epoch {stream.epoch}, batch {done})", flush=True)
+    for epoch in range(stream.epoch, epochs):
         stream.set_epoch(epoch)
         batches = 0
         for x, y in loader:
             opt.zero_grad()
             nn.functional.mse_loss(net(x).squeeze(1), y.float()).backward()
             opt.step()
-            batches += 1
+            step, done, batches = step + 1, done + 1, batches + 1
+            if checkpoints is not None and step % every == 0:
+                checkpoints.save(step, training_state(net, opt, stream=stream.state_dict(done, batch, workers)))
+            if step == crash_at and ctx.rank == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+        done = 0
         print(f"rank {ctx.rank} epoch {epoch} batches {batches}", flush=True)
+    if checkpoints is not None:
+        checkpoints.close()
+    if ctx.rank == 0 and os.environ.get("WL_OUT"):
+        torch.save(net.module.state_dict(), os.environ["WL_OUT"])

@@ -537,6 +537,30 @@ def test_streaming_ddp_with_uneven_shards_does_not_hang(wds_shards, s3_env) -> N
     assert quota == 11
 
 
+@pytest.mark.timeout(300)
+def test_streaming_ddp_killed_mid_epoch_resumes_to_the_same_parameters(wds_shards, s3_env, tmp_path: Path) -> None:
+    from conftest import launch
+
+    _, bucket, _ = wds_shards
+    base = {**s3_env, "WL_INDEX": f"s3://{bucket}/sets/wds/index.json", "DDP_INIT_TIMEOUT_SECONDS": "30",
+            "DDP_RESULTS_URI": f"s3://{bucket}/runs", "DDP_JOB_NAMESPACE": "team-s", "WL_CKPT_EVERY": "3"}
+    straight = launch("ddp_workloads:stream_train", 3, {**base, "DDP_JOB_NAME": "straight", "WL_OUT": str(tmp_path / "a.pt")}, timeout=120)
+    assert [r.returncode for r in straight] == [0, 0, 0], [r.stderr[-3000:] for r in straight]
+
+    # 6 batches an epoch: killed at step 5, the last checkpoint is step 3, mid-epoch 0 (worker 1's turn next).
+    crashy = {**base, "DDP_JOB_NAME": "crashy", "WL_OUT": str(tmp_path / "b.pt")}
+    first = launch("ddp_workloads:stream_train", 3, {**crashy, "WL_CRASH_AT_STEP": "5"}, timeout=120)
+    assert first[0].returncode == -9
+    second = launch("ddp_workloads:stream_train", 3, crashy, timeout=120)
+    assert [r.returncode for r in second] == [0, 0, 0], [r.stderr[-3000:] for r in second]
+    assert "rank 0 resumed from step 3 (epoch 0, batch 3)" in second[0].stdout
+    assert "rank 0 epoch 0 batches 3" in second[0].stdout  # the other 3 batches of epoch 0, not 6
+    expected, resumed = torch.load(tmp_path / "a.pt"), torch.load(tmp_path / "b.pt")
+    assert expected.keys() == resumed.keys()
+    for name in expected:
+        assert torch.equal(expected[name], resumed[name]), name
+
+
 def _tar_bytes(fmt: int, members: list[tuple[str, bytes | None]], compress: str = "") -> bytes:
     """A tar of `members` ((name, data) files, (name, None) directories) plus a symlink."""
     import tarfile
