@@ -23,7 +23,7 @@ bench-operator:
 	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $$venv/bin/python benchmarks/bench_operator.py $(BENCH_ARGS)
 
 chart-check:
-	@scripts/sync-crds.sh --check && $$($(CLUSTER) bindir | cut -d: -f2)/helm lint --strict charts/ddp-operator
+	@scripts/sync-crds.sh --check && $$($(CLUSTER) bindir | cut -d: -f2)/helm lint --strict charts/
 
 crds:
 	@scripts/sync-crds.sh

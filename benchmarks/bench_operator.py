@@ -15,7 +15,15 @@ and the operator's RSS (sampled VmRSS and VmHWM). A baseline scenario creates th
 bare pods straight from this script with as many calls in flight as the operator uses, so the
 control plane's own limits (API server, scheduler, kwok) read apart from the operator's.
 
-Targets: 64 ranks created < 2 s, 1024 < 20 s, lag < 1 s, RSS < 250 MB with 100 jobs x 8 ranks.
+Gang restarts (`--restart-sizes`, `--restart-repeats`): a job's rank 1 is marked Failed with exit
+code 137 through the pod status subresource, as a kubelet reports an OOM kill, and the time until
+the job says Running again at the next attempt, with every new pod Ready, is measured next to the
+control plane alone deleting and recreating as many bare pods (delete all, recreate each name once
+it is free, until all are Ready). Pods are followed by uid, so a pod of the new attempt deleted
+after all (a restart that thrashes) is counted.
+
+Targets: 64 ranks created < 2 s, 1024 < 20 s, lag < 1 s, RSS < 250 MB with 100 jobs x 8 ranks;
+each gang restart within 2x the bare pods' delete-and-recreate, with no pod of a new attempt deleted.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from kubernetes.watch.watch import iter_resp_lines
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "operator"), str(REPO / "images" / "trainer")]
 from ddp_operator import constants as c  # noqa: E402
-from ddp_operator.kubeapi import CONCURRENCY  # noqa: E402
+from ddp_operator.kubeapi import CONCURRENCY, discard_answer  # noqa: E402
 
 BENCH_CLUSTER = {
     "DDP_CLUSTER_DIR": "/tmp/ddp-bench-cluster",
@@ -57,7 +65,7 @@ BASELINE_LABEL = "ddp-bench/baseline"
 BENCH_NODE_PREFIX = "bench-node-"
 BENCH_NODE_PODS = 512
 OPERATOR: subprocess.Popen | None = None  # checked by every wait: a dead operator fails fast
-TARGETS = {"created_64_s": 2.0, "created_1024_s": 20.0, "lag_s": 1.0, "rss_many_mb": 250.0}
+TARGETS = {"created_64_s": 2.0, "created_1024_s": 20.0, "lag_s": 1.0, "rss_many_mb": 250.0, "restart_vs_bare": 2.0}
 
 
 @dataclass
@@ -69,6 +77,18 @@ class PodTimes:
 
 
 @dataclass
+class PodLife:
+    """One pod object (by uid: a gang restart reuses the names), as the watch saw it."""
+
+    name: str
+    attempt: str | None
+    added: float
+    ready: float | None = None
+    deleting: float | None = None  # deletionTimestamp first seen
+    gone: float | None = None  # DELETED seen
+
+
+@dataclass
 class Tracker:
     """What the watches saw, with local monotonic times."""
 
@@ -76,6 +96,8 @@ class Tracker:
     live: set[str] = field(default_factory=set)  # pods that exist now (for the clean-up waits)
     jobs_running: dict[str, float] = field(default_factory=dict)
     job_updates: dict[str, int] = field(default_factory=dict)  # watch events per job: ~ status patches
+    lives: dict[str, PodLife] = field(default_factory=dict)  # uid -> life
+    job_states: dict[str, tuple[str | None, int, float]] = field(default_factory=dict)  # phase, attempt, since
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reset(self) -> None:
@@ -83,6 +105,8 @@ class Tracker:
             self.pods.clear()
             self.jobs_running.clear()
             self.job_updates.clear()
+            self.lives.clear()
+            self.job_states.clear()
 
     def count(self, attr: str) -> int:
         with self.lock:
@@ -135,6 +159,7 @@ def watch_pods(core: client.CoreV1Api, tracker: Tracker, stop: threading.Event) 
         pod, now = event["object"], time.monotonic()
         name = pod["metadata"]["name"]
         with tracker.lock:
+            track_life(tracker, event["type"], pod, now)
             if event["type"] == "DELETED":
                 tracker.live.discard(name)
                 continue
@@ -152,11 +177,28 @@ def watch_pods(core: client.CoreV1Api, tracker: Tracker, stop: threading.Event) 
                 times.ready = now
 
 
+def track_life(tracker: Tracker, kind: str, pod: dict, now: float) -> None:
+    meta = pod["metadata"]
+    life = tracker.lives.setdefault(meta["uid"], PodLife(meta["name"], (meta.get("labels") or {}).get(c.LABEL_ATTEMPT),
+                                                         now))
+    if kind == "DELETED":
+        life.gone = life.gone or now
+    if meta.get("deletionTimestamp") or kind == "DELETED":
+        life.deleting = life.deleting or now
+    elif life.ready is None and any(x.get("type") == "Ready" and x.get("status") == "True"
+                                    for x in pod.get("status", {}).get("conditions") or []):
+        life.ready = now
+
+
 def watch_jobs(custom: client.CustomObjectsApi, tracker: Tracker, stop: threading.Event) -> None:
     for event in stream(custom.list_namespaced_custom_object, stop, c.GROUP, c.VERSION, NAMESPACE, c.PLURAL):
         job, now = event["object"], time.monotonic()
         name = job["metadata"]["name"]
         with tracker.lock:
+            status = job.get("status") or {}
+            state = (status.get("phase"), int(status.get("attempt") or 0))
+            if tracker.job_states.get(name, (None, -1, 0.0))[:2] != state:
+                tracker.job_states[name] = (*state, now)
             if event["type"] == "MODIFIED":
                 tracker.job_updates[name] = tracker.job_updates.get(name, 0) + 1
             if (job.get("status") or {}).get("phase") == c.PHASE_RUNNING:
@@ -299,8 +341,7 @@ def run_baseline(core, tracker: Tracker, count: int, timeout: float) -> dict:
     try:
         called = time.monotonic()
         with ThreadPoolExecutor(CONCURRENCY) as pool:
-            list(pool.map(lambda n: core.create_namespaced_pod(NAMESPACE, bare_pod(n), _preload_content=False),
-                          names))
+            list(pool.map(lambda n: discard_answer(core.create_namespaced_pod, NAMESPACE, bare_pod(n)), names))
         returned = time.monotonic()
         wait(lambda: len(tracker.pods) >= count, timeout, f"{count} baseline pods created")
         wait(lambda: tracker.count("running") >= count, timeout, f"{count} baseline pods Running")
@@ -309,6 +350,98 @@ def run_baseline(core, tracker: Tracker, count: int, timeout: float) -> dict:
     finally:
         core.delete_collection_namespaced_pod(NAMESPACE, label_selector=BASELINE_LABEL, grace_period_seconds=0)
         wait_pods_gone(tracker, timeout)
+
+
+def run_restarts(core, custom, tracker: Tracker, ranks: int, repeats: int, timeout: float) -> dict:
+    """Gang restarts: rank 1 fails with exit code 137 (as a kubelet reports an OOM kill), `repeats`
+    times; each settles when the job says Running again with every pod of the new attempt Ready."""
+    tracker.reset()
+    name = f"restart{ranks}"
+    body = job_body(name, ranks)
+    body["spec"]["backoffLimit"] = repeats + 1
+    settle, pods_ready, steps = [], [], []
+    try:
+        custom.create_namespaced_custom_object(c.GROUP, c.VERSION, NAMESPACE, c.PLURAL, body)
+        wait(lambda: gang_settled(tracker, name, ranks, 0), timeout, f"{name} Running")
+        for attempt in range(1, repeats + 1):
+            core.patch_namespaced_pod_status(f"{name}-1", NAMESPACE, {"status": oom_killed_status()})
+            t0 = time.monotonic()
+            wait(lambda a=attempt: gang_settled(tracker, name, ranks, a), timeout, f"{name} Running at attempt {attempt}")
+            with tracker.lock:
+                lives = [x for x in tracker.lives.values() if x.attempt == str(attempt) and x.deleting is None]
+                old = [x for x in tracker.lives.values() if x.attempt == str(attempt - 1)]
+                states = tracker.job_states[name]
+            settle.append(states[2] - t0)
+            pods_ready.append(max(x.ready for x in lives) - t0)
+            steps.append({k: round(v - t0, 2) for k, v in (
+                ("old_deleting_first", min(x.deleting for x in old)), ("old_deleting_all", max(x.deleting for x in old)),
+                ("old_gone_all", max(x.gone for x in old if x.gone) if all(x.gone for x in old) else float("nan")),
+                ("new_first", min(x.added for x in lives)), ("new_all", max(x.added for x in lives)),
+                ("new_ready_all", max(x.ready for x in lives)), ("phase", states[2]))})
+        time.sleep(1.0)  # a late delete of a new pod would show now
+        with tracker.lock:
+            killed = sum(1 for x in tracker.lives.values() if x.deleting is not None and x.attempt == str(repeats))
+            recreated = sum(1 for x in tracker.lives.values() if x.attempt not in (None, "0")) - repeats * ranks
+        return {"scenario": f"restart{ranks}", "jobs": 1, "ranks_per_job": ranks, "pods": ranks,
+                "restarts": repeats, "restart_settle_s": [round(x, 3) for x in settle],
+                "restart_pods_ready_s": [round(x, 3) for x in pods_ready],
+                "restart_settle_max_s": round(max(settle), 3), "restart_steps_s": steps,
+                "new_attempt_pods_deleted": killed, "extra_pods_created": recreated}
+    finally:
+        delete_jobs(custom, [name], timeout)
+        wait_pods_gone(tracker, timeout)
+
+
+def gang_settled(tracker: Tracker, name: str, ranks: int, attempt: int) -> bool:
+    with tracker.lock:
+        phase, seen_attempt, _ = tracker.job_states.get(name, (None, -1, 0.0))
+        ready = {x.name for x in tracker.lives.values()
+                 if x.attempt == str(attempt) and x.ready is not None and x.deleting is None}
+    return phase == c.PHASE_RUNNING and seen_attempt == attempt and len(ready) == ranks
+
+
+def oom_killed_status() -> dict:
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    terminated = {"exitCode": 137, "reason": "OOMKilled", "startedAt": now, "finishedAt": now}
+    return {"phase": "Failed", "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [{"name": c.CONTAINER_NAME, "image": "trainer:bench", "imageID": "", "ready": False,
+                                   "restartCount": 0, "state": {"terminated": terminated}}]}
+
+
+def run_baseline_restart(core, tracker: Tracker, count: int, repeats: int, timeout: float) -> dict:
+    """What a gang restart costs the control plane alone: delete `count` running bare pods (default
+    grace, as the operator deletes), and once each name is free create it again, until all Running."""
+    tracker.reset()
+    names = [f"bare-{i}" for i in range(count)]
+    times = []
+
+    def ready_pods() -> int:
+        with tracker.lock:
+            return sum(1 for x in tracker.lives.values() if x.ready is not None and x.deleting is None)
+
+    def gone(uids: set[str]) -> bool:
+        with tracker.lock:
+            return all(tracker.lives[u].gone is not None for u in uids)
+
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        create = lambda n: discard_answer(core.create_namespaced_pod, NAMESPACE, bare_pod(n))  # noqa: E731
+        try:
+            list(pool.map(create, names))
+            wait(lambda: ready_pods() >= count, timeout, f"{count} bare pods Ready")
+            for _ in range(repeats):
+                with tracker.lock:
+                    old = {u for u, x in tracker.lives.items() if x.deleting is None}
+                t0 = time.monotonic()
+                list(pool.map(lambda n: discard_answer(core.delete_namespaced_pod, n, NAMESPACE), names))
+                wait(lambda o=old: gone(o), timeout, f"{count} bare pods deleted")
+                list(pool.map(create, names))
+                wait(lambda: ready_pods() >= count, timeout, f"{count} bare pods Ready again")
+                times.append(time.monotonic() - t0)
+        finally:
+            core.delete_collection_namespaced_pod(NAMESPACE, label_selector=BASELINE_LABEL, grace_period_seconds=0)
+            wait_pods_gone(tracker, timeout)
+    return {"scenario": f"bare-restart{count}", "jobs": 0, "ranks_per_job": 0, "pods": count,
+            "restart_settle_s": [round(x, 3) for x in times], "restart_settle_max_s": round(max(times), 3)}
 
 
 def delete_jobs(custom, names: list[str], timeout: float) -> None:
@@ -399,6 +532,15 @@ def verdicts(results: list[dict], rss_mb: float | None) -> list[tuple[str, str, 
     if lags:
         out.append((f"phase Running within {TARGETS['lag_s']:g} s of last pod Running (all jobs)",
                     f"max {max(lags):.2f} s", max(lags) < TARGETS["lag_s"]))
+    for r in results:
+        bare = by.get(f"bare-{r['scenario']}")
+        if r["scenario"].startswith("restart") and bare:
+            limit = TARGETS["restart_vs_bare"] * statistics.median(bare["restart_settle_s"])
+            out.append((f"{r['pods']} ranks: each gang restart Running again within {TARGETS['restart_vs_bare']:g}x "
+                        f"bare pods deleted and recreated ({limit:.2f} s)",
+                        f"max {r['restart_settle_max_s']:.2f} s", r["restart_settle_max_s"] <= limit))
+            out.append((f"{r['pods']} ranks: no pod of a new attempt deleted", str(r["new_attempt_pods_deleted"]),
+                        r["new_attempt_pods_deleted"] == 0))
     if rss_mb is not None:
         out.append((f"operator peak RSS < {TARGETS['rss_many_mb']:g} MB", f"{rss_mb:.1f} MB",
                     rss_mb < TARGETS["rss_many_mb"]))
@@ -411,6 +553,8 @@ def print_table(results: list[dict], peak: dict, checks: list) -> None:
             ("running", "pods_running_s", 8, ".2f"), ("phase", "phase_running_s", 7, ".2f"),
             ("lag max", "lag_max_s", 8, ".3f"), ("job crt max", "job_created_max_s", 11, ".2f"),
             ("status upd", "status_updates_total", 10, "d"), ("RSS MB", "rss_peak_mb", 7, ".1f")]
+    restarts = [r for r in results if "restart_settle_s" in r]
+    results = [r for r in results if "restart_settle_s" not in r]
     print()
     print("Seconds from the (first) create call returning, as seen by this script's watches:")
     print(" ".join(f"{h:>{w}}" if i else f"{h:<{w}}" for i, (h, _, w, _) in enumerate(cols)))
@@ -426,6 +570,13 @@ def print_table(results: list[dict], peak: dict, checks: list) -> None:
     for r in results:
         print(f"  {r['scenario']:<12} bind +{r['bind_after_created_s']:.2f} s (max per pod {r['bind_latency_max_s']:.2f})"
               f"  kwok +{r['kwok_after_bound_s']:.2f} s (max per pod {r['kwok_latency_max_s']:.2f})")
+    if restarts:
+        print()
+        print("Gang restarts: seconds from rank 1's failure (or the bare pods' delete call) to Running again:")
+        for r in restarts:
+            extra = "" if r["jobs"] == 0 else (f"  new-attempt pods deleted {r['new_attempt_pods_deleted']},"
+                                               f" extra pods created {r['extra_pods_created']}")
+            print(f"  {r['scenario']:<16} {' '.join(f'{x:6.2f}' for x in r['restart_settle_s'])}{extra}")
     print()
     print(f"operator RSS: peak sampled {peak['rss_peak_sampled_mb']} MB, VmHWM {peak['vm_hwm_mb']} MB")
     print()
@@ -440,11 +591,15 @@ def main() -> int:
     parser.add_argument("--ranks-per-concurrent-job", type=int, default=8)
     parser.add_argument("--baseline", type=int, default=None,
                         help="bare pods for the control-plane baseline (default: the largest size; 0 skips)")
+    parser.add_argument("--restart-sizes", default="8,64,256,1024",
+                        help="world sizes for the gang-restart scenario, each next to bare pods deleted and recreated")
+    parser.add_argument("--restart-repeats", type=int, default=3, help="gang restarts per size")
     parser.add_argument("--kubeconfig", help="use this cluster instead of starting a separate local one")
     parser.add_argument("--json", type=Path, help="write the results here as JSON")
     parser.add_argument("--timeout", type=float, default=300, help="seconds each wait may take")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
+    restart_sizes = [int(s) for s in args.restart_sizes.split(",") if s]
     baseline = max(sizes, default=0) if args.baseline is None else args.baseline
 
     global OPERATOR
@@ -461,7 +616,7 @@ def main() -> int:
         api.configuration.connection_pool_maxsize = CONCURRENCY + 4
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         ensure_namespace(core)
-        needed = max([*sizes, args.concurrent_jobs * args.ranks_per_concurrent_job, baseline])
+        needed = max([*sizes, *restart_sizes, args.concurrent_jobs * args.ranks_per_concurrent_job, baseline])
         bench_nodes = add_capacity(core, needed + 16)
         if bench_nodes:
             print(f"added fake nodes for capacity: {', '.join(bench_nodes)}", flush=True)
@@ -493,6 +648,11 @@ def main() -> int:
             result = run_baseline(core, tracker, baseline, args.timeout)
             results.append(result)
             print(json.dumps(result), flush=True)
+        for size in restart_sizes:
+            for result in (run_baseline_restart(core, tracker, size, args.restart_repeats, args.timeout),
+                           run_restarts(core, custom, tracker, size, args.restart_repeats, args.timeout)):
+                results.append(result)
+                print(json.dumps(result), flush=True)
         peak = {"rss_peak_sampled_mb": round(sampler.peak_kb / 1024, 1),
                 "vm_hwm_mb": round(status_kb(operator.pid, "VmHWM") / 1024, 1)}
     finally:

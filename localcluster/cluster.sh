@@ -37,7 +37,9 @@ export GOTOOLCHAIN=local GOFLAGS=-mod=mod
 
 BIN_K8S=$DDP_CACHE/bin/kubernetes-$K8S_VERSION
 BIN_ETCD=$DDP_CACHE/bin/etcd-$ETCD_VERSION
-BIN_KWOK=$DDP_CACHE/bin/kwok-$KWOK_VERSION
+# kwok carries our patches (go/kwok/*.patch; the key changes with them): see build_kwok.
+KWOK_PATCHES=("$HERE"/go/kwok/*.patch)
+BIN_KWOK=$DDP_CACHE/bin/kwok-$KWOK_VERSION-$(cat "${KWOK_PATCHES[@]}" | sha256sum | cut -c1-8)
 BIN_HELM=$DDP_CACHE/bin/helm-$HELM_VERSION
 PKI=$DDP_CLUSTER_DIR/pki
 LOGS=$DDP_CLUSTER_DIR/logs
@@ -51,17 +53,39 @@ die() { printf '[cluster] error: %s\n' "$*" >&3; exit 1; }
 
 # --- build -----------------------------------------------------------------
 
-# go_build MODULE_DIR OUT_DIR LDFLAGS PKG...: builds into a temporary folder, then renames it into
-# place, so an interrupted build never leaves a half-filled cache entry.
+# go_build MODULE OUT_DIR LDFLAGS PKG...: builds the wrapper module go/MODULE (or the module in the
+# folder MODULE, if it is a path) into a temporary folder, then renames it into place, so an
+# interrupted build never leaves a half-filled cache entry.
 go_build() {
   local mod=$1 out=$2 ldflags=$3
   shift 3
   [ -d "$out" ] && return 0
+  case $mod in /*) ;; *) mod=$HERE/go/$mod ;; esac
   local tmp="$out.tmp.$$"
   rm -rf "$tmp" && mkdir -p "$tmp"
   log "building $(basename "$out") (cached afterwards in $out)"
-  (cd "$HERE/go/$mod" && go build -trimpath -ldflags "-s -w $ldflags" -o "$tmp/" "$@")
+  (cd "$mod" && go build -trimpath -ldflags "-s -w $ldflags" -o "$tmp/" "$@")
   mv "$tmp" "$out"
+}
+
+# kwok plays the kubelet, and must delete a pod the way the kubelet does: with the pod's uid as a
+# precondition. Upstream kwok deletes by name, so a deletion it queued for a pod can land on the
+# next pod of that name (a gang restart recreates every rank under its old name within a second),
+# and the next, which made gang restarts of 64+ ranks thrash for minutes. The wrapper module is
+# built against a patched copy of the kwok module (go/kwok/*.patch).
+build_kwok() {
+  [ -d "$BIN_KWOK" ] && return 0
+  local work="$BIN_KWOK.src.$$" src
+  rm -rf "$work" && mkdir -p "$work"
+  src=$(cd "$HERE/go/kwok" && go mod download sigs.k8s.io/kwok && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)
+  cp -r "$src" "$work/kwok" && chmod -R u+w "$work/kwok"
+  for p in "${KWOK_PATCHES[@]}"; do
+    patch -s -d "$work/kwok" -p1 <"$p" || die "$p does not apply to kwok $KWOK_VERSION"
+  done
+  cp "$HERE/go/kwok/go.mod" "$HERE/go/kwok/go.sum" "$work/"
+  (cd "$work" && go mod edit -replace "sigs.k8s.io/kwok=$work/kwok")
+  go_build "$work" "$BIN_KWOK" "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
+  rm -rf "$work"
 }
 
 cmd_build() {
@@ -78,7 +102,7 @@ cmd_build() {
   go_build kubernetes "$BIN_K8S" "$kv" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
-  go_build kwok "$BIN_KWOK" "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
+  build_kwok
   go_build helm "$BIN_HELM" "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" helm.sh/helm/v3/cmd/helm
   log "binaries ready in $((SECONDS - started)) s"
 }

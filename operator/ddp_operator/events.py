@@ -47,8 +47,7 @@ async def post_event(kube: KubeApi, job: Mapping[str, Any], type_: str, reason: 
     """Posts an Event; a failure is logged, never raised: events are a courtesy, not state."""
     event = build_event(job, type_, reason, message, datetime.now(timezone.utc))
     try:
-        await kube.call_status(kube.core.create_namespaced_event, event["metadata"]["namespace"], event,
-                        _preload_content=False)
+        await kube.send(kube.core.create_namespaced_event, event["metadata"]["namespace"], event, status=True)
     except ApiException as error:
         level = logging.DEBUG if is_going_away(error) else logging.WARNING
         log.log(level, "could not post event %s on %s: %s", reason, job["metadata"]["name"], api_message(error))

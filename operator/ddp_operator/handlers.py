@@ -33,8 +33,9 @@ class Runtime:
         self.reconciler = Reconciler(self.kube, self.jobs, self.pods)
 
     def _pods_changed(self, key: tuple[str, str]) -> None:
-        # Called on the pod-watch thread.
-        self.reconciler.add_threadsafe(self.loop, key)
+        # Called on the pod-watch thread, which may outlive the loop by a moment at shutdown.
+        if not self.loop.is_closed():
+            self.reconciler.add_threadsafe(self.loop, key)
 
 
 RUNTIME: Runtime | None = None
@@ -63,8 +64,9 @@ async def cleanup(**_: Any) -> None:
         RUNTIME.kube.close()
 
 
+# async: kopf runs a plain function on a thread of its executor, and the work queue is not thread-safe.
 @kopf.on.event(c.GROUP, c.VERSION, c.PLURAL)
-def job_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
+async def job_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
     assert RUNTIME is not None
     key = (body["metadata"]["namespace"], body["metadata"]["name"])
     if event.get("type") == "DELETED":

@@ -157,4 +157,6 @@ class PodCache:
 
     def _notify(self, keys: Iterable[JobKey]) -> None:
         for key in keys:
+            if self._stop.is_set():  # the operator is stopping: its event loop may be closed
+                return
             self._on_change(key)

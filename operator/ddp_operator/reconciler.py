@@ -44,6 +44,9 @@ WARNING_PHASES = frozenset({c.PHASE_FAILED, c.PHASE_RESTARTING})
 # A job's status is patched at most this often for rank counts alone (readyRanks 3/8 -> 4/8), so a
 # gang coming up writes a few times, not once per pod, and a phase change never queues behind them.
 COUNTS_INTERVAL = 1.0
+# A pod whose delete was issued is not deleted again by later passes for this long (they still see
+# it until its deletionTimestamp reaches the pod watch); past it, a pod still there is asked again.
+DELETE_REISSUE_AFTER = 30.0
 
 
 def resource_version(job: Mapping[str, Any]) -> int:
@@ -89,6 +92,7 @@ class Reconciler:
         self.jobs = jobs
         self.pods = pods
         self._patched_at: dict[JobKey, float] = {}  # monotonic time of each job's last status patch
+        self._deleting: dict[str, float] = {}  # uid -> monotonic time its delete was issued
         self.queue = WorkQueue(self.reconcile, workers=workers)
         self.creations = WorkQueue(self.create_children, workers=workers)
 
@@ -187,7 +191,7 @@ class Reconciler:
         wait = self._counts_wait(key, status, patch)
         if wait is None:
             await self._record(job, patch)
-        await self._delete(job, decision.delete_pods)
+        await self._delete(job, decision.delete_pods, summary.uids)
         if decision.action == Action.CREATE:
             # Not awaited here: a pass that waited on pod creation would hold its worker while
             # other jobs' status (a gang that just became Running) waits in the queue.
@@ -213,9 +217,23 @@ class Reconciler:
         if errors:
             raise errors[0]
 
-    async def _delete(self, job: Mapping[str, Any], names: tuple[str, ...]) -> None:
+    async def _delete(self, job: Mapping[str, Any], names: tuple[str, ...], uids: Mapping[str, str]) -> None:
+        """Deletes each named pod (the one with the uid the decision saw), once: the passes that follow
+        a gang restart still see pods whose deletion has not reached the pod watch yet."""
         namespace = job["metadata"]["namespace"]
-        await asyncio.gather(*(self.kube.delete_pod(namespace, pod) for pod in names))
+        now = time.monotonic()
+        for uid, issued in list(self._deleting.items()):
+            if now - issued > DELETE_REISSUE_AFTER:
+                del self._deleting[uid]
+        todo = [(name, uids[name]) for name in names if uids.get(name) and uids[name] not in self._deleting]
+        self._deleting.update((uid, now) for _, uid in todo)
+        results = await asyncio.gather(*(self.kube.delete_pod(namespace, name, uid) for name, uid in todo),
+                                       return_exceptions=True)
+        failed = [(uid, r) for (_, uid), r in zip(todo, results) if isinstance(r, BaseException)]
+        for uid, _ in failed:
+            self._deleting.pop(uid, None)  # not deleted: the next pass tries again
+        if failed:
+            raise failed[0][1]
 
     async def _record(self, job: dict[str, Any], patch: Mapping[str, Any]) -> None:
         """Patches status when it changed, keeps the answer, and announces a new phase as an Event."""

@@ -13,7 +13,7 @@ only created once their name is free; a gang restart therefore takes two passes 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Mapping
 
@@ -87,6 +87,7 @@ class PodSummary:
     occupied_ranks: frozenset[int] = frozenset()
     failure: RankFailure | None = None  # the earliest failed rank of the current attempt
     problems: tuple[str, ...] = ()  # e.g. "rank 1: ImagePullBackOff", for status.message
+    uids: Mapping[str, str] = field(default_factory=dict)  # pod name -> uid, for deletes that miss a newer pod
 
     @property
     def total(self) -> int:
@@ -103,9 +104,11 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
     occupied: set[int] = set()
     failures: list[RankFailure] = []
     problems: list[str] = []
+    uids: dict[str, str] = {}
     for pod in pods:
         meta = pod.get("metadata") or {}
         name = meta.get("name", "")
+        uids[name] = meta.get("uid", "")
         job_name = job_name or (meta.get("labels") or {}).get(c.LABEL_JOB_NAME, "")
         rank = _label_int(meta, c.LABEL_RANK)
         if rank is not None:
@@ -137,6 +140,7 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
         occupied_ranks=frozenset(occupied),
         failure=failures[0] if failures else None,
         problems=tuple(sorted(problems)),
+        uids=uids,
         **counts,
     )
 

@@ -17,9 +17,9 @@ from kubernetes import client
 from ddp_operator import constants as c
 from kube import REPO, Cluster, cluster_script, wait_until
 
-CHART = REPO / "charts" / "ddp-operator"
+CHART = REPO / "charts"
 SYNC = Path("scripts") / "sync-crds.sh"
-CHART_CRD = Path("charts") / "ddp-operator" / "crds" / "ddpjob.yaml"
+CHART_CRD = Path("charts") / "crds" / "ddpjob.yaml"
 KINDS = ["ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"]
 
 
@@ -47,7 +47,7 @@ def sync(root: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.fixture
 def repo_copy(tmp_path: Path) -> Path:
     """The parts of the repository sync-crds.sh works on, so a test may break them."""
-    for part in ("crds", "charts/ddp-operator/crds", "scripts"):
+    for part in ("crds", "charts/crds", "scripts"):
         shutil.copytree(REPO / part, tmp_path / part)
     return tmp_path
 
@@ -73,7 +73,7 @@ def test_sync_check_names_a_missing_copy_and_a_stray_one(repo_copy: Path) -> Non
     result = sync(repo_copy, "--check")
     assert result.returncode == 1
     assert f"{CHART_CRD} is missing" in result.stderr
-    assert "charts/ddp-operator/crds/old.yaml has no source" in result.stderr
+    assert "charts/crds/old.yaml has no source" in result.stderr
 
 
 def test_chart_lints_and_renders_the_operator_deployment(helm) -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from conftest import launch
+from conftest import describe, launch
 from ddp_trainer import s3
 from ddp_trainer.checkpoint import CheckpointManager
 from ddp_trainer.convert import make_shards
@@ -49,3 +50,17 @@ def test_example_trains_resumes_and_reads_shards(tmp_path: Path, bucket: str, s3
     run(1)
     assert len(list((tmp_path / "shard-cache").glob("*.tar"))) == 3  # the shards went through the cache
     assert CheckpointManager(s3.S3Url(bucket, "results/default/example-shards"), rank=0).committed_steps() == [2]
+
+
+def test_quickstart_learns_without_s3_or_gpu(tmp_path: Path) -> None:
+    """examples/ddpjob.yaml's entrypoint: 2 gloo ranks on generated data, well above chance."""
+    env = {"DDP_JOB_NAME": "quickstart", "DDP_PROGRESS_FILE": str(tmp_path / "progress.json")}
+    results = launch("quickstart:main", 2, env, args=["--epochs", "4"])
+    assert [r.returncode for r in results] == [0, 0], describe(results)
+    losses = [float(line.split()[-1]) for line in results[0].stdout.splitlines() if line.startswith("epoch ")]
+    assert len(losses) == 4 and losses[-1] < 0.5 * losses[0], losses
+    for result in results:
+        before, after = (float(line.split()[-1]) for line in result.stdout.splitlines() if "accuracy" in line)
+        assert before < 0.5 and after > 0.8, result.stdout
+    progress = json.loads((tmp_path / "progress.json").read_text())
+    assert progress["epoch"] == 3 and progress["step"] == 4 * 2048 // 64 and progress["loss"] < losses[0]

@@ -52,6 +52,7 @@ def pod(
     """A pod as the API returns it. state: pending | running | succeeded | failed | evicted."""
     meta: dict[str, Any] = {
         "name": f"{JOB}-{rank}",
+        "uid": f"uid-{rank}-{attempt}",
         "labels": {c.LABEL_JOB_NAME: JOB, c.LABEL_RANK: str(rank), c.LABEL_ATTEMPT: str(attempt)},
     }
     if deleting:
@@ -103,6 +104,12 @@ def test_summary_counts_current_attempt_only() -> None:
     assert summary.finished_pods == ("mnist-3", "mnist-4")
     assert summary.stale_pods == ("mnist-5",)
     assert summary.job_name == JOB
+
+
+def test_summary_knows_each_pod_by_uid_so_a_delete_cannot_hit_its_successor() -> None:
+    summary = summary_of(pod(0, attempt=1), pod(1, "running", attempt=0), attempt=1)
+    assert summary.stale_pods == ("mnist-1",)
+    assert summary.uids == {"mnist-0": "uid-0-1", "mnist-1": "uid-1-0"}
 
 
 def test_summary_failure_carries_pod_exit_code_and_reason() -> None:
