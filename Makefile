@@ -5,13 +5,18 @@ PYTEST_ARGS ?=
 
 BENCH_ARGS ?=
 
-.PHONY: demo bench-data bench-operator chart-check crds test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
+.PHONY: demo bench-data bench-operator chart-check crds lint test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
 
 demo:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/demo.py
 
 test:
 	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $$venv/bin/python -m pytest $(PYTEST_ARGS)
+
+# ruff (lint, import order), mypy (types) and import-linter (the operator never imports the runtime).
+lint:
+	@venv=$$(scripts/venv.sh) && $$venv/bin/ruff check . && $$venv/bin/mypy && \
+	  PYTHONPATH=contract:operator:images/trainer $$venv/bin/lint-imports
 
 test-unit:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python -m pytest -m "not cluster" $(PYTEST_ARGS)

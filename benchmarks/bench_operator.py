@@ -41,14 +41,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "operator"), str(REPO / "images" / "trainer")]
+# The benchmark runs from the source tree, like the tests; these imports need the paths first.
+sys.path[:0] = [str(REPO / "contract"), str(REPO / "operator"), str(REPO / "localcluster")]
+from ddp_contract import api, kubeclient, labels  # noqa: E402
 from ddp_operator import constants as c  # noqa: E402
 from ddp_operator.kubeapi import CONCURRENCY, discard_answer  # noqa: E402
+from podstatus import pod_status  # noqa: E402
 
 BENCH_CLUSTER = {
     "DDP_CLUSTER_DIR": "/tmp/ddp-bench-cluster",
@@ -179,7 +182,7 @@ def watch_pods(core: client.CoreV1Api, tracker: Tracker, stop: threading.Event) 
 
 def track_life(tracker: Tracker, kind: str, pod: dict, now: float) -> None:
     meta = pod["metadata"]
-    life = tracker.lives.setdefault(meta["uid"], PodLife(meta["name"], (meta.get("labels") or {}).get(c.LABEL_ATTEMPT),
+    life = tracker.lives.setdefault(meta["uid"], PodLife(meta["name"], (meta.get("labels") or {}).get(labels.LABEL_ATTEMPT),
                                                          now))
     if kind == "DELETED":
         life.gone = life.gone or now
@@ -191,7 +194,7 @@ def track_life(tracker: Tracker, kind: str, pod: dict, now: float) -> None:
 
 
 def watch_jobs(custom: client.CustomObjectsApi, tracker: Tracker, stop: threading.Event) -> None:
-    for event in stream(custom.list_namespaced_custom_object, stop, c.GROUP, c.VERSION, NAMESPACE, c.PLURAL):
+    for event in stream(custom.list_namespaced_custom_object, stop, api.GROUP, api.VERSION, NAMESPACE, api.PLURAL):
         job, now = event["object"], time.monotonic()
         name = job["metadata"]["name"]
         with tracker.lock:
@@ -233,7 +236,7 @@ def status_kb(pid: int, field_name: str) -> int:
 
 
 def job_body(name: str, world_size: int) -> dict:
-    return {"apiVersion": c.API_VERSION, "kind": c.KIND, "metadata": {"name": name},
+    return {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": name},
             "spec": {"worldSize": world_size, "gpusPerRank": 0, "image": "trainer:bench",
                      "command": ["python", "train.py"]}}
 
@@ -314,7 +317,7 @@ def run_jobs(custom, tracker: Tracker, label: str, jobs: int, ranks: int, timeou
     start: dict[str, float] = {}
 
     def create(name: str) -> None:
-        custom.create_namespaced_custom_object(c.GROUP, c.VERSION, NAMESPACE, c.PLURAL, job_body(name, ranks))
+        custom.create_namespaced_custom_object(api.GROUP, api.VERSION, NAMESPACE, api.PLURAL, job_body(name, ranks))
         start[name] = time.monotonic()
 
     try:
@@ -361,10 +364,11 @@ def run_restarts(core, custom, tracker: Tracker, ranks: int, repeats: int, timeo
     body["spec"]["backoffLimit"] = repeats + 1
     settle, pods_ready, steps = [], [], []
     try:
-        custom.create_namespaced_custom_object(c.GROUP, c.VERSION, NAMESPACE, c.PLURAL, body)
+        custom.create_namespaced_custom_object(api.GROUP, api.VERSION, NAMESPACE, api.PLURAL, body)
         wait(lambda: gang_settled(tracker, name, ranks, 0), timeout, f"{name} Running")
         for attempt in range(1, repeats + 1):
-            core.patch_namespaced_pod_status(f"{name}-1", NAMESPACE, {"status": oom_killed_status()})
+            oom_killed = pod_status(labels.CONTAINER_NAME, "trainer:bench", 137, "OOMKilled")
+            core.patch_namespaced_pod_status(f"{name}-1", NAMESPACE, {"status": oom_killed})
             t0 = time.monotonic()
             wait(lambda a=attempt: gang_settled(tracker, name, ranks, a), timeout, f"{name} Running at attempt {attempt}")
             with tracker.lock:
@@ -398,14 +402,6 @@ def gang_settled(tracker: Tracker, name: str, ranks: int, attempt: int) -> bool:
         ready = {x.name for x in tracker.lives.values()
                  if x.attempt == str(attempt) and x.ready is not None and x.deleting is None}
     return phase == c.PHASE_RUNNING and seen_attempt == attempt and len(ready) == ranks
-
-
-def oom_killed_status() -> dict:
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    terminated = {"exitCode": 137, "reason": "OOMKilled", "startedAt": now, "finishedAt": now}
-    return {"phase": "Failed", "conditions": [{"type": "Ready", "status": "False"}],
-            "containerStatuses": [{"name": c.CONTAINER_NAME, "image": "trainer:bench", "imageID": "", "ready": False,
-                                   "restartCount": 0, "state": {"terminated": terminated}}]}
 
 
 def run_baseline_restart(core, tracker: Tracker, count: int, repeats: int, timeout: float) -> dict:
@@ -447,7 +443,7 @@ def run_baseline_restart(core, tracker: Tracker, count: int, repeats: int, timeo
 def delete_jobs(custom, names: list[str], timeout: float) -> None:
     for name in names:
         try:
-            custom.delete_namespaced_custom_object(c.GROUP, c.VERSION, NAMESPACE, c.PLURAL, name,
+            custom.delete_namespaced_custom_object(api.GROUP, api.VERSION, NAMESPACE, api.PLURAL, name,
                                                    propagation_policy="Background")
         except ApiException as error:
             if error.status != 404:
@@ -469,7 +465,7 @@ def start_cluster(env: dict[str, str]) -> str:
     script = str(REPO / "localcluster" / "cluster.sh")
     run(["bash", script, "up"], env)
     run(["bash", script, "kubectl", "apply", "-f", str(REPO / "crds" / "ddpjob.yaml")], env, capture_output=True)
-    run(["bash", script, "kubectl", "wait", "--for=condition=Established", "--timeout=120s", f"crd/{c.CRD_NAME}"], env,
+    run(["bash", script, "kubectl", "wait", "--for=condition=Established", "--timeout=120s", f"crd/{api.CRD_NAME}"], env,
         capture_output=True)
     return str(Path(env["DDP_CLUSTER_DIR"]) / "kubeconfig")
 
@@ -612,8 +608,7 @@ def main() -> int:
     peak = {"rss_peak_sampled_mb": None, "vm_hwm_mb": None}
     try:
         kubeconfig = args.kubeconfig or start_cluster(BENCH_CLUSTER)
-        api = config.new_client_from_config(config_file=kubeconfig)
-        api.configuration.connection_pool_maxsize = CONCURRENCY + 4
+        api = kubeclient.api_client(kubeconfig, pool_size=CONCURRENCY + 4)
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         ensure_namespace(core)
         needed = max([*sizes, *restart_sizes, args.concurrent_jobs * args.ranks_per_concurrent_job, baseline])
@@ -623,7 +618,7 @@ def main() -> int:
 
         log = Path(os.environ.get("TMPDIR", "/tmp")) / "ddp-bench-operator.log"
         env = {**os.environ, "KUBECONFIG": kubeconfig,
-               "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("operator", "images/trainer"))}
+               "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("contract", "operator"))}
         operator = subprocess.Popen([sys.executable, "-m", "ddp_operator"], env=env, stdout=log.open("w"),
                                     stderr=subprocess.STDOUT)
         OPERATOR = operator
@@ -681,10 +676,10 @@ def main() -> int:
 
 def cleanup_shared(kubeconfig: str, bench_nodes: list[str]) -> None:
     """On a cluster we did not start: remove our namespace (jobs, pods) and our fake nodes."""
-    api = config.new_client_from_config(config_file=kubeconfig)
+    api = kubeclient.api_client(kubeconfig)
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     try:
-        for job in custom.list_namespaced_custom_object(c.GROUP, c.VERSION, NAMESPACE, c.PLURAL)["items"]:
+        for job in custom.list_namespaced_custom_object(api.GROUP, api.VERSION, NAMESPACE, api.PLURAL)["items"]:
             delete_jobs(custom, [job["metadata"]["name"]], 0)
         core.delete_collection_namespaced_pod(NAMESPACE, grace_period_seconds=0)
         core.delete_namespace(NAMESPACE)

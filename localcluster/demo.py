@@ -17,8 +17,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import yaml
 
@@ -102,7 +102,7 @@ def s3_client(endpoint: str):
 
 
 def operator_and_runner(log_dir: Path) -> list[Background]:
-    env = {"KUBECONFIG": kubeconfig(), "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("operator", "images/trainer"))}
+    env = {"KUBECONFIG": kubeconfig(), "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("contract", "operator"))}
     return [
         Background("operator", [sys.executable, "-m", "ddp_operator"], log_dir, env),
         Background("podrunner", [sys.executable, str(REPO / "localcluster" / "podrunner.py"),

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +34,13 @@ import yaml
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
+from podstatus import now, pod_status
+
 NODE = "local-runner"
 TAINT_KEY = "ddpoperator.io/local-runner"
 REPO = Path(__file__).resolve().parent.parent
 HEARTBEAT_S = 10
 log = logging.getLogger("podrunner")
-
-
-def now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def node_manifest(cpus: int, memory_gi: int) -> dict[str, Any]:
@@ -97,7 +95,7 @@ class PodRunner:
         self.core.patch_node_status(NODE, node_status())
         lease = {"metadata": {"name": NODE, "namespace": "kube-node-lease"},
                  "spec": {"holderIdentity": NODE, "leaseDurationSeconds": 40,
-                          "renewTime": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}}
+                          "renewTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}}
         try:
             self.leases.patch_namespaced_lease(NODE, "kube-node-lease", {"spec": lease["spec"]})
         except ApiException as error:
@@ -173,7 +171,7 @@ class PodRunner:
     def environment(self, pod: client.V1Pod, container: client.V1Container) -> dict[str, str]:
         env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"),
                "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("images/trainer", "examples/trainer"))}
+               "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("contract", "images/trainer", "examples/trainer"))}
         for item in container.env or []:
             if item.value is not None:
                 env[item.name] = item.value
@@ -240,23 +238,10 @@ class PodRunner:
 
     def report(self, pod: client.V1Pod, phase: str, exit_code: int | None = None, started: str | None = None,
                reason: str | None = None, message: str | None = None) -> None:
-        name = pod.spec.containers[0].name
-        if phase == "Running":
-            state: dict[str, Any] = {"running": {"startedAt": started}}
-        else:
-            state = {"terminated": {"exitCode": exit_code if exit_code is not None else 1,
-                                    "reason": reason or ("Completed" if exit_code == 0 else "Error"),
-                                    "startedAt": started or now(), "finishedAt": now()}}
-        ready = "True" if phase == "Running" else "False"
-        status = {
-            "phase": phase, "hostIP": "127.0.0.1", "podIP": "127.0.0.1", "startTime": started or now(),
-            "conditions": [{"type": t, "status": s, "lastTransitionTime": now()} for t, s in
-                           (("PodScheduled", "True"), ("Initialized", "True"), ("ContainersReady", ready),
-                            ("Ready", ready))],
-            "containerStatuses": [{"name": name, "image": pod.spec.containers[0].image, "imageID": "",
-                                   "ready": phase == "Running", "restartCount": 0, "started": phase == "Running",
-                                   "state": state}],
-        }
+        container = pod.spec.containers[0]
+        code = None if phase == "Running" else (1 if exit_code is None else exit_code)
+        status = pod_status(container.name, container.image, code, reason, started)
+        status.update(hostIP="127.0.0.1", podIP="127.0.0.1")
         if message:
             status["message"] = message
         # The uid is a precondition: a late report about a process of a deleted pod must not land

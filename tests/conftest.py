@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -22,9 +22,9 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture(scope="session")
 def kube_api(cluster: Cluster):
-    from kubernetes import config
+    from ddp_contract import kubeclient
 
-    client = config.new_client_from_config(config_file=cluster.kubeconfig)
+    client = kubeclient.api_client(cluster.kubeconfig)
     yield client
     client.close()
 

@@ -6,25 +6,33 @@ DDP_TEST_KUBECONFIG to a kubeconfig to run the same tests against another cluste
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from kubernetes.watch.watch import iter_resp_lines
 
-from ddp_operator import constants as c
+from ddp_contract import api, labels
+from podstatus import evicted_status, pod_status
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER_SCRIPT = REPO / "localcluster" / "cluster.sh"
 KUBECONFIG_ENV = "DDP_TEST_KUBECONFIG"
 CRD_FILE = REPO / "crds" / "ddpjob.yaml"
+# What `python -m ddp_operator` imports: the operator and the contract, never the trainer runtime.
+OPERATOR_PATH = ("contract", "operator")
 
 
 @dataclass(frozen=True)
@@ -88,28 +96,29 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str, inter
 
 def install_crd(kube_api: Any) -> None:
     """Creates or updates the CRD from crds/ddpjob.yaml and waits until it is served."""
-    api = client.ApiextensionsV1Api(kube_api)
+    crds = client.ApiextensionsV1Api(kube_api)
     body = yaml.safe_load(CRD_FILE.read_text())
     try:
-        api.create_custom_resource_definition(body)
+        crds.create_custom_resource_definition(body)
     except ApiException as error:
         if error.status != 409:
             raise
-        body["metadata"]["resourceVersion"] = api.read_custom_resource_definition(c.CRD_NAME).metadata.resource_version
-        api.replace_custom_resource_definition(c.CRD_NAME, body)
+        current = crds.read_custom_resource_definition(api.CRD_NAME)
+        body["metadata"]["resourceVersion"] = current.metadata.resource_version
+        crds.replace_custom_resource_definition(api.CRD_NAME, body)
 
     def established() -> bool:
-        conditions = api.read_custom_resource_definition(c.CRD_NAME).status.conditions or []
+        conditions = crds.read_custom_resource_definition(api.CRD_NAME).status.conditions or []
         return any(cond.type == "Established" and cond.status == "True" for cond in conditions)
 
-    wait_until(established, 30, f"CRD {c.CRD_NAME} Established")
+    wait_until(established, 30, f"CRD {api.CRD_NAME} Established")
     custom = client.CustomObjectsApi(kube_api)
-    wait_until(lambda: _served(custom), 30, f"{c.PLURAL} served")
+    wait_until(lambda: _served(custom), 30, f"{api.PLURAL} served")
 
 
 def _served(custom: Any) -> bool:
     try:
-        custom.list_cluster_custom_object(c.GROUP, c.VERSION, c.PLURAL, limit=1)
+        custom.list_cluster_custom_object(api.GROUP, api.VERSION, api.PLURAL, limit=1)
         return True
     except ApiException:
         return False
@@ -124,7 +133,7 @@ class OperatorProcess:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
-        pythonpath = os.pathsep.join(str(REPO / p) for p in ("operator", "images/trainer"))
+        pythonpath = os.pathsep.join(str(REPO / p) for p in OPERATOR_PATH)
         env = {**os.environ, "KUBECONFIG": self.kubeconfig, "PYTHONPATH": pythonpath}
         log = self.log_path.open("a")
         starts = self._starts()
@@ -168,16 +177,16 @@ class Jobs:
 
     def create(self, name: str, **spec: Any) -> dict[str, Any]:
         body = {
-            "apiVersion": c.API_VERSION,
-            "kind": c.KIND,
+            "apiVersion": api.API_VERSION,
+            "kind": api.KIND,
             "metadata": {"name": name},
             "spec": {"image": "trainer:test", "command": ["python", "train.py"], "gpusPerRank": 0, **spec},
         }
-        return self.custom.create_namespaced_custom_object(c.GROUP, c.VERSION, self.namespace, c.PLURAL, body)
+        return self.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, self.namespace, api.PLURAL, body)
 
     def get(self, name: str) -> dict[str, Any] | None:
         try:
-            return self.custom.get_namespaced_custom_object(c.GROUP, c.VERSION, self.namespace, c.PLURAL, name)
+            return self.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, self.namespace, api.PLURAL, name)
         except ApiException as error:
             if error.status == 404:
                 return None
@@ -188,10 +197,21 @@ class Jobs:
         return (job or {}).get("status") or {}
 
     def patch_spec(self, name: str, **spec: Any) -> None:
-        self.custom.patch_namespaced_custom_object(c.GROUP, c.VERSION, self.namespace, c.PLURAL, name, {"spec": spec})
+        self.custom.patch_namespaced_custom_object(api.GROUP, api.VERSION, self.namespace, api.PLURAL, name, {"spec": spec})
+
+    def observed(self, name: str, timeout: float = 30) -> dict[str, Any]:
+        """Changes the spec harmlessly (backoffLimit + 1) and waits for the operator to record that
+        generation: from then on, a pass has run that saw everything that happened before the call."""
+        job = self.get(name) or {}
+        limit = int((job.get("spec") or {}).get("backoffLimit", 3))
+        patched = self.custom.patch_namespaced_custom_object(api.GROUP, api.VERSION, self.namespace, api.PLURAL, name,
+                                                             {"spec": {"backoffLimit": limit + 1}})
+        generation = patched["metadata"]["generation"]
+        return wait_until(lambda: (s := self.status(name)).get("observedGeneration", 0) >= generation and s,
+                          timeout, f"{name}: the operator to observe generation {generation}")  # type: ignore[return-value]
 
     def delete(self, name: str) -> None:
-        self.custom.delete_namespaced_custom_object(c.GROUP, c.VERSION, self.namespace, c.PLURAL, name)
+        self.custom.delete_namespaced_custom_object(api.GROUP, api.VERSION, self.namespace, api.PLURAL, name)
 
     def wait_phase(self, name: str, phase: str, timeout: float = 30) -> dict[str, Any]:
         def reached() -> dict[str, Any] | None:
@@ -204,7 +224,7 @@ class Jobs:
             raise AssertionError(f"{error}; status is {self.status(name)}") from None
 
     def pods(self, name: str, include_deleting: bool = False) -> list[client.V1Pod]:
-        pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"{c.LABEL_JOB_NAME}={name}").items
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"{labels.LABEL_JOB_NAME}={name}").items
         return [p for p in pods if include_deleting or p.metadata.deletion_timestamp is None]
 
     def wait_pods(self, name: str, count: int, attempt: int | None = None, timeout: float = 30) -> list[client.V1Pod]:
@@ -212,7 +232,7 @@ class Jobs:
             pods = self.pods(name, include_deleting=True)
             if len(pods) != count or any(p.metadata.deletion_timestamp for p in pods):
                 return None
-            if attempt is not None and any(p.metadata.labels[c.LABEL_ATTEMPT] != str(attempt) for p in pods):
+            if attempt is not None and any(p.metadata.labels[labels.LABEL_ATTEMPT] != str(attempt) for p in pods):
                 return None
             return pods
 
@@ -220,21 +240,61 @@ class Jobs:
 
     def finish(self, pod: str, exit_code: int, reason: str | None = None) -> None:
         """Plays the kubelet: the trainer container of `pod` terminated with exit_code."""
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        terminated = {"exitCode": exit_code, "reason": reason or ("Completed" if exit_code == 0 else "Error"),
-                      "startedAt": now, "finishedAt": now}
-        status = {
-            "phase": "Succeeded" if exit_code == 0 else "Failed",
-            "conditions": [{"type": "Ready", "status": "False"}],
-            "containerStatuses": [{"name": c.CONTAINER_NAME, "image": "trainer:test", "imageID": "", "ready": False,
-                                   "restartCount": 0, "state": {"terminated": terminated}}],
-        }
+        status = pod_status(labels.CONTAINER_NAME, "trainer:test", exit_code, reason)
         self.core.patch_namespaced_pod_status(pod, self.namespace, {"status": status})
 
     def evict(self, pod: str) -> None:
         """Plays the kubelet evicting a pod under node pressure."""
-        status = {"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."}
-        self.core.patch_namespaced_pod_status(pod, self.namespace, {"status": status})
+        self.core.patch_namespaced_pod_status(pod, self.namespace, {"status": evicted_status()})
 
     def events(self, name: str) -> list[client.CoreV1Event]:
         return [e for e in self.core.list_namespaced_event(self.namespace).items if e.involved_object.name == name]
+
+
+class PodLives:
+    """Every pod object of one job (by uid: restarts reuse the names) and whether it was deleted."""
+
+    def __init__(self, jobs: Jobs, name: str) -> None:
+        self.attempt_of: dict[str, str] = {}
+        self.deleted: set[str] = set()
+        self.lock = threading.Lock()
+        self._jobs, self._name = jobs, name
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> PodLives:
+        self._thread.start()
+        assert self._ready.wait(10), "the pod watch did not start"
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+    def _watch(self) -> None:
+        response = self._jobs.core.list_namespaced_pod(
+            self._jobs.namespace, label_selector=f"{labels.LABEL_JOB_NAME}={self._name}", watch=True,
+            timeout_seconds=300, _preload_content=False)
+        self._ready.set()
+        try:
+            for line in iter_resp_lines(response):
+                event = json.loads(line)
+                meta = event["object"]["metadata"]
+                with self.lock:
+                    self.attempt_of[meta["uid"]] = meta["labels"][labels.LABEL_ATTEMPT]
+                    if event["type"] == "DELETED" or meta.get("deletionTimestamp"):
+                        self.deleted.add(meta["uid"])
+                if self._stop.is_set():
+                    return
+        finally:
+            response.release_conn()
+
+    def created(self) -> Counter[str]:
+        """Pods created per attempt."""
+        with self.lock:
+            return Counter(self.attempt_of.values())
+
+    def deleted_of(self, attempt: int) -> int:
+        with self.lock:
+            return sum(1 for uid in self.deleted if self.attempt_of[uid] == str(attempt))

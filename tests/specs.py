@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 
 def changed(base: Mapping[str, Any], **changes: Any) -> dict[str, Any]:

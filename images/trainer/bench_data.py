@@ -54,10 +54,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
+                os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "contract")]
 
 from torch.utils.data import IterableDataset  # noqa: E402
 
+from ddp_contract import envnames  # noqa: E402
 from ddp_trainer import env, s3  # noqa: E402
 from ddp_trainer.checkpoint import CheckpointManager  # noqa: E402
 from ddp_trainer.convert import SourceSample, build_shard  # noqa: E402
@@ -146,8 +148,8 @@ def environment(**values: str) -> Iterator[None]:
 @contextmanager
 def s3_endpoint(link_mbps: float = 0, latency_ms: float = 0) -> Iterator[str]:
     global server_pid
-    if os.environ.get(env.S3_ENDPOINT):
-        yield os.environ[env.S3_ENDPOINT]
+    if os.environ.get(envnames.S3_ENDPOINT):
+        yield os.environ[envnames.S3_ENDPOINT]
         return
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -166,7 +168,7 @@ def s3_endpoint(link_mbps: float = 0, latency_ms: float = 0) -> Iterator[str]:
                 time.sleep(0.1)
         server_pid = server.pid
         endpoint = f"http://127.0.0.1:{port}"
-        with environment(**{env.S3_ENDPOINT: endpoint, env.AWS_ACCESS_KEY_ID: "bench", env.AWS_SECRET_ACCESS_KEY: "bench"}):
+        with environment(**{envnames.S3_ENDPOINT: endpoint, envnames.AWS_ACCESS_KEY_ID: "bench", envnames.AWS_SECRET_ACCESS_KEY: "bench"}):
             s3.reset_clients()
             yield endpoint
     finally:
@@ -425,7 +427,7 @@ def bench_readers(bucket: str, args: argparse.Namespace, link_mbps: float, resul
 
         stream = ShardStream(index, rank=0, world_size=1, transform=raw_payload, decode=False)
         bench.run("shards-stream", workers, lambda: count_loader(stream, workers))
-        with environment(**{env.S3_READ_AHEAD: "0"}):
+        with environment(**{envnames.S3_READ_AHEAD: "0"}):
             bench.run("shards-stream (one GET per shard)", workers, lambda: count_loader(stream, workers))
         bench.run("webdataset", workers, lambda: count_loader(webdataset_pipeline(urls, lambda u: s3.open_stream(s3.parse_uri(u)), False), workers))
         if have_s3tc:
@@ -547,8 +549,8 @@ def main() -> int:
                         help="in the paced regimes: time to first byte of each response")
     args = parser.parse_args()
     results: list[dict[str, Any]] = []
-    if any(args.link_mbps) and os.environ.get(env.S3_ENDPOINT):
-        parser.error(f"--link-mbps paces the local S3 server; with {env.S3_ENDPOINT} set, pass --link-mbps 0")
+    if any(args.link_mbps) and os.environ.get(envnames.S3_ENDPOINT):
+        parser.error(f"--link-mbps paces the local S3 server; with {envnames.S3_ENDPOINT} set, pass --link-mbps 0")
     for link_mbps in [] if args.skip_readers else args.link_mbps:
         with s3_endpoint(link_mbps, args.link_latency_ms if link_mbps else 0) as endpoint:
             bucket = make_bucket(args.bucket)

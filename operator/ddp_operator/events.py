@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import datetime, timezone
-from typing import Any, Mapping
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
 
-from ddp_operator import constants as c
 from kubernetes.client.rest import ApiException
 
+from ddp_contract import api
 from ddp_operator.kubeapi import KubeApi, api_message, is_going_away
 
 log = logging.getLogger(__name__)
@@ -19,14 +20,14 @@ MAX_MESSAGE = 1024
 
 def build_event(job: Mapping[str, Any], type_: str, reason: str, message: str, now: datetime) -> dict[str, Any]:
     meta = job["metadata"]
-    stamp = now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
         "apiVersion": "v1",
         "kind": "Event",
         "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": meta["namespace"]},
         "involvedObject": {
-            "apiVersion": c.API_VERSION,
-            "kind": c.KIND,
+            "apiVersion": api.API_VERSION,
+            "kind": api.KIND,
             "name": meta["name"],
             "namespace": meta["namespace"],
             "uid": meta["uid"],
@@ -45,7 +46,7 @@ def build_event(job: Mapping[str, Any], type_: str, reason: str, message: str, n
 
 async def post_event(kube: KubeApi, job: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
     """Posts an Event; a failure is logged, never raised: events are a courtesy, not state."""
-    event = build_event(job, type_, reason, message, datetime.now(timezone.utc))
+    event = build_event(job, type_, reason, message, datetime.now(UTC))
     try:
         await kube.send(kube.core.create_namespaced_event, event["metadata"]["namespace"], event, status=True)
     except ApiException as error:

@@ -14,7 +14,7 @@ from typing import Any
 
 import kopf
 
-from ddp_operator import constants as c
+from ddp_contract import api
 from ddp_operator.kubeapi import KubeApi, make_api_client
 from ddp_operator.podwatch import PodCache
 from ddp_operator.reconciler import JobStore, Reconciler
@@ -38,45 +38,43 @@ class Runtime:
             self.reconciler.add_threadsafe(self.loop, key)
 
 
-RUNTIME: Runtime | None = None
-
-
 @kopf.on.startup()
-async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-    global RUNTIME
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.watching.server_timeout = 270
     settings.watching.client_timeout = 300
     settings.posting.enabled = False  # our Events are posted by events.py, with our reasons
-    settings.persistence.finalizer = f"{c.GROUP}/finalizer"  # never added: no change handlers
+    settings.persistence.finalizer = f"{api.GROUP}/finalizer"  # never added: no change handlers
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # not a line per watch event
-    RUNTIME = Runtime()
-    RUNTIME.pods.start()
-    await asyncio.get_running_loop().run_in_executor(None, RUNTIME.pods.synced.wait, 60)
-    RUNTIME.reconciler.start()
+    runtime = memo.runtime = Runtime()
+    runtime.pods.start()
+    await asyncio.get_running_loop().run_in_executor(None, runtime.pods.synced.wait, 60)
+    runtime.reconciler.start()
     log.info("ddp-operator started")
 
 
 @kopf.on.cleanup()
-async def cleanup(**_: Any) -> None:
-    if RUNTIME is not None:
-        RUNTIME.pods.stop()
-        await RUNTIME.reconciler.stop()
-        RUNTIME.kube.close()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    runtime: Runtime | None = memo.get("runtime")
+    if runtime is not None:
+        runtime.pods.stop()
+        await runtime.reconciler.stop()
+        runtime.kube.close()
 
 
 # async: kopf runs a plain function on a thread of its executor, and the work queue is not thread-safe.
-@kopf.on.event(c.GROUP, c.VERSION, c.PLURAL)
-async def job_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
-    assert RUNTIME is not None
+@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
+async def job_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    runtime: Runtime = memo.runtime
     key = (body["metadata"]["namespace"], body["metadata"]["name"])
     if event.get("type") == "DELETED":
-        RUNTIME.jobs.remove(key)
-        RUNTIME.reconciler.forget(key)
+        runtime.jobs.remove(key)
+        runtime.reconciler.forget(key)
         return
-    RUNTIME.jobs.put(dict(body))
-    RUNTIME.reconciler.add(key)
+    runtime.jobs.put(dict(body))
+    runtime.reconciler.add(key)
 
 
 @kopf.on.probe(id="jobs")
-def jobs_known(**_: Any) -> int:
-    return len(RUNTIME.jobs) if RUNTIME else 0
+def jobs_known(memo: kopf.Memo, **_: Any) -> int:
+    runtime: Runtime | None = memo.get("runtime")
+    return len(runtime.jobs) if runtime else 0

@@ -9,13 +9,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, TypeVar
 
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from ddp_operator import constants as c
+from ddp_contract import api, kubeclient
 
 T = TypeVar("T")
 CONCURRENCY = 32  # calls in flight for children (pods, services, ...)
@@ -23,20 +24,15 @@ STATUS_CONCURRENCY = 32  # and, apart, for status patches and Events
 
 
 def make_api_client(kubeconfig: str | None = None) -> client.ApiClient:
-    configuration = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=configuration)
-    except config.ConfigException:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    configuration.connection_pool_maxsize = CONCURRENCY + STATUS_CONCURRENCY
-    return client.ApiClient(configuration)
+    """The operator's client: in the cluster its service account, else the kubeconfig; a connection per call in flight."""
+    return kubeclient.api_client(kubeconfig, pool_size=CONCURRENCY + STATUS_CONCURRENCY)
 
 
 def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
     meta = job["metadata"]
     return {
-        "apiVersion": c.API_VERSION,
-        "kind": c.KIND,
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
         "name": meta["name"],
         "uid": meta["uid"],
         "controller": True,
@@ -113,13 +109,13 @@ class KubeApi:
     async def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
         return await self.call_status(
             self.custom.patch_namespaced_custom_object_status,
-            c.GROUP, c.VERSION, namespace, c.PLURAL, name, {"status": status},
+            api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"status": status},
         )
 
     async def delete_job(self, namespace: str, name: str) -> None:
         try:
             await self.call(
-                self.custom.delete_namespaced_custom_object, c.GROUP, c.VERSION, namespace, c.PLURAL, name,
+                self.custom.delete_namespaced_custom_object, api.GROUP, api.VERSION, namespace, api.PLURAL, name,
                 propagation_policy="Background",
             )
         except ApiException as error:
@@ -154,7 +150,7 @@ def is_going_away(error: ApiException) -> bool:
     except ValueError:
         body = {}
     if error.status == 404:
-        return (body.get("details") or {}).get("kind") in (c.PLURAL, "namespaces")
+        return (body.get("details") or {}).get("kind") in (api.PLURAL, "namespaces")
     return error.status == 403 and "NamespaceTerminating" in (error.body or "")
 
 

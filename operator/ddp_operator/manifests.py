@@ -6,8 +6,10 @@ ownerReferences are added by the caller (kopf.adopt).
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
+from ddp_contract import api, envnames, labels
 from ddp_operator import constants as c
 from ddp_operator.spec import JobSpec
 
@@ -20,30 +22,29 @@ def pod_name(job_name: str, rank: int) -> str:
     return f"{job_name}-{rank}"
 
 
-def master_addr(job_name: str, namespace: str, cluster_domain: str | None = None) -> str:
-    """Rank 0's DNS name through the headless Service.
+def master_addr(job_name: str, namespace: str) -> str:
+    """Rank 0's DNS name through the headless Service: '<job>-0.<job>.<ns>.svc'.
 
-    Without cluster_domain the name ends in '.svc', which the pod's resolv.conf search list
-    completes with whatever the cluster domain is; pass cluster_domain to get a fully qualified name.
+    It ends in '.svc', which the pod's resolv.conf search list completes with whatever the
+    cluster's domain is, so the operator need not know it.
     """
-    name = f"{pod_name(job_name, 0)}.{service_name(job_name)}.{namespace}.svc"
-    return f"{name}.{cluster_domain}" if cluster_domain else name
+    return f"{pod_name(job_name, 0)}.{service_name(job_name)}.{namespace}.svc"
 
 
 def job_labels(job_name: str) -> dict[str, str]:
     """Labels on every child; the Service selects pods by these."""
-    return {c.LABEL_JOB_NAME: job_name, c.LABEL_MANAGED_BY: c.MANAGED_BY}
+    return {labels.LABEL_JOB_NAME: job_name, labels.LABEL_MANAGED_BY: labels.MANAGED_BY}
 
 
 def pod_selector(job_name: str) -> str:
     """Label selector (string form) for listing all of a job's pods, all attempts."""
-    return f"{c.LABEL_JOB_NAME}={job_name}"
+    return f"{labels.LABEL_JOB_NAME}={job_name}"
 
 
-def build_service(job: Mapping[str, Any], spec: JobSpec | None = None) -> dict[str, Any]:
+def build_service(job: Mapping[str, Any], spec: JobSpec) -> dict[str, Any]:
     """Headless Service giving every rank a stable DNS name, published before pods are ready."""
     meta = job["metadata"]
-    port = spec.master_port if spec else int(job.get("spec", {}).get("masterPort", c.DEFAULT_MASTER_PORT))
+    port = spec.master_port
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -57,15 +58,13 @@ def build_service(job: Mapping[str, Any], spec: JobSpec | None = None) -> dict[s
             # Ranks resolve MASTER_ADDR while rank 0 is still starting; without this the name
             # does not exist until rank 0 is Ready (field notes, pain 1).
             "publishNotReadyAddresses": True,
-            "selector": {c.LABEL_JOB_NAME: meta["name"]},
+            "selector": {labels.LABEL_JOB_NAME: meta["name"]},
             "ports": [{"name": "master", "port": port, "targetPort": port, "protocol": "TCP"}],
         },
     }
 
 
-def build_pod(
-    job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int, cluster_domain: str | None = None
-) -> dict[str, Any]:
+def build_pod(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) -> dict[str, Any]:
     """The pod of one rank for one gang attempt; the pod template's fields are kept and merged."""
     if not 0 <= rank < spec.world_size:
         raise ValueError(f"rank {rank} is outside 0..{spec.world_size - 1}")
@@ -73,9 +72,9 @@ def build_pod(
     name = meta["name"]
     pod_spec = copy.deepcopy(dict(spec.pod_spec))
     containers = list(pod_spec.get("containers") or [])
-    template_trainer: dict[str, Any] = next((x for x in containers if x.get("name") == c.CONTAINER_NAME), {})
-    sidecars = [x for x in containers if x.get("name") != c.CONTAINER_NAME]
-    env = rank_env(job, spec, rank, attempt, cluster_domain)
+    template_trainer: dict[str, Any] = next((x for x in containers if x.get("name") == labels.CONTAINER_NAME), {})
+    sidecars = [x for x in containers if x.get("name") != labels.CONTAINER_NAME]
+    env = rank_env(job, spec, rank, attempt)
     pod_spec.update(
         hostname=pod_name(name, rank),
         subdomain=service_name(name),
@@ -98,10 +97,10 @@ def build_pod(
             "labels": {
                 **spec.template_labels,
                 **job_labels(name),
-                c.LABEL_RANK: str(rank),
-                c.LABEL_ATTEMPT: str(attempt),
+                labels.LABEL_RANK: str(rank),
+                labels.LABEL_ATTEMPT: str(attempt),
             },
-            "annotations": {**spec.template_annotations, c.ANNOTATION_WORLD_SIZE: str(spec.world_size)},
+            "annotations": {**spec.template_annotations, labels.ANNOTATION_WORLD_SIZE: str(spec.world_size)},
         },
         "spec": pod_spec,
     }
@@ -130,7 +129,7 @@ def build_progress_access(job: Mapping[str, Any], spec: JobSpec) -> list[dict[st
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": {"name": f"{name}-progress", "namespace": namespace, "labels": job_labels(name)},
-        "rules": [{"apiGroups": [c.GROUP], "resources": [f"{c.PLURAL}/status"], "resourceNames": [name],
+        "rules": [{"apiGroups": [api.GROUP], "resources": [f"{api.PLURAL}/status"], "resourceNames": [name],
                    "verbs": ["get", "patch"]}],
     }
     binding = {
@@ -143,30 +142,28 @@ def build_progress_access(job: Mapping[str, Any], spec: JobSpec) -> list[dict[st
     return [*objects, role, binding]
 
 
-def rank_env(
-    job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int, cluster_domain: str | None = None
-) -> list[dict[str, Any]]:
+def rank_env(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) -> list[dict[str, Any]]:
     """Env of the trainer container: operator-injected first, then S3, then the user's spec.env.
 
     One process per pod: LOCAL_RANK 0, LOCAL_WORLD_SIZE 1, NODE_RANK = RANK.
     """
     meta = job["metadata"]
     values = {
-        c.ENV_MASTER_ADDR: master_addr(meta["name"], meta["namespace"], cluster_domain),
-        c.ENV_MASTER_PORT: str(spec.master_port),
-        c.ENV_RANK: str(rank),
-        c.ENV_WORLD_SIZE: str(spec.world_size),
-        c.ENV_LOCAL_RANK: "0",
-        c.ENV_LOCAL_WORLD_SIZE: "1",
-        c.ENV_NODE_RANK: str(rank),
-        c.ENV_JOB_NAME: meta["name"],
-        c.ENV_JOB_NAMESPACE: meta["namespace"],
-        c.ENV_JOB_UID: meta.get("uid", ""),
-        c.ENV_ATTEMPT: str(attempt),
-        c.ENV_BACKEND: spec.effective_backend,
+        envnames.MASTER_ADDR: master_addr(meta["name"], meta["namespace"]),
+        envnames.MASTER_PORT: str(spec.master_port),
+        envnames.RANK: str(rank),
+        envnames.WORLD_SIZE: str(spec.world_size),
+        envnames.LOCAL_RANK: "0",
+        envnames.LOCAL_WORLD_SIZE: "1",
+        envnames.NODE_RANK: str(rank),
+        envnames.JOB_NAME: meta["name"],
+        envnames.JOB_NAMESPACE: meta["namespace"],
+        envnames.JOB_UID: meta.get("uid", ""),
+        envnames.ATTEMPT: str(attempt),
+        envnames.BACKEND: spec.effective_backend,
     }
     if spec.entrypoint:
-        values[c.ENV_ENTRYPOINT] = spec.entrypoint
+        values[envnames.ENTRYPOINT] = spec.entrypoint
     env = [{"name": key, "value": value} for key, value in values.items()]
     return [*env, *s3_env(spec), *(dict(item) for item in copy.deepcopy(list(spec.env)))]
 
@@ -177,16 +174,16 @@ def s3_env(spec: JobSpec) -> list[dict[str, Any]]:
     if s3 is None:
         return []
     plain = {
-        c.ENV_S3_ENDPOINT: s3.endpoint,
-        c.ENV_S3_REGION: s3.region,
-        c.ENV_DATASET_URI: s3.dataset,
-        c.ENV_RESULTS_URI: s3.results,
+        envnames.S3_ENDPOINT: s3.endpoint,
+        envnames.S3_REGION: s3.region,
+        envnames.DATASET_URI: s3.dataset,
+        envnames.RESULTS_URI: s3.results,
     }
     env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in plain.items() if value]
     if s3.credentials_secret:
         for env_name, secret_key in (
-            (c.ENV_AWS_ACCESS_KEY_ID, c.SECRET_KEY_ACCESS_KEY_ID),
-            (c.ENV_AWS_SECRET_ACCESS_KEY, c.SECRET_KEY_SECRET_ACCESS_KEY),
+            (envnames.AWS_ACCESS_KEY_ID, envnames.AWS_ACCESS_KEY_ID),
+            (envnames.AWS_SECRET_ACCESS_KEY, envnames.AWS_SECRET_ACCESS_KEY),
         ):
             ref = {"name": s3.credentials_secret, "key": secret_key}
             env.append({"name": env_name, "valueFrom": {"secretKeyRef": ref}})
@@ -215,7 +212,7 @@ def trainer_command(spec: JobSpec) -> list[str]:
 def _trainer_container(spec: JobSpec, template: Mapping[str, Any], env: list[dict[str, Any]]) -> dict[str, Any]:
     container = copy.deepcopy(dict(template))
     container.update(
-        name=c.CONTAINER_NAME,
+        name=labels.CONTAINER_NAME,
         image=spec.image,
         command=trainer_command(spec),
         env=[*env, *(container.get("env") or [])],

@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from ddp_operator.constants import LABEL_JOB_NAME
+from ddp_contract.labels import LABEL_JOB_NAME
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +75,6 @@ class PodCache:
     def pods(self, key: JobKey) -> list[dict]:
         with self._lock:
             return list(self._by_job.get(key, {}).values())
-
-    def size(self) -> int:
-        with self._lock:
-            return sum(len(pods) for pods in self._by_job.values())
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)

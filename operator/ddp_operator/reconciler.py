@@ -1,9 +1,18 @@
 """Reconciling a DDPJob: read the job and its pods, decide, act, record status.
 
-A status pass decides, records status and deletes; pod creation runs as a separate pass on its
-own queue, so a job whose gang just became Running never waits behind other jobs' creations.
+A status pass (`reconcile`), run for a job whenever it or one of its pods changes:
+    summary  = summarize_pods(pods of the job, status.attempt)        podsummary.py
+    decision = decide(spec, status, summary, now)                     decision.py
+    patch status with compute_status(...) first                       statuspatch.py
+      (a count-only patch may wait up to COUNTS_INTERVAL)
+    delete decision.delete_pods, each by the uid the summary saw
+    hand the job to the creation queue when the decision is Create
+A creation pass (`create_children`) decides again from what the cluster holds now and creates the
+Service, the progress identity and the free ranks' pods, only for the attempt status records; it runs
+on its own queue, so a job whose gang just became Running never waits behind other jobs' creations.
+A gang restart therefore takes several passes: delete, then create each rank once its name is free.
 
-All judgement lives in the pure functions of spec.py, manifests.py and status.py; this module only
+All judgement lives in pure functions (spec.py, manifests.py and the modules above); this module
 carries their decisions out against the API, and is level-triggered: every pass starts from what
 the cluster holds now, so an operator restarted at any moment carries on where it was.
 """
@@ -14,29 +23,22 @@ import asyncio
 import logging
 import threading
 import time
-from datetime import datetime, timezone
-from typing import Any, Mapping
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 from kubernetes.client.rest import ApiException
 
 from ddp_operator import constants as c
+from ddp_operator.deadlines import requeue_after, ttl_expired
+from ddp_operator.decision import Action, decide
 from ddp_operator.events import post_event
 from ddp_operator.kubeapi import KubeApi, adopt, api_message, is_going_away
 from ddp_operator.manifests import build_pod, build_progress_access, build_service
+from ddp_operator.podsummary import PodSummary, summarize_pods
 from ddp_operator.podwatch import JobKey, PodCache
 from ddp_operator.spec import InvalidSpec, JobSpec, parse_spec, validate_job_name
-from ddp_operator.status import (
-    Action,
-    PodSummary,
-    changed_fields,
-    compute_status,
-    decide,
-    invalid_spec_status,
-    only_counts_changed,
-    requeue_after,
-    summarize_pods,
-    ttl_expired,
-)
+from ddp_operator.statuspatch import changed_fields, compute_status, invalid_spec_status, only_counts_changed
 from ddp_operator.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -164,7 +166,7 @@ class Reconciler:
         job = self.jobs.get(key)
         if job is None or job["metadata"].get("deletionTimestamp"):
             return None  # ownerReferences let the garbage collector remove the children
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         status = job.get("status") or {}
         try:
             spec = parse_spec(job.get("spec") or {})
@@ -229,7 +231,7 @@ class Reconciler:
         self._deleting.update((uid, now) for _, uid in todo)
         results = await asyncio.gather(*(self.kube.delete_pod(namespace, name, uid) for name, uid in todo),
                                        return_exceptions=True)
-        failed = [(uid, r) for (_, uid), r in zip(todo, results) if isinstance(r, BaseException)]
+        failed = [(uid, r) for (_, uid), r in zip(todo, results, strict=True) if isinstance(r, BaseException)]
         for uid, _ in failed:
             self._deleting.pop(uid, None)  # not deleted: the next pass tries again
         if failed:

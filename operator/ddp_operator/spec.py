@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
+from ddp_contract import envnames, labels
+from ddp_contract.backend import BACKENDS, NCCL, resolve_backend
 from ddp_operator import constants as c
 
 ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -72,9 +75,7 @@ class JobSpec:
     @property
     def effective_backend(self) -> str:
         """The torch.distributed backend the ranks use: 'auto' is nccl with GPUs, gloo without."""
-        if self.backend != c.BACKEND_AUTO:
-            return self.backend
-        return c.BACKEND_NCCL if self.gpus_per_rank > 0 else c.BACKEND_GLOO
+        return resolve_backend(self.backend, self.gpus_per_rank > 0)
 
     @property
     def template_labels(self) -> Mapping[str, str]:
@@ -97,8 +98,8 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
         raise InvalidSpec(
             "gpusPerRank", f"worldSize * gpusPerRank = {world_size * gpus} exceeds {c.MAX_TOTAL_GPUS} GPUs"
         )
-    backend = _enum(spec, "backend", c.DEFAULT_BACKEND, c.BACKENDS)
-    if backend == c.BACKEND_NCCL and gpus == 0:
+    backend = _enum(spec, "backend", c.DEFAULT_BACKEND, BACKENDS)
+    if backend == NCCL and gpus == 0:
         raise InvalidSpec("backend", "nccl requires gpusPerRank > 0; use gloo or auto for CPU jobs")
     entrypoint, command, args = _program(spec)
     template = _template(spec.get("template") or {})
@@ -107,7 +108,7 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
     s3 = _s3(spec.get("s3"))
     if s3 and s3.credentials_secret:
         _check_env_names(
-            env, "env", {c.ENV_AWS_ACCESS_KEY_ID, c.ENV_AWS_SECRET_ACCESS_KEY}, "is set from s3.credentialsSecret"
+            env, "env", {envnames.AWS_ACCESS_KEY_ID, envnames.AWS_SECRET_ACCESS_KEY}, "is set from s3.credentialsSecret"
         )
     return JobSpec(
         world_size=world_size,
@@ -240,7 +241,7 @@ def _env(env: Any, key: str) -> tuple[Mapping[str, Any], ...]:
         if not isinstance(item, Mapping) or not isinstance(item.get("name"), str) or not item["name"]:
             raise InvalidSpec(f"{key}[{index}].name", "is required")
     env_tuple = tuple(items)
-    _check_env_names(env_tuple, key, c.RESERVED_ENV, "is set by the operator")
+    _check_env_names(env_tuple, key, envnames.RESERVED, "is set by the operator")
     return env_tuple
 
 
@@ -293,7 +294,7 @@ def _shm_size(value: Any, template: Mapping[str, Any]) -> str | None:
     if any(volume.get("name") == c.SHM_VOLUME for volume in pod.get("volumes") or []):
         raise InvalidSpec("template.spec.volumes", f"volume name {c.SHM_VOLUME!r} is reserved for shmSize")
     for container in pod.get("containers") or []:
-        if container.get("name") == c.CONTAINER_NAME and any(
+        if container.get("name") == labels.CONTAINER_NAME and any(
             mount.get("mountPath") == c.SHM_PATH for mount in container.get("volumeMounts") or []
         ):
             raise InvalidSpec("template.spec.containers", f"{c.SHM_PATH} is mounted by shmSize; remove one of them")
@@ -314,7 +315,7 @@ def _check_template_metadata(metadata: Mapping[str, Any]) -> None:
         values = metadata.get(key) or {}
         if not isinstance(values, Mapping) or not all(isinstance(v, str) for v in values.values()):
             raise InvalidSpec(f"template.metadata.{key}", "must map strings to strings")
-    reserved = sorted(c.RESERVED_LABELS & set(metadata.get("labels") or {}))
+    reserved = sorted(labels.RESERVED_LABELS & set(metadata.get("labels") or {}))
     if reserved:
         raise InvalidSpec("template.metadata.labels", f"{', '.join(reserved)} is set by the operator")
 
@@ -344,11 +345,11 @@ def _check_template_container(container: Any, index: int, seen: set[str]) -> Non
     if name in seen:
         raise InvalidSpec(f"{where}.name", f"duplicate container name {name!r}")
     seen.add(name)
-    if name != c.CONTAINER_NAME:
+    if name != labels.CONTAINER_NAME:
         if not container.get("image"):
             raise InvalidSpec(f"{where}.image", f"is required for the sidecar {name!r}")
         return
     owned = [key for key in TRAINER_OWNED_FIELDS if key in container]
     if owned:
-        raise InvalidSpec(f"{where}.{owned[0]}", f"of the {c.CONTAINER_NAME!r} container comes from spec.{owned[0]}")
+        raise InvalidSpec(f"{where}.{owned[0]}", f"of the {labels.CONTAINER_NAME!r} container comes from spec.{owned[0]}")
     _env(container.get("env") or [], f"{where}.env")

@@ -9,29 +9,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Generic, TypeVar
 
 log = logging.getLogger(__name__)
 
-Reconcile = Callable[[Hashable], Awaitable[float | None]]
+K = TypeVar("K", bound=Hashable)
 
 
-class WorkQueue:
-    def __init__(self, reconcile: Reconcile, workers: int = 16, error_backoff: float = 0.5,
+class WorkQueue(Generic[K]):
+    def __init__(self, reconcile: Callable[[K], Awaitable[float | None]], workers: int = 16, error_backoff: float = 0.5,
                  max_backoff: float = 60.0) -> None:
         self._reconcile = reconcile
-        self._queue: asyncio.Queue[Hashable] = asyncio.Queue()
-        self._queued: set[Hashable] = set()
-        self._running: set[Hashable] = set()
-        self._dirty: set[Hashable] = set()
-        self._timers: dict[Hashable, asyncio.TimerHandle] = {}
+        self._queue: asyncio.Queue[K] = asyncio.Queue()
+        self._queued: set[K] = set()
+        self._running: set[K] = set()
+        self._dirty: set[K] = set()
+        self._timers: dict[K, asyncio.TimerHandle] = {}
         self._workers = workers
         self._error_backoff = error_backoff
         self._max_backoff = max_backoff
-        self._failures: dict[Hashable, int] = {}
+        self._failures: dict[K, int] = {}
         self._tasks: list[asyncio.Task] = []
 
-    def add(self, key: Hashable) -> None:
+    def add(self, key: K) -> None:
         """Schedules a reconcile of key now (coalesced with any pending one)."""
         if key in self._running:
             self._dirty.add(key)
@@ -39,7 +40,7 @@ class WorkQueue:
             self._queued.add(key)
             self._queue.put_nowait(key)
 
-    def add_after(self, key: Hashable, delay: float) -> None:
+    def add_after(self, key: K, delay: float) -> None:
         """Schedules a reconcile of key after delay seconds, unless an earlier one is pending."""
         loop = asyncio.get_running_loop()
         timer = self._timers.get(key)
@@ -50,22 +51,22 @@ class WorkQueue:
             timer.cancel()
         self._timers[key] = loop.call_at(when, self._fire, key)
 
-    def add_threadsafe(self, loop: asyncio.AbstractEventLoop, key: Hashable) -> None:
+    def add_threadsafe(self, loop: asyncio.AbstractEventLoop, key: K) -> None:
         loop.call_soon_threadsafe(self.add, key)
 
-    def forget(self, key: Hashable) -> None:
+    def forget(self, key: K) -> None:
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer.cancel()
         self._failures.pop(key, None)
 
-    def backoff(self, key: Hashable) -> float:
+    def backoff(self, key: K) -> float:
         """Doubles with each failure in a row, so a persistent error (a quota, say) is not a hot loop."""
         failures = self._failures.get(key, 0)
         self._failures[key] = failures + 1
         return min(self._error_backoff * 2**failures, self._max_backoff)
 
-    def _fire(self, key: Hashable) -> None:
+    def _fire(self, key: K) -> None:
         self._timers.pop(key, None)
         self.add(key)
 

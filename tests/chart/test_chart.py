@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from ddp_contract import api
 from ddp_operator import constants as c
 from kube import REPO, Cluster, cluster_script, wait_until
 
@@ -198,7 +198,7 @@ def test_install_grants_the_operator_what_it_needs_and_uninstall_removes_it(
         assert namespace in objects["ClusterRole"]["metadata"]["name"]
 
         account = f"system:serviceaccount:{namespace}:{objects['ServiceAccount']['metadata']['name']}"
-        job, status, elsewhere = f"{c.PLURAL}.{c.GROUP}", "--subresource=status", ["-n", "any-namespace"]
+        job, status, elsewhere = f"{api.PLURAL}.{api.GROUP}", "--subresource=status", ["-n", "any-namespace"]
         allowed = [["create", "pods"], ["delete", "pods"], ["watch", "pods"], ["list", job], ["delete", job],
                    ["patch", job, status], ["get", job, status], ["create", "services"],
                    ["create", "serviceaccounts"], ["create", "roles"], ["create", "rolebindings"],
@@ -259,37 +259,3 @@ def test_operator_runs_under_the_charts_rbac(helm, kube_api, namespace, operator
             operator.restart(kubeconfig=admin)
     finally:
         helm("uninstall", release, "-n", namespace, check=False)
-
-
-def test_operator_image_needs_only_what_its_dockerfile_copies(tmp_path: Path) -> None:
-    """The Dockerfile copies the operator and four small modules of the runtime; that must suffice."""
-    dockerfile = (REPO / "images" / "operator" / "Dockerfile").read_text().replace("\\\n", " ")
-    for line in dockerfile.splitlines():
-        if line.startswith("COPY "):
-            *sources, destination = line.split()[1:]
-            target = tmp_path / destination.removeprefix("/app/").rstrip("/")
-            for source in sources:
-                path = REPO / source
-                if path.is_dir():
-                    shutil.copytree(path, target)
-                else:
-                    target.mkdir(parents=True, exist_ok=True)
-                    shutil.copy(path, target / path.name)
-    probe = "import sys, ddp_operator.handlers; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'boto3')))"
-    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True,
-                            env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
-
-
-def test_images_pin_the_versions_the_tests_run() -> None:
-    pins = dict(line.split("==", 1) for line in (REPO / "requirements" / "test.txt").read_text().splitlines()
-                if "==" in line and not line.startswith("#"))
-    operator = (REPO / "images" / "operator" / "Dockerfile").read_text()
-    trainer = (REPO / "images" / "trainer" / "Dockerfile").read_text()
-    for package in ("kopf", "kubernetes", "PyYAML"):
-        assert f"{package}=={pins[package]}" in operator, package
-    for package in ("kubernetes", "PyYAML"):
-        assert f"{package}=={pins[package]}" in trainer, package
-    torch = pins["torch"].removesuffix(".*")
-    assert f"pytorch/pytorch:{torch}" in trainer, f"the trainer's base image is not torch {torch}"

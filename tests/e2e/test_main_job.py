@@ -7,12 +7,13 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import yaml
 
+from ddp_contract import api, labels
 from ddp_operator import constants as c
 from kube import REPO, Jobs, wait_until
 
@@ -61,7 +62,7 @@ def start_job(jobs: Jobs, endpoint: str, name: str, args: list[str]) -> None:
         "stringData": {"AWS_ACCESS_KEY_ID": demo.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": demo.SECRET_KEY},
     })
     job = demo_job(endpoint, name, args)
-    jobs.custom.create_namespaced_custom_object(c.GROUP, c.VERSION, jobs.namespace, c.PLURAL, job)
+    jobs.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, jobs.namespace, api.PLURAL, job)
 
 
 def rank_pid(namespace: str, job: str, rank: int) -> int | None:
@@ -128,4 +129,4 @@ def test_killed_rank_restarts_the_gang_which_resumes_from_the_last_checkpoint(jo
     resumed = [step for step in first_steps(s3_endpoint, prefix) if step > 1]
     assert len(resumed) == 2 and resumed[0] == resumed[1], resumed
     pods = jobs.pods("resilient")
-    assert {p.metadata.labels[c.LABEL_ATTEMPT] for p in pods} == {"1"}
+    assert {p.metadata.labels[labels.LABEL_ATTEMPT] for p in pods} == {"1"}

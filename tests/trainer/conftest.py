@@ -8,15 +8,16 @@ import socket
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
 
 import pytest
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 TRAINER_SRC = ROOT / "images" / "trainer"
+CONTRACT_SRC = ROOT / "contract"
 EXAMPLES = ROOT / "examples" / "trainer"
 sys.path.insert(0, str(HERE))  # ddp_workloads, the code the ranks run
 
@@ -84,7 +85,8 @@ def rank_env(extra: Mapping[str, str], rank: int, world_size: int, port: int) ->
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WL_", "DDP_", "MASTER_"))}
     env.update(
         # Ahead of, not instead of, an inherited PYTHONPATH (packages installed with --target).
-        PYTHONPATH=os.pathsep.join([str(TRAINER_SRC), str(HERE), str(EXAMPLES), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        PYTHONPATH=os.pathsep.join([str(CONTRACT_SRC), str(TRAINER_SRC), str(HERE), str(EXAMPLES),
+                                     *filter(None, [os.environ.get("PYTHONPATH")])]),
         OMP_NUM_THREADS="1",
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),

@@ -41,7 +41,8 @@ def test_bad_values_are_named(name: str, value: str, message: str) -> None:
 
 def test_s3_settings() -> None:
     settings = env.S3Settings.from_env(
-        {"DDP_S3_ENDPOINT": "http://minio:9000", "AWS_REGION": "eu-west-1", "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+        {"DDP_S3_ENDPOINT": "http://minio:9000", "AWS_REGION": "eu-west-1",
+         "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
     )
     assert (settings.endpoint_url, settings.region, settings.access_key_id) == ("http://minio:9000", "eu-west-1", "k")
     assert env.S3Settings.from_env({"DDP_S3_REGION": "a", "AWS_REGION": "b"}).region == "a"

@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+from test_imagefolder import upload_tree, write_tree
 
 from conftest import describe, launch
 from ddp_trainer import s3
 from ddp_trainer.checkpoint import CheckpointManager
 from ddp_trainer.convert import make_shards
 from ddp_trainer.results import read_metrics
-from test_imagefolder import upload_tree, write_tree
 
 ARGS = ["--batch-size", "2", "--workers", "1", "--checkpoint-every", "3"]
 

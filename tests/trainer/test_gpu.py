@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import ddp_workloads
 import pytest
 import torch
 
-import ddp_workloads
-from conftest import describe as _describe, launch, workload_env
+from conftest import describe as _describe
+from conftest import launch, workload_env
 from ddp_trainer import s3
 from ddp_trainer.checkpoint import CheckpointManager
 

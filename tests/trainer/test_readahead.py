@@ -11,6 +11,7 @@ from typing import Callable, Iterator
 
 import pytest
 
+from ddp_contract import envnames
 from ddp_trainer import env, s3
 from ddp_trainer.errors import ObjectNotFoundError
 from ddp_trainer.readahead import ReadAhead, object_size, open_readahead, part_ranges
@@ -55,12 +56,12 @@ def test_settings_choose_read_ahead_or_a_plain_stream(bucket: str, s3_env) -> No
     data = os.urandom(5 * PART)
     url = s3.S3Url(bucket, "obj")
     s3.put_bytes(url, data)
-    settings = env.S3Settings.from_env({**s3_env, env.S3_READ_PART_BYTES: str(PART), env.S3_READ_AHEAD: "2"})
+    settings = env.S3Settings.from_env({**s3_env, envnames.S3_READ_PART_BYTES: str(PART), envnames.S3_READ_AHEAD: "2"})
     assert (settings.read_part_bytes, settings.read_ahead) == (PART, 2)
     reader = open_readahead(url, settings=settings)
     assert reader.read(PART) + reader.read() == data and reader.parts_fetched == 4
     reader.close()
-    with open_readahead(url, settings=env.S3Settings.from_env({**s3_env, env.S3_READ_AHEAD: "0"})) as single:
+    with open_readahead(url, settings=env.S3Settings.from_env({**s3_env, envnames.S3_READ_AHEAD: "0"})) as single:
         assert single.read(PART) + single.read() == data and single.parts_fetched == 0  # one GET
 
 
@@ -162,7 +163,7 @@ def link_proxy(s3_endpoint: str) -> Iterator[Callable[..., LinkProxy]]:
 
 
 def _client_via(proxy: LinkProxy, s3_env) -> object:
-    return s3.make_client(env.S3Settings.from_env({**s3_env, env.S3_ENDPOINT: proxy.url}))
+    return s3.make_client(env.S3Settings.from_env({**s3_env, envnames.S3_ENDPOINT: proxy.url}))
 
 
 def test_bodies_cut_mid_stream_are_resumed(bucket: str, s3_env, link_proxy) -> None:
@@ -175,7 +176,7 @@ def test_bodies_cut_mid_stream_are_resumed(bucket: str, s3_env, link_proxy) -> N
     assert proxy.cut_done == 3  # the first connection and two ranged parts were cut, and recovered
 
     proxy = link_proxy(cuts=2, cut_after=3 * PART)
-    one_get = env.S3Settings.from_env({**s3_env, env.S3_READ_AHEAD: "0"})
+    one_get = env.S3Settings.from_env({**s3_env, envnames.S3_READ_AHEAD: "0"})
     with open_readahead(url, _client_via(proxy, s3_env), one_get) as reader:
         assert _read_in_pieces(reader, random.Random(2)) == data and reader.parts_fetched == 0
     assert proxy.cut_done == 2  # one GET per shard is resumed the same way

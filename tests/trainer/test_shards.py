@@ -21,7 +21,8 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 
-from conftest import ROOT, TRAINER_SRC
+from conftest import CONTRACT_SRC, ROOT, TRAINER_SRC
+from ddp_contract import envnames
 from ddp_trainer import env, readahead, s3
 from ddp_trainer.errors import ConfigError, CorruptDataError, ObjectNotFoundError
 from ddp_trainer.sampler import DistributedChunkedSampler
@@ -97,8 +98,8 @@ def test_webdataset_shards_read_back_identically(wds_shards, tmp_path: Path, mon
     """Also with shards fetched as many small ranged parts (4 KB: every member spans a part boundary)."""
     import webdataset as wds
 
-    monkeypatch.setenv(env.S3_READ_PART_BYTES, part_bytes)
-    monkeypatch.setenv(env.S3_READ_AHEAD, ahead)
+    monkeypatch.setenv(envnames.S3_READ_PART_BYTES, part_bytes)
+    monkeypatch.setenv(envnames.S3_READ_AHEAD, ahead)
 
     local, bucket, written = wds_shards
     urls = [str(local / f"part-{i:03d}.tar") for i in range(len(SHARD_SIZES))]
@@ -474,7 +475,7 @@ def test_make_shards_command_from_local_folder_to_s3(tmp_path: Path, bucket: str
 
     images = tmp_path / "images"
     write_tree(images)
-    env = {**s3_env, "PYTHONPATH": str(TRAINER_SRC), "PATH": "/usr/bin:/bin"}
+    env = {**s3_env, "PYTHONPATH": os.pathsep.join([str(CONTRACT_SRC), str(TRAINER_SRC)]), "PATH": "/usr/bin:/bin"}
     dest = f"s3://{bucket}/shards/v1"
     result = subprocess.run(
         [sys.executable, "-m", "ddp_trainer", "make-shards", str(images), dest, "--samples-per-shard", "3"],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 USAGE = """usage:
   python -m ddp_trainer run [TARGET] [ARGS...]   run TARGET (module:function, module or script.py;
@@ -37,7 +37,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The `ddp-trainer` console script and `python -m ddp_trainer`: main() with the exit-code guard."""
     from .entrypoint import exit_process
 
     exit_process(main())
+
+
+if __name__ == "__main__":
+    cli()

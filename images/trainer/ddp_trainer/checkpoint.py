@@ -19,9 +19,10 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from . import env, s3
 from .errors import ConfigError, CorruptDataError, ObjectNotFoundError
@@ -164,7 +165,7 @@ class CheckpointManager:
                 self._executor.shutdown(wait=True)
                 self._executor = None
 
-    def __enter__(self) -> "CheckpointManager":
+    def __enter__(self) -> CheckpointManager:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddp_contract import envnames
 from . import env, s3
 from .errors import ConfigError
 
@@ -20,7 +21,7 @@ def open_dataset(uri: str | None = None, streaming: bool = False, **kwargs: Any)
 
         return ShardStream(uri, **kwargs) if streaming else ShardedDataset(uri, **kwargs)
     if streaming:
-        raise ConfigError(f"{env.DATASET_URI}={uri!r}: streaming needs a shard index (.json), not an image folder")
+        raise ConfigError(f"{envnames.DATASET_URI}={uri!r}: streaming needs a shard index (.json), not an image folder")
     from .imagefolder import S3ImageFolder
 
     url = s3.parse_uri(uri)

@@ -19,9 +19,13 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Sequence
+from typing import Any
+
+from ddp_contract import envnames as names
+from ddp_contract.backend import NCCL, resolve_backend
 
 from . import env
 from .errors import (
@@ -87,19 +91,19 @@ def wait_for_master(host: str, timeout_s: float) -> None:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise MasterUnresolvedError(
-                f"{env.MASTER_ADDR}={host!r} did not resolve after {attempts} attempts in {timeout_s:g}s "
-                f"(set {env.MASTER_WAIT_SECONDS} to wait longer)"
+                f"{names.MASTER_ADDR}={host!r} did not resolve after {attempts} attempts in {timeout_s:g}s "
+                f"(set {names.MASTER_WAIT_SECONDS} to wait longer)"
             )
         time.sleep(min(delay, remaining))
         delay = min(delay * 2, _RESOLVE_MAX_BACKOFF_S)
 
 
 def select_backend(requested: str, cuda_available: bool) -> str:
-    if requested == "auto":
-        return "nccl" if cuda_available else "gloo"
-    if requested == "nccl" and not cuda_available:
-        raise ConfigError(f"{env.BACKEND}=nccl but this rank has no CUDA device")
-    return requested
+    """The contract's rule (auto: nccl with a GPU, gloo without), refusing nccl on a rank without CUDA."""
+    backend = resolve_backend(requested, cuda_available)
+    if backend == NCCL and not cuda_available:
+        raise ConfigError(f"{names.BACKEND}=nccl but this rank has no CUDA device")
+    return backend
 
 
 def init_distributed(settings: env.DistSettings) -> tuple[str, Any]:
@@ -108,17 +112,17 @@ def init_distributed(settings: env.DistSettings) -> tuple[str, Any]:
     import torch.distributed as dist
 
     backend = select_backend(settings.backend, torch.cuda.is_available())
-    if backend == "nccl":
+    if backend == NCCL:
         if settings.local_rank >= torch.cuda.device_count():
             raise ConfigError(
-                f"{env.LOCAL_RANK}={settings.local_rank} but only {torch.cuda.device_count()} CUDA devices are visible"
+                f"{names.LOCAL_RANK}={settings.local_rank} but only {torch.cuda.device_count()} CUDA devices are visible"
             )
         torch.cuda.set_device(settings.local_rank)
         device = torch.device("cuda", settings.local_rank)
     else:
         device = torch.device("cpu")
-    os.environ[env.MASTER_ADDR] = settings.master_addr
-    os.environ[env.MASTER_PORT] = str(settings.master_port)
+    os.environ[names.MASTER_ADDR] = settings.master_addr
+    os.environ[names.MASTER_PORT] = str(settings.master_port)
     try:
         dist.init_process_group(
             backend=backend,
@@ -200,7 +204,8 @@ def classify(exc: BaseException) -> ExitCode:
 
 
 def _is_connection_error(exc: BaseException) -> bool:
-    from botocore.exceptions import ConnectionError as BotoConnectionError, ConnectTimeoutError, ReadTimeoutError
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+    from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError
 
     return isinstance(exc, (BotoConnectionError, ConnectTimeoutError, ReadTimeoutError))
 
@@ -228,9 +233,9 @@ def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None 
     environ = dict(os.environ) if environ is None else environ
     rank: int | None = None
     try:
-        target = target or environ.get(env.ENTRYPOINT, "").strip()
+        target = target or environ.get(names.ENTRYPOINT, "").strip()
         if not target:
-            raise ConfigError(f"no entrypoint: pass `module:function` or a script, or set {env.ENTRYPOINT}")
+            raise ConfigError(f"no entrypoint: pass `module:function` or a script, or set {names.ENTRYPOINT}")
         settings = env.DistSettings.from_env(environ)
         rank = settings.rank
         func = load_target(target)

@@ -1,53 +1,19 @@
 """Settings the operator injects into every rank, read from the environment.
 
-Every environment variable name the runtime reads is defined here, once.
+The variables' names are the contract's (ddp_contract.envnames); their defaults and checks are here.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
+
+from ddp_contract import envnames as names
+from ddp_contract.backend import BACKENDS
 
 from .errors import ConfigError
 
-# Rendezvous (set by the operator, same names as torchrun).
-MASTER_ADDR = "MASTER_ADDR"
-MASTER_PORT = "MASTER_PORT"
-RANK = "RANK"
-WORLD_SIZE = "WORLD_SIZE"
-LOCAL_RANK = "LOCAL_RANK"
-LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
-NODE_RANK = "NODE_RANK"
-
-# The DDPJob this rank belongs to.
-JOB_NAME = "DDP_JOB_NAME"
-JOB_NAMESPACE = "DDP_JOB_NAMESPACE"
-JOB_UID = "DDP_JOB_UID"
-
-# Runtime behaviour.
-BACKEND = "DDP_BACKEND"
-ENTRYPOINT = "DDP_ENTRYPOINT"
-INIT_TIMEOUT_SECONDS = "DDP_INIT_TIMEOUT_SECONDS"
-MASTER_WAIT_SECONDS = "DDP_MASTER_WAIT_SECONDS"
-PROGRESS_FILE = "DDP_PROGRESS_FILE"
-PROGRESS_INTERVAL_SECONDS = "DDP_PROGRESS_INTERVAL_SECONDS"
-
-# S3.
-AWS_ACCESS_KEY_ID = "AWS_ACCESS_KEY_ID"
-AWS_SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"
-S3_ENDPOINT = "DDP_S3_ENDPOINT"
-S3_REGION = "DDP_S3_REGION"
-AWS_REGION = "AWS_REGION"
-S3_MAX_ATTEMPTS = "DDP_S3_MAX_ATTEMPTS"
-S3_READ_PART_BYTES = "DDP_S3_READ_PART_BYTES"
-S3_READ_AHEAD = "DDP_S3_READ_AHEAD"
-SHARD_CACHE_DIR = "DDP_SHARD_CACHE_DIR"
-SHARD_CACHE_BYTES = "DDP_SHARD_CACHE_BYTES"
-DATASET_URI = "DDP_DATASET_URI"
-RESULTS_URI = "DDP_RESULTS_URI"
-
-BACKENDS = ("auto", "nccl", "gloo")
 DEFAULT_INIT_TIMEOUT_SECONDS = 600.0
 DEFAULT_PROGRESS_FILE = "/tmp/ddp-progress.json"
 DEFAULT_PROGRESS_INTERVAL_SECONDS = 10.0
@@ -110,30 +76,30 @@ class DistSettings:
     master_wait_s: float
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "DistSettings":
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> DistSettings:
         env = os.environ if environ is None else environ
-        world_size = _int(env, WORLD_SIZE, minimum=1)
-        rank = _int(env, RANK)
+        world_size = _int(env, names.WORLD_SIZE, minimum=1)
+        rank = _int(env, names.RANK)
         if rank >= world_size:
-            raise ConfigError(f"environment variable {RANK}={rank} must be < {WORLD_SIZE}={world_size}")
-        port = _int(env, MASTER_PORT, minimum=1)
+            raise ConfigError(f"environment variable {names.RANK}={rank} must be < {names.WORLD_SIZE}={world_size}")
+        port = _int(env, names.MASTER_PORT, minimum=1)
         if port > 65535:
-            raise ConfigError(f"environment variable {MASTER_PORT}={port} is not a TCP port")
-        backend = env.get(BACKEND, "auto").strip().lower() or "auto"
+            raise ConfigError(f"environment variable {names.MASTER_PORT}={port} is not a TCP port")
+        backend = env.get(names.BACKEND, "auto").strip().lower() or "auto"
         if backend not in BACKENDS:
-            raise ConfigError(f"environment variable {BACKEND}={backend!r} must be one of {', '.join(BACKENDS)}")
-        init_timeout = _float(env, INIT_TIMEOUT_SECONDS, DEFAULT_INIT_TIMEOUT_SECONDS)
+            raise ConfigError(f"environment variable {names.BACKEND}={backend!r} must be one of {', '.join(BACKENDS)}")
+        init_timeout = _float(env, names.INIT_TIMEOUT_SECONDS, DEFAULT_INIT_TIMEOUT_SECONDS)
         return cls(
-            master_addr=_require(env, MASTER_ADDR),
+            master_addr=_require(env, names.MASTER_ADDR),
             master_port=port,
             rank=rank,
             world_size=world_size,
-            local_rank=_int(env, LOCAL_RANK, default=0),
-            local_world_size=_int(env, LOCAL_WORLD_SIZE, default=1, minimum=1),
-            node_rank=_int(env, NODE_RANK, default=rank),
+            local_rank=_int(env, names.LOCAL_RANK, default=0),
+            local_world_size=_int(env, names.LOCAL_WORLD_SIZE, default=1, minimum=1),
+            node_rank=_int(env, names.NODE_RANK, default=rank),
             backend=backend,
             init_timeout_s=init_timeout,
-            master_wait_s=_float(env, MASTER_WAIT_SECONDS, init_timeout),
+            master_wait_s=_float(env, names.MASTER_WAIT_SECONDS, init_timeout),
         )
 
 
@@ -146,17 +112,17 @@ class JobInfo:
     uid: str
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "JobInfo":
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> JobInfo:
         env = os.environ if environ is None else environ
         return cls(
-            name=env.get(JOB_NAME, "").strip(),
-            namespace=env.get(JOB_NAMESPACE, "").strip() or DEFAULT_JOB_NAMESPACE,
-            uid=env.get(JOB_UID, "").strip(),
+            name=env.get(names.JOB_NAME, "").strip(),
+            namespace=env.get(names.JOB_NAMESPACE, "").strip() or DEFAULT_JOB_NAMESPACE,
+            uid=env.get(names.JOB_UID, "").strip(),
         )
 
     def require_name(self) -> str:
         if not self.name:
-            raise ConfigError(f"environment variable {JOB_NAME} is not set; it names the job's results prefix")
+            raise ConfigError(f"environment variable {names.JOB_NAME} is not set; it names the job's results prefix")
         return self.name
 
 
@@ -173,55 +139,55 @@ class S3Settings:
     read_ahead: int = DEFAULT_S3_READ_AHEAD  # parts fetched in parallel ahead of a sequential reader; 0: one GET
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "S3Settings":
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> S3Settings:
         env = os.environ if environ is None else environ
-        key_id = env.get(AWS_ACCESS_KEY_ID, "").strip() or None
-        secret = env.get(AWS_SECRET_ACCESS_KEY, "").strip() or None
+        key_id = env.get(names.AWS_ACCESS_KEY_ID, "").strip() or None
+        secret = env.get(names.AWS_SECRET_ACCESS_KEY, "").strip() or None
         if (key_id is None) != (secret is None):
-            missing = AWS_SECRET_ACCESS_KEY if secret is None else AWS_ACCESS_KEY_ID
+            missing = names.AWS_SECRET_ACCESS_KEY if secret is None else names.AWS_ACCESS_KEY_ID
             raise ConfigError(f"environment variable {missing} is not set but its pair is (check the S3 Secret)")
-        endpoint = env.get(S3_ENDPOINT, "").strip() or None
+        endpoint = env.get(names.S3_ENDPOINT, "").strip() or None
         if endpoint is not None and not endpoint.startswith(("http://", "https://")):
-            raise ConfigError(f"environment variable {S3_ENDPOINT}={endpoint!r} must start with http:// or https://")
-        region = env.get(S3_REGION, "").strip() or env.get(AWS_REGION, "").strip() or DEFAULT_S3_REGION
+            raise ConfigError(f"environment variable {names.S3_ENDPOINT}={endpoint!r} must start with http:// or https://")
+        region = env.get(names.S3_REGION, "").strip() or env.get(names.AWS_REGION, "").strip() or DEFAULT_S3_REGION
         return cls(
             endpoint_url=endpoint,
             region=region,
             access_key_id=key_id,
             secret_access_key=secret,
-            max_attempts=_int(env, S3_MAX_ATTEMPTS, default=DEFAULT_S3_MAX_ATTEMPTS, minimum=1),
-            read_part_bytes=_int(env, S3_READ_PART_BYTES, default=DEFAULT_S3_READ_PART_BYTES, minimum=4096),
-            read_ahead=_int(env, S3_READ_AHEAD, default=DEFAULT_S3_READ_AHEAD, minimum=0),
+            max_attempts=_int(env, names.S3_MAX_ATTEMPTS, default=DEFAULT_S3_MAX_ATTEMPTS, minimum=1),
+            read_part_bytes=_int(env, names.S3_READ_PART_BYTES, default=DEFAULT_S3_READ_PART_BYTES, minimum=4096),
+            read_ahead=_int(env, names.S3_READ_AHEAD, default=DEFAULT_S3_READ_AHEAD, minimum=0),
         )
 
 
 def dataset_uri(environ: Mapping[str, str] | None = None) -> str:
-    return _require(os.environ if environ is None else environ, DATASET_URI)
+    return _require(os.environ if environ is None else environ, names.DATASET_URI)
 
 
 def results_uri(environ: Mapping[str, str] | None = None) -> str:
-    return _require(os.environ if environ is None else environ, RESULTS_URI)
+    return _require(os.environ if environ is None else environ, names.RESULTS_URI)
 
 
 def rank(environ: Mapping[str, str] | None = None) -> int:
     """This process's rank; 0 outside a distributed job."""
-    return _int(os.environ if environ is None else environ, RANK, default=0)
+    return _int(os.environ if environ is None else environ, names.RANK, default=0)
 
 
 def progress_file(environ: Mapping[str, str] | None = None) -> str:
     env = os.environ if environ is None else environ
-    return env.get(PROGRESS_FILE, "").strip() or DEFAULT_PROGRESS_FILE
+    return env.get(names.PROGRESS_FILE, "").strip() or DEFAULT_PROGRESS_FILE
 
 
 def progress_interval_s(environ: Mapping[str, str] | None = None) -> float:
     env = os.environ if environ is None else environ
-    return _float(env, PROGRESS_INTERVAL_SECONDS, DEFAULT_PROGRESS_INTERVAL_SECONDS)
+    return _float(env, names.PROGRESS_INTERVAL_SECONDS, DEFAULT_PROGRESS_INTERVAL_SECONDS)
 
 
 def shard_cache_dir(environ: Mapping[str, str] | None = None) -> str | None:
     env = os.environ if environ is None else environ
-    return env.get(SHARD_CACHE_DIR, "").strip() or None
+    return env.get(names.SHARD_CACHE_DIR, "").strip() or None
 
 
 def shard_cache_bytes(environ: Mapping[str, str] | None = None) -> int:
-    return _int(os.environ if environ is None else environ, SHARD_CACHE_BYTES, default=DEFAULT_SHARD_CACHE_BYTES, minimum=1)
+    return _int(os.environ if environ is None else environ, names.SHARD_CACHE_BYTES, default=DEFAULT_SHARD_CACHE_BYTES, minimum=1)

@@ -1,29 +1,11 @@
-"""Error types and the process exit codes the operator's ExitCode policy acts on.
-
-The operator treats exit codes 1-127 as permanent failures and 128-255 as retryable. The
-retryable codes below sit at 200+ so they never collide with 128+N, the code a shell reports
-for a process killed by signal N (137 = SIGKILL/OOM, 143 = SIGTERM), which are retryable too.
-"""
+"""The runtime's error types; each says which exit code (ddp_contract.exitcodes) the rank exits with."""
 
 from __future__ import annotations
 
-from enum import IntEnum
+from ddp_contract.exitcodes import ExitCode
 
-
-class ExitCode(IntEnum):
-    OK = 0
-    # Permanent: retrying the same pod would fail the same way.
-    USER_ERROR = 1  # the user's code raised
-    CONFIG_ERROR = 2  # bad or missing environment / arguments / entrypoint
-    # Retryable infrastructure failures.
-    MASTER_UNRESOLVED = 200  # MASTER_ADDR did not resolve within the wait
-    RENDEZVOUS_FAILED = 201  # init_process_group timed out or could not reach the store
-    COMMUNICATION_ERROR = 202  # a collective failed (peer died, NCCL/gloo error)
-    STORAGE_UNAVAILABLE = 203  # S3 endpoint unreachable or throttling beyond retries
-
-    @property
-    def retryable(self) -> bool:
-        return self >= 128
+__all__ = ["ExitCode", "TrainerError", "ConfigError", "InfrastructureError", "MasterUnresolvedError",
+           "RendezvousError", "StorageUnavailableError", "StorageError", "ObjectNotFoundError", "CorruptDataError"]
 
 
 class TrainerError(Exception):

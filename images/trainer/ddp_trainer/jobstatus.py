@@ -12,25 +12,23 @@ import os
 import time
 from typing import Any
 
+from ddp_contract import envnames as names
+from ddp_contract import kubeclient
+from ddp_contract.api import GROUP, PLURAL, VERSION
+
 from . import env
 
 log = logging.getLogger(__name__)
 
-# The DDPJob API, as the CRD in crds/ serves it.
-GROUP = "ddpoperator.io"
-VERSION = "v1alpha1"
-PLURAL = "ddpjobs"
-IN_CLUSTER_ENV = "KUBERNETES_SERVICE_HOST"
 KUBECONFIG_ENV = "KUBECONFIG"
 
 
 class JobStatusSink:
     def __init__(self, namespace: str, name: str, api_client: Any = None, quiet_s: float = 60.0) -> None:
-        from kubernetes import client, config
+        # api_client: the pod's service account (or $KUBECONFIG outside a cluster) unless given.
+        from kubernetes import client
 
-        if api_client is None:
-            api_client = client.ApiClient(_configuration(config, client))
-        self.api = client.CustomObjectsApi(api_client)
+        self.api = client.CustomObjectsApi(api_client or kubeclient.api_client())
         self.namespace = namespace
         self.name = name
         self.quiet_s = quiet_s
@@ -49,19 +47,9 @@ class JobStatusSink:
                 log.warning("could not write progress to DDPJob %s/%s: %s", self.namespace, self.name, error)
 
 
-def _configuration(config: Any, client: Any) -> Any:
-    """The pod's service-account credentials, or a kubeconfig named by KUBECONFIG (local runs)."""
-    configuration = client.Configuration()
-    if os.environ.get(IN_CLUSTER_ENV):
-        config.load_incluster_config(client_configuration=configuration)
-    else:
-        config.load_kube_config(client_configuration=configuration)
-    return configuration
-
-
 def in_cluster_sink() -> JobStatusSink | None:
     """The sink for this rank's DDPJob when it runs under the operator, else None."""
-    name = os.environ.get(env.JOB_NAME)
-    if not name or not (os.environ.get(IN_CLUSTER_ENV) or os.environ.get(KUBECONFIG_ENV)):
+    name = os.environ.get(names.JOB_NAME)
+    if not name or not (os.environ.get(kubeclient.IN_CLUSTER_ENV) or os.environ.get(KUBECONFIG_ENV)):
         return None
-    return JobStatusSink(os.environ.get(env.JOB_NAMESPACE, env.DEFAULT_JOB_NAMESPACE), name)
+    return JobStatusSink(os.environ.get(names.JOB_NAMESPACE, env.DEFAULT_JOB_NAMESPACE), name)

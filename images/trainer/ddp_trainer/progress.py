@@ -15,8 +15,10 @@ import math
 import os
 import sys
 import time
-from datetime import datetime, timezone
-from typing import IO, Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import IO, Any
+
+from ddp_contract.timestamps import rfc3339
 
 from . import env
 
@@ -25,10 +27,6 @@ Sink = Callable[[dict[str, Any]], None]
 log = logging.getLogger(__name__)
 
 LOG_EVENT = "ddp-progress"
-
-
-def rfc3339(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class FileSink:
@@ -124,7 +122,7 @@ class ProgressReporter:
         assert self._latest is not None
         elapsed = now - self._window_start
         rate = self._window_samples / elapsed if elapsed > 0 else 0.0
-        record = {**self._latest, "samplesPerSecond": round(rate, 3), "updatedAt": rfc3339(self._wallclock())}
+        record = {**self._latest, "samplesPerSecond": round(rate, 3), "updatedAt": rfc3339(self._wallclock(), millis=True)}
         self._last_emit = now
         self._window_start = now
         self._window_samples = 0

@@ -18,7 +18,8 @@ import json
 import os
 import threading
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from . import env, s3
 from .errors import ConfigError
@@ -100,7 +101,7 @@ class S3ResultsHandler:
     def close(self) -> None:
         self.flush()
 
-    def __enter__(self) -> "S3ResultsHandler":
+    def __enter__(self) -> S3ResultsHandler:
         return self
 
     def __exit__(self, *exc: object) -> None:

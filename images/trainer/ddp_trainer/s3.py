@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Iterable, Iterator, TypeVar
 
+from ddp_contract import envnames
 from . import env
 from .errors import (
     ConfigError,
@@ -153,14 +154,14 @@ def translate(exc: BaseException, url: S3Url | str, action: str, s3: Any = None)
             return ObjectNotFoundError(f"{where}: object does not exist")
         if code in _DENIED:
             return StorageError(
-                f"{where}: access denied ({code}); check {env.AWS_ACCESS_KEY_ID}/{env.AWS_SECRET_ACCESS_KEY} "
+                f"{where}: access denied ({code}); check {envnames.AWS_ACCESS_KEY_ID}/{envnames.AWS_SECRET_ACCESS_KEY} "
                 f"and the bucket policy"
             )
         if code in _THROTTLED:
             return StorageUnavailableError(f"{where}: S3 still failing after retries ({code})")
         return StorageError(f"{where}: {code or 'error'}: {exc}")
     if isinstance(exc, NoCredentialsError):
-        return StorageError(f"{where}: no S3 credentials; set {env.AWS_ACCESS_KEY_ID}/{env.AWS_SECRET_ACCESS_KEY}")
+        return StorageError(f"{where}: no S3 credentials; set {envnames.AWS_ACCESS_KEY_ID}/{envnames.AWS_SECRET_ACCESS_KEY}")
     if isinstance(exc, BotoCoreError):
         return StorageUnavailableError(f"{where}: S3 endpoint {_endpoint(s3)} unreachable: {exc}")
     return StorageUnavailableError(f"{where}: {type(exc).__name__}: {exc}")

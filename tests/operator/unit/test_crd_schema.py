@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from ddp_contract import api, backend, envnames, labels
 from ddp_operator import constants as c
+from ddp_operator.decision import Action, Decision
+from ddp_operator.podsummary import RankFailure, summarize_pods
 from ddp_operator.spec import InvalidSpec, parse_spec
-from ddp_operator.status import Action, Decision, RankFailure, compute_status, invalid_spec_status, summarize_pods
+from ddp_operator.statuspatch import compute_status, invalid_spec_status
+from kube import REPO
 
-CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "ddpjob.yaml"
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("ddpjob-*.yaml"))
-NOW = datetime(2025, 1, 1, tzinfo=timezone.utc)
+CRD_PATH = REPO / "crds" / "ddpjob.yaml"
+EXAMPLES = sorted((REPO / "examples").glob("ddpjob*.yaml"))
+NOW = datetime(2025, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture(scope="module")
@@ -28,13 +32,13 @@ def schema(crd: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_names_match_constants(crd: dict[str, Any]) -> None:
-    assert crd["metadata"]["name"] == c.CRD_NAME
-    assert crd["spec"]["group"] == c.GROUP and crd["spec"]["scope"] == "Namespaced"
+    assert crd["metadata"]["name"] == api.CRD_NAME
+    assert crd["spec"]["group"] == api.GROUP and crd["spec"]["scope"] == "Namespaced"
     names = crd["spec"]["names"]
-    assert (names["kind"], names["plural"], names["singular"]) == (c.KIND, c.PLURAL, c.SINGULAR)
-    assert names["shortNames"] == [c.SHORT_NAME]
+    assert (names["kind"], names["plural"], names["singular"]) == (api.KIND, api.PLURAL, api.SINGULAR)
+    assert names["shortNames"] == [api.SHORT_NAME]
     version = crd["spec"]["versions"][0]
-    assert version["name"] == c.VERSION and version["storage"] and version["subresources"] == {"status": {}}
+    assert version["name"] == api.VERSION and version["storage"] and version["subresources"] == {"status": {}}
 
 
 def test_defaults_and_enums_match_constants(crd: dict[str, Any]) -> None:
@@ -42,7 +46,7 @@ def test_defaults_and_enums_match_constants(crd: dict[str, Any]) -> None:
     assert spec["masterPort"]["default"] == c.DEFAULT_MASTER_PORT
     assert spec["backoffLimit"]["default"] == c.DEFAULT_BACKOFF_LIMIT
     assert spec["gpusPerRank"]["default"] == c.DEFAULT_GPUS_PER_RANK
-    assert spec["backend"]["default"] == c.DEFAULT_BACKEND and tuple(spec["backend"]["enum"]) == c.BACKENDS
+    assert spec["backend"]["default"] == c.DEFAULT_BACKEND and tuple(spec["backend"]["enum"]) == backend.BACKENDS
     assert spec["restartPolicy"]["default"] == c.DEFAULT_RESTART_POLICY
     assert tuple(spec["restartPolicy"]["enum"]) == c.RESTART_POLICIES
     assert spec["worldSize"]["maximum"] == c.MAX_WORLD_SIZE
@@ -52,16 +56,16 @@ def test_defaults_and_enums_match_constants(crd: dict[str, Any]) -> None:
 
 def test_reserved_env_rule_lists_every_reserved_name(crd: dict[str, Any]) -> None:
     rule = schema(crd)["properties"]["spec"]["properties"]["env"]["x-kubernetes-validations"][0]["rule"]
-    for name in c.RESERVED_ENV:
+    for name in envnames.RESERVED:
         assert f"'{name}'" in rule
 
 
 def test_reserved_label_rule_lists_every_reserved_label(crd: dict[str, Any]) -> None:
-    labels = schema(crd)["properties"]["spec"]["properties"]["template"]["properties"]["metadata"]["properties"][
+    field = schema(crd)["properties"]["spec"]["properties"]["template"]["properties"]["metadata"]["properties"][
         "labels"
     ]
-    for label in c.RESERVED_LABELS:
-        assert f"'{label}'" in labels["x-kubernetes-validations"][0]["rule"]
+    for label in labels.RESERVED_LABELS:
+        assert f"'{label}'" in field["x-kubernetes-validations"][0]["rule"]
 
 
 def test_printer_columns(crd: dict[str, Any]) -> None:
@@ -128,8 +132,8 @@ def test_examples_exist() -> None:
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_examples_parse_and_match_the_schema(path: Path, crd: dict[str, Any]) -> None:
     for doc in yaml.safe_load_all(path.read_text()):
-        if doc.get("kind") != c.KIND:
+        if doc.get("kind") != api.KIND:
             continue
-        assert doc["apiVersion"] == c.API_VERSION
+        assert doc["apiVersion"] == api.API_VERSION
         parse_spec(doc["spec"])
         assert undeclared(doc["spec"], schema(crd)["properties"]["spec"], "spec") == []

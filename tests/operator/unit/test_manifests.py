@@ -5,10 +5,11 @@ from typing import Any
 
 import pytest
 
+from ddp_contract import api, envnames, labels
 from ddp_operator import constants as c
 from ddp_operator.manifests import (
-    build_progress_access,
     build_pod,
+    build_progress_access,
     build_service,
     master_addr,
     pod_name,
@@ -21,19 +22,19 @@ from ddp_operator.spec import parse_spec
 def make_job(name: str = "mnist", namespace: str = "team-a", **spec: Any) -> dict[str, Any]:
     body = {"worldSize": 4, "image": "trainer:1", "entrypoint": "train.main:run", **spec}
     return {
-        "apiVersion": c.API_VERSION,
-        "kind": c.KIND,
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
         "metadata": {"name": name, "namespace": namespace, "uid": "uid-123", "generation": 1},
         "spec": body,
     }
 
 
-def pod_for(job: dict[str, Any], rank: int = 0, attempt: int = 0, **kwargs: Any) -> dict[str, Any]:
-    return build_pod(job, parse_spec(job["spec"]), rank, attempt, **kwargs)
+def pod_for(job: dict[str, Any], rank: int = 0, attempt: int = 0) -> dict[str, Any]:
+    return build_pod(job, parse_spec(job["spec"]), rank, attempt)
 
 
 def trainer(pod: dict[str, Any]) -> dict[str, Any]:
-    return next(x for x in pod["spec"]["containers"] if x["name"] == c.CONTAINER_NAME)
+    return next(x for x in pod["spec"]["containers"] if x["name"] == labels.CONTAINER_NAME)
 
 
 def env_of(pod: dict[str, Any]) -> dict[str, Any]:
@@ -46,26 +47,23 @@ def test_names() -> None:
     assert pod_selector("mnist") == "ddpoperator.io/job-name=mnist"
 
 
-@pytest.mark.parametrize(
-    ("domain", "expected"),
-    [(None, "mnist-0.mnist.team-a.svc"), ("cluster.local", "mnist-0.mnist.team-a.svc.cluster.local")],
-)
-def test_master_addr_is_rank_zero_behind_the_headless_service(domain: str | None, expected: str) -> None:
-    assert master_addr("mnist", "team-a", domain) == expected
+def test_master_addr_is_rank_zero_behind_the_headless_service() -> None:
+    # '.svc' and no cluster domain: the pod's resolv.conf search list completes the name.
+    assert master_addr("mnist", "team-a") == "mnist-0.mnist.team-a.svc"
 
 
 @pytest.mark.parametrize("port", [None, 23456])
 def test_service_is_headless_and_published_before_ready(port: int | None) -> None:
     job = make_job(**({"masterPort": port} if port else {}))
-    service = build_service(job)
+    service = build_service(job, parse_spec(job["spec"]))
     expected_port = port or c.DEFAULT_MASTER_PORT
     assert service["metadata"]["name"] == "mnist" and service["metadata"]["namespace"] == "team-a"
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["publishNotReadyAddresses"] is True
-    assert service["spec"]["selector"] == {c.LABEL_JOB_NAME: "mnist"}
+    assert service["spec"]["selector"] == {labels.LABEL_JOB_NAME: "mnist"}
     assert service["spec"]["ports"][0]["port"] == expected_port
     assert service["spec"]["ports"][0]["targetPort"] == expected_port
-    assert service["metadata"]["labels"][c.LABEL_JOB_NAME] == "mnist"
+    assert service["metadata"]["labels"][labels.LABEL_JOB_NAME] == "mnist"
 
 
 def test_service_port_follows_the_parsed_spec() -> None:
@@ -81,11 +79,11 @@ def test_pod_identity(rank: int, attempt: int) -> None:
     assert pod["spec"]["hostname"] == f"mnist-{rank}"
     assert pod["spec"]["subdomain"] == "mnist"
     assert pod["spec"]["restartPolicy"] == "Never"
-    labels = pod["metadata"]["labels"]
-    assert labels[c.LABEL_JOB_NAME] == "mnist"
-    assert labels[c.LABEL_RANK] == str(rank)
-    assert labels[c.LABEL_ATTEMPT] == str(attempt)
-    assert pod["metadata"]["annotations"][c.ANNOTATION_WORLD_SIZE] == "4"
+    on_pod = pod["metadata"]["labels"]
+    assert on_pod[labels.LABEL_JOB_NAME] == "mnist"
+    assert on_pod[labels.LABEL_RANK] == str(rank)
+    assert on_pod[labels.LABEL_ATTEMPT] == str(attempt)
+    assert pod["metadata"]["annotations"][labels.ANNOTATION_WORLD_SIZE] == "4"
 
 
 @pytest.mark.parametrize("rank", [0, 1, 3])
@@ -109,12 +107,6 @@ def test_rank_env(rank: int) -> None:
     assert all(isinstance(v, str) for v in env.values())
 
 
-def test_master_addr_env_uses_the_cluster_domain_when_given() -> None:
-    assert env_of(pod_for(make_job(), 1, cluster_domain="k8s.example"))[c.ENV_MASTER_ADDR] == (
-        "mnist-0.mnist.team-a.svc.k8s.example"
-    )
-
-
 def test_entrypoint_runs_the_trainer_runtime() -> None:
     container = trainer(pod_for(make_job(args=["--lr", "0.1"])))
     assert container["command"] == ["python", "-m", "ddp_trainer", "run", "--"]
@@ -126,7 +118,7 @@ def test_command_replaces_the_runtime() -> None:
     pod = pod_for(make_job(entrypoint=None, command=["torchrun", "train.py"]))
     assert trainer(pod)["command"] == ["torchrun", "train.py"]
     assert "args" not in trainer(pod)
-    assert c.ENV_ENTRYPOINT not in env_of(pod)
+    assert envnames.ENTRYPOINT not in env_of(pod)
 
 
 @pytest.mark.parametrize(("gpus", "backend"), [(0, "gloo"), (1, "nccl"), (8, "nccl")])
@@ -138,7 +130,7 @@ def test_gpu_limits_and_backend(gpus: int, backend: str) -> None:
         assert resources["requests"] == {"cpu": "2", c.GPU_RESOURCE: gpus}
     else:
         assert c.GPU_RESOURCE not in resources["limits"] and c.GPU_RESOURCE not in resources["requests"]
-    assert env_of(pod)[c.ENV_BACKEND] == backend
+    assert env_of(pod)[envnames.BACKEND] == backend
 
 
 def test_gpu_limit_without_other_resources() -> None:
@@ -174,12 +166,12 @@ S3 = {
 
 def test_s3_settings_become_env_and_credentials_secret_refs() -> None:
     env = env_of(pod_for(make_job(s3=S3), 2))
-    assert env[c.ENV_S3_ENDPOINT] == S3["endpoint"]
-    assert env[c.ENV_S3_REGION] == "eu-west-1"
-    assert env[c.ENV_DATASET_URI] == "s3://datasets/mnist"
-    assert env[c.ENV_RESULTS_URI] == "s3://results/mnist"
-    assert env[c.ENV_AWS_ACCESS_KEY_ID] == {"secretKeyRef": {"name": "s3-creds", "key": "AWS_ACCESS_KEY_ID"}}
-    assert env[c.ENV_AWS_SECRET_ACCESS_KEY] == {"secretKeyRef": {"name": "s3-creds", "key": "AWS_SECRET_ACCESS_KEY"}}
+    assert env[envnames.S3_ENDPOINT] == S3["endpoint"]
+    assert env[envnames.S3_REGION] == "eu-west-1"
+    assert env[envnames.DATASET_URI] == "s3://datasets/mnist"
+    assert env[envnames.RESULTS_URI] == "s3://results/mnist"
+    assert env[envnames.AWS_ACCESS_KEY_ID] == {"secretKeyRef": {"name": "s3-creds", "key": "AWS_ACCESS_KEY_ID"}}
+    assert env[envnames.AWS_SECRET_ACCESS_KEY] == {"secretKeyRef": {"name": "s3-creds", "key": "AWS_SECRET_ACCESS_KEY"}}
 
 
 def test_secret_values_are_never_inlined() -> None:
@@ -192,15 +184,15 @@ def test_secret_values_are_never_inlined() -> None:
 
 def test_partial_s3_settings_only_set_what_is_given() -> None:
     env = env_of(pod_for(make_job(s3={"dataset": "s3://d/x"})))
-    assert env[c.ENV_DATASET_URI] == "s3://d/x"
-    for name in (c.ENV_S3_ENDPOINT, c.ENV_S3_REGION, c.ENV_RESULTS_URI, c.ENV_AWS_ACCESS_KEY_ID):
+    assert env[envnames.DATASET_URI] == "s3://d/x"
+    for name in (envnames.S3_ENDPOINT, envnames.S3_REGION, envnames.RESULTS_URI, envnames.AWS_ACCESS_KEY_ID):
         assert name not in env
 
 
 def test_user_env_comes_after_injected_env_and_env_from_is_kept() -> None:
     pod = pod_for(make_job(env=[{"name": "LR", "value": "0.1"}], envFrom=[{"secretRef": {"name": "wandb"}}]))
     names = [item["name"] for item in trainer(pod)["env"]]
-    assert names[-1] == "LR" and names[0] == c.ENV_MASTER_ADDR
+    assert names[-1] == "LR" and names[0] == envnames.MASTER_ADDR
     assert trainer(pod)["envFrom"] == [{"secretRef": {"name": "wandb"}}]
 
 
@@ -254,7 +246,7 @@ def test_template_is_merged() -> None:
         {"name": "dshm", "mountPath": "/dev/shm"},
     ]
     assert [v["name"] for v in spec["volumes"]] == ["data", "dshm"]
-    assert env_of(pod)["EXTRA"] == "1" and env_of(pod)[c.ENV_RANK] == "1"
+    assert env_of(pod)["EXTRA"] == "1" and env_of(pod)[envnames.RANK] == "1"
 
 
 def test_service_links_off_by_default() -> None:
@@ -284,7 +276,7 @@ def test_ranks_run_as_a_per_job_account_allowed_only_their_jobs_status() -> None
     assert pod_for(job)["spec"]["serviceAccountName"] == "mnist-trainer"
     assert access["ServiceAccount"]["metadata"]["name"] == "mnist-trainer"
     assert access["Role"]["rules"] == [
-        {"apiGroups": [c.GROUP], "resources": [f"{c.PLURAL}/status"], "resourceNames": ["mnist"],
+        {"apiGroups": [api.GROUP], "resources": [f"{api.PLURAL}/status"], "resourceNames": ["mnist"],
          "verbs": ["get", "patch"]}
     ]
     assert access["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": "mnist-trainer",

@@ -3,70 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
-from collections import Counter
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from kubernetes import client
-from kubernetes.watch.watch import iter_resp_lines
 
 from ddp_operator import constants as c
 from ddp_operator.kubeapi import KubeApi, make_api_client
-from kube import Cluster, Jobs, wait_until
+from kube import Cluster, Jobs, PodLives, wait_until
 
 RANKS = 64
 RESTARTS = 3
-
-
-class PodLives:
-    """Every pod object of one job (by uid: restarts reuse the names) and whether it was deleted."""
-
-    def __init__(self, jobs: Jobs, name: str) -> None:
-        self.attempt_of: dict[str, str] = {}
-        self.deleted: set[str] = set()
-        self.lock = threading.Lock()
-        self._jobs, self._name = jobs, name
-        self._stop = threading.Event()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-
-    def __enter__(self) -> PodLives:
-        self._thread.start()
-        assert self._ready.wait(10), "the pod watch did not start"
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(15)
-
-    def _watch(self) -> None:
-        response = self._jobs.core.list_namespaced_pod(
-            self._jobs.namespace, label_selector=f"{c.LABEL_JOB_NAME}={self._name}", watch=True,
-            timeout_seconds=300, _preload_content=False)
-        self._ready.set()
-        try:
-            for line in iter_resp_lines(response):
-                event = json.loads(line)
-                meta = event["object"]["metadata"]
-                with self.lock:
-                    self.attempt_of[meta["uid"]] = meta["labels"][c.LABEL_ATTEMPT]
-                    if event["type"] == "DELETED" or meta.get("deletionTimestamp"):
-                        self.deleted.add(meta["uid"])
-                if self._stop.is_set():
-                    return
-        finally:
-            response.release_conn()
-
-    def created(self) -> Counter[str]:
-        """Pods created per attempt."""
-        with self.lock:
-            return Counter(self.attempt_of.values())
-
-    def deleted_of(self, attempt: int) -> int:
-        with self.lock:
-            return sum(1 for uid in self.deleted if self.attempt_of[uid] == str(attempt))
 
 
 @pytest.fixture

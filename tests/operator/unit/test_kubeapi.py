@@ -5,7 +5,7 @@ import json
 import pytest
 from kubernetes.client.rest import ApiException
 
-from ddp_operator import constants as c
+from ddp_contract import api
 from ddp_operator.kubeapi import api_message, is_going_away
 
 
@@ -21,7 +21,7 @@ def api_error(status: int, reason: str, message: str, kind: str | None = None) -
 @pytest.mark.parametrize(
     "error, going",
     [
-        (api_error(404, "NotFound", 'ddpjobs.x "j" not found', c.PLURAL), True),
+        (api_error(404, "NotFound", 'ddpjobs.x "j" not found', api.PLURAL), True),
         (api_error(404, "NotFound", 'namespaces "t-1" not found', "namespaces"), True),
         (api_error(403, "Forbidden", "unable to create new content in namespace t-1 because it is being "
                    "terminated", None), False),

@@ -4,8 +4,10 @@ from typing import Any
 
 import pytest
 
+from ddp_contract import labels
 from ddp_operator import constants as c
-from ddp_operator.spec import InvalidSpec, JobSpec, S3Spec, parse_spec, validate_job_name
+from ddp_operator.manifests import pod_name, service_name
+from ddp_operator.spec import DNS1035_RE, DNS_LABEL_MAX, InvalidSpec, JobSpec, S3Spec, parse_spec, validate_job_name
 from specs import changed
 
 MINIMAL: dict[str, Any] = {"worldSize": 2, "image": "trainer:1", "entrypoint": "train.main:run"}
@@ -125,7 +127,7 @@ def test_valid_shm_sizes(shm: Any) -> None:
             {"s3": {"credentialsSecret": "creds"}, "env": [{"name": "AWS_SECRET_ACCESS_KEY", "value": "x"}]},
             "env[0].name",
         ),
-        ({"template": {"metadata": {"labels": {c.LABEL_RANK: "1"}}}}, "template.metadata.labels"),
+        ({"template": {"metadata": {"labels": {labels.LABEL_RANK: "1"}}}}, "template.metadata.labels"),
         ({"template": {"metadata": {"annotations": {"a": 1}}}}, "template.metadata.annotations"),
         ({"template": {"spec": {"restartPolicy": "OnFailure"}}}, "template.spec.restartPolicy"),
         ({"template": {"spec": {"hostname": "h"}}}, "template.spec.hostname"),
@@ -191,7 +193,9 @@ def test_a_trainer_container_in_the_template_may_add_fields() -> None:
     [("job", 1), ("a" * 61, 10), ("my-job-2", 4096)],
 )
 def test_valid_job_names(name: str, world_size: int) -> None:
-    validate_job_name(name, world_size)
+    validate_job_name(name, world_size)  # accepted: and every name the job then uses is a valid DNS label
+    for child in (service_name(name), pod_name(name, 0), pod_name(name, world_size - 1)):
+        assert DNS1035_RE.match(child) and len(child) <= DNS_LABEL_MAX, child
 
 
 @pytest.mark.parametrize(

@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from ddp_contract import api, backend, labels
 from ddp_operator import constants as c
+from ddp_operator.decision import Action, Decision
+from ddp_operator.podsummary import RankFailure, summarize_pods
 from ddp_operator.spec import parse_spec
-from ddp_operator.status import Action, Decision, RankFailure, compute_status, summarize_pods
-from kube import install_crd, wait_until
+from ddp_operator.statuspatch import compute_status
+from kube import REPO, install_crd
 from specs import changed
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("ddpjob-*.yaml"))
 
 VALID_SPEC: dict[str, Any] = {"worldSize": 2, "image": "trainer:1", "entrypoint": "train.main:run"}
@@ -33,12 +35,12 @@ def custom(kube_api: Any) -> Any:
 
 
 def ddpjob(spec: dict[str, Any], name: str = "job") -> dict[str, Any]:
-    return {"apiVersion": c.API_VERSION, "kind": c.KIND, "metadata": {"name": name}, "spec": spec}
+    return {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": name}, "spec": spec}
 
 
 def create(custom: Any, namespace: str, body: dict[str, Any], dry_run: bool = True) -> dict[str, Any]:
     kwargs = {"dry_run": "All"} if dry_run else {}
-    return custom.create_namespaced_custom_object(c.GROUP, c.VERSION, namespace, c.PLURAL, body, **kwargs)
+    return custom.create_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, body, **kwargs)
 
 
 def refusal(custom: Any, namespace: str, body: dict[str, Any]) -> str:
@@ -61,7 +63,7 @@ def test_valid_job_is_accepted_with_defaults(custom: Any, namespace: str) -> Non
     assert spec["masterPort"] == c.DEFAULT_MASTER_PORT
     assert spec["backoffLimit"] == c.DEFAULT_BACKOFF_LIMIT
     assert spec["gpusPerRank"] == c.DEFAULT_GPUS_PER_RANK
-    assert spec["backend"] == c.BACKEND_AUTO
+    assert spec["backend"] == backend.AUTO
     assert spec["restartPolicy"] == c.POLICY_ON_FAILURE
     assert spec["suspend"] is False
 
@@ -168,7 +170,7 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ),
     (
         "reserved label",
-        spec_with(template={"metadata": {"labels": {c.LABEL_RANK: "0"}}}),
+        spec_with(template={"metadata": {"labels": {labels.LABEL_RANK: "0"}}}),
         "spec.template.metadata.labels must not set ddpoperator.io/job-name",
     ),
     (
@@ -236,7 +238,7 @@ def test_longest_name_that_fits_is_accepted(custom: Any, namespace: str) -> None
 def test_status_written_by_the_operator_survives_pruning(custom: Any, namespace: str) -> None:
     """Every field compute_status writes (and the trainer's progress, and kopf's own) is declared."""
     create(custom, namespace, ddpjob(VALID_SPEC), dry_run=False)
-    now = datetime(2025, 1, 1, tzinfo=timezone.utc)
+    now = datetime(2025, 1, 1, tzinfo=UTC)
     failure = RankFailure(1, "job-1", 137, "OOMKilled", False)
     patch = compute_status(
         parse_spec(VALID_SPEC),
@@ -260,7 +262,7 @@ def test_status_written_by_the_operator_survives_pruning(custom: Any, namespace:
     # Server-side dry run: the answer is the pruned object as it would be stored, and an operator
     # running in this test session cannot write over it before we read it.
     stored = custom.patch_namespaced_custom_object_status(
-        c.GROUP, c.VERSION, namespace, c.PLURAL, "job", {"status": {**patch, **extra}}, dry_run="All"
+        api.GROUP, api.VERSION, namespace, api.PLURAL, "job", {"status": {**patch, **extra}}, dry_run="All"
     )["status"]
     expected = {key: value for key, value in {**patch, **extra}.items() if value is not None}
     assert stored == expected

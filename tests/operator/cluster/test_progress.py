@@ -6,6 +6,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from ddp_contract import api
 from ddp_operator import constants as c
 from ddp_operator.manifests import progress_service_account
 from ddp_trainer.jobstatus import JobStatusSink
@@ -45,12 +46,12 @@ def test_rank_identity_can_write_its_own_jobs_progress_and_nothing_else(jobs, ku
     custom = client.CustomObjectsApi(as_rank)
     with pytest.raises(ApiException) as other_job:
         custom.patch_namespaced_custom_object_status(
-            c.GROUP, c.VERSION, jobs.namespace, c.PLURAL, "theirs", {"status": {"progress": {"step": 1}}}
+            api.GROUP, api.VERSION, jobs.namespace, api.PLURAL, "theirs", {"status": {"progress": {"step": 1}}}
         )
     assert other_job.value.status == 403
     with pytest.raises(ApiException) as spec_write:
         custom.patch_namespaced_custom_object(
-            c.GROUP, c.VERSION, jobs.namespace, c.PLURAL, "mine", {"spec": {"worldSize": 1}}
+            api.GROUP, api.VERSION, jobs.namespace, api.PLURAL, "mine", {"spec": {"worldSize": 1}}
         )
     assert spec_write.value.status == 403
     with pytest.raises(ApiException) as pods:

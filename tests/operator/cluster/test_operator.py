@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import time
-
+from ddp_contract import api, labels
 from ddp_operator import constants as c
-from kube import wait_until
+from kube import PodLives, wait_until
 
 
 def env_of(pod) -> dict[str, str]:
-    trainer = next(x for x in pod.spec.containers if x.name == c.CONTAINER_NAME)
+    trainer = next(x for x in pod.spec.containers if x.name == labels.CONTAINER_NAME)
     return {e.name: e.value for e in trainer.env if e.value is not None}
 
 
@@ -23,7 +22,7 @@ def test_job_gets_a_headless_service_and_one_wired_pod_per_rank(jobs) -> None:
     assert service.spec.publish_not_ready_addresses is True
     assert service.spec.ports[0].port == 23456
 
-    pods = sorted(jobs.pods("wired"), key=lambda p: int(p.metadata.labels[c.LABEL_RANK]))
+    pods = sorted(jobs.pods("wired"), key=lambda p: int(p.metadata.labels[labels.LABEL_RANK]))
     assert [p.metadata.name for p in pods] == ["wired-0", "wired-1", "wired-2"]
     for rank, pod in enumerate(pods):
         env = env_of(pod)
@@ -32,7 +31,7 @@ def test_job_gets_a_headless_service_and_one_wired_pod_per_rank(jobs) -> None:
         assert env["DDP_JOB_UID"] == job["metadata"]["uid"]
         assert pod.spec.hostname == pod.metadata.name and pod.spec.subdomain == "wired"
         owner = pod.metadata.owner_references[0]
-        assert (owner.kind, owner.uid, owner.controller) == (c.KIND, job["metadata"]["uid"], True)
+        assert (owner.kind, owner.uid, owner.controller) == (api.KIND, job["metadata"]["uid"], True)
     assert {e.reason for e in jobs.events("wired")} >= {c.REASON_ALL_READY}
 
 
@@ -40,7 +39,7 @@ def test_gpu_ranks_ask_for_their_gpus_and_land_on_gpu_nodes(jobs) -> None:
     jobs.create("gpus", worldSize=2, gpusPerRank=4)
     jobs.wait_phase("gpus", c.PHASE_RUNNING)
     for pod in jobs.pods("gpus"):
-        trainer = next(x for x in pod.spec.containers if x.name == c.CONTAINER_NAME)
+        trainer = next(x for x in pod.spec.containers if x.name == labels.CONTAINER_NAME)
         assert trainer.resources.limits[c.GPU_RESOURCE] == "4"
         node = jobs.core.read_node(pod.spec.node_name)
         assert int(node.status.allocatable[c.GPU_RESOURCE]) >= 4
@@ -110,8 +109,7 @@ def test_job_succeeds_when_every_rank_exits_zero(jobs) -> None:
     jobs.create("done", worldSize=2)
     jobs.wait_phase("done", c.PHASE_RUNNING)
     jobs.finish("done-0", 0)
-    time.sleep(1)
-    assert jobs.status("done")["phase"] == c.PHASE_RUNNING, "one rank finishing is not the job finishing"
+    assert jobs.observed("done")["phase"] == c.PHASE_RUNNING, "one rank finishing is not the job finishing"
     jobs.finish("done-1", 0)
     status = jobs.wait_phase("done", c.PHASE_SUCCEEDED)
     assert status["completionTime"] and status["reason"] == c.REASON_SUCCEEDED
@@ -123,7 +121,7 @@ def test_operator_restart_mid_job_creates_no_duplicates_and_loses_no_state(jobs,
     before = {p.metadata.name: p.metadata.uid for p in jobs.pods("survivor")}
 
     operator.restart()
-    time.sleep(2)
+    jobs.observed("survivor")
     assert {p.metadata.name: p.metadata.uid for p in jobs.pods("survivor", include_deleting=True)} == before
 
     operator.stop()
@@ -136,8 +134,7 @@ def test_operator_restart_mid_job_creates_no_duplicates_and_loses_no_state(jobs,
     assert status["restarts"] == 1 and status["attempt"] == 1
 
     operator.restart()
-    time.sleep(2)
-    assert jobs.status("survivor")["restarts"] == 1
+    assert jobs.observed("survivor")["restarts"] == 1
     assert len(jobs.pods("survivor", include_deleting=True)) == 4
 
 
@@ -171,12 +168,14 @@ def test_suspend_deletes_the_pods_and_resume_recreates_them(jobs) -> None:
 
 
 def test_a_job_created_suspended_makes_no_pods_until_resumed(jobs) -> None:
-    jobs.create("queued", worldSize=2, suspend=True)
-    jobs.wait_phase("queued", c.PHASE_SUSPENDED)
-    time.sleep(1)
-    assert jobs.pods("queued", include_deleting=True) == []
-    jobs.patch_spec("queued", suspend=False)
-    jobs.wait_phase("queued", c.PHASE_RUNNING)
+    with PodLives(jobs, "queued") as lives:
+        jobs.create("queued", worldSize=2, suspend=True)
+        jobs.wait_phase("queued", c.PHASE_SUSPENDED)
+        jobs.observed("queued")  # a later pass, with suspend still true
+        assert lives.created() == {}, "a suspended job must create no pod, not even briefly"
+        jobs.patch_spec("queued", suspend=False)
+        jobs.wait_phase("queued", c.PHASE_RUNNING)
+        assert lives.created() == {"0": 2}
 
 
 def test_active_deadline_fails_the_job_and_stops_its_pods(jobs) -> None:

@@ -1,0 +1,52 @@
+"""Every environment variable a rank reads, by its one name.
+
+The operator sets the rendezvous and job variables (RESERVED: a spec's env may not override them)
+and the S3 ones from spec.s3; the rest are the runtime's settings a user may set in spec.env.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Rendezvous, with torchrun's names.
+MASTER_ADDR: Final = "MASTER_ADDR"
+MASTER_PORT: Final = "MASTER_PORT"
+RANK: Final = "RANK"
+WORLD_SIZE: Final = "WORLD_SIZE"
+LOCAL_RANK: Final = "LOCAL_RANK"
+LOCAL_WORLD_SIZE: Final = "LOCAL_WORLD_SIZE"
+NODE_RANK: Final = "NODE_RANK"
+
+# The DDPJob this rank belongs to, and its gang attempt.
+JOB_NAME: Final = "DDP_JOB_NAME"
+JOB_NAMESPACE: Final = "DDP_JOB_NAMESPACE"
+JOB_UID: Final = "DDP_JOB_UID"
+ATTEMPT: Final = "DDP_ATTEMPT"
+
+# What the rank runs, and how.
+BACKEND: Final = "DDP_BACKEND"
+ENTRYPOINT: Final = "DDP_ENTRYPOINT"
+INIT_TIMEOUT_SECONDS: Final = "DDP_INIT_TIMEOUT_SECONDS"
+MASTER_WAIT_SECONDS: Final = "DDP_MASTER_WAIT_SECONDS"
+PROGRESS_FILE: Final = "DDP_PROGRESS_FILE"
+PROGRESS_INTERVAL_SECONDS: Final = "DDP_PROGRESS_INTERVAL_SECONDS"
+
+# S3: credentials under the names boto3 reads (and the keys the credentials Secret must hold).
+AWS_ACCESS_KEY_ID: Final = "AWS_ACCESS_KEY_ID"
+AWS_SECRET_ACCESS_KEY: Final = "AWS_SECRET_ACCESS_KEY"
+AWS_REGION: Final = "AWS_REGION"
+S3_ENDPOINT: Final = "DDP_S3_ENDPOINT"
+S3_REGION: Final = "DDP_S3_REGION"
+S3_MAX_ATTEMPTS: Final = "DDP_S3_MAX_ATTEMPTS"
+S3_READ_PART_BYTES: Final = "DDP_S3_READ_PART_BYTES"
+S3_READ_AHEAD: Final = "DDP_S3_READ_AHEAD"
+SHARD_CACHE_DIR: Final = "DDP_SHARD_CACHE_DIR"
+SHARD_CACHE_BYTES: Final = "DDP_SHARD_CACHE_BYTES"
+DATASET_URI: Final = "DDP_DATASET_URI"
+RESULTS_URI: Final = "DDP_RESULTS_URI"
+
+# Set by the operator for every rank; a spec's env or template may not override them.
+RESERVED: Final = frozenset({
+    MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK,
+    JOB_NAME, JOB_NAMESPACE, JOB_UID, ATTEMPT, BACKEND, ENTRYPOINT,
+})

@@ -1,0 +1,37 @@
+"""Pod status as a kubelet reports it, for the stand-ins that play one (podrunner.py, the tests, the benchmark)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def pod_status(container: str, image: str, exit_code: int | None = None, reason: str | None = None,
+               started: str | None = None) -> dict[str, Any]:
+    """Running (exit_code None) or terminated with exit_code: phase, conditions and the container's state."""
+    running = exit_code is None
+    if running:
+        state: dict[str, Any] = {"running": {"startedAt": started or now()}}
+        phase = "Running"
+    else:
+        state = {"terminated": {"exitCode": exit_code, "reason": reason or ("Completed" if exit_code == 0 else "Error"),
+                                "startedAt": started or now(), "finishedAt": now()}}
+        phase = "Succeeded" if exit_code == 0 else "Failed"
+    ready = "True" if running else "False"
+    return {
+        "phase": phase,
+        "startTime": started or now(),
+        "conditions": [{"type": kind, "status": value, "lastTransitionTime": now()} for kind, value in
+                       (("PodScheduled", "True"), ("Initialized", "True"), ("ContainersReady", ready),
+                        ("Ready", ready))],
+        "containerStatuses": [{"name": container, "image": image, "imageID": "", "ready": running,
+                               "restartCount": 0, "started": running, "state": state}],
+    }
+
+
+def evicted_status(message: str = "The node was low on resource: memory.") -> dict[str, Any]:
+    return {"phase": "Failed", "reason": "Evicted", "message": message}

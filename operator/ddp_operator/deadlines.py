@@ -1,0 +1,43 @@
+"""activeDeadlineSeconds and ttlSecondsAfterFinished: when each falls due."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from ddp_contract.timestamps import parse_rfc3339
+from ddp_operator import constants as c
+from ddp_operator.spec import JobSpec
+
+
+def deadline_exceeded(status: Mapping[str, Any], spec: JobSpec, now: datetime) -> bool:
+    """activeDeadlineSeconds counts from status.startTime, which suspension clears (as for batch Jobs)."""
+    remaining = deadline_remaining(status, spec, now)
+    return remaining is not None and remaining <= 0
+
+
+def deadline_remaining(status: Mapping[str, Any], spec: JobSpec, now: datetime) -> float | None:
+    start = parse_rfc3339(status.get("startTime"))
+    if spec.active_deadline_seconds is None or start is None or status.get("phase") in c.TERMINAL_PHASES:
+        return None
+    return (start + timedelta(seconds=spec.active_deadline_seconds) - now).total_seconds()
+
+
+def ttl_expired(status: Mapping[str, Any], spec: JobSpec, now: datetime) -> bool:
+    """Whether a finished job should now be deleted (ttlSecondsAfterFinished after completionTime)."""
+    remaining = ttl_remaining(status, spec, now)
+    return remaining is not None and remaining <= 0
+
+
+def ttl_remaining(status: Mapping[str, Any], spec: JobSpec, now: datetime) -> float | None:
+    done = parse_rfc3339(status.get("completionTime"))
+    if spec.ttl_seconds_after_finished is None or done is None or status.get("phase") not in c.TERMINAL_PHASES:
+        return None
+    return (done + timedelta(seconds=spec.ttl_seconds_after_finished) - now).total_seconds()
+
+
+def requeue_after(status: Mapping[str, Any], spec: JobSpec, now: datetime) -> float | None:
+    """Seconds until the deadline or the TTL falls due (whichever is first), for a timer; None if neither."""
+    pending = [r for r in (deadline_remaining(status, spec, now), ttl_remaining(status, spec, now)) if r is not None]
+    return max(0.0, min(pending)) if pending else None

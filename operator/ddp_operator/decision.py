@@ -1,0 +1,102 @@
+"""What to do next for a job, from its spec, its recorded status and its pods: the one decision a pass acts on."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from ddp_operator import constants as c
+from ddp_operator.deadlines import deadline_exceeded
+from ddp_operator.manifests import pod_name
+from ddp_operator.podsummary import PodSummary, RankFailure
+from ddp_operator.policy import is_retryable
+from ddp_operator.spec import JobSpec
+
+
+class Action(enum.StrEnum):
+    CREATE = "Create"  # create decision.create_ranks
+    WAIT = "Wait"  # nothing to create; maybe pods to delete (old attempts, leftovers of a finished job)
+    RESTART = "Restart"  # delete the whole gang; the next passes create attempt + 1
+    FAIL = "Fail"
+    SUCCEED = "Succeed"
+    SUSPEND = "Suspend"
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    attempt: int  # the gang attempt after this decision: label new pods with it, store it in status
+    reason: str = ""
+    message: str = ""
+    create_ranks: tuple[int, ...] = ()
+    delete_pods: tuple[str, ...] = ()
+    failure: RankFailure | None = None
+
+
+def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: datetime) -> Decision:
+    """What to do next. Success means every rank's trainer exited 0 (not just rank 0): a rank still
+    running may be writing results. Any failed rank ends the attempt for the whole gang."""
+    attempt = summary.attempt
+    phase = status.get("phase")
+    if phase in c.TERMINAL_PHASES:
+        # Stop whatever still runs (a failed gang's survivors); keep finished pods for their logs.
+        return Decision(
+            Action.WAIT, attempt, status.get("reason", ""), status.get("message", ""), delete_pods=summary.active_pods
+        )
+    if deadline_exceeded(status, spec, now):
+        message = f"activeDeadlineSeconds={spec.active_deadline_seconds} passed since {status.get('startTime')}"
+        return _fail(summary, c.REASON_DEADLINE, message)
+    if spec.suspend:
+        return Decision(
+            Action.SUSPEND, attempt, c.REASON_SUSPENDED, "spec.suspend is true", delete_pods=_whole_gang(summary)
+        )
+    if summary.succeeded == spec.world_size:
+        return Decision(Action.SUCCEED, attempt, c.REASON_SUCCEEDED, f"all {spec.world_size} ranks exited 0")
+    failure = summary.failure or _lost_rank(spec, status, summary)
+    if failure is not None:
+        return _on_failure(spec, status, summary, failure)
+    free = tuple(r for r in range(spec.world_size) if r not in summary.occupied_ranks)
+    action = Action.CREATE if free else Action.WAIT
+    return Decision(action, attempt, delete_pods=summary.stale_pods, create_ranks=free)
+
+
+def _on_failure(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, failure: RankFailure) -> Decision:
+    restarts = int(status.get("restarts", 0))
+    if not is_retryable(spec.restart_policy, failure):
+        message = f"{failure.describe()}; restartPolicy {spec.restart_policy} does not retry it"
+        return _fail(summary, c.REASON_PERMANENT, message, failure)
+    if restarts >= spec.backoff_limit:
+        message = f"{failure.describe()}; backoffLimit {spec.backoff_limit} reached after {restarts} restarts"
+        return _fail(summary, c.REASON_BACKOFF_LIMIT, message, failure)
+    reason = c.REASON_RANK_EVICTED if failure.evicted else c.REASON_RANK_FAILED
+    message = f"{failure.describe()}; restarting the gang (restart {restarts + 1} of {spec.backoff_limit})"
+    return Decision(
+        Action.RESTART, summary.attempt + 1, reason, message, delete_pods=_whole_gang(summary), failure=failure
+    )
+
+
+def _fail(summary: PodSummary, reason: str, message: str, failure: RankFailure | None = None) -> Decision:
+    return Decision(Action.FAIL, summary.attempt, reason, message, delete_pods=summary.active_pods, failure=failure)
+
+
+def _lost_rank(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary) -> RankFailure | None:
+    """A rank whose pod vanished after the gang formed cannot rejoin: treat it as a lost pod.
+
+    Before the gang formed (phase not yet Running), a missing rank is simply created again: the
+    others are still waiting for it at the rendezvous.
+    """
+    if status.get("phase") != c.PHASE_RUNNING or int(status.get("attempt", 0)) != summary.attempt:
+        return None
+    missing = [r for r in range(spec.world_size) if r not in summary.live_ranks]
+    if not missing:
+        return None
+    name = pod_name(summary.job_name, missing[0]) if summary.job_name else ""
+    return RankFailure(rank=missing[0], pod=name, exit_code=None, reason=c.REASON_RANK_MISSING, evicted=True)
+
+
+def _whole_gang(summary: PodSummary) -> tuple[str, ...]:
+    """Every pod not already being deleted: the current attempt (finished or not) and older ones."""
+    return tuple(sorted(set(summary.active_pods + summary.finished_pods + summary.stale_pods)))

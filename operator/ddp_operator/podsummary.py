@@ -1,0 +1,194 @@
+"""A job's pods, seen from its current gang attempt: counts, the earliest failure, what is in the way.
+
+Pods of older attempts and pods being deleted still hold their names ('<job>-<rank>'), so a rank is
+created again only once its name is free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddp_contract import labels
+from ddp_operator import constants as c
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    rank: int
+    pod: str
+    exit_code: int | None
+    reason: str
+    evicted: bool  # the node or the scheduler took the pod away, not the training code
+    finished_at: str | None = None
+
+    def describe(self) -> str:
+        if self.exit_code is not None:
+            return f"rank {self.rank} (pod {self.pod}) exited with code {self.exit_code} ({self.reason})"
+        if self.evicted:
+            return f"rank {self.rank} (pod {self.pod}) was lost: {self.reason}"
+        return f"rank {self.rank} (pod {self.pod}) failed: {self.reason}"
+
+    def as_status(self) -> dict[str, Any]:
+        """The status.failedRank object."""
+        return {"rank": self.rank, "pod": self.pod, "exitCode": self.exit_code, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class PodSummary:
+    """The pods of one job, seen from its current gang attempt.
+
+    Counts cover only current-attempt pods that are not being deleted. `occupied_ranks` holds the
+    rank of every pod that exists (any attempt, deleting or not): its name '<job>-<rank>' is taken,
+    so that rank is created only once the pod is gone.
+    """
+
+    attempt: int
+    job_name: str = ""
+    pending: int = 0
+    running: int = 0
+    ready: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    live_ranks: frozenset[int] = frozenset()  # current attempt, not being deleted
+    active_pods: tuple[str, ...] = ()  # current attempt, trainer not finished, not being deleted
+    finished_pods: tuple[str, ...] = ()  # current attempt, trainer finished, not being deleted
+    stale_pods: tuple[str, ...] = ()  # other attempts (or unlabelled), not yet being deleted
+    occupied_ranks: frozenset[int] = frozenset()
+    failure: RankFailure | None = None  # the earliest failed rank of the current attempt
+    problems: tuple[str, ...] = ()  # e.g. "rank 1: ImagePullBackOff", for status.message
+    uids: Mapping[str, str] = field(default_factory=dict)  # pod name -> uid, for deletes that miss a newer pod
+
+    @property
+    def total(self) -> int:
+        return len(self.live_ranks)
+
+
+def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: str = "") -> PodSummary:
+    """Counts and the earliest failure for `attempt`; job_name (else the pods' label) names lost ranks' pods."""
+    counts = {"pending": 0, "running": 0, "ready": 0, "succeeded": 0, "failed": 0}
+    live: set[int] = set()
+    active: list[str] = []
+    finished: list[str] = []
+    stale: list[str] = []
+    occupied: set[int] = set()
+    failures: list[RankFailure] = []
+    problems: list[str] = []
+    uids: dict[str, str] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        name = meta.get("name", "")
+        uids[name] = meta.get("uid", "")
+        job_name = job_name or (meta.get("labels") or {}).get(labels.LABEL_JOB_NAME, "")
+        rank = _label_int(meta, labels.LABEL_RANK)
+        if rank is not None:
+            occupied.add(rank)
+        if meta.get("deletionTimestamp"):
+            continue
+        if rank is None or _label_int(meta, labels.LABEL_ATTEMPT) != attempt:
+            stale.append(name)
+            continue
+        live.add(rank)
+        state = pod_state(pod)
+        counts[state] += 1
+        (active if state in ("pending", "running") else finished).append(name)
+        if state == "running" and is_ready(pod):
+            counts["ready"] += 1
+        if state == "failed":
+            failures.append(rank_failure(pod, rank))
+        problem = waiting_problem(pod)
+        if problem:
+            problems.append(f"rank {rank}: {problem}")
+    failures.sort(key=lambda f: (f.finished_at or "", f.rank))
+    return PodSummary(
+        attempt=attempt,
+        job_name=job_name,
+        live_ranks=frozenset(live),
+        active_pods=tuple(sorted(active)),
+        finished_pods=tuple(sorted(finished)),
+        stale_pods=tuple(sorted(stale)),
+        occupied_ranks=frozenset(occupied),
+        failure=failures[0] if failures else None,
+        problems=tuple(sorted(problems)),
+        uids=uids,
+        **counts,
+    )
+
+
+def pod_state(pod: Mapping[str, Any]) -> str:
+    """pending | running | succeeded | failed, judged by the trainer container first.
+
+    The trainer's own exit decides, so a sidecar that keeps a pod Running does not hide a finished rank.
+    """
+    status = pod.get("status") or {}
+    terminated = (trainer_status(pod).get("state") or {}).get("terminated")
+    if terminated is not None:
+        return "succeeded" if terminated.get("exitCode") == 0 else "failed"
+    phase = status.get("phase", "Pending")
+    return {"Running": "running", "Succeeded": "succeeded", "Failed": "failed"}.get(phase, "pending")
+
+
+def trainer_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    named = [s for s in statuses if s.get("name") == labels.CONTAINER_NAME]
+    found: Mapping[str, Any] = (named or statuses or [{}])[0]
+    return found
+
+
+def is_ready(pod: Mapping[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(cond.get("type") == "Ready" and cond.get("status") == "True" for cond in conditions)
+
+
+def is_eviction(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod was removed by the node or scheduler (evicted, preempted, node lost, ...)."""
+    status = pod.get("status") or {}
+    reason = status.get("reason") or ""
+    if reason in c.EVICTION_REASONS or reason.startswith(c.EVICTION_REASON_PREFIX):
+        return True
+    return any(
+        cond.get("type") == "DisruptionTarget" and cond.get("status") == "True"
+        for cond in status.get("conditions") or []
+    )
+
+
+def rank_failure(pod: Mapping[str, Any], rank: int) -> RankFailure:
+    terminated = (trainer_status(pod).get("state") or {}).get("terminated") or {}
+    status = pod.get("status") or {}
+    evicted = is_eviction(pod)
+    exit_code = terminated.get("exitCode")
+    if evicted:
+        reason = status.get("reason") or _disruption_reason(status) or "Evicted"
+    else:
+        reason = terminated.get("reason") or status.get("reason") or "Failed"
+    return RankFailure(
+        rank=rank,
+        pod=(pod.get("metadata") or {}).get("name", ""),
+        exit_code=exit_code,
+        reason=reason,
+        evicted=evicted,
+        finished_at=terminated.get("finishedAt"),
+    )
+
+
+def waiting_problem(pod: Mapping[str, Any]) -> str | None:
+    """A reason a pending rank is stuck (ImagePullBackOff, CreateContainerConfigError, ...)."""
+    waiting = (trainer_status(pod).get("state") or {}).get("waiting") or {}
+    reason = waiting.get("reason")
+    return str(reason) if reason and reason != "ContainerCreating" else None
+
+
+def _disruption_reason(status: Mapping[str, Any]) -> str | None:
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            return str(cond.get("reason") or "") or None
+    return None
+
+
+def _label_int(meta: Mapping[str, Any], key: str) -> int | None:
+    value = (meta.get("labels") or {}).get(key)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None

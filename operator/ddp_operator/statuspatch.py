@@ -1,0 +1,214 @@
+"""The status a job's decision leads to, as a merge patch: phase, counts, conditions, failure record.
+
+Writes only the fields the operator owns; status.progress is rank 0's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from ddp_contract.timestamps import rfc3339
+from ddp_operator import constants as c
+from ddp_operator.decision import Action, Decision
+from ddp_operator.podsummary import PodSummary
+from ddp_operator.spec import InvalidSpec, JobSpec
+
+# The conditions a phase makes True; every other known condition that is present becomes False.
+PHASE_CONDITION = {
+    c.PHASE_RUNNING: c.COND_RUNNING,
+    c.PHASE_RESTARTING: c.COND_RESTARTING,
+    c.PHASE_SUSPENDED: c.COND_SUSPENDED,
+    c.PHASE_SUCCEEDED: c.COND_SUCCEEDED,
+    c.PHASE_FAILED: c.COND_FAILED,
+}
+DECISION_PHASE = {
+    Action.RESTART: c.PHASE_RESTARTING,
+    Action.FAIL: c.PHASE_FAILED,
+    Action.SUCCEED: c.PHASE_SUCCEEDED,
+    Action.SUSPEND: c.PHASE_SUSPENDED,
+}
+
+
+def next_phase(status: Mapping[str, Any], summary: PodSummary, decision: Decision, spec: JobSpec) -> str:
+    """Pending: no rank running yet. Starting: some ranks running, not all. Running: every rank ready
+    (or already succeeded). Restarting: from a gang restart until the new gang is Running.
+    Suspended, Succeeded, Failed follow the decision; Succeeded and Failed are final."""
+    previous = status.get("phase")
+    if previous in c.TERMINAL_PHASES:
+        return str(previous)
+    if decision.action in DECISION_PHASE:
+        return DECISION_PHASE[decision.action]
+    if summary.ready > 0 and summary.ready + summary.succeeded >= spec.world_size:
+        return c.PHASE_RUNNING
+    if previous == c.PHASE_RESTARTING:
+        return c.PHASE_RESTARTING
+    return c.PHASE_STARTING if summary.running > 0 else c.PHASE_PENDING
+
+
+def compute_status(
+    spec: JobSpec,
+    status: Mapping[str, Any],
+    summary: PodSummary,
+    decision: Decision,
+    now: datetime,
+    generation: int | None = None,
+) -> dict[str, Any]:
+    """The status patch (merge-patch semantics: a None value removes the field).
+
+    Writes only operator-owned fields; progress and kopf's own fields are left alone.
+    """
+    phase = next_phase(status, summary, decision, spec)
+    stamp = rfc3339(now)
+    reason, message = _reason_message(phase, status, summary, decision, spec.world_size)
+    patch: dict[str, Any] = {
+        "phase": phase,
+        "attempt": decision.attempt,
+        "restarts": int(status.get("restarts", 0)) + (1 if decision.action == Action.RESTART else 0),
+        "readyRanks": summary.ready,
+        "totalRanks": spec.world_size,
+        "ready": f"{summary.ready}/{spec.world_size}",
+        "reason": reason,
+        "message": message,
+        "startTime": _start_time(status, phase, stamp),
+        "completionTime": status.get("completionTime") or (stamp if phase in c.TERMINAL_PHASES else None),
+        "conditions": _conditions(status, phase, reason, message, summary, decision, now, generation),
+    }
+    if generation is not None:
+        patch["observedGeneration"] = generation
+    if decision.failure is not None and status.get("phase") not in c.TERMINAL_PHASES:
+        patch["failedRank"] = decision.failure.as_status()
+    return patch
+
+
+# Fields of status this operator owns; progress is the trainer's.
+OWNED_STATUS = frozenset({
+    "phase", "attempt", "restarts", "readyRanks", "totalRanks", "ready", "reason", "message", "startTime",
+    "completionTime", "conditions", "observedGeneration", "failedRank",
+})
+# What moves with every rank that becomes ready; a patch that changes nothing else may wait a little.
+COUNT_FIELDS = frozenset({"readyRanks", "ready", "message"})
+
+
+def changed_fields(current: Mapping[str, Any], patch: Mapping[str, Any]) -> frozenset[str]:
+    """The operator-owned fields whose value the patch changes."""
+    return frozenset(f for f in patch if f in OWNED_STATUS and current.get(f) != patch.get(f))
+
+
+def only_counts_changed(current: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
+    """Whether the patch changes rank counts and the messages quoting them, and nothing else:
+    no phase, attempt or restart, and no condition's status or reason."""
+    changed = changed_fields(current, patch)
+    if not changed or not changed <= COUNT_FIELDS | {"conditions"}:
+        return False
+    return _condition_states(current.get("conditions")) == _condition_states(patch.get("conditions"))
+
+
+def _condition_states(conditions: Iterable[Mapping[str, Any]] | None) -> list[tuple[Any, ...]]:
+    return [(cond.get("type"), cond.get("status"), cond.get("reason"), cond.get("lastTransitionTime"),
+             cond.get("observedGeneration")) for cond in conditions or []]
+
+
+def invalid_spec_status(
+    error: InvalidSpec, status: Mapping[str, Any], now: datetime, generation: int | None = None
+) -> dict[str, Any]:
+    """Status patch for a spec parse_spec refused: the job fails, the message names the field."""
+    message = str(error)
+    stamp = rfc3339(now)
+    conditions = set_condition(
+        status.get("conditions") or [], c.COND_FAILED, True, c.REASON_INVALID_SPEC, message, now, generation
+    )
+    patch: dict[str, Any] = {
+        "phase": c.PHASE_FAILED,
+        "reason": c.REASON_INVALID_SPEC,
+        "message": message,
+        "completionTime": status.get("completionTime") or stamp,
+        "conditions": conditions,
+    }
+    if generation is not None:
+        patch["observedGeneration"] = generation
+    return patch
+
+
+def set_condition(
+    conditions: Iterable[Mapping[str, Any]],
+    type_: str,
+    status: bool | str,
+    reason: str,
+    message: str,
+    now: datetime,
+    generation: int | None = None,
+) -> list[dict[str, Any]]:
+    """A new list with the condition `type_` set; lastTransitionTime moves only when status flips."""
+    value = ("True" if status else "False") if isinstance(status, bool) else status
+    result = [dict(cond) for cond in conditions]
+    current = next((cond for cond in result if cond.get("type") == type_), None)
+    updated: dict[str, Any] = {
+        "type": type_,
+        "status": value,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": rfc3339(now),
+    }
+    if generation is not None:
+        updated["observedGeneration"] = generation
+    if current is None:
+        return [*result, updated]
+    if current.get("status") == value and current.get("lastTransitionTime"):
+        updated["lastTransitionTime"] = current["lastTransitionTime"]
+    current.clear()
+    current.update(updated)
+    return result
+
+
+def get_condition(conditions: Iterable[Mapping[str, Any]], type_: str) -> Mapping[str, Any] | None:
+    return next((cond for cond in conditions if cond.get("type") == type_), None)
+
+
+def _conditions(
+    status: Mapping[str, Any],
+    phase: str,
+    reason: str,
+    message: str,
+    summary: PodSummary,
+    decision: Decision,
+    now: datetime,
+    generation: int | None,
+) -> list[dict[str, Any]]:
+    conditions = [dict(cond) for cond in status.get("conditions") or []]
+    created = decision.action == Action.CREATE or summary.total > 0
+    if created and get_condition(conditions, c.COND_CREATED) is None:
+        conditions = set_condition(
+            conditions, c.COND_CREATED, True, c.REASON_CREATED, "rank pods created", now, generation
+        )
+    active = PHASE_CONDITION.get(phase)
+    for type_ in PHASE_CONDITION.values():
+        if type_ == active:
+            conditions = set_condition(conditions, type_, True, reason, message, now, generation)
+        elif get_condition(conditions, type_) is not None:
+            conditions = set_condition(conditions, type_, False, reason, message, now, generation)
+    return conditions
+
+
+def _reason_message(
+    phase: str, status: Mapping[str, Any], summary: PodSummary, decision: Decision, world_size: int
+) -> tuple[str, str]:
+    if status.get("phase") in c.TERMINAL_PHASES:
+        return status.get("reason", ""), status.get("message", "")
+    if decision.reason:
+        return decision.reason, decision.message
+    if phase == c.PHASE_RUNNING:
+        return c.REASON_ALL_READY, f"{summary.ready} ranks ready, {summary.succeeded} finished"
+    if phase == c.PHASE_RESTARTING:
+        return status.get("reason", ""), status.get("message", "")
+    detail = "; ".join(summary.problems)
+    waiting = f"{summary.ready}/{world_size} ranks ready, {summary.total} pods exist"
+    return c.REASON_WAITING, f"{waiting}; {detail}" if detail else waiting
+
+
+def _start_time(status: Mapping[str, Any], phase: str, stamp: str) -> str | None:
+    """Set when the job first runs unsuspended; cleared by suspension so the deadline restarts."""
+    if phase == c.PHASE_SUSPENDED:
+        return None
+    return status.get("startTime") or stamp

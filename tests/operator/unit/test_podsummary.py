@@ -1,0 +1,94 @@
+"""summarize_pods: counts, failures and stale pods of a job's current attempt."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddp_contract import labels
+from ddp_operator.podsummary import RankFailure
+from podfixtures import JOB, pod, summary_of
+
+
+def test_summary_counts_current_attempt_only() -> None:
+    summary = summary_of(
+        pod(0, "running"),
+        pod(1, "running", ready=False),
+        pod(2, "pending"),
+        pod(3, "succeeded"),
+        pod(4, "failed", exit_code=3),
+        pod(5, "running", attempt=1),
+        pod(6, "running", deleting=True),
+    )
+    assert (summary.pending, summary.running, summary.ready, summary.succeeded, summary.failed) == (1, 2, 1, 1, 1)
+    assert summary.live_ranks == {0, 1, 2, 3, 4}
+    assert summary.occupied_ranks == {0, 1, 2, 3, 4, 5, 6}
+    assert summary.active_pods == ("mnist-0", "mnist-1", "mnist-2")
+    assert summary.finished_pods == ("mnist-3", "mnist-4")
+    assert summary.stale_pods == ("mnist-5",)
+    assert summary.job_name == JOB
+
+
+def test_summary_knows_each_pod_by_uid_so_a_delete_cannot_hit_its_successor() -> None:
+    summary = summary_of(pod(0, attempt=1), pod(1, "running", attempt=0), attempt=1)
+    assert summary.stale_pods == ("mnist-1",)
+    assert summary.uids == {"mnist-0": "uid-0-1", "mnist-1": "uid-1-0"}
+
+
+def test_summary_failure_carries_pod_exit_code_and_reason() -> None:
+    failure = summary_of(pod(0), pod(1, "failed", exit_code=137, reason="OOMKilled")).failure
+    assert failure == RankFailure(1, "mnist-1", 137, "OOMKilled", False, "2025-01-02T03:00:00Z")
+    assert failure.as_status() == {"rank": 1, "pod": "mnist-1", "exitCode": 137, "reason": "OOMKilled"}
+    assert "rank 1 (pod mnist-1) exited with code 137" in failure.describe()
+
+
+def test_earliest_failure_is_reported_not_the_lowest_rank() -> None:
+    summary = summary_of(
+        pod(0, "failed", exit_code=1, finished_at="2025-01-02T03:02:00Z"),
+        pod(1, "failed", exit_code=2, finished_at="2025-01-02T03:01:00Z"),
+    )
+    assert summary.failure is not None and summary.failure.rank == 1
+
+
+@pytest.mark.parametrize(
+    ("reason", "evicted"),
+    [
+        ("Evicted", True),
+        ("NodeLost", True),
+        ("Preempted", True),
+        ("DeletionByTaintManager", True),
+        ("OutOfnvidia.com/gpu", True),
+        ("Something", False),
+    ],
+)
+def test_evictions_are_recognised_by_pod_reason(reason: str, evicted: bool) -> None:
+    failure = summary_of(pod(0, "evicted", reason=reason)).failure
+    assert failure is not None and failure.evicted is evicted and failure.reason == reason
+    assert failure.exit_code is None
+
+
+def test_disruption_target_condition_marks_an_eviction() -> None:
+    raw = pod(0, "failed", exit_code=143)
+    raw["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]
+    failure = summary_of(raw).failure
+    assert failure is not None and failure.evicted and failure.exit_code == 143
+
+
+def test_trainer_exit_decides_even_when_a_sidecar_keeps_the_pod_running() -> None:
+    raw = pod(0, "running")
+    raw["status"]["containerStatuses"] = [
+        {"name": "logger", "state": {"running": {}}},
+        {"name": labels.CONTAINER_NAME, "state": {"terminated": {"exitCode": 0}}},
+    ]
+    summary = summary_of(raw)
+    assert summary.succeeded == 1 and summary.running == 0 and summary.finished_pods == ("mnist-0",)
+
+
+def test_stuck_pending_reasons_are_collected() -> None:
+    summary = summary_of(pod(0, "pending", waiting="ImagePullBackOff"), pod(1, "pending"))
+    assert summary.problems == ("rank 0: ImagePullBackOff",)
+
+
+def test_pods_without_rank_labels_are_stale() -> None:
+    stray = {"metadata": {"name": "mnist-x", "labels": {labels.LABEL_JOB_NAME: JOB}}, "status": {"phase": "Running"}}
+    summary = summary_of(stray)
+    assert summary.stale_pods == ("mnist-x",) and summary.total == 0

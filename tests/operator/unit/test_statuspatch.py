@@ -1,0 +1,238 @@
+"""compute_status and friends: the status patch a decision leads to."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from ddp_contract.timestamps import rfc3339
+from ddp_operator import constants as c
+from ddp_operator.decision import Action, Decision, decide
+from ddp_operator.podsummary import PodSummary
+from ddp_operator.spec import InvalidSpec, parse_spec
+from ddp_operator.statuspatch import (
+    changed_fields,
+    compute_status,
+    get_condition,
+    invalid_spec_status,
+    next_phase,
+    only_counts_changed,
+    set_condition,
+)
+from podfixtures import EARLIER, NOW, job_spec, pod, summary_of
+
+
+def test_set_condition_adds_and_keeps_transition_time_until_the_status_flips() -> None:
+    first = set_condition([], "Running", True, "AllRanksReady", "ok", EARLIER, 1)
+    assert first == [
+        {
+            "type": "Running",
+            "status": "True",
+            "reason": "AllRanksReady",
+            "message": "ok",
+            "lastTransitionTime": rfc3339(EARLIER),
+            "observedGeneration": 1,
+        }
+    ]
+    same = set_condition(first, "Running", "True", "AllRanksReady", "still ok", NOW, 2)
+    assert same[0]["lastTransitionTime"] == rfc3339(EARLIER)
+    assert same[0]["message"] == "still ok" and same[0]["observedGeneration"] == 2
+    flipped = set_condition(same, "Running", False, "RankFailed", "rank 1", NOW, 2)
+    assert flipped[0]["lastTransitionTime"] == rfc3339(NOW) and flipped[0]["status"] == "False"
+    assert first[0]["message"] == "ok"  # inputs are not mutated
+
+
+def test_set_condition_leaves_other_conditions_alone() -> None:
+    conditions = set_condition([], "Created", True, "PodsCreated", "", EARLIER)
+    conditions = set_condition(conditions, "Running", True, "AllRanksReady", "", NOW)
+    assert [cond["type"] for cond in conditions] == ["Created", "Running"]
+    assert "observedGeneration" not in conditions[0]
+
+
+# --- compute_status ------------------------------------------------------------------------
+
+
+def status_after(spec: Any, status: dict[str, Any], summary: PodSummary, now: datetime = NOW) -> dict[str, Any]:
+    return compute_status(spec, status, summary, decide(spec, status, summary, now), now, generation=4)
+
+
+def test_status_of_a_new_job() -> None:
+    patch = status_after(job_spec(), {}, summary_of())
+    assert patch["phase"] == c.PHASE_PENDING
+    assert (patch["readyRanks"], patch["totalRanks"], patch["ready"]) == (0, 2, "0/2")
+    assert (patch["attempt"], patch["restarts"], patch["observedGeneration"]) == (0, 0, 4)
+    assert patch["startTime"] == rfc3339(NOW) and patch["completionTime"] is None
+    assert get_condition(patch["conditions"], c.COND_CREATED)["status"] == "True"
+    assert patch["reason"] == c.REASON_WAITING
+
+
+@pytest.mark.parametrize(
+    ("pods", "previous", "phase"),
+    [
+        ([pod(0, "pending"), pod(1, "pending")], "Pending", c.PHASE_PENDING),
+        ([pod(0, "running"), pod(1, "pending")], "Pending", c.PHASE_STARTING),
+        ([pod(0, "running"), pod(1, "running", ready=False)], "Starting", c.PHASE_STARTING),
+        ([pod(0, "running"), pod(1, "running")], "Starting", c.PHASE_RUNNING),
+        ([pod(0, "running"), pod(1, "succeeded")], "Running", c.PHASE_RUNNING),
+        ([pod(0, "running"), pod(1, "pending")], "Restarting", c.PHASE_RESTARTING),
+        ([pod(0, "running"), pod(1, "running")], "Restarting", c.PHASE_RUNNING),
+        ([pod(0, "succeeded"), pod(1, "succeeded")], "Running", c.PHASE_SUCCEEDED),
+    ],
+)
+def test_phase_progression(pods: list[dict[str, Any]], previous: str, phase: str) -> None:
+    patch = status_after(job_spec(), {"phase": previous, "startTime": rfc3339(EARLIER)}, summary_of(*pods))
+    assert patch["phase"] == phase
+
+
+def test_running_status_and_conditions() -> None:
+    patch = status_after(
+        job_spec(), {"phase": "Starting", "startTime": rfc3339(EARLIER)}, summary_of(pod(0), pod(1))
+    )
+    assert patch["ready"] == "2/2" and patch["startTime"] == rfc3339(EARLIER)
+    running = get_condition(patch["conditions"], c.COND_RUNNING)
+    assert running["status"] == "True" and running["reason"] == c.REASON_ALL_READY
+    assert running["lastTransitionTime"] == rfc3339(NOW)
+
+
+def test_restart_status() -> None:
+    status = {
+        "phase": "Running",
+        "attempt": 0,
+        "restarts": 1,
+        "startTime": rfc3339(EARLIER),
+        "conditions": set_condition([], c.COND_RUNNING, True, c.REASON_ALL_READY, "", EARLIER),
+    }
+    patch = status_after(job_spec(), status, summary_of(pod(0), pod(1, "failed", exit_code=1)))
+    assert patch["phase"] == c.PHASE_RESTARTING
+    assert (patch["attempt"], patch["restarts"]) == (1, 2)
+    assert patch["failedRank"] == {"rank": 1, "pod": "mnist-1", "exitCode": 1, "reason": "Error"}
+    assert patch["reason"] == c.REASON_RANK_FAILED and "mnist-1" in patch["message"]
+    assert get_condition(patch["conditions"], c.COND_RUNNING)["status"] == "False"
+    assert get_condition(patch["conditions"], c.COND_RESTARTING)["status"] == "True"
+    assert patch["completionTime"] is None
+
+
+def test_restarting_keeps_its_reason_until_the_new_gang_runs() -> None:
+    status = {"phase": "Restarting", "attempt": 1, "restarts": 1, "reason": c.REASON_RANK_FAILED, "message": "m"}
+    patch = status_after(job_spec(), status, summary_of(attempt=1))
+    assert (patch["phase"], patch["reason"], patch["message"], patch["restarts"]) == (
+        "Restarting",
+        c.REASON_RANK_FAILED,
+        "m",
+        1,
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec_changes", "pods", "phase", "reason", "condition"),
+    [
+        ({}, [pod(0, "succeeded"), pod(1, "succeeded")], c.PHASE_SUCCEEDED, c.REASON_SUCCEEDED, c.COND_SUCCEEDED),
+        (
+            {"restartPolicy": "Never"},
+            [pod(0), pod(1, "failed", exit_code=3)],
+            c.PHASE_FAILED,
+            c.REASON_PERMANENT,
+            c.COND_FAILED,
+        ),
+        ({"backoffLimit": 0}, [pod(0), pod(1, "failed")], c.PHASE_FAILED, c.REASON_BACKOFF_LIMIT, c.COND_FAILED),
+    ],
+)
+def test_terminal_status(
+    spec_changes: dict[str, Any], pods: list[dict[str, Any]], phase: str, reason: str, condition: str
+) -> None:
+    patch = status_after(
+        job_spec(**spec_changes), {"phase": "Running", "startTime": rfc3339(EARLIER)}, summary_of(*pods)
+    )
+    assert (patch["phase"], patch["reason"]) == (phase, reason)
+    assert patch["completionTime"] == rfc3339(NOW)
+    assert get_condition(patch["conditions"], condition)["status"] == "True"
+
+
+def test_terminal_status_is_final() -> None:
+    finished = {
+        "phase": "Failed",
+        "reason": c.REASON_PERMANENT,
+        "message": "rank 1 ...",
+        "completionTime": rfc3339(EARLIER),
+        "failedRank": {"rank": 1},
+    }
+    patch = status_after(job_spec(), finished, summary_of(pod(0, "succeeded"), pod(1, "succeeded")))
+    assert (patch["phase"], patch["reason"], patch["message"]) == ("Failed", c.REASON_PERMANENT, "rank 1 ...")
+    assert patch["completionTime"] == rfc3339(EARLIER)
+    assert "failedRank" not in patch
+
+
+def test_suspend_clears_start_time_and_resume_sets_it_again() -> None:
+    running = {"phase": "Running", "startTime": rfc3339(EARLIER)}
+    suspended = status_after(job_spec(suspend=True), running, summary_of(pod(0), pod(1)))
+    assert suspended["phase"] == c.PHASE_SUSPENDED and suspended["startTime"] is None
+    assert get_condition(suspended["conditions"], c.COND_SUSPENDED)["status"] == "True"
+    later = NOW + timedelta(hours=1)
+    resumed = status_after(job_spec(), {**running, **suspended, "startTime": None}, summary_of(), later)
+    assert resumed["phase"] == c.PHASE_PENDING and resumed["startTime"] == rfc3339(later)
+    condition = get_condition(resumed["conditions"], c.COND_SUSPENDED)
+    assert condition["status"] == "False" and condition["lastTransitionTime"] == rfc3339(later)
+
+
+def test_waiting_message_names_stuck_ranks() -> None:
+    patch = status_after(
+        job_spec(), {"phase": "Pending"}, summary_of(pod(0, "pending", waiting="ErrImagePull"), pod(1))
+    )
+    assert "rank 0: ErrImagePull" in patch["message"]
+
+
+def test_next_phase_without_a_decision_reason() -> None:
+    decision = Decision(Action.WAIT, 0)
+    assert next_phase({}, summary_of(pod(0), pod(1)), decision, job_spec()) == c.PHASE_RUNNING
+
+
+def test_invalid_spec_status_fails_naming_the_field() -> None:
+    with pytest.raises(InvalidSpec) as caught:
+        parse_spec({"worldSize": 0, "image": "x", "entrypoint": "a:b"})
+    patch = invalid_spec_status(caught.value, {}, NOW, 3)
+    assert patch["phase"] == c.PHASE_FAILED and patch["reason"] == c.REASON_INVALID_SPEC
+    assert patch["message"].startswith("spec.worldSize: ")
+    assert get_condition(patch["conditions"], c.COND_FAILED)["status"] == "True"
+    assert patch["observedGeneration"] == 3 and patch["completionTime"] == rfc3339(NOW)
+
+
+def gang_coming_up(spec: Any, steps: list[list[dict[str, Any]]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(status before, patch) for each pass as the pods move through steps, each patch applied."""
+    status: dict[str, Any] = {}
+    passes = []
+    for pods in steps:
+        patch = status_after(spec, status, summary_of(*pods))
+        passes.append((status, patch))
+        status = {**status, **patch}
+    return passes
+
+
+def test_only_rank_counts_moving_may_wait_but_phase_changes_may_not() -> None:
+    spec = job_spec(worldSize=3)
+    passes = gang_coming_up(spec, [
+        [],  # new job: Pending, Created
+        [pod(0, "pending"), pod(1, "pending"), pod(2, "pending")],  # "3 pods exist": counts only
+        [pod(0), pod(1, "pending"), pod(2, "pending")],  # Starting: a phase change
+        [pod(0), pod(1), pod(2, "pending")],  # 2/3 ready: counts only
+        [pod(0), pod(1), pod(2)],  # Running
+        [pod(0), pod(1), pod(2)],  # nothing changes
+    ])
+    assert [p["phase"] for _, p in passes] == ["Pending", "Pending", "Starting", "Starting", "Running", "Running"]
+    assert [only_counts_changed(before, patch) for before, patch in passes] == [False, True, False, True, False, False]
+    assert changed_fields(*passes[3]) == {"readyRanks", "ready", "message"}
+    assert changed_fields(*passes[-1]) == frozenset()
+
+
+def test_a_restart_or_a_condition_change_is_never_only_counts() -> None:
+    running = {"phase": "Running", "readyRanks": 2, "ready": "2/2", "restarts": 0, "message": "2 ranks ready",
+               "conditions": [{"type": "Running", "status": "True", "reason": "AllRanksReady", "message": "a"}]}
+    assert only_counts_changed(running, {**running, "readyRanks": 1, "ready": "1/2", "message": "1 ranks ready"})
+    assert not only_counts_changed(running, {**running, "readyRanks": 1, "restarts": 1})
+    flipped = [{"type": "Running", "status": "False", "reason": "RankFailed", "message": "b"}]
+    assert not only_counts_changed(running, {**running, "readyRanks": 1, "conditions": flipped})
+    reworded = [{"type": "Running", "status": "True", "reason": "AllRanksReady", "message": "b"}]
+    assert only_counts_changed(running, {**running, "message": "x", "conditions": reworded})
+    # progress and other fields the operator does not own are never its changes
+    assert changed_fields(running, {"progress": {"step": 3}}) == frozenset()

@@ -1,0 +1,64 @@
+"""Jobs, pods and summaries as the API returns them, for the operator's unit tests."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from ddp_contract import labels
+from ddp_operator.podsummary import PodSummary, summarize_pods
+from ddp_operator.spec import parse_spec
+
+NOW = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+EARLIER = NOW - timedelta(minutes=10)
+JOB = "mnist"
+
+
+def job_spec(**changes: Any) -> Any:
+    return parse_spec({"worldSize": 2, "image": "trainer:1", "entrypoint": "train:main", **changes})
+
+
+def pod(
+    rank: int,
+    state: str = "running",
+    attempt: int = 0,
+    exit_code: int | None = None,
+    reason: str | None = None,
+    ready: bool = True,
+    deleting: bool = False,
+    finished_at: str = "2025-01-02T03:00:00Z",
+    waiting: str | None = None,
+) -> dict[str, Any]:
+    """A pod as the API returns it. state: pending | running | succeeded | failed | evicted."""
+    meta: dict[str, Any] = {
+        "name": f"{JOB}-{rank}",
+        "uid": f"uid-{rank}-{attempt}",
+        "labels": {labels.LABEL_JOB_NAME: JOB, labels.LABEL_RANK: str(rank), labels.LABEL_ATTEMPT: str(attempt)},
+    }
+    if deleting:
+        meta["deletionTimestamp"] = "2025-01-02T03:04:00Z"
+    container: dict[str, Any] = {"name": labels.CONTAINER_NAME, "state": {}}
+    status: dict[str, Any] = {"phase": "Pending", "containerStatuses": [container], "conditions": []}
+    if state == "pending":
+        container["state"] = {"waiting": {"reason": waiting or "ContainerCreating"}}
+    elif state == "running":
+        status["phase"] = "Running"
+        container["state"] = {"running": {"startedAt": "2025-01-02T02:00:00Z"}}
+        status["conditions"] = [{"type": "Ready", "status": "True" if ready else "False"}]
+    elif state in ("succeeded", "failed"):
+        code = exit_code if exit_code is not None else (0 if state == "succeeded" else 1)
+        status["phase"] = "Succeeded" if code == 0 else "Failed"
+        container["state"] = {
+            "terminated": {
+                "exitCode": code,
+                "reason": reason or ("Completed" if code == 0 else "Error"),
+                "finishedAt": finished_at,
+            }
+        }
+    elif state == "evicted":
+        status.update(phase="Failed", reason=reason or "Evicted", containerStatuses=[])
+    return {"metadata": meta, "status": status}
+
+
+def summary_of(*pods: dict[str, Any], attempt: int = 0) -> PodSummary:
+    return summarize_pods(list(pods), attempt, JOB)
