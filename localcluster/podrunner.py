@@ -124,7 +124,7 @@ class PodRunner:
         while not self.stop.is_set():
             try:
                 self.watch_once()
-            except Exception:  # noqa: BLE001 - a kubelet keeps going; the next watch relists
+            except Exception:
                 log.exception("pod watch failed; watching again")
                 self.stop.wait(1)
 

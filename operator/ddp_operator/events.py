@@ -52,5 +52,5 @@ async def post_event(kube: KubeApi, job: Mapping[str, Any], type_: str, reason: 
     except ApiException as error:
         level = logging.DEBUG if is_going_away(error) else logging.WARNING
         log.log(level, "could not post event %s on %s: %s", reason, job["metadata"]["name"], api_message(error))
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:  # noqa: BLE001 - an Event is a courtesy: no failure of it may stop a pass
         log.warning("could not post event %s on %s: %s", reason, job["metadata"]["name"], error)

@@ -18,7 +18,7 @@ from ddp_operator import constants as c
 from kube import REPO, Jobs, wait_until
 
 sys.path.insert(0, str(REPO / "localcluster"))
-import demo  # noqa: E402  (localcluster/demo.py: dataset, S3 client, background processes)
+import demo
 
 BUCKET = "ddp-e2e"
 

@@ -6,6 +6,7 @@ single-process reference training used to check DDP equivalence.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 from typing import Any
@@ -122,6 +123,13 @@ def reference(world_size: int, batch: int, epochs: int) -> dict[str, torch.Tenso
 
 def fail(ctx: RankContext) -> Any:
     raise ValueError(f"user code failed in rank {ctx.rank}")
+
+
+def fail_then_abort_at_exit(ctx: RankContext) -> None:
+    """Fails like user code, and leaves behind what aborts the interpreter's teardown (as a backend's
+    C++ threads may after a broken collective): the runtime must still exit with its own code."""
+    atexit.register(os.abort)
+    raise RuntimeError("the user's code failed")
 
 
 def use_collective(ctx: RankContext) -> None:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+import tomllib
 from pathlib import Path
 
 import ddp_workloads
 import pytest
 import torch
 
+from conftest import ROOT, free_port, launch, rank_env, workload_env
 from conftest import describe as _describe
-from conftest import launch, workload_env
 from ddp_trainer import s3
 from ddp_trainer.checkpoint import CheckpointManager
 from ddp_trainer.errors import ExitCode
@@ -143,3 +146,16 @@ def test_operator_command_form_runs_ddp_entrypoint_with_args(tmp_path: Path) -> 
     (missing,) = launch(None, 1, {})
     assert missing.returncode == ExitCode.CONFIG_ERROR
     assert "set DDP_ENTRYPOINT" in missing.stderr
+
+
+@pytest.mark.parametrize("how", ["python -m ddp_trainer", "ddp-trainer console script"])
+def test_a_failure_exits_with_the_runtimes_code_even_if_teardown_would_abort(how: str) -> None:
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, function = scripts["ddp-trainer"].split(":")
+    start = (["-m", "ddp_trainer"] if how.startswith("python") else
+             ["-c", f"import sys; sys.argv[0] = 'ddp-trainer'; from {module} import {function}; {function}()"])
+    env = rank_env({}, 0, 1, free_port())
+    result = subprocess.run([sys.executable, *start, "run", "ddp_workloads:fail_then_abort_at_exit"], env=env,
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == ExitCode.USER_ERROR, (result.returncode, result.stderr[-2000:])
+    assert "the user's code failed" in result.stderr

@@ -262,7 +262,7 @@ def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None 
         return ExitCode.OK
     except SystemExit as exc:
         return _exit_code_of_system_exit(exc)
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:  # noqa: BLE001 - whatever the user code raises becomes its exit code
         code = classify(exc)
         _report(code, rank, exc)
         return code
