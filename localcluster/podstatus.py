@@ -11,8 +11,9 @@ def now() -> str:
 
 
 def pod_status(container: str, image: str, exit_code: int | None = None, reason: str | None = None,
-               started: str | None = None) -> dict[str, Any]:
-    """Running (exit_code None) or terminated with exit_code: phase, conditions and the container's state."""
+               started: str | None = None, message: str | None = None) -> dict[str, Any]:
+    """Running (exit_code None) or terminated with exit_code (and a termination message): phase,
+    conditions and the container's state."""
     running = exit_code is None
     if running:
         state: dict[str, Any] = {"running": {"startedAt": started or now()}}
@@ -20,6 +21,8 @@ def pod_status(container: str, image: str, exit_code: int | None = None, reason:
     else:
         state = {"terminated": {"exitCode": exit_code, "reason": reason or ("Completed" if exit_code == 0 else "Error"),
                                 "startedAt": started or now(), "finishedAt": now()}}
+        if message:
+            state["terminated"]["message"] = message
         phase = "Succeeded" if exit_code == 0 else "Failed"
     ready = "True" if running else "False"
     return {

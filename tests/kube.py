@@ -238,9 +238,9 @@ class Jobs:
 
         return wait_until(settled, timeout, f"{count} pods of {name} (attempt {attempt})")  # type: ignore[return-value]
 
-    def finish(self, pod: str, exit_code: int, reason: str | None = None) -> None:
-        """Plays the kubelet: the trainer container of `pod` terminated with exit_code."""
-        status = pod_status(labels.CONTAINER_NAME, "trainer:test", exit_code, reason)
+    def finish(self, pod: str, exit_code: int, reason: str | None = None, message: str | None = None) -> None:
+        """Plays the kubelet: the trainer container of `pod` terminated with exit_code (and a termination message)."""
+        status = pod_status(labels.CONTAINER_NAME, "trainer:test", exit_code, reason, message=message)
         self.core.patch_namespaced_pod_status(pod, self.namespace, {"status": status})
 
     def evict(self, pod: str) -> None:

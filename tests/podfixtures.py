@@ -28,6 +28,8 @@ def pod(
     deleting: bool = False,
     finished_at: str = "2025-01-02T03:00:00Z",
     waiting: str | None = None,
+    node: str | None = None,
+    output: str | None = None,
 ) -> dict[str, Any]:
     """A pod as the API returns it. state: pending | running | succeeded | failed | evicted."""
     meta: dict[str, Any] = {
@@ -53,11 +55,12 @@ def pod(
                 "exitCode": code,
                 "reason": reason or ("Completed" if code == 0 else "Error"),
                 "finishedAt": finished_at,
+                **({"message": output} if output else {}),
             }
         }
     elif state == "evicted":
         status.update(phase="Failed", reason=reason or "Evicted", containerStatuses=[])
-    return {"metadata": meta, "status": status}
+    return {"metadata": meta, "spec": {"nodeName": node} if node else {}, "status": status}
 
 
 def summary_of(*pods: dict[str, Any], attempt: int = 0) -> PodSummary:

@@ -30,6 +30,8 @@ INIT_TIMEOUT_SECONDS: Final = "DDP_INIT_TIMEOUT_SECONDS"
 MASTER_WAIT_SECONDS: Final = "DDP_MASTER_WAIT_SECONDS"
 PROGRESS_FILE: Final = "DDP_PROGRESS_FILE"
 PROGRESS_INTERVAL_SECONDS: Final = "DDP_PROGRESS_INTERVAL_SECONDS"
+# Where a failing rank leaves its last words for the kubelet (the container's terminationMessagePath).
+TERMINATION_MESSAGE_PATH: Final = "DDP_TERMINATION_MESSAGE_PATH"
 
 # S3: credentials under the names boto3 reads (and the keys the credentials Secret must hold).
 AWS_ACCESS_KEY_ID: Final = "AWS_ACCESS_KEY_ID"

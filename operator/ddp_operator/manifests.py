@@ -219,6 +219,9 @@ def _trainer_container(spec: JobSpec, template: Mapping[str, Any], env: list[dic
     )
     if spec.args:
         container["args"] = list(spec.args)
+    # A failed rank's last lines reach the job's status: the runtime's own summary if it wrote one
+    # to /dev/termination-log, else the end of the container's log.
+    container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
     env_from = [*copy.deepcopy(list(spec.env_from)), *(container.get("envFrom") or [])]
     if env_from:
         container["envFrom"] = env_from

@@ -6,12 +6,17 @@ created again only once its name is free.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ddp_contract import labels
 from ddp_operator import constants as c
+
+# How much of a failed rank's output its status and Event keep.
+OUTPUT_LINES = 20
+OUTPUT_CHARS = 2000
 
 
 @dataclass(frozen=True)
@@ -22,17 +27,37 @@ class RankFailure:
     reason: str
     evicted: bool  # the node or the scheduler took the pod away, not the training code
     finished_at: str | None = None
+    node: str | None = None
+    output: str | None = None  # the container's termination message: its last lines
+
+    @property
+    def signal(self) -> str | None:
+        """SIGKILL for exit code 137 and the like: a process killed by signal N exits 128+N."""
+        if self.exit_code is None or not 128 < self.exit_code < 128 + signal.NSIG:
+            return None
+        try:
+            return signal.Signals(self.exit_code - 128).name
+        except ValueError:
+            return None
+
+    @property
+    def oom_killed(self) -> bool:
+        return self.reason == "OOMKilled"
 
     def describe(self) -> str:
+        where = f"rank {self.rank} (pod {self.pod}{f' on node {self.node}' if self.node else ''})"
         if self.exit_code is not None:
-            return f"rank {self.rank} (pod {self.pod}) exited with code {self.exit_code} ({self.reason})"
+            killed = f", {self.signal}" if self.signal else ""
+            return f"{where} exited with code {self.exit_code} ({self.reason}{killed})"
         if self.evicted:
-            return f"rank {self.rank} (pod {self.pod}) was lost: {self.reason}"
-        return f"rank {self.rank} (pod {self.pod}) failed: {self.reason}"
+            return f"{where} was lost: {self.reason}"
+        return f"{where} failed: {self.reason}"
 
     def as_status(self) -> dict[str, Any]:
         """The status.failedRank object."""
-        return {"rank": self.rank, "pod": self.pod, "exitCode": self.exit_code, "reason": self.reason}
+        return {"rank": self.rank, "pod": self.pod, "node": self.node, "exitCode": self.exit_code,
+                "signal": self.signal, "oomKilled": self.oom_killed, "reason": self.reason,
+                "message": self.output}
 
 
 @dataclass(frozen=True)
@@ -169,7 +194,17 @@ def rank_failure(pod: Mapping[str, Any], rank: int) -> RankFailure:
         reason=reason,
         evicted=evicted,
         finished_at=terminated.get("finishedAt"),
+        node=(pod.get("spec") or {}).get("nodeName"),
+        output=last_lines(terminated.get("message") or status.get("message")),
     )
+
+
+def last_lines(text: str | None, lines: int = OUTPUT_LINES, chars: int = OUTPUT_CHARS) -> str | None:
+    """The end of a container's output, small enough for a status field and an Event."""
+    if not text or not text.strip():
+        return None
+    tail = "\n".join(text.rstrip().splitlines()[-lines:])
+    return tail if len(tail) <= chars else "..." + tail[-(chars - 3):]
 
 
 def waiting_problem(pod: Mapping[str, Any]) -> str | None:

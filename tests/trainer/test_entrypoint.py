@@ -83,11 +83,16 @@ def test_ddp_matches_single_process_and_resumes_after_kill(uninterrupted, s3_env
         assert torch.equal(resumed[name], params[name]), name
 
 
-def test_user_exception_exits_1_and_names_rank() -> None:
-    (result,) = launch("ddp_workloads:fail", 1)
+def test_user_exception_exits_1_names_rank_and_leaves_a_termination_message(tmp_path: Path) -> None:
+    message = tmp_path / "termination-log"
+    message.touch()  # the kubelet creates it in every container
+    (result,) = launch("ddp_workloads:fail", 1, {"DDP_TERMINATION_MESSAGE_PATH": str(message)})
     assert result.returncode == ExitCode.USER_ERROR
     assert "ValueError: user code failed in rank 0" in result.stderr
     assert "exit 1 USER_ERROR, permanent" in result.stderr
+    left = message.read_text()
+    assert left.endswith("ddp-trainer: error (rank 0, exit 1 USER_ERROR, permanent): user code failed in rank 0")
+    assert "ValueError: user code failed in rank 0" in left and "Traceback" not in left.splitlines()[-1]
 
 
 @pytest.mark.parametrize(

@@ -39,6 +39,7 @@ from .errors import (
 log = logging.getLogger("ddp_trainer")
 
 _RESOLVE_ATTEMPT_TIMEOUT_S = 5.0
+TERMINATION_MESSAGE_BYTES = 4096  # the kubelet keeps at most this much of it
 _RESOLVE_MAX_BACKOFF_S = 5.0
 
 
@@ -222,9 +223,28 @@ def _exit_code_of_system_exit(exc: SystemExit) -> int:
 def _report(code: ExitCode, rank: int | None, exc: BaseException) -> None:
     where = f"rank {rank}" if rank is not None else "startup"
     kind = "retryable" if code.retryable else "permanent"
+    lines: list[str] = []
     if code == ExitCode.USER_ERROR and not isinstance(exc, TrainerError):
-        traceback.print_exception(exc, file=sys.stderr)
-    print(f"ddp-trainer: error ({where}, exit {int(code)} {code.name}, {kind}): {exc}", file=sys.stderr, flush=True)
+        lines = traceback.format_exception(exc)
+        sys.stderr.write("".join(lines))
+    summary = f"ddp-trainer: error ({where}, exit {int(code)} {code.name}, {kind}): {exc}"
+    print(summary, file=sys.stderr, flush=True)
+    _leave_termination_message("".join(lines[-6:]) + summary)
+
+
+def _leave_termination_message(text: str) -> None:
+    """The kubelet puts this file's content in the container's terminated state, and the operator
+    puts that in the job's status.failedRank.message (else it takes the end of the log). The kubelet
+    creates the file in the container: where there is none, this is no container of a pod."""
+    path = env.termination_message_path()
+    if not os.path.isfile(path):
+        return
+    data = text.encode()[-TERMINATION_MESSAGE_BYTES:]
+    try:
+        with open(path, "wb") as f:
+            f.write(data)
+    except OSError as error:  # read-only, or not ours: the log still has everything
+        log.debug("no termination message at %s: %s", path, error)
 
 
 def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None = None) -> int:

@@ -23,6 +23,7 @@ DEFAULT_S3_READ_PART_BYTES = 8 * 1024**2  # the ranged-GET size S3's performance
 DEFAULT_S3_READ_AHEAD = 3
 DEFAULT_SHARD_CACHE_BYTES = 10 * 1024**3
 DEFAULT_JOB_NAMESPACE = "default"
+DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 
 
 def _require(environ: Mapping[str, str], name: str) -> str:
@@ -191,3 +192,8 @@ def shard_cache_dir(environ: Mapping[str, str] | None = None) -> str | None:
 
 def shard_cache_bytes(environ: Mapping[str, str] | None = None) -> int:
     return _int(os.environ if environ is None else environ, names.SHARD_CACHE_BYTES, default=DEFAULT_SHARD_CACHE_BYTES, minimum=1)
+
+
+def termination_message_path(environ: Mapping[str, str] | None = None) -> str:
+    env = os.environ if environ is None else environ
+    return env.get(names.TERMINATION_MESSAGE_PATH, "").strip() or DEFAULT_TERMINATION_MESSAGE_PATH

@@ -21,6 +21,7 @@ from typing import IO, Any
 from ddp_contract.timestamps import rfc3339
 
 from . import env
+from .values import to_number
 
 Sink = Callable[[dict[str, Any]], None]
 
@@ -135,9 +136,7 @@ def _float(value: Any) -> float | None:
     None for NaN or infinity, which a JSON status cannot hold."""
     if value is None:
         return None
-    if hasattr(value, "item"):
-        value = value.item()
-    value = float(value)
+    value = float(to_number(value))
     return float(f"{value:.4g}") if math.isfinite(value) else None
 
 

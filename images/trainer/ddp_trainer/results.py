@@ -23,6 +23,7 @@ from typing import Any
 
 from . import env, s3
 from .errors import ConfigError
+from .values import to_number
 
 
 def job_prefix(results_uri: str | None = None, job: env.JobInfo | None = None) -> s3.S3Url:
@@ -79,9 +80,9 @@ class S3ResultsHandler:
         loss: float | None = None,
         **extra: Any,
     ) -> None:
-        record: dict[str, Any] = {"step": int(step), "epoch": epoch, "loss": _number(loss), "time": time.time()}
+        record: dict[str, Any] = {"step": int(step), "epoch": epoch, "loss": to_number(loss), "time": time.time()}
         record["rank"] = self.rank
-        record.update({k: _number(v) for k, v in extra.items()})
+        record.update({k: to_number(v) for k, v in extra.items()})
         with self._lock:
             self._lines.append(json.dumps(record, default=str))
             self._dirty = True
@@ -106,16 +107,6 @@ class S3ResultsHandler:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _number(value: Any) -> Any:
-    """Tensors and numpy scalars become plain numbers so records stay JSON."""
-    if value is not None and hasattr(value, "item") and callable(value.item):
-        try:
-            return value.item()
-        except (ValueError, RuntimeError):
-            return value
-    return value
 
 
 def read_metrics(prefix: s3.S3Url) -> list[Mapping[str, Any]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from ddp_contract import api, labels
 from ddp_operator import constants as c
 from kube import PodLives, wait_until
@@ -45,20 +47,27 @@ def test_gpu_ranks_ask_for_their_gpus_and_land_on_gpu_nodes(jobs) -> None:
         assert int(node.status.allocatable[c.GPU_RESOURCE]) >= 4
 
 
-def test_a_failed_rank_restarts_the_whole_gang(jobs) -> None:
+def test_a_failed_rank_restarts_the_whole_gang_and_records_why(jobs, kubectl) -> None:
     jobs.create("gang", worldSize=3, backoffLimit=2)
     jobs.wait_phase("gang", c.PHASE_RUNNING)
     first = {p.metadata.uid for p in jobs.pods("gang")}
 
-    jobs.finish("gang-1", 137, "OOMKilled")
+    node = jobs.core.read_namespaced_pod("gang-1", jobs.namespace).spec.node_name
+    output = "\n".join(f"step {i}: loss 0.5" for i in range(40)) + "\nKilled"
+    jobs.finish("gang-1", 137, "OOMKilled", message=output)
 
     pods = jobs.wait_pods("gang", 3, attempt=1)
     assert first.isdisjoint({p.metadata.uid for p in pods}), "every rank must be recreated, not only rank 1"
     status = jobs.wait_phase("gang", c.PHASE_RUNNING)
     assert status["restarts"] == 1 and status["attempt"] == 1
-    assert status["failedRank"] == {"rank": 1, "pod": "gang-1", "exitCode": 137, "reason": "OOMKilled"}
+    last_lines = "\n".join(output.splitlines()[-20:])
+    assert status["failedRank"] == {"rank": 1, "pod": "gang-1", "node": node, "exitCode": 137, "signal": "SIGKILL",
+                                    "oomKilled": True, "reason": "OOMKilled", "message": last_lines}
     warnings = [e.message for e in jobs.events("gang") if e.type == "Warning"]
-    assert any("rank 1" in m and "137" in m for m in warnings), warnings
+    assert any("rank 1" in m and "137" in m and node in m and "SIGKILL" in m for m in warnings), warnings
+    described = kubectl("describe", "ddpjob", "gang", "-n", jobs.namespace).stdout
+    assert re.search(r"Oom Killed: +true", described) and re.search(r"Node: +" + node, described), described
+    assert "step 39: loss 0.5" in described and "step 19:" not in described, described
 
 
 def test_backoff_exhaustion_fails_the_job_naming_rank_pod_and_exit_code(jobs) -> None:

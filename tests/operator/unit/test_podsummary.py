@@ -34,10 +34,28 @@ def test_summary_knows_each_pod_by_uid_so_a_delete_cannot_hit_its_successor() ->
     assert summary.uids == {"mnist-0": "uid-0-1", "mnist-1": "uid-1-0"}
 
 
+@pytest.mark.parametrize(("code", "signal"), [(137, "SIGKILL"), (143, "SIGTERM"), (139, "SIGSEGV"), (134, "SIGABRT"),
+                                            (1, None), (128, None), (255, None)])
+def test_a_failure_names_the_signal_that_killed_the_rank(code: int, signal: str | None) -> None:
+    failure = summary_of(pod(0), pod(1, "failed", exit_code=code)).failure
+    assert failure is not None and failure.signal == signal
+    assert (signal or "") in failure.describe()
+
+
+def test_a_failure_keeps_only_the_last_lines_of_the_output() -> None:
+    output = "\n".join(f"line {i}" for i in range(100))
+    failure = summary_of(pod(1, "failed", exit_code=1, output=output, node="n1")).failure
+    assert failure is not None and failure.node == "n1"
+    assert failure.output == "\n".join(f"line {i}" for i in range(80, 100))
+    huge = summary_of(pod(1, "failed", exit_code=1, output="x" * 10_000)).failure
+    assert huge is not None and huge.output is not None and len(huge.output) == 2000 and huge.output.startswith("...")
+
+
 def test_summary_failure_carries_pod_exit_code_and_reason() -> None:
     failure = summary_of(pod(0), pod(1, "failed", exit_code=137, reason="OOMKilled")).failure
     assert failure == RankFailure(1, "mnist-1", 137, "OOMKilled", False, "2025-01-02T03:00:00Z")
-    assert failure.as_status() == {"rank": 1, "pod": "mnist-1", "exitCode": 137, "reason": "OOMKilled"}
+    assert failure.as_status() == {"rank": 1, "pod": "mnist-1", "node": None, "exitCode": 137, "signal": "SIGKILL",
+                                   "oomKilled": True, "reason": "OOMKilled", "message": None}
     assert "rank 1 (pod mnist-1) exited with code 137" in failure.describe()
 
 

@@ -104,10 +104,14 @@ def test_restart_status() -> None:
         "startTime": rfc3339(EARLIER),
         "conditions": set_condition([], c.COND_RUNNING, True, c.REASON_ALL_READY, "", EARLIER),
     }
-    patch = status_after(job_spec(), status, summary_of(pod(0), pod(1, "failed", exit_code=1)))
+    failed = pod(1, "failed", exit_code=1, node="gpu-3", output="Traceback ...\nValueError: bad batch")
+    patch = status_after(job_spec(), status, summary_of(pod(0), failed))
     assert patch["phase"] == c.PHASE_RESTARTING
     assert (patch["attempt"], patch["restarts"]) == (1, 2)
-    assert patch["failedRank"] == {"rank": 1, "pod": "mnist-1", "exitCode": 1, "reason": "Error"}
+    assert patch["failedRank"] == {"rank": 1, "pod": "mnist-1", "node": "gpu-3", "exitCode": 1, "signal": None,
+                                   "oomKilled": False, "reason": "Error",
+                                   "message": "Traceback ...\nValueError: bad batch"}
+    assert "on node gpu-3" in patch["message"]
     assert patch["reason"] == c.REASON_RANK_FAILED and "mnist-1" in patch["message"]
     assert get_condition(patch["conditions"], c.COND_RUNNING)["status"] == "False"
     assert get_condition(patch["conditions"], c.COND_RESTARTING)["status"] == "True"
