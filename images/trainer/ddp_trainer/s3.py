@@ -266,30 +266,6 @@ def delete_keys(bucket: str, keys: Iterable[str], s3: Any = None) -> None:
         )
 
 
-def read_uri(uri: str) -> bytes:
-    """Bytes of an s3:// URI or a local path."""
-    if uri.startswith("s3://"):
-        return get_bytes(parse_uri(uri))
-    path = uri[len("file://") :] if uri.startswith("file://") else uri
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except FileNotFoundError:
-        raise ObjectNotFoundError(f"reading {path}: file does not exist") from None
-
-
-def write_uri(uri: str, data: bytes) -> None:
-    if uri.startswith("s3://"):
-        put_bytes(parse_uri(uri), data)
-        return
-    path = uri[len("file://") :] if uri.startswith("file://") else uri
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
 __all__ = [
     "S3Url",
     "parse_uri",
@@ -307,6 +283,4 @@ __all__ = [
     "head",
     "list_objects",
     "delete_keys",
-    "read_uri",
-    "write_uri",
 ]

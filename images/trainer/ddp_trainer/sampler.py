@@ -17,6 +17,8 @@ from typing import Any, Iterator, Sized
 import torch
 from torch.utils.data import Sampler
 
+from .ranks import rank_and_world_size
+
 
 class DistributedChunkedSampler(Sampler[int]):
     def __init__(
@@ -29,12 +31,7 @@ class DistributedChunkedSampler(Sampler[int]):
         seed: int = 0,
         drop_last: bool = False,
     ) -> None:
-        import torch.distributed as dist
-
-        if num_replicas is None:
-            num_replicas = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        if rank is None:
-            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        rank, num_replicas = rank_and_world_size(rank, num_replicas)
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
         if chunksize < 1:
