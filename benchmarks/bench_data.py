@@ -30,7 +30,7 @@ in a child process on loopback, once per --link-mbps value (a "regime"):
 The benchmark's moto keeps each object as one bytes object, so that a ranged GET costs the server what
 it serves (stock moto reads the whole object for every range).
 
-    python images/trainer/bench_data.py [--samples 20000] [--image-kb 16] [--shard-samples 1000]
+    python benchmarks/bench_data.py [--samples 20000] [--image-kb 16] [--shard-samples 1000]
         [--workers 0,4] [--link-mbps 0,50] [--link-latency-ms 20] [--repeat 2] [--decoded]
         [--size-mb 1024] [--only shards-stream,webdataset] [--json out.json]
 """
@@ -54,7 +54,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "images", "trainer"))
 
 from torch.utils.data import IterableDataset  # noqa: E402
 
@@ -63,14 +63,10 @@ from ddp_trainer.checkpoint import CheckpointManager  # noqa: E402
 from ddp_trainer.convert import SourceSample, build_shard  # noqa: E402
 from ddp_trainer.imagefolder import S3ImageFolder  # noqa: E402
 from ddp_trainer.sampler import DistributedChunkedSampler  # noqa: E402
-from ddp_trainer.shards import (  # noqa: E402
-    ShardedDataset,
-    ShardIndex,
-    ShardStream,
-    dataloader_worker,
-    load_index,
-    write_index,
-)
+from ddp_trainer.mapdataset import ShardedDataset  # noqa: E402
+from ddp_trainer.ranks import dataloader_worker  # noqa: E402
+from ddp_trainer.shardindex import ShardIndex, load_index, write_index  # noqa: E402
+from ddp_trainer.shardstream import ShardStream  # noqa: E402
 
 BATCH_SIZE = 32
 _MOTO = """
