@@ -13,19 +13,28 @@ from ddp_trainer.errors import CorruptDataError
 from ddp_trainer.samples import decode, group_members, split_name
 
 
-@pytest.mark.parametrize("name, parts", [
+NAMES = [
     ("a/b.seg.png", ("a/b", "seg.png")),
     ("k.cls", ("k", "cls")),
     ("a.b/c.d", ("a.b/c", "d")),
-    ("a/.hidden", ("a/", "hidden")),  # the regex's answer, where the fast path does not apply
+    ("a/.hidden", ("a/", "hidden")),
     ("noext", None),
     ("a.b/noext", None),
-])
+]
+
+
+@pytest.mark.parametrize("name, parts", NAMES)
 def test_split_name_matches_webdataset(name: str, parts: tuple[str, str] | None) -> None:
     from webdataset.tariterators import base_plus_ext
 
     assert split_name(name) == parts
     assert split_name(name) == (base_plus_ext(name) if parts is not None else None)
+
+
+@pytest.mark.parametrize("name, parts", NAMES)
+def test_grouping_splits_names_as_split_name_does(name: str, parts: tuple[str, str] | None) -> None:
+    grouped = list(group_members([(name, b"")], "u"))  # the fast path where it applies, else split_name
+    assert grouped == ([] if parts is None else [{"__key__": parts[0], "__url__": "u", parts[1]: b""}])
 
 
 def test_members_group_by_consecutive_key_with_lower_case_extensions() -> None:

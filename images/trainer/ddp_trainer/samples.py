@@ -24,11 +24,6 @@ _KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 
 def split_name(name: str) -> tuple[str, str] | None:
     """webdataset's base_plus_ext: 'a/b.seg.png' -> ('a/b', 'seg.png')."""
-    # Without the regex in the usual case (this runs once per member while streaming): the key
-    # ends at the basename's first dot.
-    dot = name.find(".", name.rfind("/") + 1)
-    if dot > 0 and name[dot - 1] != "/":
-        return name[:dot], name[dot + 1 :]
     match = _KEY_EXT.match(name)
     return (match.group(1), match.group(2)) if match else None
 
@@ -42,10 +37,16 @@ def group_members(members: Iterable[tuple[str, Any]], url: str) -> Iterator[dict
     current: dict[str, Any] = {}  # empty until the first member
     key: str | None = None
     for name, payload in members:
-        parts = split_name(name)
-        if parts is None:
-            continue
-        member_key, ext = parts
+        # split_name without the regex or a call in the usual case (this runs once per member while
+        # streaming): the key ends at the basename's first dot.
+        dot = name.find(".", name.rfind("/") + 1)
+        if dot > 0 and name[dot - 1] != "/":
+            member_key, ext = name[:dot], name[dot + 1 :]
+        else:
+            parts = split_name(name)
+            if parts is None:
+                continue
+            member_key, ext = parts
         if member_key != key:
             if current:
                 yield current
