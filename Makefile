@@ -22,7 +22,7 @@ test-unit:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python -m pytest -m "not cluster" $(PYTEST_ARGS)
 
 bench-data:
-	@venv=$$(scripts/venv.sh) && $$venv/bin/python images/trainer/bench_data.py $(BENCH_ARGS)
+	@venv=$$(scripts/venv.sh) && $$venv/bin/python benchmarks/bench_data.py $(BENCH_ARGS)
 
 bench-operator:
 	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $$venv/bin/python benchmarks/bench_operator.py $(BENCH_ARGS)

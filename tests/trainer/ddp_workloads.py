@@ -151,7 +151,7 @@ def stream_train(ctx: RankContext) -> None:
     WL_CKPT_EVERY it checkpoints the stream's position too and resumes mid-epoch after a crash."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from ddp_trainer.shards import ShardStream
+    from ddp_trainer.shardstream import ShardStream
 
     batch, workers, epochs = 2, 2, 2
     every, crash_at = _int("WL_CKPT_EVERY", 0), _int("WL_CRASH_AT_STEP", -1)

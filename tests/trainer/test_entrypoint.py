@@ -11,9 +11,9 @@ from pathlib import Path
 import ddp_workloads
 import pytest
 import torch
+from trainerhelp import ROOT, free_port, launch, rank_env, workload_env
+from trainerhelp import describe as _describe
 
-from conftest import ROOT, free_port, launch, rank_env, workload_env
-from conftest import describe as _describe
 from ddp_trainer import s3
 from ddp_trainer.checkpoint import CheckpointManager
 from ddp_trainer.errors import ExitCode

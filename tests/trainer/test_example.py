@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from test_imagefolder import upload_tree, write_tree
+from trainerhelp import describe, launch, upload_tree, write_tree
 
-from conftest import describe, launch
 from ddp_trainer import s3
 from ddp_trainer.checkpoint import CheckpointManager
 from ddp_trainer.convert import make_shards

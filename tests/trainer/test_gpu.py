@@ -13,9 +13,9 @@ from pathlib import Path
 import ddp_workloads
 import pytest
 import torch
+from trainerhelp import describe as _describe
+from trainerhelp import launch, workload_env
 
-from conftest import describe as _describe
-from conftest import launch, workload_env
 from ddp_trainer import s3
 from ddp_trainer.checkpoint import CheckpointManager
 

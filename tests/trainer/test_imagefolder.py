@@ -11,45 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision import transforms
 from torchvision.datasets import ImageFolder
+from trainerhelp import FILES, free_port, upload_tree, write_tree
 
-from conftest import free_port
 from ddp_trainer import s3
 from ddp_trainer.entrypoint import classify
 from ddp_trainer.errors import ConfigError, CorruptDataError, ExitCode, ObjectNotFoundError, StorageError, StorageUnavailableError
 from ddp_trainer.imagefolder import S3ImageFolder
-
-FILES = [
-    "cat/1.png",
-    "cat/b/2.JPG",
-    "cat/a.png",
-    "cat/a/0.png",
-    "cat/notes.txt",  # not an image: skipped by both
-    "dog/x.jpeg",
-    "dog/y.png",
-    "emu/deep/er/z.bmp",
-    "emu/deep-2.png",
-]
-
-
-def write_tree(root: Path) -> None:
-    for i, rel in enumerate(FILES):
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if rel.endswith(".txt"):
-            path.write_text("hello")
-            continue
-        fmt = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".bmp": "BMP"}[path.suffix.lower()]
-        Image.new("RGB", (6 + i, 5), color=(20 * i, 255 - 20 * i, 7 * i)).save(path, format=fmt)
-
-
-def upload_tree(root: Path, bucket: str, prefix: str) -> None:
-    for path in root.rglob("*"):
-        if path.is_file():
-            s3.put_bytes(s3.S3Url(bucket, f"{prefix}/{path.relative_to(root).as_posix()}"), path.read_bytes())
 
 
 @pytest.fixture
@@ -84,7 +54,7 @@ def test_dataloader_workers(image_tree: tuple[Path, str], context: str) -> None:
     # Workers use the constructor's listing; they do not list again (and see no new objects).
     s3.put_bytes(s3.S3Url(bucket, "data/train/zebra/new.png"), (root / FILES[0]).read_bytes())
     loader = DataLoader(dataset, batch_size=3, num_workers=2, multiprocessing_context=context)
-    images, targets = zip(*loader)
+    images, targets = zip(*loader, strict=True)
     assert torch.cat(targets).tolist() == dataset.targets and len(dataset) == 8
     expected = torch.stack([dataset[i][0] for i in range(len(dataset))])
     assert torch.equal(torch.cat(images), expected)

@@ -7,7 +7,7 @@ import random
 import socket
 import threading
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -109,7 +109,8 @@ class LinkProxy:
                 self.cut_done += cut
             server = socket.create_connection(self.upstream)
             threading.Thread(target=self._pipe, args=(client, server, None, True), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(server, client, self.cut_after if cut else None, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, self.cut_after if cut else None, False),
+                             daemon=True).start()
 
     def _pipe(self, src: socket.socket, dst: socket.socket, limit: int | None, requests: bool) -> None:
         sent, started, counted = 0, time.monotonic(), False

@@ -17,13 +17,15 @@ import random
 import sys
 import tarfile
 import time
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import IO, Callable, Iterator, Sequence
+from typing import IO
 
-from . import s3
+from . import urls
 from .errors import ConfigError, TrainerError
 from .imagefolder import IMG_EXTENSIONS, make_samples
+from .shardindex import write_index
 
 INDEX_NAME = "index.json"
 
@@ -72,30 +74,16 @@ class ProgressBar:
 
 def list_source(source: str) -> tuple[list[str], list[SourceSample]]:
     """(classes, samples) of an image folder, in ImageFolder order."""
-    if source.startswith("s3://"):
-        root = s3.parse_uri(source)
-        keys = [k for k, _ in s3.list_objects(root)]
-        classes, _, samples = make_samples(keys, root.key)
-        base = len(root.key) + 1 if root.key else 0
-        return classes, [
-            SourceSample(key[base:], target, lambda key=key: s3.get_bytes(s3.S3Url(root.bucket, key)))
-            for key, target in samples
-        ]
-    if not os.path.isdir(source):
-        raise ConfigError(f"source {source!r} is neither an s3:// URI nor a local directory")
-    keys = []
-    for directory, _, files in os.walk(source, followlinks=True):
-        rel = os.path.relpath(directory, source)
-        keys.extend(f for f in (os.path.join(rel, name).replace(os.sep, "/") for name in files))
-    classes, _, samples = make_samples([k.removeprefix("./") for k in keys], "", IMG_EXTENSIONS)
-    return classes, [
-        SourceSample(rel, target, lambda rel=rel: _read_local(os.path.join(source, rel))) for rel, target in samples
-    ]
+    names = urls.list_names(source)
+    try:
+        classes, _, samples = make_samples(names, "", IMG_EXTENSIONS)
+    except ConfigError as exc:
+        raise ConfigError(f"source {source}: {exc}") from None
+    return classes, [SourceSample(rel, target, _reader(urls.join(source, rel))) for rel, target in samples]
 
 
-def _read_local(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+def _reader(url: str) -> Callable[[], bytes]:
+    return lambda: urls.read_bytes(url)
 
 
 def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -117,10 +105,6 @@ def build_shard(samples: Sequence[tuple[int, SourceSample, bytes]], classes: Seq
             meta = {"path": sample.path, "class": classes[sample.target]}
             _add_member(tar, f"{key}.json", json.dumps(meta).encode())
     return buffer.getvalue()
-
-
-def _dest_join(dest: str, name: str) -> str:
-    return dest.rstrip("/") + "/" + name if dest.startswith("s3://") else os.path.join(dest, name)
 
 
 def _batches(items: Sequence[SourceSample], size: int) -> Iterator[list[tuple[int, SourceSample]]]:
@@ -148,15 +132,13 @@ def make_shards(
     with ThreadPoolExecutor(max_workers=readers) as pool:
         for number, batch in enumerate(_batches(samples, samples_per_shard)):
             payloads = list(pool.map(lambda item: item[1].read(), batch))
-            data = build_shard([(n, s, p) for (n, s), p in zip(batch, payloads)], classes)
+            data = build_shard([(n, s, p) for (n, s), p in zip(batch, payloads, strict=True)], classes)
             name = f"shard-{number:06d}.tar"
-            s3.write_uri(_dest_join(dest, name), data)
+            urls.write_bytes(urls.join(dest, name), data)
             shard_list.append((name, len(batch)))
             bar.update(len(batch), len(data))
     bar.close()
-    index_url = _dest_join(dest, INDEX_NAME)
-    from .shards import write_index
-
+    index_url = urls.join(dest, INDEX_NAME)
     write_index(index_url, shard_list, name=os.path.basename(source.rstrip("/")), classes=list(classes))
     return index_url
 

@@ -10,19 +10,23 @@ from __future__ import annotations
 from typing import Any
 
 from ddp_contract import envnames
-from . import env, s3
+
+from . import env
 from .errors import ConfigError
 
 
 def open_dataset(uri: str | None = None, streaming: bool = False, **kwargs: Any) -> Any:
     uri = uri or env.dataset_uri()
     if uri.endswith(".json"):
-        from .shards import ShardedDataset, ShardStream
+        if streaming:
+            from .shardstream import ShardStream
 
-        return ShardStream(uri, **kwargs) if streaming else ShardedDataset(uri, **kwargs)
+            return ShardStream(uri, **kwargs)
+        from .mapdataset import ShardedDataset
+
+        return ShardedDataset(uri, **kwargs)
     if streaming:
         raise ConfigError(f"{envnames.DATASET_URI}={uri!r}: streaming needs a shard index (.json), not an image folder")
     from .imagefolder import S3ImageFolder
 
-    url = s3.parse_uri(uri)
-    return S3ImageFolder(url.bucket, url.key, **kwargs)
+    return S3ImageFolder.from_uri(uri, **kwargs)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import io
 import posixpath
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from . import s3
 from .errors import ConfigError, CorruptDataError
@@ -108,7 +109,7 @@ class S3ImageFolder:
         self.imgs = self.samples
 
     @classmethod
-    def from_uri(cls, uri: str, **kwargs: Any) -> "S3ImageFolder":
+    def from_uri(cls, uri: str, **kwargs: Any) -> S3ImageFolder:
         url = s3.parse_uri(uri)
         return cls(url.bucket, url.key, **kwargs)
 

@@ -21,6 +21,7 @@ from typing import IO, Any
 from ddp_contract.timestamps import rfc3339
 
 from . import env
+from .urls import atomic_path
 from .values import to_number
 
 Sink = Callable[[dict[str, Any]], None]
@@ -39,10 +40,8 @@ class FileSink:
     def __call__(self, record: dict[str, Any]) -> None:
         directory = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(directory, exist_ok=True)
-        tmp = f"{self.path}.tmp.{os.getpid()}"
-        with open(tmp, "w") as f:
+        with atomic_path(self.path) as tmp, open(tmp, "w") as f:
             json.dump(record, f)
-        os.replace(tmp, self.path)
 
 
 class LogSink:

@@ -23,7 +23,7 @@ _RESUME_ATTEMPTS = 5
 _WHOLE_OBJECT = 1 << 62  # a first "part" that is the whole object: one GET, no threads
 
 
-def open_readahead(url: s3.S3Url, client: Any = None, settings: env.S3Settings | None = None) -> "ReadAhead":
+def open_readahead(url: s3.S3Url, client: Any = None, settings: env.S3Settings | None = None) -> ReadAhead:
     """A file-like reader of the whole object: ranged parallel GETs, or one GET if read_ahead is 0
     (resumed after a cut either way)."""
     settings = settings or env.S3Settings.from_env()
@@ -108,7 +108,8 @@ class ReadAhead:
                 data = self._body.read(size)
             except s3.streaming_errors() as exc:
                 if attempt == _RESUME_ATTEMPTS - 1:
-                    raise StorageUnavailableError(f"reading {self.url}: body interrupted {_RESUME_ATTEMPTS} times: {exc}") from exc
+                    raise StorageUnavailableError(
+                        f"reading {self.url}: body interrupted {_RESUME_ATTEMPTS} times: {exc}") from exc
                 time.sleep(s3.body_retry_pause(attempt))
                 self._resume()
                 continue
@@ -119,7 +120,8 @@ class ReadAhead:
     def _resume(self) -> None:
         self._body.close()
         bucket, key, at, end = self.url.bucket, self.url.key, self._pos, self._end
-        response = s3.call("reading", self.url, lambda: self._s3.get_object(Bucket=bucket, Key=key, Range=f"bytes={at}-{end - 1}"), self._s3)
+        response = s3.call("reading", self.url,
+                           lambda: self._s3.get_object(Bucket=bucket, Key=key, Range=f"bytes={at}-{end - 1}"), self._s3)
         self._body = response["Body"]
 
     def read(self, size: int = -1) -> bytes:
@@ -156,7 +158,7 @@ class ReadAhead:
             self._pool.shutdown(wait=False, cancel_futures=True)
         self._part = b""
 
-    def __enter__(self) -> "ReadAhead":
+    def __enter__(self) -> ReadAhead:
         return self
 
     def __exit__(self, *exc: object) -> None:

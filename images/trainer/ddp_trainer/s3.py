@@ -10,10 +10,12 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any, Callable, Iterable, Iterator, TypeVar
+from typing import IO, Any, TypeVar
 
 from ddp_contract import envnames
+
 from . import env
 from .errors import (
     ConfigError,
@@ -38,7 +40,7 @@ class S3Url:
     def __str__(self) -> str:
         return f"s3://{self.bucket}/{self.key}"
 
-    def join(self, *parts: str) -> "S3Url":
+    def join(self, *parts: str) -> S3Url:
         return S3Url(self.bucket, join_key(self.key, *parts))
 
 
@@ -267,30 +269,6 @@ def delete_keys(bucket: str, keys: Iterable[str], s3: Any = None) -> None:
         )
 
 
-def read_uri(uri: str) -> bytes:
-    """Bytes of an s3:// URI or a local path."""
-    if uri.startswith("s3://"):
-        return get_bytes(parse_uri(uri))
-    path = uri[len("file://") :] if uri.startswith("file://") else uri
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except FileNotFoundError:
-        raise ObjectNotFoundError(f"reading {path}: file does not exist") from None
-
-
-def write_uri(uri: str, data: bytes) -> None:
-    if uri.startswith("s3://"):
-        put_bytes(parse_uri(uri), data)
-        return
-    path = uri[len("file://") :] if uri.startswith("file://") else uri
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
 __all__ = [
     "S3Url",
     "parse_uri",
@@ -308,6 +286,4 @@ __all__ = [
     "head",
     "list_objects",
     "delete_keys",
-    "read_uri",
-    "write_uri",
 ]

@@ -12,10 +12,13 @@ after `load_state_dict`, the next iteration skips what was consumed, later epoch
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sized
+from collections.abc import Iterator, Sized
+from typing import Any
 
 import torch
 from torch.utils.data import Sampler
+
+from .ranks import rank_and_world_size
 
 
 class DistributedChunkedSampler(Sampler[int]):
@@ -29,12 +32,7 @@ class DistributedChunkedSampler(Sampler[int]):
         seed: int = 0,
         drop_last: bool = False,
     ) -> None:
-        import torch.distributed as dist
-
-        if num_replicas is None:
-            num_replicas = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        if rank is None:
-            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        rank, num_replicas = rank_and_world_size(rank, num_replicas)
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
         if chunksize < 1:

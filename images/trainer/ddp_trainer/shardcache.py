@@ -7,11 +7,11 @@ import hashlib
 import os
 import posixpath
 import tempfile
-import threading
-from typing import Iterator
+from collections.abc import Iterator
 
-from . import env, readahead, s3
+from . import env, urls
 from .errors import ConfigError
+
 
 class ShardCache:
     """Whole shards on local disk, at most `limit_bytes` (plus the shard being read).
@@ -60,14 +60,9 @@ class ShardCache:
     def _fetch(self, url: str, path: str) -> None:
         if self._touch(path):
             return  # another process fetched it while this one waited
-        tmp = f"{path}.part.{os.getpid()}.{threading.get_ident()}"
-        try:
-            readahead.download(s3.parse_uri(url), tmp)
+        with urls.atomic_path(path) as tmp:
+            urls.fetch(url, tmp)
             self._remove(path + self.TABLE_SUFFIX)  # left by a process that died while evicting
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
 
     @staticmethod
     def _touch(path: str) -> bool:

@@ -11,7 +11,8 @@ boundary ends the archive.
 from __future__ import annotations
 
 import struct
-from typing import IO, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import IO, cast
 
 _BLOCK = 512
 _ZERO_BLOCK = bytes(_BLOCK)
@@ -86,9 +87,14 @@ def _decompressing_reader(kind: str, raw: _Prefixed) -> Callable[[int], bytes]:
     import gzip
     import lzma
 
-    decompressed: IO[bytes] = (
-        gzip.GzipFile(fileobj=raw, mode="rb") if kind == "gzip" else bz2.BZ2File(raw, "rb") if kind == "bz2" else lzma.LZMAFile(raw, "rb")
-    )
+    source = cast(IO[bytes], raw)  # it has what the decompressors read: read() and readable()
+    decompressed: gzip.GzipFile | bz2.BZ2File | lzma.LZMAFile
+    if kind == "gzip":
+        decompressed = gzip.GzipFile(fileobj=source, mode="rb")
+    elif kind == "bz2":
+        decompressed = bz2.BZ2File(source, "rb")
+    else:
+        decompressed = lzma.LZMAFile(source, "rb")
 
     def read(size: int) -> bytes:
         try:
@@ -113,7 +119,7 @@ def tar_entries(stream: IO[bytes], allow_compressed: bool = False) -> Iterator[t
     buffer is replaced, never mutated, so a slice taken later still works). Webdataset's top-level
     ``__name__`` metadata members are left out. Raises TarFormatError on a damaged archive.
     """
-    read = stream.read
+    read: Callable[[int], bytes] = stream.read
     sizes = _read_sizes()
     buf = read(next(sizes))
     for magic, kind in _COMPRESSED:
@@ -162,7 +168,7 @@ def tar_entries(stream: IO[bytes], allow_compressed: bool = False) -> Iterator[t
             checksum = _octal(header[148:156])
         if checksum != sum(header.translate(None, b"\0")) - sum(header[148:156]) + 256 and checksum != _signed_sum(header):
             raise TarFormatError(f"bad header checksum at byte {base + pos}")
-        kind = header[156:157]
+        typeflag = header[156:157]
         try:
             size = int(header[124:136].rstrip(b" \0"), 8)
         except ValueError:
@@ -172,14 +178,14 @@ def tar_entries(stream: IO[bytes], allow_compressed: bool = False) -> Iterator[t
             if "size" in merged:
                 size = int(merged["size"])
         start = pos + _BLOCK
-        has_data = kind not in _NO_DATA
+        has_data = typeflag not in _NO_DATA
         if has_data and start + size > len(buf):
             buf, base = refill(start, size)
             start = 0
             if size > len(buf):
                 raise TarFormatError(f"unexpected end of data at byte {base + len(buf)}")
         pos = start + ((size + _BLOCK - 1) & ~(_BLOCK - 1) if has_data else 0)
-        if kind in _REGULAR:
+        if typeflag in _REGULAR:
             if long_name is not None:
                 name = long_name
             else:
@@ -189,18 +195,18 @@ def tar_entries(stream: IO[bytes], allow_compressed: bool = False) -> Iterator[t
             if pax_global or pax:
                 name = {**pax_global, **pax}.get("path", name)
             long_name, pax = None, {}
-            if kind == b"\0" and name.endswith("/"):
+            if typeflag == b"\0" and name.endswith("/"):
                 continue  # old-style directory
             if "/" not in name and name.startswith("__") and name.endswith("__"):
                 continue
             yield name, buf, start, size, base + start
-        elif kind == b"x":
+        elif typeflag == b"x":
             pax = _pax_records(buf[start : start + size])
-        elif kind == b"g":
+        elif typeflag == b"g":
             pax_global.update(_pax_records(buf[start : start + size]))
-        elif kind == b"L":
+        elif typeflag == b"L":
             long_name = _text(buf[start : start + size])
-        elif kind == b"S":
+        elif typeflag == b"S":
             raise TarFormatError("GNU sparse members are not supported")
-        elif kind not in _GNU_META:
+        elif typeflag not in _GNU_META:
             long_name, pax = None, {}

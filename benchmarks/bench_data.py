@@ -30,7 +30,7 @@ in a child process on loopback, once per --link-mbps value (a "regime"):
 The benchmark's moto keeps each object as one bytes object, so that a ranged GET costs the server what
 it serves (stock moto reads the whole object for every range).
 
-    python images/trainer/bench_data.py [--samples 20000] [--image-kb 16] [--shard-samples 1000]
+    python benchmarks/bench_data.py [--samples 20000] [--image-kb 16] [--shard-samples 1000]
         [--workers 0,4] [--link-mbps 0,50] [--link-latency-ms 20] [--repeat 2] [--decoded]
         [--size-mb 1024] [--only shards-stream,webdataset] [--json out.json]
 """
@@ -50,29 +50,26 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
-sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
-                os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "contract")]
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.join(REPO, "contract"), os.path.join(REPO, "images", "trainer")]
 
 from torch.utils.data import IterableDataset  # noqa: E402
 
 from ddp_contract import envnames  # noqa: E402
-from ddp_trainer import env, s3  # noqa: E402
+from ddp_trainer import s3  # noqa: E402
 from ddp_trainer.checkpoint import CheckpointManager  # noqa: E402
 from ddp_trainer.convert import SourceSample, build_shard  # noqa: E402
 from ddp_trainer.imagefolder import S3ImageFolder  # noqa: E402
+from ddp_trainer.mapdataset import ShardedDataset  # noqa: E402
+from ddp_trainer.ranks import dataloader_worker  # noqa: E402
 from ddp_trainer.sampler import DistributedChunkedSampler  # noqa: E402
-from ddp_trainer.shards import (  # noqa: E402
-    ShardedDataset,
-    ShardIndex,
-    ShardStream,
-    dataloader_worker,
-    load_index,
-    write_index,
-)
+from ddp_trainer.shardindex import ShardIndex, load_index, write_index  # noqa: E402
+from ddp_trainer.shardstream import ShardStream  # noqa: E402
 
 BATCH_SIZE = 32
 _MOTO = """
@@ -168,7 +165,8 @@ def s3_endpoint(link_mbps: float = 0, latency_ms: float = 0) -> Iterator[str]:
                 time.sleep(0.1)
         server_pid = server.pid
         endpoint = f"http://127.0.0.1:{port}"
-        with environment(**{envnames.S3_ENDPOINT: endpoint, envnames.AWS_ACCESS_KEY_ID: "bench", envnames.AWS_SECRET_ACCESS_KEY: "bench"}):
+        credentials = {envnames.AWS_ACCESS_KEY_ID: "bench", envnames.AWS_SECRET_ACCESS_KEY: "bench"}
+        with environment(**{envnames.S3_ENDPOINT: endpoint, **credentials}):
             s3.reset_clients()
             yield endpoint
     finally:
@@ -272,7 +270,8 @@ class Bench:
                 seen = fn()
             except Exception as exc:  # noqa: BLE001 - a reader that fails is reported, not fatal
                 print(f"{label:<30} {workers:>2}  failed: {type(exc).__name__}: {exc}", flush=True)
-                self.results.append({"link_mbps": self.link_mbps, "reader": label, "workers": workers, "error": f"{type(exc).__name__}: {exc}"})
+                self.results.append({"link_mbps": self.link_mbps, "reader": label, "workers": workers,
+                                     "error": f"{type(exc).__name__}: {exc}"})
                 return
             elapsed = time.perf_counter() - started
             if _batch_times and _batch_times[1] > _batch_times[0]:
@@ -384,7 +383,8 @@ def s3torchconnector_pipeline(urls: list[str]) -> Any:
         enable_sharding=True,  # splits the objects over DataLoader workers (and ranks)
     )
     return wds.DataPipeline(
-        objects, wds.map(lambda reader: {"url": reader.key, "stream": reader}), tar_file_expander, group_by_keys, wds.map(raw_payload)
+        objects, wds.map(lambda reader: {"url": reader.key, "stream": reader}), tar_file_expander, group_by_keys,
+        wds.map(raw_payload)
     )
 
 
@@ -408,7 +408,8 @@ def bench_readers(bucket: str, args: argparse.Namespace, link_mbps: float, resul
         print(f"s3torchconnector not installed ({exc}); `pip install s3torchconnector` to include it", flush=True)
     bench = Bench(data, args.repeat, results, args.only, link_mbps)
     print(
-        f"{'reader':<30} {'wk':>2} {'samples/s':>10} {'MB/s':>8} {'%ceil':>6} {'steady/s':>9} {'1st-b':>6} {'samples':>7} {'seconds':>7} "
+        f"{'reader':<30} {'wk':>2} {'samples/s':>10} {'MB/s':>8} {'%ceil':>6} {'steady/s':>9} {'1st-b':>6} {'samples':>7} "
+        f"{'seconds':>7} "
         f"{'cpu-rd':>7} {'cpu-srv':>7}",
         flush=True,
     )
@@ -429,7 +430,8 @@ def bench_readers(bucket: str, args: argparse.Namespace, link_mbps: float, resul
         bench.run("shards-stream", workers, lambda: count_loader(stream, workers))
         with environment(**{envnames.S3_READ_AHEAD: "0"}):
             bench.run("shards-stream (one GET per shard)", workers, lambda: count_loader(stream, workers))
-        bench.run("webdataset", workers, lambda: count_loader(webdataset_pipeline(urls, lambda u: s3.open_stream(s3.parse_uri(u)), False), workers))
+        bench.run("webdataset", workers,
+                  lambda: count_loader(webdataset_pipeline(urls, lambda u: s3.open_stream(s3.parse_uri(u)), False), workers))
         if have_s3tc:
             bench.run("s3torchconnector+webdataset", workers, lambda: count_loader(s3torchconnector_pipeline(urls), workers))
         if args.decoded:
@@ -505,7 +507,8 @@ def bench_checkpoint(bucket: str, size_mb: int, results: list[dict[str, Any]]) -
         manager.wait()
         total = time.perf_counter() - started
         results.append({"checkpoint": f"save-{mode}", "MB": size / 1e6, "seconds": round(total, 3), "stall_s": round(stall, 3)})
-        print(f"checkpoint save {mode:<5} {size / 1e6 / total:>9.1f} MB/s  ({size / 1e6:.0f} MB in {total:.2f}s, training stalled {stall:.2f}s)", flush=True)
+        print(f"checkpoint save {mode:<5} {size / 1e6 / total:>9.1f} MB/s  ({size / 1e6:.0f} MB in {total:.2f}s, "
+              f"training stalled {stall:.2f}s)", flush=True)
         manager.close()
     started = time.perf_counter()
     loaded = CheckpointManager(s3.S3Url(bucket, "ckpt-sync"), rank=0).load_latest()
@@ -544,7 +547,8 @@ def main() -> int:
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--link-mbps", type=lambda text: [float(v) for v in text.split(",") if v.strip()], default=[0.0, 50.0],
                         help="regimes: 0 for the unpaced local server, N to pace each of its responses to N MB/s like one "
-                             "connection to a remote S3, so that the network and not this machine's shared CPU bounds the ceiling")
+                             "connection to a remote S3, so that the network and not this machine's shared CPU bounds "
+                             "the ceiling")
     parser.add_argument("--link-latency-ms", type=float, default=20,
                         help="in the paced regimes: time to first byte of each response")
     args = parser.parse_args()

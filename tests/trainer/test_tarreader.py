@@ -1,0 +1,66 @@
+"""The tar reader against tarfile: formats, compression, damage."""
+
+from __future__ import annotations
+
+import tarfile
+from pathlib import Path
+
+import pytest
+from shardhelp import index_for, tar_bytes
+
+from ddp_trainer.errors import CorruptDataError
+from ddp_trainer.mapdataset import ShardedDataset
+from ddp_trainer.shardstream import iter_shard
+
+
+@pytest.mark.parametrize("fmt_name", ["USTAR_FORMAT", "GNU_FORMAT", "PAX_FORMAT"])
+@pytest.mark.parametrize("compress", ["", "gz", "bz2", "xz"])
+def test_tar_reader_matches_tarfile(tmp_path: Path, fmt_name: str, compress: str) -> None:
+    long_dir = "d" * 120 if fmt_name != "USTAR_FORMAT" else "p" * 90  # ustar splits into prefix/name
+    members: list[tuple[str, bytes | None]] = [("__meta__", b"{}"), ("dir/", None)]
+    for i in range(6):
+        stem = f"{long_dir}/k{i}" if i % 2 else f"s{i}"
+        if fmt_name == "PAX_FORMAT" and i == 3:
+            stem = f"dir/ünï{i}"
+        members += [(f"{stem}.txt", f"t{i}".encode()), (f"{stem}.SEG.png", bytes(range(i * 97 % 256)) * 9), (f"{stem}.cls", b"")]
+    path = tmp_path / f"s.tar{'.' + compress if compress else ''}"
+    path.write_bytes(tar_bytes(getattr(tarfile, fmt_name), members, compress))
+
+    with tarfile.open(path, "r:*") as tar:
+        expected = [(m.name, tar.extractfile(m).read()) for m in tar if m.isreg() and m.name != "__meta__"]
+    got = [(s["__key__"] + "." + ext, s[ext]) for s in iter_shard(str(path), 6) for ext in s if not ext.startswith("__")]
+    assert [(n.rsplit(".", 2)[0] if n.endswith(".png") else n.rsplit(".", 1)[0]) for n, _ in got] == [
+        (n.rsplit(".", 2)[0] if n.endswith(".png") else n.rsplit(".", 1)[0]) for n, _ in expected
+    ]
+    assert sorted(d for _, d in got) == sorted(d for _, d in expected)
+    samples = list(iter_shard(str(path), 6))
+    assert samples[3]["seg.png"] == bytes(range(3 * 97 % 256)) * 9 and samples[4]["cls"] == b""
+    assert [s["__key__"] for s in iter_shard(str(path), 6, skip=2, stop=4)] == [s["__key__"] for s in samples[2:4]]
+    if not compress:
+        mapped = ShardedDataset(
+            index_for(tmp_path, path.name, 6), cache_dir=str(tmp_path / "cache"), decode=False
+        )
+        assert [mapped[i] for i in range(6)] == samples
+
+
+def test_tar_reader_rejects_damage(tmp_path: Path) -> None:
+    good = tar_bytes(tarfile.USTAR_FORMAT, [(f"s{i}.bin", bytes(1000)) for i in range(4)])
+    cases = {
+        # members take 3 blocks each: a header and 1000 bytes of data
+        "flipped": good[: 512 * 3 + 5] + b"X" + good[512 * 3 + 6 :],  # name byte of the second header
+        "cut-in-data": good[: 512 * 4 + 100],
+        "cut-in-header": good[: 512 * 3 + 100],
+    }
+    for label, data in cases.items():
+        path = tmp_path / f"{label}.tar"
+        path.write_bytes(data)
+        with pytest.raises(CorruptDataError, match=f"shard {path}"):
+            list(iter_shard(str(path), 4))
+    (tmp_path / "whole.tar").write_bytes(good[: 512 * 3])  # ends at a member boundary: fewer samples
+    with pytest.raises(CorruptDataError, match="holds 1 samples but the index says 4"):
+        list(iter_shard(str(tmp_path / "whole.tar"), 4))
+    gz = tmp_path / "gz.tar"
+    gz.write_bytes(tar_bytes(tarfile.USTAR_FORMAT, [("s0.bin", b"x")], "gz"))
+    dataset = ShardedDataset(index_for(tmp_path, "gz.tar", 1), cache_dir=str(tmp_path / "c"), decode=False)
+    with pytest.raises(CorruptDataError, match="gz.tar is not a readable uncompressed tar: gzip-compressed"):
+        dataset[0]
