@@ -55,6 +55,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
+# The benchmark runs from the source tree, like the tests: the imports below (E402) need these paths.
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(REPO, "contract"), os.path.join(REPO, "images", "trainer")]
 
@@ -400,7 +401,7 @@ def bench_readers(bucket: str, args: argparse.Namespace, link_mbps: float, resul
         flush=True,
     )
     try:
-        import s3torchconnector  # noqa: F401
+        import s3torchconnector  # noqa: F401 - only whether it is installed
 
         have_s3tc = True
     except ImportError as exc:

@@ -272,7 +272,10 @@ def figures(tracker: Tracker, start: dict[str, float], t0: float, jobs_phase: bo
         pods = dict(tracker.pods)
         running = dict(tracker.jobs_running)
         updates = dict(tracker.job_updates)
-    r = lambda x: round(x, 3)  # noqa: E731
+
+    def r(x: float) -> float:
+        return round(x, 3)
+
     last_added = max(p.added for p in pods.values())
     last_bound = max(p.bound for p in pods.values())
     last_running = max(p.running for p in pods.values())
@@ -420,7 +423,9 @@ def run_baseline_restart(core, tracker: Tracker, count: int, repeats: int, timeo
             return all(tracker.lives[u].gone is not None for u in uids)
 
     with ThreadPoolExecutor(CONCURRENCY) as pool:
-        create = lambda n: discard_answer(core.create_namespaced_pod, NAMESPACE, bare_pod(n))  # noqa: E731
+        def create(name: str) -> None:
+            discard_answer(core.create_namespaced_pod, NAMESPACE, bare_pod(name))
+
         try:
             list(pool.map(create, names))
             wait(lambda: ready_pods() >= count, timeout, f"{count} bare pods Ready")

@@ -31,14 +31,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes import client, config, watch
+from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from podstatus import now, pod_status
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "contract"))  # run as a script from the source tree: the imports below need it
+from ddp_contract import kubeclient  # noqa: E402
+from podstatus import now, pod_status  # noqa: E402
 
 NODE = "local-runner"
 TAINT_KEY = "ddpoperator.io/local-runner"
-REPO = Path(__file__).resolve().parent.parent
+
 HEARTBEAT_S = 10
 log = logging.getLogger("podrunner")
 
@@ -266,9 +269,8 @@ def main() -> int:
     parser.add_argument("--log-dir", type=Path, required=True)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s podrunner %(message)s")
-    config.load_kube_config(config_file=args.kubeconfig)
     args.log_dir.mkdir(parents=True, exist_ok=True)
-    runner = PodRunner(client.ApiClient(), args.log_dir)
+    runner = PodRunner(kubeclient.api_client(args.kubeconfig), args.log_dir)
     runner.register()
     signal.signal(signal.SIGTERM, lambda *_: runner.stop.set())
     signal.signal(signal.SIGINT, lambda *_: runner.stop.set())
