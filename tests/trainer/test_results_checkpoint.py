@@ -33,8 +33,9 @@ def test_results_go_under_the_job_prefix(bucket: str, monkeypatch: pytest.Monkey
     assert [(r["step"], r["epoch"], r["loss"], r["rank"]) for r in records] == [(1, 0, 2.5, 3), (2, 0, 1.5, 3)]
     assert records[0]["accuracy"] == 0.25 and abs(records[0]["time"] - time.time()) < 60
     assert handler.metrics_url.key.startswith("experiments/ml/resnet/metrics/rank-00003-")
-    with pytest.raises(ConfigError, match="must be a relative path"):
-        handler.submit_result("../escape", b"x")
+    for bad in ("../escape", "/etc/passwd", "a//b", "dir/", "./x", ""):
+        with pytest.raises(ConfigError, match="must be a relative path"):
+            handler.submit_result(bad, b"x")
 
 
 def test_missing_job_name_is_named(bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -115,6 +116,22 @@ def test_async_save_does_not_stall_and_snapshots_state(bucket: str) -> None:
     manager.close()
     assert manager.committed_steps() == [7, 8]
     assert returned_after < 2.0
+
+
+def test_async_and_sync_saves_load_back_identically(bucket: str) -> None:
+    """A state dict keeps its type and its `_metadata` (module versions, read by load_state_dict hooks)."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    loaded = {}
+    for mode in (False, True):
+        manager = CheckpointManager(s3.S3Url(bucket, f"meta-{mode}"), async_save=mode, rank=0)
+        manager.save(1, {"model": model.state_dict()})
+        manager.close()
+        loaded[mode] = manager.load_latest().state["model"]
+    sync, asynchronous = loaded[False], loaded[True]
+    assert type(asynchronous) is type(sync) is type(model.state_dict())
+    assert asynchronous._metadata == sync._metadata == model.state_dict()._metadata
+    assert asynchronous._metadata["1"]["version"] == 2  # BatchNorm's version, which its loading hook reads
+    assert all(torch.equal(asynchronous[k], sync[k]) for k in sync)
 
 
 def test_async_save_error_surfaces(s3_env) -> None:

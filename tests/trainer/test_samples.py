@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from ddp_trainer.errors import CorruptDataError
-from ddp_trainer.samples import decode, group_members, split_name
+from ddp_trainer.samples import decode, group_members, split_name, transformed
 
 NAMES = [
     ("a/b.seg.png", ("a/b", "seg.png")),
@@ -75,3 +75,20 @@ def test_decode_by_extension() -> None:
     assert out["npy"].tolist() == [0, 1, 2] and out["seg.png"].size == (3, 2)
     with pytest.raises(CorruptDataError, match="decoding k.cls in shard u"):
         decode({"__key__": "k", "__url__": "u", "cls": b"x"})
+
+
+def test_a_shard_cut_inside_its_last_sample_names_the_shard_and_the_sample() -> None:
+    members = [("s/0.jpg", b"a"), ("s/0.cls", b"0"), ("s/0.json", b"{}"), ("s/1.jpg", b"b"), ("s/1.cls", b"1")]
+    grouped = group_members(iter(members), "s3://data/shard-7.tar")
+    assert next(grouped)["__key__"] == "s/0"
+    with pytest.raises(CorruptDataError) as cut:
+        next(grouped)
+    assert str(cut.value) == ("shard s3://data/shard-7.tar: its last sample 's/1' ends before its json member "
+                              "(the sample before has them): the shard is cut short")
+
+
+def test_a_transform_error_keeps_its_type_and_names_the_sample_and_shard() -> None:
+    sample = {"__key__": "s/3", "__url__": "s3://data/shard-1.tar", "cls": 1}
+    with pytest.raises(KeyError) as missing:
+        transformed(lambda s: s["jpg"], sample)
+    assert missing.value.__notes__ == ["in sample 's/3' of shard s3://data/shard-1.tar"]

@@ -12,6 +12,7 @@ new one is committed. `load_latest` takes the newest checkpoint whose manifest m
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
@@ -19,6 +20,7 @@ import logging
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,13 +45,22 @@ class Checkpoint:
 
 
 def snapshot(value: Any) -> Any:
-    """Deep copy with every tensor detached and copied to CPU, so training may go on mutating it."""
+    """Deep copy with every tensor detached and copied to CPU, so training may go on mutating it.
+
+    A state dict loads back as a synchronous save would: the same mapping type, and its `_metadata`
+    (module versions, which `load_state_dict` hooks read) kept.
+    """
     import torch
 
     if isinstance(value, torch.Tensor):
         return value.detach().to("cpu", copy=True)
     if isinstance(value, Mapping):
-        return {k: snapshot(v) for k, v in value.items()}
+        items = {k: snapshot(v) for k, v in value.items()}
+        copied = OrderedDict(items) if isinstance(value, OrderedDict) else items
+        metadata = getattr(value, "_metadata", None)
+        if metadata is not None:
+            copied._metadata = copy.deepcopy(metadata)  # type: ignore[attr-defined]
+        return copied
     if isinstance(value, (list, tuple)):
         return type(value)(snapshot(v) for v in value)
     return value

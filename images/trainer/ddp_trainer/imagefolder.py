@@ -121,7 +121,11 @@ class S3ImageFolder:
         url = s3.S3Url(self.bucket, key)
         sample = self.loader(s3.get_bytes(url), str(url))
         if self.transform is not None:
-            sample = self.transform(sample)
+            try:
+                sample = self.transform(sample)
+            except Exception as error:
+                error.add_note(f"in the image {url}")
+                raise
         if self.target_transform is not None:
             target = self.target_transform(target)
         return sample, target

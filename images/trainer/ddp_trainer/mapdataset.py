@@ -22,7 +22,7 @@ from torch.utils.data import Dataset, Sampler
 
 from . import urls
 from .errors import ConfigError, CorruptDataError, ObjectNotFoundError
-from .samples import decode, group_members
+from .samples import decode, group_members, transformed
 from .shardcache import ShardCache
 from .shardindex import ShardIndex, ShardInfo, load_index
 from .tarreader import TarFormatError, tar_entries
@@ -217,7 +217,7 @@ class ShardedDataset(Dataset[Any]):
         sample = self.raw(index)
         if self.decode:
             sample = decode(sample)
-        return self.transform(sample) if self.transform is not None else sample
+        return transformed(self.transform, sample) if self.transform is not None else sample
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .errors import CorruptDataError
@@ -37,6 +37,7 @@ def group_members(members: Iterable[tuple[str, Any]], url: str) -> Iterator[dict
     """
     current: dict[str, Any] = {}  # empty until the first member
     key: str | None = None
+    previous: list[str] = []  # the member names of the sample before, in tar order
     for name, payload in members:
         # split_name without the regex or a call in the usual case (this runs once per member while
         # streaming): the key ends at the basename's first dot.
@@ -50,6 +51,7 @@ def group_members(members: Iterable[tuple[str, Any]], url: str) -> Iterator[dict
             member_key, ext = parts
         if member_key != key:
             if current:
+                previous = list(current)
                 yield current
             key = member_key
             current = {"__key__": key, "__url__": url}
@@ -58,7 +60,23 @@ def group_members(members: Iterable[tuple[str, Any]], url: str) -> Iterator[dict
             raise CorruptDataError(f"shard {url}: sample {key!r} has two {ext!r} members")
         current[ext] = payload
     if current:
+        names = list(current)
+        if len(names) < len(previous) and previous[2:len(names)] == names[2:]:
+            # The members of the sample before, cut off part way: a shard cut between two members
+            # of its last sample, which must not reach a transform as if whole (a bare KeyError).
+            missing = ", ".join(previous[len(names):])
+            raise CorruptDataError(f"shard {url}: its last sample {key!r} ends before its {missing} member "
+                                   f"(the sample before has them): the shard is cut short")
         yield current
+
+
+def transformed(transform: Callable[[Any], Any], sample: dict[str, Any]) -> Any:
+    """transform(sample); an error it raises keeps its type and says which shard and sample it was."""
+    try:
+        return transform(sample)
+    except Exception as error:
+        error.add_note(f"in sample {sample.get('__key__')!r} of shard {sample.get('__url__')}")
+        raise
 
 
 def decode(sample: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from . import urls
 from .errors import ConfigError, CorruptDataError
 from .ranks import dataloader_worker, rank_and_world_size
-from .samples import decode, group_members
+from .samples import decode, group_members, transformed
 from .shardindex import ShardIndex, ShardInfo, load_index
 from .tarreader import TarFormatError, tar_entries
 
@@ -256,7 +256,7 @@ class ShardStream(IterableDataset[Any]):
         for sample in samples:
             if self.decode:
                 sample = decode(sample)
-            yield self.transform(sample) if self.transform is not None else sample
+            yield transformed(self.transform, sample) if self.transform is not None else sample
 
 
 def _buffer_shuffle(samples: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
