@@ -30,6 +30,8 @@ def pod(
     waiting: str | None = None,
     node: str | None = None,
     output: str | None = None,
+    unschedulable: str | None = None,
+    waiting_message: str | None = None,
 ) -> dict[str, Any]:
     """A pod as the API returns it. state: pending | running | succeeded | failed | evicted."""
     meta: dict[str, Any] = {
@@ -41,8 +43,12 @@ def pod(
         meta["deletionTimestamp"] = "2025-01-02T03:04:00Z"
     container: dict[str, Any] = {"name": labels.CONTAINER_NAME, "state": {}}
     status: dict[str, Any] = {"phase": "Pending", "containerStatuses": [container], "conditions": []}
-    if state == "pending":
-        container["state"] = {"waiting": {"reason": waiting or "ContainerCreating"}}
+    if state == "pending" and unschedulable is not None:  # as the scheduler leaves it: no containers yet
+        status.update(containerStatuses=[], conditions=[
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": unschedulable}])
+    elif state == "pending":
+        container["state"] = {"waiting": {"reason": waiting or "ContainerCreating",
+                                          **({"message": waiting_message} if waiting_message else {})}}
     elif state == "running":
         status["phase"] = "Running"
         container["state"] = {"running": {"startedAt": "2025-01-02T02:00:00Z"}}

@@ -59,10 +59,15 @@ COND_RESTARTING: Final = "Restarting"
 COND_SUCCEEDED: Final = "Succeeded"
 COND_FAILED: Final = "Failed"
 COND_SUSPENDED: Final = "Suspended"
+# True while some rank of the current attempt is held up for a reason someone gave (the scheduler,
+# the kubelet); its reason is the cause most ranks share, its message names the ranks.
+COND_RANKS_BLOCKED: Final = "RanksBlocked"
 
 # Reasons (CamelCase, as metav1.Condition requires).
 REASON_CREATED: Final = "PodsCreated"
 REASON_WAITING: Final = "WaitingForRanks"
+REASON_UNSCHEDULABLE: Final = "Unschedulable"
+REASON_NOT_BLOCKED: Final = "NoRankBlocked"
 REASON_ALL_READY: Final = "AllRanksReady"
 REASON_SUSPENDED: Final = "Suspended"
 REASON_RANK_FAILED: Final = "RankFailed"
@@ -95,3 +100,17 @@ EVICTION_REASONS: Final = frozenset(
 )
 # kubelet admission rejections look like "OutOfcpu", "OutOfnvidia.com/gpu".
 EVICTION_REASON_PREFIX: Final = "OutOf"
+
+# The trainer container's waiting reasons, as the kubelet gives them, by the cause a user acts on.
+WAITING_REASONS: Final = {
+    "ErrImagePull": "ImagePullError",
+    "ImagePullBackOff": "ImagePullError",
+    "InvalidImageName": "ImagePullError",
+    "ErrImageNeverPull": "ImagePullError",
+    "CreateContainerConfigError": "ContainerConfigError",  # a missing Secret, ConfigMap or key
+    "CreateContainerError": "ContainerConfigError",
+    "RunContainerError": "ContainerConfigError",
+    "CrashLoopBackOff": "CrashLoop",
+}
+# Waiting that is just the way to Running.
+WAITING_NORMALLY: Final = frozenset({"ContainerCreating", "PodInitializing"})

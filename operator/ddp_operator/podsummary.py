@@ -61,6 +61,16 @@ class RankFailure:
 
 
 @dataclass(frozen=True)
+class RankProblem:
+    """Why a rank of the current attempt is not running: a machine-readable reason and the words of
+    whoever said so (the scheduler, the kubelet)."""
+
+    rank: int
+    reason: str
+    message: str = ""
+
+
+@dataclass(frozen=True)
 class PodSummary:
     """The pods of one job, seen from its current gang attempt.
 
@@ -82,7 +92,7 @@ class PodSummary:
     stale_pods: tuple[str, ...] = ()  # other attempts (or unlabelled), not yet being deleted
     occupied_ranks: frozenset[int] = frozenset()
     failure: RankFailure | None = None  # the earliest failed rank of the current attempt
-    problems: tuple[str, ...] = ()  # e.g. "rank 1: ImagePullBackOff", for status.message
+    problems: tuple[RankProblem, ...] = ()  # ranks held up, by rank
     uids: Mapping[str, str] = field(default_factory=dict)  # pod name -> uid, for deletes that miss a newer pod
 
     @property
@@ -99,7 +109,7 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
     stale: list[str] = []
     occupied: set[int] = set()
     failures: list[RankFailure] = []
-    problems: list[str] = []
+    problems: list[RankProblem] = []
     uids: dict[str, str] = {}
     for pod in pods:
         meta = pod.get("metadata") or {}
@@ -122,9 +132,9 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
             counts["ready"] += 1
         if state == "failed":
             failures.append(rank_failure(pod, rank))
-        problem = waiting_problem(pod)
+        problem = rank_problem(pod, rank) if state == "pending" else None
         if problem:
-            problems.append(f"rank {rank}: {problem}")
+            problems.append(problem)
     failures.sort(key=lambda f: (f.finished_at or "", f.rank))
     return PodSummary(
         attempt=attempt,
@@ -135,7 +145,7 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
         stale_pods=tuple(sorted(stale)),
         occupied_ranks=frozenset(occupied),
         failure=failures[0] if failures else None,
-        problems=tuple(sorted(problems)),
+        problems=tuple(sorted(problems, key=lambda p: p.rank)),
         uids=uids,
         **counts,
     )
@@ -207,11 +217,50 @@ def last_lines(text: str | None, lines: int = OUTPUT_LINES, chars: int = OUTPUT_
     return tail if len(tail) <= chars else "..." + tail[-(chars - 3):]
 
 
-def waiting_problem(pod: Mapping[str, Any]) -> str | None:
-    """A reason a pending rank is stuck (ImagePullBackOff, CreateContainerConfigError, ...)."""
+def rank_problem(pod: Mapping[str, Any], rank: int) -> RankProblem | None:
+    """Why a pending rank is held up, if anything says so: the scheduler (Unschedulable, with its
+    message, e.g. "0/4 nodes are available: 4 Insufficient nvidia.com/gpu") or the kubelet (the
+    trainer container waiting on an image pull, a missing Secret or ConfigMap, ...)."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason") == "Unschedulable":
+            return RankProblem(rank, c.REASON_UNSCHEDULABLE, str(cond.get("message") or "").strip())
     waiting = (trainer_status(pod).get("state") or {}).get("waiting") or {}
-    reason = waiting.get("reason")
-    return str(reason) if reason and reason != "ContainerCreating" else None
+    reason = str(waiting.get("reason") or "")
+    if not reason or reason in c.WAITING_NORMALLY:
+        return None
+    return RankProblem(rank, c.WAITING_REASONS.get(reason, reason), str(waiting.get("message") or reason).strip())
+
+
+def describe_problems(problems: Iterable[RankProblem]) -> tuple[str, str]:
+    """(the reason most ranks share, a message naming the ranks, those with one cause and message together).
+
+    "ranks 0-3, 6 (Unschedulable): 0/4 nodes are available: 4 Insufficient nvidia.com/gpu.; rank 5
+    (ImagePullError): ..."
+    """
+    groups: dict[tuple[str, str], list[int]] = {}
+    for problem in problems:
+        groups.setdefault((problem.reason, problem.message), []).append(problem.rank)
+    if not groups:
+        return "", ""
+    ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), item[1][0]))
+    parts = [f"{rank_list(ranks)} ({reason}): {message}" if message else f"{rank_list(ranks)} ({reason})"
+             for (reason, message), ranks in ordered]
+    return ordered[0][0][0], "; ".join(parts)
+
+
+def rank_list(ranks: Iterable[int]) -> str:
+    """'rank 3', 'ranks 0-3, 6'."""
+    ordered = sorted(set(ranks))
+    spans: list[str] = []
+    start = prev = ordered[0]
+    for rank in [*ordered[1:], None]:
+        if rank is not None and rank == prev + 1:
+            prev = rank
+            continue
+        spans.append(str(start) if start == prev else f"{start}-{prev}")
+        if rank is not None:
+            start = prev = rank
+    return f"rank {spans[0]}" if len(ordered) == 1 else f"ranks {', '.join(spans)}"
 
 
 def _disruption_reason(status: Mapping[str, Any]) -> str | None:

@@ -43,7 +43,7 @@ def slim_pod(pod: dict) -> dict:
             "message": status.get("message"),
             "startTime": status.get("startTime"),
             "conditions": [
-                {"type": c.get("type"), "status": c.get("status"), "reason": c.get("reason")}
+                {"type": c.get("type"), "status": c.get("status"), "reason": c.get("reason"), "message": c.get("message")}
                 for c in status.get("conditions", [])
             ],
             "containerStatuses": [

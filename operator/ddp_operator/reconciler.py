@@ -29,7 +29,6 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from ddp_operator import constants as c
 from ddp_operator.deadlines import requeue_after, ttl_expired
 from ddp_operator.decision import Action, decide
 from ddp_operator.events import post_event
@@ -38,11 +37,16 @@ from ddp_operator.manifests import build_pod, build_progress_access, build_servi
 from ddp_operator.podsummary import PodSummary, summarize_pods
 from ddp_operator.podwatch import JobKey, PodCache
 from ddp_operator.spec import InvalidSpec, JobSpec, parse_spec, validate_job_name
-from ddp_operator.statuspatch import changed_fields, compute_status, invalid_spec_status, only_counts_changed
+from ddp_operator.statuspatch import (
+    changed_fields,
+    compute_status,
+    events_for,
+    invalid_spec_status,
+    only_counts_changed,
+)
 from ddp_operator.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
-WARNING_PHASES = frozenset({c.PHASE_FAILED, c.PHASE_RESTARTING})
 # A job's status is patched at most this often for rank counts alone (readyRanks 3/8 -> 4/8), so a
 # gang coming up writes a few times, not once per pod, and a phase change never queues behind them.
 COUNTS_INTERVAL = 1.0
@@ -246,11 +250,7 @@ class Reconciler:
         self._patched_at[(meta["namespace"], meta["name"])] = time.monotonic()
         updated = await self.kube.patch_job_status(meta["namespace"], meta["name"], patch)
         self.jobs.put(updated)
-        phase = patch.get("phase")
-        if phase and phase != status.get("phase"):
-            kind = "Warning" if phase in WARNING_PHASES else "Normal"
-            reason = patch.get("reason") or phase
-            message = patch.get("message") or f"phase {phase}"
-            log.info("%s/%s: %s -> %s (%s) %s", meta["namespace"], meta["name"], status.get("phase"), phase,
-                     reason, message)
+        for kind, reason, message in events_for(status, patch):
+            log.info("%s/%s: %s -> %s (%s) %s", meta["namespace"], meta["name"], status.get("phase"),
+                     patch.get("phase"), reason, message)
             await post_event(self.kube, updated, kind, reason, message)

@@ -12,7 +12,7 @@ from typing import Any
 from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
 from ddp_operator.decision import Action, Decision
-from ddp_operator.podsummary import PodSummary
+from ddp_operator.podsummary import PodSummary, describe_problems
 from ddp_operator.spec import InvalidSpec, JobSpec
 
 # The conditions a phase makes True; every other known condition that is present becomes False.
@@ -182,6 +182,11 @@ def _conditions(
         conditions = set_condition(
             conditions, c.COND_CREATED, True, c.REASON_CREATED, "rank pods created", now, generation
         )
+    cause, detail = describe_problems(summary.problems) if phase not in c.TERMINAL_PHASES else ("", "")
+    if cause:
+        conditions = set_condition(conditions, c.COND_RANKS_BLOCKED, True, cause, detail, now, generation)
+    elif get_condition(conditions, c.COND_RANKS_BLOCKED) is not None:
+        conditions = set_condition(conditions, c.COND_RANKS_BLOCKED, False, c.REASON_NOT_BLOCKED, "", now, generation)
     active = PHASE_CONDITION.get(phase)
     for type_ in PHASE_CONDITION.values():
         if type_ == active:
@@ -202,9 +207,9 @@ def _reason_message(
         return c.REASON_ALL_READY, f"{summary.ready} ranks ready, {summary.succeeded} finished"
     if phase == c.PHASE_RESTARTING:
         return status.get("reason", ""), status.get("message", "")
-    detail = "; ".join(summary.problems)
     waiting = f"{summary.ready}/{world_size} ranks ready, {summary.total} pods exist"
-    return c.REASON_WAITING, f"{waiting}; {detail}" if detail else waiting
+    cause, detail = describe_problems(summary.problems)
+    return (cause, f"{waiting}; {detail}") if cause else (c.REASON_WAITING, waiting)
 
 
 def _start_time(status: Mapping[str, Any], phase: str, stamp: str) -> str | None:
@@ -212,3 +217,26 @@ def _start_time(status: Mapping[str, Any], phase: str, stamp: str) -> str | None
     if phase == c.PHASE_SUSPENDED:
         return None
     return status.get("startTime") or stamp
+
+
+WARNING_PHASES = frozenset({c.PHASE_FAILED, c.PHASE_RESTARTING})
+
+
+def events_for(status: Mapping[str, Any], patch: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """The Events a status change deserves, as (type, reason, message): a new phase, and ranks newly
+    held up (or held up for another cause, or other ranks)."""
+    events: list[tuple[str, str, str]] = []
+    phase = patch.get("phase")
+    if phase and phase != status.get("phase"):
+        kind = "Warning" if phase in WARNING_PHASES else "Normal"
+        events.append((kind, patch.get("reason") or phase, patch.get("message") or f"phase {phase}"))
+    before = get_condition(status.get("conditions") or [], c.COND_RANKS_BLOCKED) or {}
+    after = get_condition(patch.get("conditions") or [], c.COND_RANKS_BLOCKED) or {}
+    blocked = after.get("status") == "True"
+    if blocked and (before.get("status"), before.get("reason"), before.get("message")) != (
+            "True", after.get("reason"), after.get("message")):
+        reason = str(after.get("reason"))
+        # A new phase that only says the same (Pending/Starting with this cause as its reason) is this Event.
+        events = [event for event in events if event[1] != reason]
+        events.append(("Warning", reason, str(after.get("message"))))
+    return events

@@ -222,3 +222,22 @@ def test_spec_the_schema_cannot_catch_is_marked_failed_and_the_operator_carries_
     jobs.create("fine", worldSize=1)
     jobs.wait_phase("fine", c.PHASE_RUNNING)
     assert operator.process.poll() is None
+
+
+def test_a_gang_that_cannot_be_scheduled_says_why_by_rank(jobs) -> None:
+    jobs.create("toobig", worldSize=2, gpusPerRank=16)  # the local cluster's nodes have 8 GPUs each
+
+    def says_why() -> dict | None:
+        status = jobs.status("toobig")
+        held = status.get("reason") == c.REASON_UNSCHEDULABLE and "ranks 0-1 (Unschedulable): 0/" in status["message"]
+        return status if held else None
+
+    status = wait_until(says_why, 30, "the job to say both ranks cannot be scheduled")
+    assert status["phase"] == c.PHASE_PENDING
+    assert "Insufficient nvidia.com/gpu" in status["message"]  # the scheduler's own words
+    blocked = next(x for x in status["conditions"] if x["type"] == c.COND_RANKS_BLOCKED)
+    assert (blocked["status"], blocked["reason"]) == ("True", c.REASON_UNSCHEDULABLE)
+    def warned() -> list:
+        return [e for e in jobs.events("toobig") if e.reason == c.REASON_UNSCHEDULABLE and "ranks 0-1" in e.message]
+
+    assert all(e.type == "Warning" for e in wait_until(warned, 10, "an Event saying so"))

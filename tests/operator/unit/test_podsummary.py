@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ddp_contract import labels
-from ddp_operator.podsummary import RankFailure
+from ddp_operator.podsummary import RankFailure, RankProblem, describe_problems, rank_list
 from podfixtures import JOB, pod, summary_of
 
 
@@ -101,9 +101,38 @@ def test_trainer_exit_decides_even_when_a_sidecar_keeps_the_pod_running() -> Non
     assert summary.succeeded == 1 and summary.running == 0 and summary.finished_pods == ("mnist-0",)
 
 
-def test_stuck_pending_reasons_are_collected() -> None:
-    summary = summary_of(pod(0, "pending", waiting="ImagePullBackOff"), pod(1, "pending"))
-    assert summary.problems == ("rank 0: ImagePullBackOff",)
+NO_GPU = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu. preemption: not helpful for scheduling."
+
+
+def test_why_pending_ranks_are_held_up_by_rank() -> None:
+    summary = summary_of(
+        pod(0, "pending", waiting="ImagePullBackOff", waiting_message='Back-off pulling image "trainer:typo"'),
+        pod(1, "pending"),  # ContainerCreating: on its way, no problem
+        pod(2, "pending", unschedulable=NO_GPU),
+        pod(3, "pending", waiting="CreateContainerConfigError", waiting_message='secret "s3" not found'),
+        pod(4, "pending", waiting="SomethingNew"),
+    )
+    assert summary.problems == (
+        RankProblem(0, "ImagePullError", 'Back-off pulling image "trainer:typo"'),
+        RankProblem(2, "Unschedulable", NO_GPU),
+        RankProblem(3, "ContainerConfigError", 'secret "s3" not found'),
+        RankProblem(4, "SomethingNew", "SomethingNew"),
+    )
+
+
+def test_problems_are_grouped_by_cause_and_the_commonest_names_the_reason() -> None:
+    problems = [RankProblem(r, "Unschedulable", NO_GPU) for r in (0, 1, 2, 3, 6)]
+    problems.append(RankProblem(5, "ImagePullError", "Back-off"))
+    reason, message = describe_problems(problems)
+    assert reason == "Unschedulable"
+    assert message == f"ranks 0-3, 6 (Unschedulable): {NO_GPU}; rank 5 (ImagePullError): Back-off"
+    assert describe_problems([]) == ("", "")
+
+
+@pytest.mark.parametrize(("ranks", "text"),
+                         [([3], "rank 3"), ([0, 1, 2], "ranks 0-2"), ([5, 0, 1, 9, 8], "ranks 0-1, 5, 8-9")])
+def test_rank_list(ranks: list[int], text: str) -> None:
+    assert rank_list(ranks) == text
 
 
 def test_pods_without_rank_labels_are_stale() -> None:

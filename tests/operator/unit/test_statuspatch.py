@@ -15,6 +15,7 @@ from ddp_operator.spec import InvalidSpec, parse_spec
 from ddp_operator.statuspatch import (
     changed_fields,
     compute_status,
+    events_for,
     get_condition,
     invalid_spec_status,
     next_phase,
@@ -180,11 +181,20 @@ def test_suspend_clears_start_time_and_resume_sets_it_again() -> None:
     assert condition["status"] == "False" and condition["lastTransitionTime"] == rfc3339(later)
 
 
-def test_waiting_message_names_stuck_ranks() -> None:
-    patch = status_after(
-        job_spec(), {"phase": "Pending"}, summary_of(pod(0, "pending", waiting="ErrImagePull"), pod(1))
-    )
-    assert "rank 0: ErrImagePull" in patch["message"]
+def test_a_held_up_gang_says_why_by_rank_in_reason_message_and_condition() -> None:
+    held = summary_of(pod(0, "pending", waiting="ErrImagePull", waiting_message="not found"), pod(1))
+    patch = status_after(job_spec(), {"phase": "Pending"}, held)
+    assert patch["reason"] == "ImagePullError"
+    assert patch["message"] == "1/2 ranks ready, 2 pods exist; rank 0 (ImagePullError): not found"
+    blocked = get_condition(patch["conditions"], c.COND_RANKS_BLOCKED)
+    assert (blocked["status"], blocked["reason"], blocked["message"]) == ("True", "ImagePullError",
+                                                                         "rank 0 (ImagePullError): not found")
+    assert events_for({"phase": "Pending"}, patch) == [("Warning", "ImagePullError", blocked["message"])]
+    # Nothing new: no Event again. Cleared: the condition turns False, no Warning.
+    assert events_for(patch, status_after(job_spec(), patch, held)) == []
+    cleared = status_after(job_spec(), patch, summary_of(pod(0), pod(1)))
+    assert get_condition(cleared["conditions"], c.COND_RANKS_BLOCKED)["status"] == "False"
+    assert events_for(patch, cleared) == [("Normal", c.REASON_ALL_READY, "2 ranks ready, 0 finished")]
 
 
 def test_next_phase_without_a_decision_reason() -> None:
