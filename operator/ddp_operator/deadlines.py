@@ -37,7 +37,18 @@ def ttl_remaining(status: Mapping[str, Any], spec: JobSpec, now: datetime) -> fl
     return (done + timedelta(seconds=spec.ttl_seconds_after_finished) - now).total_seconds()
 
 
+def startup_remaining(status: Mapping[str, Any], spec: JobSpec, now: datetime) -> float | None:
+    """Seconds left before ranks held up (condition RanksBlocked True, since its lastTransitionTime)
+    fail the job; None while no rank is held up."""
+    blocked = next((cond for cond in status.get("conditions") or [] if cond.get("type") == c.COND_RANKS_BLOCKED), None)
+    since = parse_rfc3339((blocked or {}).get("lastTransitionTime"))
+    if blocked is None or blocked.get("status") != "True" or since is None or status.get("phase") in c.TERMINAL_PHASES:
+        return None
+    return (since + timedelta(seconds=spec.startup_deadline_seconds) - now).total_seconds()
+
+
 def requeue_after(status: Mapping[str, Any], spec: JobSpec, now: datetime) -> float | None:
-    """Seconds until the deadline or the TTL falls due (whichever is first), for a timer; None if neither."""
-    pending = [r for r in (deadline_remaining(status, spec, now), ttl_remaining(status, spec, now)) if r is not None]
+    """Seconds until the next deadline (active, startup) or the TTL falls due, for a timer; None if none."""
+    due = (deadline_remaining(status, spec, now), startup_remaining(status, spec, now), ttl_remaining(status, spec, now))
+    pending = [r for r in due if r is not None]
     return max(0.0, min(pending)) if pending else None

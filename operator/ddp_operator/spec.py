@@ -69,6 +69,7 @@ class JobSpec:
     restart_policy: str = c.DEFAULT_RESTART_POLICY
     backoff_limit: int = c.DEFAULT_BACKOFF_LIMIT
     active_deadline_seconds: int | None = None
+    startup_deadline_seconds: int = c.DEFAULT_STARTUP_DEADLINE_SECONDS
     ttl_seconds_after_finished: int | None = None
     suspend: bool = False
 
@@ -128,6 +129,7 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
         restart_policy=_enum(spec, "restartPolicy", c.DEFAULT_RESTART_POLICY, c.RESTART_POLICIES),
         backoff_limit=_int(spec, "backoffLimit", c.DEFAULT_BACKOFF_LIMIT, 0, None),
         active_deadline_seconds=_int(spec, "activeDeadlineSeconds", None, 1, None, optional=True),
+        startup_deadline_seconds=_int(spec, "startupDeadlineSeconds", c.DEFAULT_STARTUP_DEADLINE_SECONDS, 1, None),
         ttl_seconds_after_finished=_int(spec, "ttlSecondsAfterFinished", None, 0, None, optional=True),
         suspend=_bool(spec, "suspend", False),
     )

@@ -241,3 +241,14 @@ def test_a_gang_that_cannot_be_scheduled_says_why_by_rank(jobs) -> None:
         return [e for e in jobs.events("toobig") if e.reason == c.REASON_UNSCHEDULABLE and "ranks 0-1" in e.message]
 
     assert all(e.type == "Warning" for e in wait_until(warned, 10, "an Event saying so"))
+
+
+def test_ranks_held_up_past_the_startup_deadline_fail_the_job_and_free_the_rest(jobs) -> None:
+    # No node has that name, so no rank can ever be scheduled: without the deadline the job waits forever.
+    jobs.create("stranded", worldSize=2, gpusPerRank=0, startupDeadlineSeconds=2,
+                template={"spec": {"nodeSelector": {"kubernetes.io/hostname": "no-such-node"}}})
+    status = jobs.wait_phase("stranded", c.PHASE_FAILED, timeout=30)
+    assert status["reason"] == c.REASON_UNSCHEDULABLE
+    assert status["message"].endswith("still so after startupDeadlineSeconds=2")
+    assert re.search(r"ranks? 0(-1)? \(Unschedulable\): 0/4 nodes are available", status["message"]), status
+    wait_until(lambda: jobs.pods("stranded") == [], 30, "the held-up gang's pods to be deleted")

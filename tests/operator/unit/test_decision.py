@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
 from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
+from ddp_operator.deadlines import requeue_after
 from ddp_operator.decision import Action, Decision, decide
 from ddp_operator.podsummary import RankFailure
+from ddp_operator.statuspatch import set_condition
 from podfixtures import NOW, job_spec, pod, summary_of
 
 
@@ -136,3 +139,30 @@ def test_finished_jobs_only_stop_leftovers(phase: str) -> None:
     status = {"phase": phase, "reason": "R", "message": "M"}
     decision = decide(job_spec(suspend=True), status, summary_of(pod(0), pod(1, "failed")), NOW)
     assert decision == Decision(Action.WAIT, 0, "R", "M", delete_pods=("mnist-0",))
+
+
+def blocked_since(seconds_ago: float) -> dict[str, Any]:
+    """A status whose ranks have been held up for `seconds_ago`."""
+    since = NOW - timedelta(seconds=seconds_ago)
+    conditions = set_condition([], c.COND_RANKS_BLOCKED, True, "Unschedulable", "ranks 0-1 (Unschedulable): no", since)
+    return {"phase": "Pending", "conditions": conditions}
+
+
+def test_ranks_held_up_past_the_startup_deadline_fail_the_job_with_the_cause() -> None:
+    spec = job_spec(startupDeadlineSeconds=600)
+    held = summary_of(pod(0, "pending", unschedulable="0/4 nodes are available"), pod(1, "running"))
+    early = decide(spec, blocked_since(599), held, NOW)
+    assert early.action == Action.WAIT and requeue_after(blocked_since(599), spec, NOW) == pytest.approx(1)
+    late = decide(spec, blocked_since(600), held, NOW)
+    assert late.action == Action.FAIL and late.reason == "Unschedulable"
+    assert late.message == ("rank 0 (Unschedulable): 0/4 nodes are available; "
+                            "still so after startupDeadlineSeconds=600")
+    assert late.delete_pods == ("mnist-0", "mnist-1")  # the other ranks free what they hold
+
+
+def test_the_startup_deadline_needs_ranks_held_up_now() -> None:
+    spec = job_spec(startupDeadlineSeconds=60)
+    # The condition is stale (it says held up long ago) but every rank runs now: nothing fails.
+    assert decide(spec, blocked_since(3600), summary_of(pod(0), pod(1)), NOW).action == Action.WAIT
+    assert decide(spec, {"phase": "Pending"}, summary_of(pod(0, "pending", unschedulable="x")), NOW).action \
+        == Action.CREATE

@@ -109,6 +109,7 @@ def test_valid_shm_sizes(shm: Any) -> None:
         ({"restartPolicy": "Always"}, "restartPolicy"),
         ({"backoffLimit": -1}, "backoffLimit"),
         ({"activeDeadlineSeconds": 0}, "activeDeadlineSeconds"),
+        ({"startupDeadlineSeconds": 0}, "startupDeadlineSeconds"),
         ({"ttlSecondsAfterFinished": -5}, "ttlSecondsAfterFinished"),
         ({"suspend": "yes"}, "suspend"),
         ({"shmSize": "lots"}, "shmSize"),
