@@ -70,13 +70,9 @@ class KubeApi:
         pool = self._status_pool if status else self._pool
         await loop.run_in_executor(pool, functools.partial(discard_answer, fn, *args, **kwargs))
 
-    async def create_pod(self, pod: dict[str, Any]) -> None:
-        """Creates the pod; one that already exists (an earlier pass made it) is left alone."""
-        try:
-            await self.send(self.core.create_namespaced_pod, pod["metadata"]["namespace"], pod)
-        except ApiException as error:
-            if error.status != 409:
-                raise
+    async def create_pod(self, pod: dict[str, Any]) -> Mapping[str, Any] | None:
+        """Creates the pod; if its name is taken, returns the metadata of the pod that holds it."""
+        return await self.ensure(pod)
 
     async def delete_pod(self, namespace: str, name: str, uid: str) -> None:
         """Deletes the pod with this name only while it is still the one with this uid.
@@ -92,19 +88,31 @@ class KubeApi:
             if error.status not in (404, 409):
                 raise
 
-    async def ensure(self, obj: dict[str, Any]) -> None:
-        """Creates a namespaced Service, ServiceAccount, Role or RoleBinding unless it exists."""
-        create = {
-            "Service": self.core.create_namespaced_service,
-            "ServiceAccount": self.core.create_namespaced_service_account,
-            "Role": self.rbac.create_namespaced_role,
-            "RoleBinding": self.rbac.create_namespaced_role_binding,
-        }[obj["kind"]]
+    async def ensure(self, obj: dict[str, Any]) -> Mapping[str, Any] | None:
+        """Creates a namespaced Pod, Service, ServiceAccount, Role or RoleBinding unless its name is
+        taken; then returns the metadata of the object that holds it (an earlier pass's, or a stranger's)."""
+        create, read = {
+            "Pod": (self.core.create_namespaced_pod, self.core.read_namespaced_pod),
+            "Service": (self.core.create_namespaced_service, self.core.read_namespaced_service),
+            "ServiceAccount": (self.core.create_namespaced_service_account, self.core.read_namespaced_service_account),
+            "Role": (self.rbac.create_namespaced_role, self.rbac.read_namespaced_role),
+            "RoleBinding": (self.rbac.create_namespaced_role_binding, self.rbac.read_namespaced_role_binding),
+        }[obj.get("kind", "Pod")]
+        namespace = obj["metadata"]["namespace"]
         try:
-            await self.send(create, obj["metadata"]["namespace"], obj)
+            await self.send(create, namespace, obj)
+            return None
         except ApiException as error:
             if error.status != 409:
                 raise
+        try:
+            response = await self.call(read, obj["metadata"]["name"], namespace, _preload_content=False)
+        except ApiException as error:
+            if error.status == 404:  # gone again since: the next pass creates it
+                return None
+            raise
+        metadata: Mapping[str, Any] = json.loads(response.data).get("metadata") or {}
+        return metadata
 
     async def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
         return await self.call_status(
@@ -126,6 +134,13 @@ class KubeApi:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._status_pool.shutdown(wait=False, cancel_futures=True)
         self.api.close()
+
+
+def is_controlled_by(meta: Mapping[str, Any], job: Mapping[str, Any]) -> bool:
+    """Whether the object's controlling owner is this job (this uid: a job deleted and created again
+    under the same name does not own its predecessor's objects)."""
+    uid = job["metadata"]["uid"]
+    return any(ref.get("controller") and ref.get("uid") == uid for ref in meta.get("ownerReferences") or [])
 
 
 def discard_answer(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:

@@ -231,6 +231,31 @@ def rank_problem(pod: Mapping[str, Any], rank: int) -> RankProblem | None:
     return RankProblem(rank, c.WAITING_REASONS.get(reason, reason), str(waiting.get("message") or reason).strip())
 
 
+@dataclass(frozen=True)
+class InTheWay:
+    """Names the job needs that objects it does not control hold: job-wide ones ("Service mnist")
+    and ranks' pods (rank -> pod name). The operator never adopts, changes or deletes them."""
+
+    objects: tuple[str, ...] = ()
+    pods: tuple[tuple[int, str], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.objects or self.pods)
+
+    def problems(self, world_size: int, live_ranks: Iterable[int]) -> tuple[RankProblem, ...]:
+        """The ranks they hold up: every rank not yet created for a job-wide one, the rank for a pod."""
+        advice = "; the operator never adopts, changes or deletes it: delete it, or rename the job"
+        found: list[RankProblem] = []
+        if self.objects:
+            held = ", ".join(self.objects)
+            live = set(live_ranks)
+            found += [RankProblem(r, c.REASON_NAME_IN_USE, f"{held} exists and is not this job's{advice}")
+                      for r in range(world_size) if r not in live]
+        found += [RankProblem(rank, c.REASON_NAME_IN_USE, f"pod {pod} exists and is not this job's{advice}")
+                  for rank, pod in self.pods]
+        return tuple(found)
+
+
 def describe_problems(problems: Iterable[RankProblem]) -> tuple[str, str]:
     """(the reason most ranks share, a message naming the ranks, those with one cause and message together).
 

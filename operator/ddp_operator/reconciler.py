@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,9 +33,9 @@ from kubernetes.client.rest import ApiException
 from ddp_operator.deadlines import requeue_after, ttl_expired
 from ddp_operator.decision import Action, decide
 from ddp_operator.events import post_event
-from ddp_operator.kubeapi import KubeApi, adopt, api_message, is_going_away
+from ddp_operator.kubeapi import KubeApi, adopt, api_message, is_controlled_by, is_going_away
 from ddp_operator.manifests import build_pod, build_progress_access, build_service
-from ddp_operator.podsummary import PodSummary, summarize_pods
+from ddp_operator.podsummary import InTheWay, PodSummary, summarize_pods
 from ddp_operator.podwatch import JobKey, PodCache
 from ddp_operator.spec import InvalidSpec, JobSpec, parse_spec, validate_job_name
 from ddp_operator.statuspatch import (
@@ -53,6 +54,8 @@ COUNTS_INTERVAL = 1.0
 # A pod whose delete was issued is not deleted again by later passes for this long (they still see
 # it until its deletionTimestamp reaches the pod watch); past it, a pod still there is asked again.
 DELETE_REISSUE_AFTER = 30.0
+# Seconds between looks at objects holding a job's names, which no watch of ours reports.
+IN_THE_WAY_RECHECK = 5.0
 
 
 def resource_version(job: Mapping[str, Any]) -> int:
@@ -99,6 +102,7 @@ class Reconciler:
         self.pods = pods
         self._patched_at: dict[JobKey, float] = {}  # monotonic time of each job's last status patch
         self._deleting: dict[str, float] = {}  # uid -> monotonic time its delete was issued
+        self._in_the_way: dict[JobKey, InTheWay] = {}  # what the last creation pass found holding our names
         self.queue = WorkQueue(self.reconcile, workers=workers)
         self.creations = WorkQueue(self.create_children, workers=workers)
 
@@ -121,6 +125,7 @@ class Reconciler:
         self.queue.forget(key)
         self.creations.forget(key)
         self._patched_at.pop(key, None)
+        self._in_the_way.pop(key, None)
 
     async def reconcile(self, key: JobKey) -> float | None:
         """The status pass: decide, record status, delete, and hand pod creation to `creations`."""
@@ -147,7 +152,7 @@ class Reconciler:
         if current is None:
             return
         job, spec, status, now = current
-        decision = decide(spec, status, self._summary(job, status), now)
+        decision = decide(spec, status, self._summary(job, status, spec), now)
         # Status first: until the status pass has recorded this attempt, it is not ours to create.
         if decision.action != Action.CREATE or decision.attempt != int(status.get("attempt", 0)):
             return
@@ -181,13 +186,18 @@ class Reconciler:
             return None
         return job, spec, status, now
 
-    def _summary(self, job: Mapping[str, Any], status: Mapping[str, Any]) -> PodSummary:
-        name = job["metadata"]["name"]
-        return summarize_pods(self.pods.pods((job["metadata"]["namespace"], name)), int(status.get("attempt", 0)), name)
+    def _summary(self, job: Mapping[str, Any], status: Mapping[str, Any], spec: JobSpec) -> PodSummary:
+        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        summary = summarize_pods(self.pods.pods(key), int(status.get("attempt", 0)), key[1])
+        in_the_way = self._in_the_way.get(key)
+        if not in_the_way:
+            return summary
+        held = in_the_way.problems(spec.world_size, summary.live_ranks)
+        return replace(summary, problems=tuple(sorted(summary.problems + held, key=lambda p: p.rank)))
 
     async def _reconcile(self, job: dict[str, Any], spec: JobSpec, status: Mapping[str, Any], now: datetime) -> float | None:
         name = job["metadata"]["name"]
-        summary = self._summary(job, status)
+        summary = self._summary(job, status, spec)
         decision = decide(spec, status, summary, now)
         log.debug("%s/%s: %s", job["metadata"]["namespace"], name, decision)
         # Status first: if an action below fails, the next pass repeats it from the recorded
@@ -202,7 +212,9 @@ class Reconciler:
             # Not awaited here: a pass that waited on pod creation would hold its worker while
             # other jobs' status (a gang that just became Running) waits in the queue.
             self.creations.add(key)
-        due = [t for t in (wait, requeue_after({**status, **patch}, spec, now)) if t is not None]
+        # Objects in the way are not watched (they are not ours): look again in a while.
+        recheck = IN_THE_WAY_RECHECK if self._in_the_way.get(key) else None
+        due = [t for t in (wait, recheck, requeue_after({**status, **patch}, spec, now)) if t is not None]
         return min(due) if due else None
 
     def _counts_wait(self, key: JobKey, status: Mapping[str, Any], patch: Mapping[str, Any]) -> float | None:
@@ -215,13 +227,31 @@ class Reconciler:
     async def _create(self, job: dict[str, Any], spec: JobSpec, ranks: tuple[int, ...], attempt: int) -> None:
         # In order: a RoleBinding is refused (404) while its Role does not exist yet, unless the
         # caller may bind anything (an admin may; the operator's own ClusterRole may not).
+        objects: list[str] = []
         for child in (build_service(job, spec), *build_progress_access(job, spec)):
-            await self.kube.ensure(adopt(child, job))
-        pods = [adopt(build_pod(job, spec, rank, attempt), job) for rank in ranks]
-        results = await asyncio.gather(*(self.kube.create_pod(pod) for pod in pods), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            raise errors[0]
+            holder = await self.kube.ensure(adopt(child, job))
+            if holder is not None and not is_controlled_by(holder, job):
+                objects.append(f"{child['kind']} {child['metadata']['name']}")
+        pods: list[tuple[int, str]] = []
+        if not objects:  # without its Service (or its identity) no rank could start as it should
+            built = [adopt(build_pod(job, spec, rank, attempt), job) for rank in ranks]
+            results = await asyncio.gather(*(self.kube.create_pod(pod) for pod in built), return_exceptions=True)
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:
+                raise errors[0]
+            pods = [(rank, pod["metadata"]["name"]) for rank, pod, holder in zip(ranks, built, results, strict=True)
+                    if holder is not None and not is_controlled_by(holder, job)]  # type: ignore[arg-type]
+        self._note_in_the_way((job["metadata"]["namespace"], job["metadata"]["name"]),
+                              InTheWay(tuple(objects), tuple(pods)))
+
+    def _note_in_the_way(self, key: JobKey, found: InTheWay) -> None:
+        if found == self._in_the_way.get(key, InTheWay()):
+            return
+        if found:
+            self._in_the_way[key] = found
+        else:
+            self._in_the_way.pop(key, None)
+        self.add(key)  # the status pass says so (or stops saying so)
 
     async def _delete(self, job: Mapping[str, Any], names: tuple[str, ...], uids: Mapping[str, str]) -> None:
         """Deletes each named pod (the one with the uid the decision saw), once: the passes that follow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from ddp_contract import api, labels
 from ddp_operator import constants as c
@@ -252,3 +253,48 @@ def test_ranks_held_up_past_the_startup_deadline_fail_the_job_and_free_the_rest(
     assert status["message"].endswith("still so after startupDeadlineSeconds=2")
     assert re.search(r"ranks? 0(-1)? \(Unschedulable\): 0/4 nodes are available", status["message"]), status
     wait_until(lambda: jobs.pods("stranded") == [], 30, "the held-up gang's pods to be deleted")
+
+
+def stranger(jobs, kind: str, name: str) -> Any:
+    """An object the job needs the name of, made by someone else (no owner, no labels)."""
+    if kind == "Pod":
+        body = {"metadata": {"name": name}, "spec": {"containers": [{"name": "app", "image": "app:1"}]}}
+        return jobs.core.create_namespaced_pod(jobs.namespace, body)
+    body = {"metadata": {"name": name}, "spec": {"selector": {"app": "other"}, "ports": [{"port": 80}]}}
+    return jobs.core.create_namespaced_service(jobs.namespace, body)
+
+
+def test_a_pod_name_held_by_a_stranger_is_reported_and_left_alone(jobs) -> None:
+    theirs = stranger(jobs, "Pod", "crowded-1")
+
+    def says_why() -> dict | None:
+        status = jobs.status("crowded")
+        return status if status.get("reason") == c.REASON_NAME_IN_USE else None
+
+    jobs.create("crowded", worldSize=2)
+    status = wait_until(says_why, 30, "the job to say what holds its name")
+    assert "rank 1 (NameInUse): pod crowded-1 exists and is not this job's" in status["message"], status
+    assert [p.metadata.name for p in jobs.pods("crowded")] == ["crowded-0"]  # the free rank goes ahead
+    held = jobs.core.read_namespaced_pod("crowded-1", jobs.namespace)
+    assert held.metadata.uid == theirs.metadata.uid and not held.metadata.owner_references
+    assert held.metadata.deletion_timestamp is None
+
+    jobs.core.delete_namespaced_pod("crowded-1", jobs.namespace, grace_period_seconds=0)
+    status = jobs.wait_phase("crowded", c.PHASE_RUNNING, timeout=30)  # no watch tells us: the recheck does
+    blocked = next(x for x in status["conditions"] if x["type"] == c.COND_RANKS_BLOCKED)
+    assert blocked["status"] == "False"
+
+
+def test_a_service_name_held_by_a_stranger_stops_the_job_before_any_pod(jobs) -> None:
+    theirs = stranger(jobs, "Service", "shadowed")
+    jobs.create("shadowed", worldSize=2)
+
+    def says_why() -> dict | None:
+        status = jobs.status("shadowed")
+        return status if status.get("reason") == c.REASON_NAME_IN_USE else None
+
+    status = wait_until(says_why, 30, "the job to say what holds its Service's name")
+    assert "ranks 0-1 (NameInUse): Service shadowed exists and is not this job's" in status["message"], status
+    assert jobs.pods("shadowed", include_deleting=True) == []
+    kept = jobs.core.read_namespaced_service("shadowed", jobs.namespace)
+    assert kept.metadata.uid == theirs.metadata.uid and kept.spec.selector == {"app": "other"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ddp_contract import labels
-from ddp_operator.podsummary import RankFailure, RankProblem, describe_problems, rank_list
+from ddp_operator.podsummary import InTheWay, RankFailure, RankProblem, describe_problems, rank_list
 from podfixtures import JOB, pod, summary_of
 
 
@@ -139,3 +139,14 @@ def test_pods_without_rank_labels_are_stale() -> None:
     stray = {"metadata": {"name": "mnist-x", "labels": {labels.LABEL_JOB_NAME: JOB}}, "status": {"phase": "Running"}}
     summary = summary_of(stray)
     assert summary.stale_pods == ("mnist-x",) and summary.total == 0
+
+
+def test_names_held_by_strangers_hold_up_the_ranks_that_need_them() -> None:
+    nothing = InTheWay()
+    assert not nothing and nothing.problems(3, []) == ()
+    service = InTheWay(objects=("Service mnist",)).problems(3, live_ranks=[0])
+    assert [p.rank for p in service] == [1, 2] and {p.reason for p in service} == {"NameInUse"}
+    assert service[0].message.startswith("Service mnist exists and is not this job's; the operator never adopts")
+    pod_held = InTheWay(pods=((1, "mnist-1"),))
+    reason, message = describe_problems(pod_held.problems(3, [0, 2]))
+    assert reason == "NameInUse" and message.startswith("rank 1 (NameInUse): pod mnist-1 exists and is not this job's")
