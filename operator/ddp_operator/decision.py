@@ -11,7 +11,7 @@ from typing import Any
 from ddp_operator import constants as c
 from ddp_operator.deadlines import deadline_exceeded, startup_remaining
 from ddp_operator.manifests import pod_name
-from ddp_operator.podsummary import PodSummary, RankFailure, describe_problems
+from ddp_operator.podsummary import PodSummary, RankFailure
 from ddp_operator.policy import is_retryable
 from ddp_operator.spec import JobSpec
 
@@ -61,7 +61,7 @@ def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: d
     remaining = startup_remaining(status, spec, now) if summary.problems else None
     if remaining is not None and remaining <= 0:
         # Held up past the startup deadline: fail with the cause, so the other ranks free what they hold.
-        cause, detail = describe_problems(summary.problems)
+        cause, detail = summary.held_up
         return _fail(summary, cause, f"{detail}; still so after startupDeadlineSeconds={spec.startup_deadline_seconds}")
     free = tuple(r for r in range(spec.world_size) if r not in summary.occupied_ranks)
     action = Action.CREATE if free else Action.WAIT

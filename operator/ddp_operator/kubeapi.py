@@ -70,10 +70,6 @@ class KubeApi:
         pool = self._status_pool if status else self._pool
         await loop.run_in_executor(pool, functools.partial(discard_answer, fn, *args, **kwargs))
 
-    async def create_pod(self, pod: dict[str, Any]) -> Mapping[str, Any] | None:
-        """Creates the pod; if its name is taken, returns the metadata of the pod that holds it."""
-        return await self.ensure(pod)
-
     async def delete_pod(self, namespace: str, name: str, uid: str) -> None:
         """Deletes the pod with this name only while it is still the one with this uid.
 
@@ -97,7 +93,7 @@ class KubeApi:
             "ServiceAccount": (self.core.create_namespaced_service_account, self.core.read_namespaced_service_account),
             "Role": (self.rbac.create_namespaced_role, self.rbac.read_namespaced_role),
             "RoleBinding": (self.rbac.create_namespaced_role_binding, self.rbac.read_namespaced_role_binding),
-        }[obj.get("kind", "Pod")]
+        }[obj["kind"]]
         namespace = obj["metadata"]["namespace"]
         try:
             await self.send(create, namespace, obj)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from ddp_contract import labels
@@ -98,6 +99,11 @@ class PodSummary:
     @property
     def total(self) -> int:
         return len(self.live_ranks)
+
+    @cached_property
+    def held_up(self) -> tuple[str, str]:
+        """describe_problems(problems): the commonest cause and the ranks grouped by cause; ("", "") if none."""
+        return describe_problems(self.problems)
 
 
 def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: str = "") -> PodSummary:

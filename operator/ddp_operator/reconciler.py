@@ -235,7 +235,7 @@ class Reconciler:
         pods: list[tuple[int, str]] = []
         if not objects:  # without its Service (or its identity) no rank could start as it should
             built = [adopt(build_pod(job, spec, rank, attempt), job) for rank in ranks]
-            results = await asyncio.gather(*(self.kube.create_pod(pod) for pod in built), return_exceptions=True)
+            results = await asyncio.gather(*(self.kube.ensure(pod) for pod in built), return_exceptions=True)
             errors = [r for r in results if isinstance(r, BaseException)]
             if errors:
                 raise errors[0]

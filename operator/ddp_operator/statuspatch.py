@@ -12,7 +12,7 @@ from typing import Any
 from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
 from ddp_operator.decision import Action, Decision
-from ddp_operator.podsummary import PodSummary, describe_problems
+from ddp_operator.podsummary import PodSummary
 from ddp_operator.spec import InvalidSpec, JobSpec
 
 # The conditions a phase makes True; every other known condition that is present becomes False.
@@ -182,7 +182,7 @@ def _conditions(
         conditions = set_condition(
             conditions, c.COND_CREATED, True, c.REASON_CREATED, "rank pods created", now, generation
         )
-    cause, detail = describe_problems(summary.problems) if phase not in c.TERMINAL_PHASES else ("", "")
+    cause, detail = summary.held_up if phase not in c.TERMINAL_PHASES else ("", "")
     if cause:
         conditions = set_condition(conditions, c.COND_RANKS_BLOCKED, True, cause, detail, now, generation)
     elif get_condition(conditions, c.COND_RANKS_BLOCKED) is not None:
@@ -208,7 +208,7 @@ def _reason_message(
     if phase == c.PHASE_RESTARTING:
         return status.get("reason", ""), status.get("message", "")
     waiting = f"{summary.ready}/{world_size} ranks ready, {summary.total} pods exist"
-    cause, detail = describe_problems(summary.problems)
+    cause, detail = summary.held_up
     return (cause, f"{waiting}; {detail}") if cause else (c.REASON_WAITING, waiting)
 
 
