@@ -30,6 +30,10 @@ INIT_TIMEOUT_SECONDS: Final = "DDP_INIT_TIMEOUT_SECONDS"
 MASTER_WAIT_SECONDS: Final = "DDP_MASTER_WAIT_SECONDS"
 PROGRESS_FILE: Final = "DDP_PROGRESS_FILE"
 PROGRESS_INTERVAL_SECONDS: Final = "DDP_PROGRESS_INTERVAL_SECONDS"
+# A rank whose step has not advanced this long dumps its stacks and exits HUNG (0: never); unset, the
+# runtime derives it from the slowest step so far, at least DDP_HANG_MIN_SECONDS.
+HANG_TIMEOUT_SECONDS: Final = "DDP_HANG_TIMEOUT_SECONDS"
+HANG_MIN_SECONDS: Final = "DDP_HANG_MIN_SECONDS"
 # Where a failing rank leaves its last words for the kubelet (the container's terminationMessagePath).
 TERMINATION_MESSAGE_PATH: Final = "DDP_TERMINATION_MESSAGE_PATH"
 
