@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Final
 
 from ddp_contract import backend
+from ddp_contract.exitcodes import ExitCode
 
 # --- pods --------------------------------------------------------------------
 GPU_RESOURCE: Final = "nvidia.com/gpu"
@@ -25,6 +26,7 @@ RESTART_POLICIES: Final = (POLICY_ON_FAILURE, POLICY_NEVER, POLICY_EXIT_CODE)
 
 DEFAULT_MASTER_PORT: Final = 29500
 DEFAULT_BACKOFF_LIMIT: Final = 3
+DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT: Final = 10
 DEFAULT_STARTUP_DEADLINE_SECONDS: Final = 900
 DEFAULT_GPUS_PER_RANK: Final = 1
 DEFAULT_BACKEND: Final = backend.AUTO
@@ -80,6 +82,23 @@ REASON_BACKOFF_LIMIT: Final = "BackoffLimitExceeded"
 REASON_PERMANENT: Final = "PermanentFailure"
 REASON_DEADLINE: Final = "DeadlineExceeded"
 REASON_INVALID_SPEC: Final = "InvalidSpec"
+REASON_HUNG: Final = "Hung"
+REASON_DETERMINISTIC: Final = "DeterministicFailure"
+
+# Whose fault a failure is; each kind has its own restart budget.
+KIND_PROGRAM: Final = "Program"
+KIND_INFRASTRUCTURE: Final = "Infrastructure"
+# A rank that exited through the runtime with one of its own codes: the failure's reason, in place
+# of the kubelet's plain "Error".
+RUNTIME_EXIT_REASONS: Final = {
+    ExitCode.HUNG: REASON_HUNG,
+    ExitCode.TERMINATED: "Terminated",
+    ExitCode.MASTER_UNRESOLVED: "MasterUnresolved",
+    ExitCode.RENDEZVOUS_FAILED: "RendezvousFailed",
+    ExitCode.COMMUNICATION_ERROR: "CommunicationError",
+    ExitCode.STORAGE_UNAVAILABLE: "StorageUnavailable",
+    ExitCode.CONFIG_ERROR: "ConfigError",
+}
 
 # pod.status.reason values (and DisruptionTarget reasons) that mean the node or the
 # scheduler took the pod away, not the training code.

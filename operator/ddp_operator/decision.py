@@ -12,7 +12,7 @@ from ddp_operator import constants as c
 from ddp_operator.deadlines import deadline_exceeded, startup_remaining
 from ddp_operator.manifests import pod_name
 from ddp_operator.podsummary import PodSummary, RankFailure
-from ddp_operator.policy import is_retryable
+from ddp_operator.policy import BUDGET_FIELDS, RESTART_COUNTERS, budget, is_retryable, repeats_previous
 from ddp_operator.spec import JobSpec
 
 
@@ -69,18 +69,34 @@ def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: d
 
 
 def _on_failure(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, failure: RankFailure) -> Decision:
-    restarts = int(status.get("restarts", 0))
+    """Restart the gang on the budget of the failure's kind (program: backoffLimit; infrastructure:
+    infrastructureBackoffLimit), unless the policy says no, the budget is spent, or the program
+    failed exactly as on the attempt before."""
+    kind = failure.kind
     if not is_retryable(spec.restart_policy, failure):
         message = f"{failure.describe()}; restartPolicy {spec.restart_policy} does not retry it"
         return _fail(summary, c.REASON_PERMANENT, message, failure)
-    if restarts >= spec.backoff_limit:
-        message = f"{failure.describe()}; backoffLimit {spec.backoff_limit} reached after {restarts} restarts"
+    if repeats_previous(status.get("failedRank"), failure):
+        message = (f"{failure.describe()}; attempt {summary.attempt - 1} failed with the same error at the same step, "
+                   "so retrying would fail again: fix the program and create the job again")
+        return _fail(summary, c.REASON_DETERMINISTIC, message, failure)
+    used, limit = int(status.get(RESTART_COUNTERS[kind], 0)), budget(spec, kind)
+    if used >= limit:
+        message = (f"{failure.describe()}; {BUDGET_FIELDS[kind]} {limit} reached after {used} "
+                   f"{kind.lower()} restarts")
         return _fail(summary, c.REASON_BACKOFF_LIMIT, message, failure)
-    reason = c.REASON_RANK_EVICTED if failure.evicted else c.REASON_RANK_FAILED
-    message = f"{failure.describe()}; restarting the gang (restart {restarts + 1} of {spec.backoff_limit})"
+    message = (f"{failure.describe()}; restarting the gang ({kind.lower()} restart {used + 1} of {limit}, "
+               f"{BUDGET_FIELDS[kind]})")
     return Decision(
-        Action.RESTART, summary.attempt + 1, reason, message, delete_pods=_whole_gang(summary), failure=failure
+        Action.RESTART, summary.attempt + 1, _restart_reason(failure), message, delete_pods=_whole_gang(summary),
+        failure=failure,
     )
+
+
+def _restart_reason(failure: RankFailure) -> str:
+    if failure.reason == c.REASON_HUNG:
+        return c.REASON_HUNG
+    return c.REASON_RANK_EVICTED if failure.evicted else c.REASON_RANK_FAILED
 
 
 def _fail(summary: PodSummary, reason: str, message: str, failure: RankFailure | None = None) -> Decision:

@@ -164,6 +164,8 @@ def rank_env(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) -> 
     }
     if spec.entrypoint:
         values[envnames.ENTRYPOINT] = spec.entrypoint
+    if spec.hang_timeout_seconds is not None:
+        values[envnames.HANG_TIMEOUT_SECONDS] = str(spec.hang_timeout_seconds)
     env = [{"name": key, "value": value} for key, value in values.items()]
     return [*env, *s3_env(spec), *(dict(item) for item in copy.deepcopy(list(spec.env)))]
 

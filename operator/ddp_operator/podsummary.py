@@ -13,6 +13,8 @@ from functools import cached_property
 from typing import Any
 
 from ddp_contract import labels
+from ddp_contract.exitcodes import is_infrastructure_exit
+from ddp_contract.failures import FailureLine, parse_line
 from ddp_operator import constants as c
 
 # How much of a failed rank's output its status and Event keep.
@@ -30,6 +32,20 @@ class RankFailure:
     finished_at: str | None = None
     node: str | None = None
     output: str | None = None  # the container's termination message: its last lines
+    attempt: int | None = None
+
+    @cached_property
+    def line(self) -> FailureLine | None:
+        """The runtime's failure line in the output (step, error), when the rank ran the runtime."""
+        return parse_line(self.output)
+
+    @property
+    def kind(self) -> str:
+        """Infrastructure (evicted, preempted, node lost, hung, killed from outside, the network or
+        storage failed) or Program (the code's own error, an OOM kill): they draw on separate budgets."""
+        if self.evicted or self.exit_code is None or is_infrastructure_exit(self.exit_code, self.oom_killed):
+            return c.KIND_INFRASTRUCTURE
+        return c.KIND_PROGRAM
 
     @property
     def signal(self) -> str | None:
@@ -49,7 +65,11 @@ class RankFailure:
         where = f"rank {self.rank} (pod {self.pod}{f' on node {self.node}' if self.node else ''})"
         if self.exit_code is not None:
             killed = f", {self.signal}" if self.signal else ""
-            return f"{where} exited with code {self.exit_code} ({self.reason}{killed})"
+            said = ""
+            if self.line is not None:
+                said = f" at step {self.line.step}" if self.line.step is not None else " before its first step"
+                said += f": {self.line.error}"
+            return f"{where} exited with code {self.exit_code} ({self.reason}{killed}){said}"
         if self.evicted:
             return f"{where} was lost: {self.reason}"
         return f"{where} failed: {self.reason}"
@@ -58,7 +78,8 @@ class RankFailure:
         """The status.failedRank object."""
         return {"rank": self.rank, "pod": self.pod, "node": self.node, "exitCode": self.exit_code,
                 "signal": self.signal, "oomKilled": self.oom_killed, "reason": self.reason,
-                "message": self.output}
+                "message": self.output, "kind": self.kind, "attempt": self.attempt,
+                "step": self.line.step if self.line else None}
 
 
 @dataclass(frozen=True)
@@ -203,6 +224,8 @@ def rank_failure(pod: Mapping[str, Any], rank: int) -> RankFailure:
         reason = status.get("reason") or _disruption_reason(status) or "Evicted"
     else:
         reason = terminated.get("reason") or status.get("reason") or "Failed"
+        if reason == "Error" and exit_code in c.RUNTIME_EXIT_REASONS:
+            reason = c.RUNTIME_EXIT_REASONS[exit_code]
     return RankFailure(
         rank=rank,
         pod=(pod.get("metadata") or {}).get("name", ""),
@@ -212,6 +235,7 @@ def rank_failure(pod: Mapping[str, Any], rank: int) -> RankFailure:
         finished_at=terminated.get("finishedAt"),
         node=(pod.get("spec") or {}).get("nodeName"),
         output=last_lines(terminated.get("message") or status.get("message")),
+        attempt=_label_int(pod.get("metadata") or {}, labels.LABEL_ATTEMPT),
     )
 
 

@@ -68,6 +68,8 @@ class JobSpec:
     s3: S3Spec | None = None
     restart_policy: str = c.DEFAULT_RESTART_POLICY
     backoff_limit: int = c.DEFAULT_BACKOFF_LIMIT
+    infrastructure_backoff_limit: int = c.DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT
+    hang_timeout_seconds: int | None = None
     active_deadline_seconds: int | None = None
     startup_deadline_seconds: int = c.DEFAULT_STARTUP_DEADLINE_SECONDS
     ttl_seconds_after_finished: int | None = None
@@ -107,6 +109,9 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
     shm_size = _shm_size(spec.get("shmSize"), template)
     env = _env(spec.get("env") or [], "env")
     s3 = _s3(spec.get("s3"))
+    hang_timeout = _int(spec, "hangTimeoutSeconds", None, 0, None, optional=True)
+    if hang_timeout is not None:
+        _check_env_names(env, "env", {envnames.HANG_TIMEOUT_SECONDS}, "is set from spec.hangTimeoutSeconds")
     if s3 and s3.credentials_secret:
         _check_env_names(
             env, "env", {envnames.AWS_ACCESS_KEY_ID, envnames.AWS_SECRET_ACCESS_KEY}, "is set from s3.credentialsSecret"
@@ -128,6 +133,9 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
         s3=s3,
         restart_policy=_enum(spec, "restartPolicy", c.DEFAULT_RESTART_POLICY, c.RESTART_POLICIES),
         backoff_limit=_int(spec, "backoffLimit", c.DEFAULT_BACKOFF_LIMIT, 0, None),
+        infrastructure_backoff_limit=_int(
+            spec, "infrastructureBackoffLimit", c.DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT, 0, None),
+        hang_timeout_seconds=hang_timeout,
         active_deadline_seconds=_int(spec, "activeDeadlineSeconds", None, 1, None, optional=True),
         startup_deadline_seconds=_int(spec, "startupDeadlineSeconds", c.DEFAULT_STARTUP_DEADLINE_SECONDS, 1, None),
         ttl_seconds_after_finished=_int(spec, "ttlSecondsAfterFinished", None, 0, None, optional=True),

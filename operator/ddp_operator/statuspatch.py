@@ -13,6 +13,7 @@ from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
 from ddp_operator.decision import Action, Decision
 from ddp_operator.podsummary import PodSummary
+from ddp_operator.policy import RESTART_COUNTERS
 from ddp_operator.spec import InvalidSpec, JobSpec
 
 # The conditions a phase makes True; every other known condition that is present becomes False.
@@ -66,6 +67,7 @@ def compute_status(
         "phase": phase,
         "attempt": decision.attempt,
         "restarts": int(status.get("restarts", 0)) + (1 if decision.action == Action.RESTART else 0),
+        **_kind_restarts(status, decision),
         "readyRanks": summary.ready,
         "totalRanks": spec.world_size,
         "ready": f"{summary.ready}/{spec.world_size}",
@@ -82,10 +84,18 @@ def compute_status(
     return patch
 
 
+def _kind_restarts(status: Mapping[str, Any], decision: Decision) -> dict[str, int]:
+    """programRestarts and infrastructureRestarts, the one the restart's failure draws on counted up."""
+    counts = {field: int(status.get(field, 0)) for field in RESTART_COUNTERS.values()}
+    if decision.action == Action.RESTART and decision.failure is not None:
+        counts[RESTART_COUNTERS[decision.failure.kind]] += 1
+    return counts
+
+
 # Fields of status this operator owns; progress is the trainer's.
 OWNED_STATUS = frozenset({
-    "phase", "attempt", "restarts", "readyRanks", "totalRanks", "ready", "reason", "message", "startTime",
-    "completionTime", "conditions", "observedGeneration", "failedRank",
+    *RESTART_COUNTERS.values(), "phase", "attempt", "restarts", "readyRanks", "totalRanks", "ready", "reason",
+    "message", "startTime", "completionTime", "conditions", "observedGeneration", "failedRank",
 })
 # What moves with every rank that becomes ready; a patch that changes nothing else may wait a little.
 COUNT_FIELDS = frozenset({"readyRanks", "ready", "message"})

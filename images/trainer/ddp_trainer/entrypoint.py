@@ -30,8 +30,6 @@ from ddp_contract.backend import NCCL, resolve_backend
 from ddp_contract.failures import format_line
 
 from . import env
-from .heartbeat import HEARTBEAT
-from .hangwatch import LINGER_SECONDS, Hang, HangWatch, enable_nccl_flight_recorder, nccl_flight_record, python_stacks, save_dump
 from .errors import (
     ConfigError,
     ExitCode,
@@ -39,6 +37,8 @@ from .errors import (
     RendezvousError,
     TrainerError,
 )
+from .hangwatch import LINGER_SECONDS, Hang, HangWatch, enable_nccl_flight_recorder, nccl_flight_record, python_stacks, save_dump
+from .heartbeat import HEARTBEAT
 
 log = logging.getLogger("ddp_trainer")
 

@@ -291,3 +291,9 @@ def test_a_template_service_account_is_kept_and_bound_instead() -> None:
     assert kinds == ["Role", "RoleBinding"]
     assert build_progress_access(job, spec)[1]["subjects"][0]["name"] == "irsa-reader"
     assert pod_for(job)["spec"]["serviceAccountName"] == "irsa-reader"
+
+
+def test_hang_timeout_reaches_the_ranks_only_when_set() -> None:
+    assert envnames.HANG_TIMEOUT_SECONDS not in env_of(pod_for(make_job()))
+    assert env_of(pod_for(make_job(hangTimeoutSeconds=0)))[envnames.HANG_TIMEOUT_SECONDS] == "0"
+    assert env_of(pod_for(make_job(hangTimeoutSeconds=900)))[envnames.HANG_TIMEOUT_SECONDS] == "900"

@@ -53,9 +53,10 @@ def test_a_failure_keeps_only_the_last_lines_of_the_output() -> None:
 
 def test_summary_failure_carries_pod_exit_code_and_reason() -> None:
     failure = summary_of(pod(0), pod(1, "failed", exit_code=137, reason="OOMKilled")).failure
-    assert failure == RankFailure(1, "mnist-1", 137, "OOMKilled", False, "2025-01-02T03:00:00Z")
+    assert failure == RankFailure(1, "mnist-1", 137, "OOMKilled", False, "2025-01-02T03:00:00Z", attempt=0)
     assert failure.as_status() == {"rank": 1, "pod": "mnist-1", "node": None, "exitCode": 137, "signal": "SIGKILL",
-                                   "oomKilled": True, "reason": "OOMKilled", "message": None}
+                                   "oomKilled": True, "reason": "OOMKilled", "message": None, "kind": "Program",
+                                   "attempt": 0, "step": None}
     assert "rank 1 (pod mnist-1) exited with code 137" in failure.describe()
 
 

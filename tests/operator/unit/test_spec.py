@@ -215,3 +215,14 @@ def test_invalid_job_names(name: str, world_size: int, needle: str) -> None:
         validate_job_name(name, world_size)
     assert caught.value.field == "metadata.name"
     assert str(caught.value).startswith("metadata.name: ")
+
+
+def test_restart_budgets_and_hang_timeout() -> None:
+    spec = parse_spec(MINIMAL)
+    assert (spec.infrastructure_backoff_limit, spec.hang_timeout_seconds) == (c.DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT, None)
+    spec = parse_spec({**MINIMAL, "infrastructureBackoffLimit": 0, "hangTimeoutSeconds": 600})
+    assert (spec.infrastructure_backoff_limit, spec.hang_timeout_seconds) == (0, 600)
+    with pytest.raises(InvalidSpec, match=r"env\[0\].name.*DDP_HANG_TIMEOUT_SECONDS is set from spec.hangTimeoutSeconds"):
+        parse_spec({**MINIMAL, "hangTimeoutSeconds": 60, "env": [{"name": "DDP_HANG_TIMEOUT_SECONDS", "value": "5"}]})
+    with pytest.raises(InvalidSpec, match="hangTimeoutSeconds"):
+        parse_spec({**MINIMAL, "hangTimeoutSeconds": -1})
