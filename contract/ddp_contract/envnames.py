@@ -22,6 +22,8 @@ JOB_NAME: Final = "DDP_JOB_NAME"
 JOB_NAMESPACE: Final = "DDP_JOB_NAMESPACE"
 JOB_UID: Final = "DDP_JOB_UID"
 ATTEMPT: Final = "DDP_ATTEMPT"
+# The job's last committed checkpoint (status.lastCheckpoint.uri) when the attempt's pods were made.
+RESUME_FROM: Final = "DDP_RESUME_FROM"
 
 # What the rank runs, and how.
 BACKEND: Final = "DDP_BACKEND"
@@ -54,5 +56,5 @@ RESULTS_URI: Final = "DDP_RESULTS_URI"
 # Set by the operator for every rank; a spec's env or template may not override them.
 RESERVED: Final = frozenset({
     MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK,
-    JOB_NAME, JOB_NAMESPACE, JOB_UID, ATTEMPT, BACKEND, ENTRYPOINT,
+    JOB_NAME, JOB_NAMESPACE, JOB_UID, ATTEMPT, BACKEND, ENTRYPOINT, RESUME_FROM,
 })

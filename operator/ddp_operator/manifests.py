@@ -166,6 +166,9 @@ def rank_env(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) -> 
         values[envnames.ENTRYPOINT] = spec.entrypoint
     if spec.hang_timeout_seconds is not None:
         values[envnames.HANG_TIMEOUT_SECONDS] = str(spec.hang_timeout_seconds)
+    checkpoint = ((job.get("status") or {}).get("lastCheckpoint") or {}).get("uri")
+    if checkpoint:
+        values[envnames.RESUME_FROM] = str(checkpoint)
     env = [{"name": key, "value": value} for key, value in values.items()]
     return [*env, *s3_env(spec), *(dict(item) for item in copy.deepcopy(list(spec.env)))]
 

@@ -122,11 +122,13 @@ def test_killed_rank_restarts_the_gang_which_resumes_from_the_last_checkpoint(jo
     os.kill(pid, signal.SIGKILL)
 
     status = jobs.wait_phase("resilient", c.PHASE_SUCCEEDED, timeout=400)
-    assert status["restarts"] == 1
+    assert status["restarts"] == 1 and status["infrastructureRestarts"] == 1  # SIGKILL from outside
     assert status["failedRank"]["rank"] == 1 and status["failedRank"]["exitCode"] == 137
+    last = status["lastCheckpoint"]
+    assert last["uri"] == f"s3://{BUCKET}/{prefix}checkpoints/step-{last['step']:012d}", last
     # The second gang started after a checkpoint, not from step 1: it resumed.
     # (The killed gang's own metrics may be lost with it; the second gang's are complete.)
     resumed = [step for step in first_steps(s3_endpoint, prefix) if step > 1]
-    assert len(resumed) == 2 and resumed[0] == resumed[1], resumed
+    assert len(resumed) == 2 and resumed[0] == resumed[1] and (resumed[0] - 1) % 5 == 0, resumed
     pods = jobs.pods("resilient")
     assert {p.metadata.labels[labels.LABEL_ATTEMPT] for p in pods} == {"1"}

@@ -215,3 +215,8 @@ def hang_timeout_s(environ: Mapping[str, str] | None = None) -> float | None:
 
 def hang_min_s(environ: Mapping[str, str] | None = None) -> float:
     return _float(os.environ if environ is None else environ, names.HANG_MIN_SECONDS, DEFAULT_HANG_MIN_SECONDS)
+
+
+def resume_from(environ: Mapping[str, str] | None = None) -> str | None:
+    """$DDP_RESUME_FROM: the checkpoint the operator tells a restarted gang to resume from."""
+    return (os.environ if environ is None else environ).get(names.RESUME_FROM, "").strip() or None

@@ -7,12 +7,7 @@ from typing import Any
 
 from ddp_contract import api, labels
 from ddp_operator import constants as c
-from kube import PodLives, wait_until
-
-
-def env_of(pod) -> dict[str, str]:
-    trainer = next(x for x in pod.spec.containers if x.name == labels.CONTAINER_NAME)
-    return {e.name: e.value for e in trainer.env if e.value is not None}
+from kube import PodLives, env_of, wait_until
 
 
 def test_job_gets_a_headless_service_and_one_wired_pod_per_rank(jobs) -> None:
@@ -63,7 +58,8 @@ def test_a_failed_rank_restarts_the_whole_gang_and_records_why(jobs, kubectl) ->
     assert status["restarts"] == 1 and status["attempt"] == 1
     last_lines = "\n".join(output.splitlines()[-20:])
     assert status["failedRank"] == {"rank": 1, "pod": "gang-1", "node": node, "exitCode": 137, "signal": "SIGKILL",
-                                    "oomKilled": True, "reason": "OOMKilled", "message": last_lines}
+                                    "oomKilled": True, "reason": "OOMKilled", "message": last_lines,
+                                    "kind": c.KIND_PROGRAM, "attempt": 0}  # no step: not the runtime's line
     warnings = [e.message for e in jobs.events("gang") if e.type == "Warning"]
     assert any("rank 1" in m and "137" in m and node in m and "SIGKILL" in m for m in warnings), warnings
     described = kubectl("describe", "ddpjob", "gang", "-n", jobs.namespace).stdout

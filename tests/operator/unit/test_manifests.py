@@ -297,3 +297,9 @@ def test_hang_timeout_reaches_the_ranks_only_when_set() -> None:
     assert envnames.HANG_TIMEOUT_SECONDS not in env_of(pod_for(make_job()))
     assert env_of(pod_for(make_job(hangTimeoutSeconds=0)))[envnames.HANG_TIMEOUT_SECONDS] == "0"
     assert env_of(pod_for(make_job(hangTimeoutSeconds=900)))[envnames.HANG_TIMEOUT_SECONDS] == "900"
+
+
+def test_a_restarted_gang_is_told_the_jobs_last_checkpoint() -> None:
+    assert envnames.RESUME_FROM not in env_of(pod_for(make_job()))
+    job = {**make_job(), "status": {"lastCheckpoint": {"step": 40, "uri": "s3://b/runs/team-a/mnist/checkpoints/step-000000000040"}}}
+    assert env_of(pod_for(job, attempt=1))[envnames.RESUME_FROM] == "s3://b/runs/team-a/mnist/checkpoints/step-000000000040"
