@@ -27,6 +27,9 @@ RESTART_POLICIES: Final = (POLICY_ON_FAILURE, POLICY_NEVER, POLICY_EXIT_CODE)
 DEFAULT_MASTER_PORT: Final = 29500
 DEFAULT_BACKOFF_LIMIT: Final = 3
 DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT: Final = 10
+# A rank whose collective failed (its peer died) is acted on only after this long, unless the peer's
+# own failure shows up first: that one is the cause, and decides the restart's budget.
+ECHO_GRACE_SECONDS: Final = 3.0
 DEFAULT_STARTUP_DEADLINE_SECONDS: Final = 900
 DEFAULT_GPUS_PER_RANK: Final = 1
 DEFAULT_BACKEND: Final = backend.AUTO

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from ddp_contract.timestamps import parse_rfc3339
 from ddp_operator import constants as c
 from ddp_operator.deadlines import deadline_exceeded, startup_remaining
 from ddp_operator.manifests import pod_name
@@ -34,6 +35,7 @@ class Decision:
     create_ranks: tuple[int, ...] = ()
     delete_pods: tuple[str, ...] = ()
     failure: RankFailure | None = None
+    recheck_after: float | None = None  # seconds until the decision should be taken again
 
 
 def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: datetime) -> Decision:
@@ -57,6 +59,9 @@ def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: d
         return Decision(Action.SUCCEED, attempt, c.REASON_SUCCEEDED, f"all {spec.world_size} ranks exited 0")
     failure = summary.failure or _lost_rank(spec, status, summary)
     if failure is not None:
+        wait = _echo_wait(failure, now)
+        if wait is not None:
+            return Decision(Action.WAIT, attempt, delete_pods=summary.stale_pods, recheck_after=wait)
         return _on_failure(spec, status, summary, failure)
     remaining = startup_remaining(status, spec, now) if summary.problems else None
     if remaining is not None and remaining <= 0:
@@ -91,6 +96,16 @@ def _on_failure(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, f
         Action.RESTART, summary.attempt + 1, _restart_reason(failure), message, delete_pods=_whole_gang(summary),
         failure=failure,
     )
+
+
+def _echo_wait(failure: RankFailure, now: datetime) -> float | None:
+    """Seconds to wait for the rank whose death broke this rank's collective to report its own
+    failure (the cause, which decides the budget and a deterministic verdict); None: act now."""
+    finished = parse_rfc3339(failure.finished_at)
+    if not failure.is_echo or finished is None:
+        return None
+    left = c.ECHO_GRACE_SECONDS - (now - finished).total_seconds()
+    return left if left > 0 else None
 
 
 def _restart_reason(failure: RankFailure) -> str:

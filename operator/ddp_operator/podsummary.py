@@ -13,7 +13,7 @@ from functools import cached_property
 from typing import Any
 
 from ddp_contract import labels
-from ddp_contract.exitcodes import is_infrastructure_exit
+from ddp_contract.exitcodes import ExitCode, is_infrastructure_exit
 from ddp_contract.failures import FailureLine, parse_line
 from ddp_operator import constants as c
 
@@ -38,6 +38,11 @@ class RankFailure:
     def line(self) -> FailureLine | None:
         """The runtime's failure line in the output (step, error), when the rank ran the runtime."""
         return parse_line(self.output)
+
+    @property
+    def is_echo(self) -> bool:
+        """A collective that failed (COMMUNICATION_ERROR): most often because another rank died."""
+        return self.exit_code == ExitCode.COMMUNICATION_ERROR
 
     @property
     def kind(self) -> str:
@@ -162,7 +167,9 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
         problem = rank_problem(pod, rank) if state == "pending" else None
         if problem:
             problems.append(problem)
-    failures.sort(key=lambda f: (f.finished_at or "", f.rank))
+    # The cause, not its echo: a rank whose collective broke because a peer died is reported only
+    # when no peer failed for a reason of its own (finishedAt has 1 s resolution: ties are common).
+    failures.sort(key=lambda f: (f.is_echo, f.finished_at or "", f.rank))
     return PodSummary(
         attempt=attempt,
         job_name=job_name,

@@ -214,7 +214,8 @@ class Reconciler:
             self.creations.add(key)
         # Objects in the way are not watched (they are not ours): look again in a while.
         recheck = IN_THE_WAY_RECHECK if self._in_the_way.get(key) else None
-        due = [t for t in (wait, recheck, requeue_after({**status, **patch}, spec, now)) if t is not None]
+        due = [t for t in (wait, recheck, decision.recheck_after, requeue_after({**status, **patch}, spec, now))
+               if t is not None]
         return min(due) if due else None
 
     def _counts_wait(self, key: JobKey, status: Mapping[str, Any], patch: Mapping[str, Any]) -> float | None:

@@ -211,3 +211,15 @@ def wait_for_sigterm(ctx: RankContext) -> None:
     default_reporter(ctx.rank).report(0, 7)
     pathlib.Path(os.environ["WL_READY_FILE"]).write_text("ready")
     time.sleep(3600)
+
+
+def fail_at_step(ctx: RankContext) -> None:
+    """A deterministic bug: rank 1 raises at step 3 on every attempt."""
+    import torch.distributed as dist
+
+    reporter = default_reporter(ctx.rank)
+    for step in range(1, 10):
+        reporter.report(0, step)
+        if ctx.rank == 1 and step == 3:
+            raise ValueError("a bug that fires at step 3")
+        dist.all_reduce(torch.ones(1))

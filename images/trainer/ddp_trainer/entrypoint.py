@@ -29,7 +29,7 @@ from ddp_contract import envnames as names
 from ddp_contract.backend import NCCL, resolve_backend
 from ddp_contract.failures import format_line
 
-from . import env
+from . import env, jobstatus
 from .errors import (
     ConfigError,
     ExitCode,
@@ -162,6 +162,7 @@ def init_distributed(settings: env.DistSettings) -> tuple[str, Any]:
             )
         torch.cuda.set_device(settings.local_rank)
         device = torch.device("cuda", settings.local_rank)
+        enable_nccl_flight_recorder()
     else:
         device = torch.device("cpu")
     os.environ[names.MASTER_ADDR] = settings.master_addr
@@ -348,11 +349,13 @@ def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None 
         return code
 
     try:
-        enable_nccl_flight_recorder()
         backend, device = init_distributed(settings)
         check_s = gang_check(device)
+        formed_s = time.monotonic() - started
         log.info("rank %d/%d joined (%s on %s): gang formed in %.2fs, all-reduce check %.1f ms", settings.rank,
-                 settings.world_size, backend, device, time.monotonic() - started, check_s * 1000)
+                 settings.world_size, backend, device, formed_s, check_s * 1000)
+        if settings.rank == 0:
+            jobstatus.record({"rendezvous": jobstatus.rendezvous(job.attempt, formed_s, check_s)})
         _context = RankContext(
             rank=settings.rank,
             world_size=settings.world_size,

@@ -124,7 +124,7 @@ def nccl_flight_record() -> bytes | None:
 
 
 # Recorded entries per communicator; the flight recorder is off unless the buffer has a size.
-NCCL_TRACE_BUFFER = "TORCH_NCCL_TRACE_BUFFER_SIZE"
+NCCL_TRACE_BUFFER = "TORCH_FR_BUFFER_SIZE"
 NCCL_TRACE_ENTRIES = "2000"
 
 

@@ -66,3 +66,19 @@ def in_cluster_sink() -> JobStatusSink | None:
     if not name or not (os.environ.get(kubeclient.IN_CLUSTER_ENV) or os.environ.get(KUBECONFIG_ENV)):
         return None
     return JobStatusSink(os.environ.get(names.JOB_NAMESPACE, env.DEFAULT_JOB_NAMESPACE), name)
+
+
+def rendezvous(attempt: int, formed_s: float, check_s: float, now: float | None = None) -> dict[str, Any]:
+    """status.rendezvous: how long this attempt's gang took to form, and its all-reduce check."""
+    return {"attempt": int(attempt), "formedSeconds": round(formed_s, 3), "allReduceMillis": round(check_s * 1000, 3),
+            "time": rfc3339(time.time() if now is None else now)}
+
+
+def record(fields: dict[str, Any]) -> bool:
+    """Merge `fields` into this rank's job's status when it runs under the operator; never raises."""
+    try:
+        sink = in_cluster_sink()
+    except Exception as error:  # noqa: BLE001 - e.g. no service-account token: the log still has it
+        log.warning("cannot write %s to the DDPJob status: %s", ", ".join(fields), error)
+        return False
+    return sink.patch(fields) if sink is not None else False

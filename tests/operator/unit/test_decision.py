@@ -233,3 +233,18 @@ def test_the_same_error_at_the_same_step_on_consecutive_attempts_fails_at_once()
     stale = {**status, "attempt": 2, "failedRank": {**first.failure.as_status(), "attempt": 0}}
     later = decide(job_spec(), stale, summary_of(runtime_failure(0, 120, error, attempt=2), attempt=2), NOW)
     assert later.action == Action.RESTART
+
+
+def test_a_broken_collective_waits_briefly_for_the_peer_whose_death_caused_it() -> None:
+    finished = rfc3339(NOW)
+    echo = pod(0, "failed", exit_code=ExitCode.COMMUNICATION_ERROR, finished_at=finished)
+    alone = decide(job_spec(), {"phase": "Running"}, summary_of(echo, pod(1)), NOW + timedelta(seconds=1))
+    assert alone.action == Action.WAIT and alone.recheck_after == pytest.approx(c.ECHO_GRACE_SECONDS - 1)
+    # The cause shows up (in the same second): it is the failure, whatever the order of the ranks.
+    cause = runtime_failure(1, 3, "ValueError: boom", attempt=0)
+    both = decide(job_spec(), {"phase": "Running"}, summary_of(echo, cause), NOW + timedelta(seconds=1))
+    assert both.action == Action.RESTART and both.failure is not None and both.failure.rank == 1
+    # No cause ever shows up (the network broke): the collective's failure is acted on.
+    late = decide(job_spec(), {"phase": "Running"}, summary_of(echo, pod(1)), NOW + timedelta(seconds=4))
+    assert late.action == Action.RESTART and late.failure is not None and late.failure.rank == 0
+    assert late.failure.kind == c.KIND_INFRASTRUCTURE
