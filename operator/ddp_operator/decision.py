@@ -94,8 +94,8 @@ def _on_failure(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, f
 
 
 def _restart_reason(failure: RankFailure) -> str:
-    if failure.reason == c.REASON_HUNG:
-        return c.REASON_HUNG
+    if failure.reason in (c.REASON_HUNG, c.REASON_NODE_LOST):
+        return failure.reason
     return c.REASON_RANK_EVICTED if failure.evicted else c.REASON_RANK_FAILED
 
 
