@@ -34,8 +34,9 @@ def node_body(name: str, labels: dict[str, str], gpus: int, annotations: dict[st
                      "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "type": "kwok", **labels}},
         "status": {
             "capacity": resources, "allocatable": resources,
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status",
-                            "lastHeartbeatTime": stamp, "lastTransitionTime": stamp}],
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "message": "kubelet is posting ready status", "lastHeartbeatTime": stamp,
+                            "lastTransitionTime": stamp}],
         },
     }
 
