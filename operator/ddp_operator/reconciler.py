@@ -39,7 +39,7 @@ from ddp_operator.decision import Action, decide
 from ddp_operator.events import post_event
 from ddp_operator.kubeapi import KubeApi, adopt, api_message, is_controlled_by, is_going_away
 from ddp_operator.manifests import build_pod, build_progress_access, build_service
-from ddp_operator.nodes import Nodes, lost_nodes, seconds_until_lost
+from ddp_operator.nodes import NodeInfo, Nodes, lost_nodes, seconds_until_lost
 from ddp_operator.podsummary import InTheWay, PodSummary, RankProblem, summarize_pods
 from ddp_operator.podwatch import JobKey, PodCache
 from ddp_operator.spec import InvalidSpec, JobSpec, parse_spec, validate_job_name
@@ -110,6 +110,7 @@ class Reconciler:
         self._patched_at: dict[JobKey, float] = {}  # monotonic time of each job's last status patch
         self._deleting: dict[tuple[str, bool], float] = {}  # (uid, forced) -> monotonic time its delete was issued
         self._in_the_way: dict[JobKey, InTheWay] = {}  # what the last creation pass found holding our names
+        self._fit: dict[JobKey, tuple[Mapping[str, NodeInfo], Any, str | None]] = {}  # nodes, generation, verdict
         self.queue = WorkQueue(self.reconcile, workers=workers)
         self.creations = WorkQueue(self.create_children, workers=workers)
 
@@ -133,6 +134,7 @@ class Reconciler:
         self.creations.forget(key)
         self._patched_at.pop(key, None)
         self._in_the_way.pop(key, None)
+        self._fit.pop(key, None)
 
     async def reconcile(self, key: JobKey) -> float | None:
         """The status pass: decide, record status, delete, and hand pod creation to `creations`."""
@@ -202,10 +204,24 @@ class Reconciler:
         summary = summarize_pods(pods, int(status.get("attempt", 0)), key[1], lost)
         in_the_way = self._in_the_way.get(key)
         held = in_the_way.problems(spec.world_size, summary.live_ranks) if in_the_way else ()
-        too_large = gang_too_large(spec, nodes.known.values()) if nodes.synced and summary.unscheduled_ranks else None
+        too_large = self._too_large(job, spec, nodes) if summary.unscheduled_ranks else None
         if too_large:
             held += tuple(RankProblem(rank, c.REASON_GANG_TOO_LARGE, too_large) for rank in summary.unscheduled_ranks)
         return summary.with_problems(held)
+
+    def _too_large(self, job: Mapping[str, Any], spec: JobSpec, nodes: Nodes) -> str | None:
+        """gang_too_large, judged again only when the nodes or the job's spec changed: a gang coming up
+        has unscheduled ranks for many passes, and a cluster may have thousands of nodes."""
+        if not nodes.synced:
+            return None
+        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        generation = job["metadata"].get("generation")
+        known = self._fit.get(key)
+        if known is not None and known[0] is nodes.known and known[1] == generation:
+            return known[2]
+        verdict = gang_too_large(spec, nodes.known.values())
+        self._fit[key] = (nodes.known, generation, verdict)
+        return verdict
 
     async def _reconcile(self, job: dict[str, Any], spec: JobSpec, status: Mapping[str, Any], now: datetime) -> float | None:
         name = job["metadata"]["name"]
