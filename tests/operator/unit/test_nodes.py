@@ -12,24 +12,7 @@ from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
 from ddp_operator.capacity import gang_too_large, parse_quantity, rank_requests
 from ddp_operator.nodes import Nodes, Taint, lost_nodes, node_info, schedulable_for, seconds_until_lost, tolerates
-from podfixtures import NOW, job_spec
-
-
-def api_node(name: str, ready: str = "True", since: Any = None, gpus: int = 8, cpu: str = "64", memory: str = "512Gi",
-             taints: list[dict[str, str]] | None = None, labels: dict[str, str] | None = None,
-             unschedulable: bool = False, reason: str = "KubeletReady") -> dict[str, Any]:
-    """A Node as the API returns it."""
-    stamp = rfc3339(since or NOW - timedelta(hours=1))
-    return {
-        "metadata": {"name": name, "labels": labels or {}},
-        "spec": {"taints": taints or [], **({"unschedulable": True} if unschedulable else {})},
-        "status": {
-            "allocatable": {"cpu": cpu, "memory": memory, "nvidia.com/gpu": str(gpus), "pods": "110"},
-            "conditions": [{"type": "MemoryPressure", "status": "False"},
-                           {"type": "Ready", "status": ready, "reason": reason, "lastTransitionTime": stamp,
-                            "lastHeartbeatTime": rfc3339(NOW)}],
-        },
-    }
+from podfixtures import NOW, api_node, job_spec
 
 
 def view(*nodes: dict[str, Any], deleted: dict[str, Any] | None = None, synced: bool = True) -> Nodes:
