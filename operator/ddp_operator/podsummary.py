@@ -277,8 +277,10 @@ def rank_failure(pod: Mapping[str, Any], rank: int) -> RankFailure:
 def node_lost(pod: Mapping[str, Any], rank: int, why: str) -> RankFailure:
     """The failure of a rank whose node is lost: an infrastructure failure (evicted), whatever its
     pod's last reported state says."""
-    return RankFailure(rank=rank, pod=(pod.get("metadata") or {}).get("name", ""), exit_code=None,
-                       reason=c.REASON_NODE_LOST, evicted=True, node=(pod.get("spec") or {}).get("nodeName"), output=why)
+    meta = pod.get("metadata") or {}
+    return RankFailure(rank=rank, pod=meta.get("name", ""), exit_code=None, reason=c.REASON_NODE_LOST, evicted=True,
+                       node=(pod.get("spec") or {}).get("nodeName"), output=why,
+                       attempt=_label_int(meta, labels.LABEL_ATTEMPT))
 
 
 def last_lines(text: str | None, lines: int = OUTPUT_LINES, chars: int = OUTPUT_CHARS) -> str | None:

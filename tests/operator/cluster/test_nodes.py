@@ -56,6 +56,7 @@ def test_ranks_on_a_node_gone_not_ready_are_lost_forced_off_it_and_restarted_els
     status = running_again(jobs, "lossy", 1, timeout=60)
 
     assert status["restarts"] == 1 and status["failedRank"]["reason"] == c.REASON_NODE_LOST, status
+    assert (status["infrastructureRestarts"], status.get("programRestarts", 0)) == (1, 0), "a lost node is no program error"
     assert (status["failedRank"]["pod"], status["failedRank"]["node"]) == (lost, doomed.name)
     assert re.match(rf"node {doomed.name} NotReady since \S+ \(Ready Unknown: NodeStatusUnknown\)$",
                     status["failedRank"]["message"]), status["failedRank"]

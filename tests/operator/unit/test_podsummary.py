@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ddp_contract import labels
+from ddp_operator import constants as c
 from ddp_operator.podsummary import InTheWay, RankFailure, RankProblem, describe_problems, rank_list, summarize_pods
 from podfixtures import JOB, pod, summary_of
 
@@ -162,7 +163,7 @@ def test_a_rank_on_a_lost_node_is_a_node_lost_failure_naming_the_node() -> None:
     failure = summary.failure
     assert failure is not None and (failure.rank, failure.node, failure.reason) == (1, "gpu-2", "NodeLost")
     assert failure.evicted and failure.exit_code is None, "an infrastructure failure, not the program's"
-    assert failure.job_reason == "NodeLost"
+    assert failure.kind == c.KIND_INFRASTRUCTURE and failure.attempt == 0
     assert failure.describe() == f"rank 1 (pod mnist-1 on node gpu-2) was lost: NodeLost ({LOST['gpu-2']})"
     assert failure.as_status()["message"] == LOST["gpu-2"]
     assert summary.nodes == {"gpu-1", "gpu-2"}
