@@ -67,7 +67,7 @@ def test_ranks_on_a_node_gone_not_ready_are_lost_forced_off_it_and_restarted_els
     warnings = [e for e in jobs.events("lossy") if e.reason == c.REASON_NODE_LOST]
     assert warnings and warnings[0].type == "Warning" and doomed.name in warnings[0].message, warnings
     lost_after = (warnings[0].first_timestamp - died).total_seconds()
-    assert GRACE <= lost_after < GRACE + 10, f"the rank was lost {lost_after}s after its node went NotReady"
+    assert GRACE <= lost_after < GRACE + 30, f"the rank was lost {lost_after}s after its node went NotReady"
 
 
 def test_ranks_on_a_deleted_node_restart_elsewhere_before_the_pod_gc_would_act(jobs: Jobs, own_nodes: NodeMaker) -> None:
