@@ -12,6 +12,13 @@ from ddp_contract.exitcodes import ExitCode
 
 # --- pods --------------------------------------------------------------------
 GPU_RESOURCE: Final = "nvidia.com/gpu"
+# What a gang's size is judged by against the nodes' allocatable (capacity.py), GPUs first.
+CAPACITY_RESOURCES: Final = (GPU_RESOURCE, "cpu", "memory")
+# The NoExecute taints the node lifecycle controller puts on a node that is NotReady (Ready False)
+# or unreachable (Ready Unknown); rank pods tolerate them for spec.nodeLostGraceSeconds.
+TAINT_NOT_READY: Final = "node.kubernetes.io/not-ready"
+TAINT_UNREACHABLE: Final = "node.kubernetes.io/unreachable"
+NODE_LOST_TAINTS: Final = (TAINT_NOT_READY, TAINT_UNREACHABLE)
 SHM_VOLUME: Final = "dshm"
 SHM_PATH: Final = "/dev/shm"
 # The trainer image's runtime, the command when spec.entrypoint is given: `run` with no target runs
@@ -31,6 +38,7 @@ DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT: Final = 10
 # own failure shows up first: that one is the cause, and decides the restart's budget.
 ECHO_GRACE_SECONDS: Final = 3.0
 DEFAULT_STARTUP_DEADLINE_SECONDS: Final = 900
+DEFAULT_NODE_LOST_GRACE_SECONDS: Final = 60
 DEFAULT_GPUS_PER_RANK: Final = 1
 DEFAULT_BACKEND: Final = backend.AUTO
 DEFAULT_RESTART_POLICY: Final = POLICY_ON_FAILURE
@@ -80,6 +88,8 @@ REASON_SUSPENDED: Final = "Suspended"
 REASON_RANK_FAILED: Final = "RankFailed"
 REASON_RANK_EVICTED: Final = "RankEvicted"
 REASON_RANK_MISSING: Final = "RankMissing"
+REASON_NODE_LOST: Final = "NodeLost"
+REASON_GANG_TOO_LARGE: Final = "GangTooLarge"
 REASON_SUCCEEDED: Final = "AllRanksSucceeded"
 REASON_BACKOFF_LIMIT: Final = "BackoffLimitExceeded"
 REASON_PERMANENT: Final = "PermanentFailure"

@@ -109,8 +109,8 @@ def _echo_wait(failure: RankFailure, now: datetime) -> float | None:
 
 
 def _restart_reason(failure: RankFailure) -> str:
-    if failure.reason == c.REASON_HUNG:
-        return c.REASON_HUNG
+    if failure.reason in (c.REASON_HUNG, c.REASON_NODE_LOST):
+        return failure.reason
     return c.REASON_RANK_EVICTED if failure.evicted else c.REASON_RANK_FAILED
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from ddp_contract import api, envnames, labels
 from ddp_operator import constants as c
+from ddp_operator.nodes import Taint, tolerates
 from ddp_operator.spec import JobSpec
 
 
@@ -82,6 +83,7 @@ def build_pod(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) ->
         restartPolicy="Never",
         containers=[_trainer_container(spec, template_trainer, env), *sidecars],
     )
+    pod_spec["tolerations"] = [*(pod_spec.get("tolerations") or []), *node_lost_tolerations(spec)]
     pod_spec.setdefault("serviceAccountName", progress_service_account(name))
     # Service links add env vars for every Service in the namespace (a Service named "master"
     # injects MASTER_PORT=tcp://...); the ranks need none of them.
@@ -104,6 +106,15 @@ def build_pod(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) ->
         },
         "spec": pod_spec,
     }
+
+
+def node_lost_tolerations(spec: JobSpec) -> list[dict[str, Any]]:
+    """NoExecute tolerations of a NotReady or unreachable node for spec.nodeLostGraceSeconds, so the
+    taint eviction controller takes a lost node's ranks away after the job's grace rather than the
+    cluster's default 300 s; none for a taint the template already tolerates (its own choice stands)."""
+    own = spec.pod_spec.get("tolerations") or []
+    return [{"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": spec.node_lost_grace_seconds}
+            for key in c.NODE_LOST_TAINTS if not tolerates(own, Taint(key, effect="NoExecute"))]
 
 
 def progress_service_account(job_name: str) -> str:

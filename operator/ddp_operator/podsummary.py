@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -76,7 +76,7 @@ class RankFailure:
                 said += f": {self.line.error}"
             return f"{where} exited with code {self.exit_code} ({self.reason}{killed}){said}"
         if self.evicted:
-            return f"{where} was lost: {self.reason}"
+            return f"{where} was lost: {self.reason}" + (f" ({self.output})" if self.output else "")
         return f"{where} failed: {self.reason}"
 
     def as_status(self) -> dict[str, Any]:
@@ -121,6 +121,9 @@ class PodSummary:
     failure: RankFailure | None = None  # the earliest failed rank of the current attempt
     problems: tuple[RankProblem, ...] = ()  # ranks held up, by rank
     uids: Mapping[str, str] = field(default_factory=dict)  # pod name -> uid, for deletes that miss a newer pod
+    nodes: frozenset[str] = frozenset()  # the nodes the pods are bound to
+    unscheduled_ranks: frozenset[int] = frozenset()  # current attempt, pending, bound to no node yet
+    lost_pods: tuple[str, ...] = ()  # being deleted on a lost node, where no kubelet will ever finish it
 
     @property
     def total(self) -> int:
@@ -131,9 +134,24 @@ class PodSummary:
         """describe_problems(problems): the commonest cause and the ranks grouped by cause; ("", "") if none."""
         return describe_problems(self.problems)
 
+    def with_problems(self, found: Iterable[RankProblem]) -> PodSummary:
+        """This summary with more ranks held up; a rank's new problem replaces what was said of it."""
+        found = tuple(found)
+        if not found:
+            return self
+        ranks = {p.rank for p in found}
+        kept = tuple(p for p in self.problems if p.rank not in ranks)
+        return replace(self, problems=tuple(sorted(kept + found, key=lambda p: p.rank)))
 
-def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: str = "") -> PodSummary:
-    """Counts and the earliest failure for `attempt`; job_name (else the pods' label) names lost ranks' pods."""
+
+def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: str = "",
+                   lost_nodes: Mapping[str, str] | None = None) -> PodSummary:
+    """Counts and the earliest failure for `attempt`; job_name (else the pods' label) names lost ranks' pods.
+
+    lost_nodes (node -> why, from nodes.lost_nodes): a rank of this attempt still pending or running
+    on one is a failure (NodeLost), and any pod being deleted there is to be force-deleted.
+    """
+    lost_nodes = lost_nodes or {}
     counts = {"pending": 0, "running": 0, "ready": 0, "succeeded": 0, "failed": 0}
     live: set[int] = set()
     active: list[str] = []
@@ -143,21 +161,35 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
     failures: list[RankFailure] = []
     problems: list[RankProblem] = []
     uids: dict[str, str] = {}
+    nodes: set[str] = set()
+    unscheduled: set[int] = set()
+    lost: list[str] = []
     for pod in pods:
         meta = pod.get("metadata") or {}
         name = meta.get("name", "")
         uids[name] = meta.get("uid", "")
         job_name = job_name or (meta.get("labels") or {}).get(labels.LABEL_JOB_NAME, "")
         rank = _label_int(meta, labels.LABEL_RANK)
+        node: str = (pod.get("spec") or {}).get("nodeName") or ""
+        if node:
+            nodes.add(node)
         if rank is not None:
             occupied.add(rank)
+        current = rank is not None and _label_int(meta, labels.LABEL_ATTEMPT) == attempt
+        state = pod_state(pod)
+        if node in lost_nodes:
+            if meta.get("deletionTimestamp"):
+                lost.append(name)
+            if current and rank is not None and state in ("pending", "running"):
+                failures.append(node_lost(pod, rank, lost_nodes[node]))
         if meta.get("deletionTimestamp"):
             continue
-        if rank is None or _label_int(meta, labels.LABEL_ATTEMPT) != attempt:
+        if rank is None or not current:
             stale.append(name)
             continue
         live.add(rank)
-        state = pod_state(pod)
+        if state == "pending" and not node:
+            unscheduled.add(rank)
         counts[state] += 1
         (active if state in ("pending", "running") else finished).append(name)
         if state == "running" and is_ready(pod):
@@ -181,6 +213,9 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
         failure=failures[0] if failures else None,
         problems=tuple(sorted(problems, key=lambda p: p.rank)),
         uids=uids,
+        nodes=frozenset(nodes),
+        unscheduled_ranks=frozenset(unscheduled),
+        lost_pods=tuple(sorted(lost)),
         **counts,
     )
 
@@ -244,6 +279,15 @@ def rank_failure(pod: Mapping[str, Any], rank: int) -> RankFailure:
         output=last_lines(terminated.get("message") or status.get("message")),
         attempt=_label_int(pod.get("metadata") or {}, labels.LABEL_ATTEMPT),
     )
+
+
+def node_lost(pod: Mapping[str, Any], rank: int, why: str) -> RankFailure:
+    """The failure of a rank whose node is lost: an infrastructure failure (evicted), whatever its
+    pod's last reported state says."""
+    meta = pod.get("metadata") or {}
+    return RankFailure(rank=rank, pod=meta.get("name", ""), exit_code=None, reason=c.REASON_NODE_LOST, evicted=True,
+                       node=(pod.get("spec") or {}).get("nodeName"), output=why,
+                       attempt=_label_int(meta, labels.LABEL_ATTEMPT))
 
 
 def last_lines(text: str | None, lines: int = OUTPUT_LINES, chars: int = OUTPUT_CHARS) -> str | None:

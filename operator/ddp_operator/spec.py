@@ -72,6 +72,7 @@ class JobSpec:
     hang_timeout_seconds: int | None = None
     active_deadline_seconds: int | None = None
     startup_deadline_seconds: int = c.DEFAULT_STARTUP_DEADLINE_SECONDS
+    node_lost_grace_seconds: int = c.DEFAULT_NODE_LOST_GRACE_SECONDS
     ttl_seconds_after_finished: int | None = None
     suspend: bool = False
 
@@ -138,6 +139,7 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
         hang_timeout_seconds=hang_timeout,
         active_deadline_seconds=_int(spec, "activeDeadlineSeconds", None, 1, None, optional=True),
         startup_deadline_seconds=_int(spec, "startupDeadlineSeconds", c.DEFAULT_STARTUP_DEADLINE_SECONDS, 1, None),
+        node_lost_grace_seconds=_int(spec, "nodeLostGraceSeconds", c.DEFAULT_NODE_LOST_GRACE_SECONDS, 0, None),
         ttl_seconds_after_finished=_int(spec, "ttlSecondsAfterFinished", None, 0, None, optional=True),
         suspend=_bool(spec, "suspend", False),
     )

@@ -221,23 +221,29 @@ def test_spec_the_schema_cannot_catch_is_marked_failed_and_the_operator_carries_
     assert operator.process.poll() is None
 
 
-def test_a_gang_that_cannot_be_scheduled_says_why_by_rank(jobs) -> None:
-    jobs.create("toobig", worldSize=2, gpusPerRank=16)  # the local cluster's nodes have 8 GPUs each
+def test_a_gang_whose_ranks_fit_no_node_says_so_by_rank_and_fails_at_the_startup_deadline(jobs) -> None:
+    # The local cluster's nodes have 8 GPUs each: no rank can ever be scheduled.
+    jobs.create("toobig", worldSize=2, gpusPerRank=16, startupDeadlineSeconds=5)
 
     def says_why() -> dict | None:
         status = jobs.status("toobig")
-        held = status.get("reason") == c.REASON_UNSCHEDULABLE and "ranks 0-1 (Unschedulable): 0/" in status["message"]
-        return status if held else None
+        return status if "ranks 0-1 (GangTooLarge)" in status.get("message", "") else None
 
-    status = wait_until(says_why, 30, "the job to say both ranks cannot be scheduled")
+    status = wait_until(says_why, 30, "the job to say its ranks fit no node")
+    assert status["reason"] == c.REASON_GANG_TOO_LARGE
     assert status["phase"] == c.PHASE_PENDING
-    assert "Insufficient nvidia.com/gpu" in status["message"]  # the scheduler's own words
+    assert re.search(r"ranks 0-1 \(GangTooLarge\): each rank needs 16 nvidia.com/gpu; the largest of the cluster's "
+                     r"\d+ schedulable nodes has 8$", status["message"]), status
     blocked = next(x for x in status["conditions"] if x["type"] == c.COND_RANKS_BLOCKED)
-    assert (blocked["status"], blocked["reason"]) == ("True", c.REASON_UNSCHEDULABLE)
+    assert (blocked["status"], blocked["reason"]) == ("True", c.REASON_GANG_TOO_LARGE)
+
     def warned() -> list:
-        return [e for e in jobs.events("toobig") if e.reason == c.REASON_UNSCHEDULABLE and "ranks 0-1" in e.message]
+        return [e for e in jobs.events("toobig") if e.reason == c.REASON_GANG_TOO_LARGE and "ranks 0-1" in e.message]
 
     assert all(e.type == "Warning" for e in wait_until(warned, 10, "an Event saying so"))
+    status = jobs.wait_phase("toobig", c.PHASE_FAILED, timeout=30)
+    assert status["reason"] == c.REASON_GANG_TOO_LARGE
+    assert status["message"].endswith("still so after startupDeadlineSeconds=5")
 
 
 def test_ranks_held_up_past_the_startup_deadline_fail_the_job_and_free_the_rest(jobs) -> None:

@@ -13,7 +13,7 @@ from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
 from ddp_operator.deadlines import requeue_after
 from ddp_operator.decision import Action, Decision, decide
-from ddp_operator.podsummary import RankFailure
+from ddp_operator.podsummary import RankFailure, summarize_pods
 from ddp_operator.statuspatch import set_condition
 from podfixtures import NOW, job_spec, pod, summary_of
 
@@ -116,6 +116,15 @@ def test_rank_being_deleted_after_the_gang_formed_restarts_it() -> None:
 def test_rank_lost_before_the_gang_formed_is_just_recreated() -> None:
     decision = decide(job_spec(), {"phase": "Starting"}, summary_of(pod(0)), NOW)
     assert decision.action == Action.CREATE and decision.create_ranks == (1,)
+
+
+def test_a_rank_on_a_lost_node_restarts_the_gang_as_node_lost_even_before_it_formed() -> None:
+    lost = {"gpu-2": "node gpu-2 was deleted at 2025-01-02T03:04:00Z"}
+    summary = summarize_pods([pod(0, node="gpu-1"), pod(1, node="gpu-2")], 0, "mnist", lost)
+    decision = decide(job_spec(restartPolicy="ExitCode"), {"phase": "Starting"}, summary, NOW)
+    assert decision.action == Action.RESTART and decision.reason == c.REASON_NODE_LOST
+    assert decision.message.startswith("rank 1 (pod mnist-1 on node gpu-2) was lost: NodeLost (node gpu-2 was deleted")
+    assert decision.delete_pods == ("mnist-0", "mnist-1") and decision.attempt == 1
 
 
 def test_suspend_deletes_every_pod() -> None:

@@ -226,7 +226,6 @@ def test_template_is_merged() -> None:
     spec = pod["spec"]
     for key in (
         "nodeSelector",
-        "tolerations",
         "affinity",
         "serviceAccountName",
         "imagePullSecrets",
@@ -235,6 +234,7 @@ def test_template_is_merged() -> None:
         "enableServiceLinks",
     ):
         assert spec[key] == TEMPLATE["spec"][key]
+    assert spec["tolerations"][0] == TEMPLATE["spec"]["tolerations"][0]  # then the node-lost ones
     assert pod["metadata"]["labels"]["team"] == "vision"
     assert pod["metadata"]["annotations"]["note"] == "x"
     assert [x["name"] for x in spec["containers"]] == ["trainer", "logger"]
@@ -303,3 +303,27 @@ def test_a_restarted_gang_is_told_the_jobs_last_checkpoint() -> None:
     assert envnames.RESUME_FROM not in env_of(pod_for(make_job()))
     job = {**make_job(), "status": {"lastCheckpoint": {"step": 40, "uri": "s3://b/runs/team-a/mnist/checkpoints/step-000000000040"}}}
     assert env_of(pod_for(job, attempt=1))[envnames.RESUME_FROM] == "s3://b/runs/team-a/mnist/checkpoints/step-000000000040"
+
+
+def test_ranks_tolerate_a_lost_node_for_the_jobs_grace_only() -> None:
+    pod = pod_for(make_job(nodeLostGraceSeconds=45), 0)
+    assert pod["spec"]["tolerations"] == [
+        {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 45}
+        for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+    ]
+    default = pod_for(make_job(), 0)["spec"]["tolerations"]
+    assert {t["tolerationSeconds"] for t in default} == {c.DEFAULT_NODE_LOST_GRACE_SECONDS}
+
+
+@pytest.mark.parametrize("own, added", [
+    ({"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 900},
+     ["node.kubernetes.io/not-ready"]),
+    ({"key": "node.kubernetes.io/not-ready", "operator": "Exists"}, ["node.kubernetes.io/unreachable"]),
+    ({"operator": "Exists"}, []),  # tolerates every taint: the template's choice stands
+    ({"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoSchedule"},
+     ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"]),
+])
+def test_a_template_that_tolerates_a_lost_node_itself_keeps_its_own(own: dict, added: list[str]) -> None:
+    pod = pod_for(make_job(template={"spec": {"tolerations": [own]}}), 0)
+    assert pod["spec"]["tolerations"][0] == own
+    assert [t["key"] for t in pod["spec"]["tolerations"][1:]] == added

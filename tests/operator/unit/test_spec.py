@@ -24,6 +24,7 @@ def test_defaults_are_applied() -> None:
     assert (spec.restart_policy, spec.backoff_limit, spec.suspend) == ("OnFailure", 3, False)
     assert spec.active_deadline_seconds is None and spec.ttl_seconds_after_finished is None
     assert spec.s3 is None and spec.shm_size is None and spec.command is None
+    assert spec.node_lost_grace_seconds == 60 and parse_spec({**MINIMAL, "nodeLostGraceSeconds": 0}).node_lost_grace_seconds == 0
 
 
 def test_full_spec_is_parsed() -> None:
@@ -110,6 +111,7 @@ def test_valid_shm_sizes(shm: Any) -> None:
         ({"backoffLimit": -1}, "backoffLimit"),
         ({"activeDeadlineSeconds": 0}, "activeDeadlineSeconds"),
         ({"startupDeadlineSeconds": 0}, "startupDeadlineSeconds"),
+        ({"nodeLostGraceSeconds": -1}, "nodeLostGraceSeconds"),
         ({"ttlSecondsAfterFinished": -5}, "ttlSecondsAfterFinished"),
         ({"suspend": "yes"}, "suspend"),
         ({"shmSize": "lots"}, "shmSize"),
