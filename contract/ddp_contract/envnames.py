@@ -16,6 +16,7 @@ WORLD_SIZE: Final = "WORLD_SIZE"
 LOCAL_RANK: Final = "LOCAL_RANK"
 LOCAL_WORLD_SIZE: Final = "LOCAL_WORLD_SIZE"
 NODE_RANK: Final = "NODE_RANK"
+GROUP_RANK: Final = "GROUP_RANK"  # torchrun's name for the pod's (node's) index, = NODE_RANK
 
 # The DDPJob this rank belongs to, and its gang attempt.
 JOB_NAME: Final = "DDP_JOB_NAME"
@@ -55,6 +56,6 @@ RESULTS_URI: Final = "DDP_RESULTS_URI"
 
 # Set by the operator for every rank; a spec's env or template may not override them.
 RESERVED: Final = frozenset({
-    MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK,
+    MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, GROUP_RANK,
     JOB_NAME, JOB_NAMESPACE, JOB_UID, ATTEMPT, BACKEND, ENTRYPOINT, RESUME_FROM,
 })

@@ -29,7 +29,7 @@ from ddp_contract import envnames as names
 from ddp_contract.backend import NCCL, resolve_backend
 from ddp_contract.failures import format_line
 
-from . import env, jobstatus
+from . import env, jobstatus, localranks
 from .errors import (
     ConfigError,
     ExitCode,
@@ -328,6 +328,12 @@ def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None 
     environ = dict(os.environ) if environ is None else environ
     rank: int | None = None
     HEARTBEAT.reset()
+    try:
+        if localranks.is_launcher(environ):
+            return localranks.launch(target, args, environ)
+    except TrainerError as exc:
+        _report(exc.exit_code, None, exc)
+        return exc.exit_code
     try:
         target = target or environ.get(names.ENTRYPOINT, "").strip()
         if not target:

@@ -220,3 +220,11 @@ def hang_min_s(environ: Mapping[str, str] | None = None) -> float:
 def resume_from(environ: Mapping[str, str] | None = None) -> str | None:
     """$DDP_RESUME_FROM: the checkpoint the operator tells a restarted gang to resume from."""
     return (os.environ if environ is None else environ).get(names.RESUME_FROM, "").strip() or None
+
+
+def local_world_size(environ: Mapping[str, str] | None = None) -> int:
+    return _int(os.environ if environ is None else environ, names.LOCAL_WORLD_SIZE, default=1, minimum=1)
+
+
+def node_rank(environ: Mapping[str, str] | None = None) -> int:
+    return _int(os.environ if environ is None else environ, names.NODE_RANK, default=0)
