@@ -45,7 +45,7 @@ def parse_quantity(value: Any) -> Decimal | None:
 def rank_requests(spec: JobSpec) -> dict[str, Decimal]:
     """What the scheduler reserves for one rank's pod, of the resources judged: the trainer's requests
     (its limits where it sets no request, as the API server defaults them) plus the sidecars'."""
-    trainer = {**dict(spec.resources), "limits": {**(spec.resources.get("limits") or {}), c.GPU_RESOURCE: spec.gpus_per_rank}}
+    trainer = {**dict(spec.resources), "limits": {**(spec.resources.get("limits") or {}), c.GPU_RESOURCE: spec.gpus_per_pod}}
     containers = [trainer, *(x.get("resources") or {} for x in spec.pod_spec.get("containers") or []
                              if x.get("name") != labels.CONTAINER_NAME)]
     total: dict[str, Decimal] = {}
@@ -67,13 +67,14 @@ def gang_too_large(spec: JobSpec, nodes: Iterable[NodeInfo]) -> str | None:
         return None
     counted = f"{len(usable)} schedulable node{'s' if len(usable) > 1 else ''}"
     where = f"the {counted} matching its nodeSelector" if selector else f"the cluster's {counted}"
+    unit = "rank" if spec.ranks_per_pod == 1 else "pod"  # of ranksPerPod ranks
     for name, per_rank in rank_requests(spec).items():
         have = [parse_quantity(node.allocatable.get(name, 0)) or Decimal(0) for node in usable]
         if per_rank > max(have):
-            return f"each rank needs {_amount(name, per_rank)} {name}; the largest of {where} has {_amount(name, max(have))}"
-        needed = per_rank * spec.world_size
+            return f"each {unit} needs {_amount(name, per_rank)} {name}; the largest of {where} has {_amount(name, max(have))}"
+        needed = per_rank * spec.pods
         if needed > sum(have):
-            return (f"needs {_amount(name, needed)} {name} ({spec.world_size} ranks x {_amount(name, per_rank)}); "
+            return (f"needs {_amount(name, needed)} {name} ({spec.pods} {unit}s x {_amount(name, per_rank)}); "
                     f"{where} {'have' if len(usable) > 1 else 'has'} {_amount(name, sum(have, Decimal(0)))} in all")
     return None
 

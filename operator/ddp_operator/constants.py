@@ -44,6 +44,7 @@ DEFAULT_BACKEND: Final = backend.AUTO
 DEFAULT_RESTART_POLICY: Final = POLICY_ON_FAILURE
 MAX_WORLD_SIZE: Final = 4096
 MAX_GPUS_PER_RANK: Final = 16
+MAX_RANKS_PER_POD: Final = 64
 # worldSize * gpusPerRank above this is almost certainly a typo, not a job.
 MAX_TOTAL_GPUS: Final = 16384
 

@@ -55,7 +55,7 @@ def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: d
         return Decision(
             Action.SUSPEND, attempt, c.REASON_SUSPENDED, "spec.suspend is true", delete_pods=_whole_gang(summary)
         )
-    if summary.succeeded == spec.world_size:
+    if summary.succeeded == spec.pods:
         return Decision(Action.SUCCEED, attempt, c.REASON_SUCCEEDED, f"all {spec.world_size} ranks exited 0")
     failure = summary.failure or _lost_rank(spec, status, summary)
     if failure is not None:
@@ -68,7 +68,7 @@ def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: d
         # Held up past the startup deadline: fail with the cause, so the other ranks free what they hold.
         cause, detail = summary.held_up
         return _fail(summary, cause, f"{detail}; still so after startupDeadlineSeconds={spec.startup_deadline_seconds}")
-    free = tuple(r for r in range(spec.world_size) if r not in summary.occupied_ranks)
+    free = tuple(r for r in range(spec.pods) if r not in summary.occupied_ranks)
     action = Action.CREATE if free else Action.WAIT
     return Decision(action, attempt, delete_pods=summary.stale_pods, create_ranks=free)
 
@@ -126,11 +126,12 @@ def _lost_rank(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary) ->
     """
     if status.get("phase") != c.PHASE_RUNNING or int(status.get("attempt", 0)) != summary.attempt:
         return None
-    missing = [r for r in range(spec.world_size) if r not in summary.live_ranks]
+    missing = [r for r in range(spec.pods) if r not in summary.live_ranks]
     if not missing:
         return None
     name = pod_name(summary.job_name, missing[0]) if summary.job_name else ""
-    return RankFailure(rank=missing[0], pod=name, exit_code=None, reason=c.REASON_RANK_MISSING, evicted=True)
+    return RankFailure(rank=missing[0], pod=name, exit_code=None, reason=c.REASON_RANK_MISSING, evicted=True,
+                       ranks_per_pod=spec.ranks_per_pod)
 
 
 def _whole_gang(summary: PodSummary) -> tuple[str, ...]:

@@ -33,6 +33,7 @@ class RankFailure:
     node: str | None = None
     output: str | None = None  # the container's termination message: its last lines
     attempt: int | None = None
+    ranks_per_pod: int = 1  # `rank` is the pod's index when its pod holds several
 
     @cached_property
     def line(self) -> FailureLine | None:
@@ -66,8 +67,22 @@ class RankFailure:
     def oom_killed(self) -> bool:
         return self.reason == "OOMKilled"
 
+    @property
+    def global_rank(self) -> int:
+        """The rank that failed: the pod's, or in a pod of several the one whose failure line it is
+        (else the pod's first)."""
+        if self.ranks_per_pod == 1:
+            return self.rank
+        return self.line.rank if self.line and self.line.rank is not None else self.rank * self.ranks_per_pod
+
+    @property
+    def who(self) -> str:
+        if self.ranks_per_pod > 1 and not (self.line and self.line.rank is not None):
+            return rank_list(range(self.rank * self.ranks_per_pod, (self.rank + 1) * self.ranks_per_pod))
+        return f"rank {self.global_rank}"
+
     def describe(self) -> str:
-        where = f"rank {self.rank} (pod {self.pod}{f' on node {self.node}' if self.node else ''})"
+        where = f"{self.who} (pod {self.pod}{f' on node {self.node}' if self.node else ''})"
         if self.exit_code is not None:
             killed = f", {self.signal}" if self.signal else ""
             said = ""
@@ -81,7 +96,7 @@ class RankFailure:
 
     def as_status(self) -> dict[str, Any]:
         """The status.failedRank object."""
-        return {"rank": self.rank, "pod": self.pod, "node": self.node, "exitCode": self.exit_code,
+        return {"rank": self.global_rank, "pod": self.pod, "node": self.node, "exitCode": self.exit_code,
                 "signal": self.signal, "oomKilled": self.oom_killed, "reason": self.reason,
                 "message": self.output, "kind": self.kind, "attempt": self.attempt,
                 "step": self.line.step if self.line else None}
@@ -124,6 +139,7 @@ class PodSummary:
     nodes: frozenset[str] = frozenset()  # the nodes the pods are bound to
     unscheduled_ranks: frozenset[int] = frozenset()  # current attempt, pending, bound to no node yet
     lost_pods: tuple[str, ...] = ()  # being deleted on a lost node, where no kubelet will ever finish it
+    ranks_per_pod: int = 1  # the job's ranksPerPod: a "rank" above is a pod's index when > 1
 
     @property
     def total(self) -> int:
@@ -132,7 +148,7 @@ class PodSummary:
     @cached_property
     def held_up(self) -> tuple[str, str]:
         """describe_problems(problems): the commonest cause and the ranks grouped by cause; ("", "") if none."""
-        return describe_problems(self.problems)
+        return describe_problems(self.problems, "rank" if self.ranks_per_pod == 1 else "pod")
 
     def with_problems(self, found: Iterable[RankProblem]) -> PodSummary:
         """This summary with more ranks held up; a rank's new problem replaces what was said of it."""
@@ -145,7 +161,7 @@ class PodSummary:
 
 
 def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: str = "",
-                   lost_nodes: Mapping[str, str] | None = None) -> PodSummary:
+                   lost_nodes: Mapping[str, str] | None = None, ranks_per_pod: int = 1) -> PodSummary:
     """Counts and the earliest failure for `attempt`; job_name (else the pods' label) names lost ranks' pods.
 
     lost_nodes (node -> why, from nodes.lost_nodes): a rank of this attempt still pending or running
@@ -210,8 +226,9 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
         finished_pods=tuple(sorted(finished)),
         stale_pods=tuple(sorted(stale)),
         occupied_ranks=frozenset(occupied),
-        failure=failures[0] if failures else None,
+        failure=replace(failures[0], ranks_per_pod=ranks_per_pod) if failures else None,
         problems=tuple(sorted(problems, key=lambda p: p.rank)),
+        ranks_per_pod=ranks_per_pod,
         uids=uids,
         nodes=frozenset(nodes),
         unscheduled_ranks=frozenset(unscheduled),
@@ -337,7 +354,7 @@ class InTheWay:
         return tuple(found)
 
 
-def describe_problems(problems: Iterable[RankProblem]) -> tuple[str, str]:
+def describe_problems(problems: Iterable[RankProblem], noun: str = "rank") -> tuple[str, str]:
     """(the reason most ranks share, a message naming the ranks, those with one cause and message together).
 
     "ranks 0-3, 6 (Unschedulable): 0/4 nodes are available: 4 Insufficient nvidia.com/gpu.; rank 5
@@ -349,13 +366,13 @@ def describe_problems(problems: Iterable[RankProblem]) -> tuple[str, str]:
     if not groups:
         return "", ""
     ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), item[1][0]))
-    parts = [f"{rank_list(ranks)} ({reason}): {message}" if message else f"{rank_list(ranks)} ({reason})"
+    parts = [f"{rank_list(ranks, noun)} ({reason}): {message}" if message else f"{rank_list(ranks, noun)} ({reason})"
              for (reason, message), ranks in ordered]
     return ordered[0][0][0], "; ".join(parts)
 
 
-def rank_list(ranks: Iterable[int]) -> str:
-    """'rank 3', 'ranks 0-3, 6'."""
+def rank_list(ranks: Iterable[int], noun: str = "rank") -> str:
+    """'rank 3', 'ranks 0-3, 6' (or 'pod 3', 'pods 0-1')."""
     ordered = sorted(set(ranks))
     spans: list[str] = []
     start = prev = ordered[0]
@@ -366,7 +383,7 @@ def rank_list(ranks: Iterable[int]) -> str:
         spans.append(str(start) if start == prev else f"{start}-{prev}")
         if rank is not None:
             start = prev = rank
-    return f"rank {spans[0]}" if len(ordered) == 1 else f"ranks {', '.join(spans)}"
+    return f"{noun} {spans[0]}" if len(ordered) == 1 else f"{noun}s {', '.join(spans)}"
 
 
 def _disruption_reason(status: Mapping[str, Any]) -> str | None:

@@ -201,9 +201,9 @@ class Reconciler:
         nodes = self.nodes()
         bound = {pod["spec"]["nodeName"] for pod in pods if pod["spec"].get("nodeName")}
         lost = lost_nodes(bound, nodes, spec.node_lost_grace_seconds, now)
-        summary = summarize_pods(pods, int(status.get("attempt", 0)), key[1], lost)
+        summary = summarize_pods(pods, int(status.get("attempt", 0)), key[1], lost, spec.ranks_per_pod)
         in_the_way = self._in_the_way.get(key)
-        held = in_the_way.problems(spec.world_size, summary.live_ranks) if in_the_way else ()
+        held = in_the_way.problems(spec.pods, summary.live_ranks) if in_the_way else ()
         too_large = self._too_large(job, spec, nodes) if summary.unscheduled_ranks else None
         if too_large:
             held += tuple(RankProblem(rank, c.REASON_GANG_TOO_LARGE, too_large) for rank in summary.unscheduled_ranks)

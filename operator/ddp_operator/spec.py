@@ -59,6 +59,7 @@ class JobSpec:
     args: tuple[str, ...] = ()
     resources: Mapping[str, Any] = field(default_factory=dict)
     gpus_per_rank: int = c.DEFAULT_GPUS_PER_RANK
+    ranks_per_pod: int = 1
     env: tuple[Mapping[str, Any], ...] = ()
     env_from: tuple[Mapping[str, Any], ...] = ()
     master_port: int = c.DEFAULT_MASTER_PORT
@@ -75,6 +76,19 @@ class JobSpec:
     node_lost_grace_seconds: int = c.DEFAULT_NODE_LOST_GRACE_SECONDS
     ttl_seconds_after_finished: int | None = None
     suspend: bool = False
+
+    @property
+    def pods(self) -> int:
+        """Pods of the gang, '<job>-0' .. '<job>-<pods-1>'; each holds ranks_per_pod ranks."""
+        return self.world_size // self.ranks_per_pod
+
+    @property
+    def gpus_per_pod(self) -> int:
+        return self.gpus_per_rank * self.ranks_per_pod
+
+    def pod_ranks(self, index: int) -> range:
+        """The global ranks pod `index` holds."""
+        return range(index * self.ranks_per_pod, (index + 1) * self.ranks_per_pod)
 
     @property
     def effective_backend(self) -> str:
@@ -125,6 +139,7 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
         args=args,
         resources=_resources(spec.get("resources") or {}),
         gpus_per_rank=gpus,
+        ranks_per_pod=_ranks_per_pod(spec, world_size),
         env=env,
         env_from=tuple(_list(spec.get("envFrom") or [], "envFrom")),
         master_port=_int(spec, "masterPort", c.DEFAULT_MASTER_PORT, 1, 65535),
@@ -143,6 +158,13 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
         ttl_seconds_after_finished=_int(spec, "ttlSecondsAfterFinished", None, 0, None, optional=True),
         suspend=_bool(spec, "suspend", False),
     )
+
+
+def _ranks_per_pod(spec: Mapping[str, Any], world_size: int) -> int:
+    per_pod = _int(spec, "ranksPerPod", 1, 1, c.MAX_RANKS_PER_POD)
+    if world_size % per_pod:
+        raise InvalidSpec("ranksPerPod", f"worldSize {world_size} is not a multiple of ranksPerPod {per_pod}")
+    return per_pod
 
 
 def validate_job_name(name: str, world_size: int) -> None:

@@ -300,3 +300,21 @@ def test_a_service_name_held_by_a_stranger_stops_the_job_before_any_pod(jobs) ->
     assert jobs.pods("shadowed", include_deleting=True) == []
     kept = jobs.core.read_namespaced_service("shadowed", jobs.namespace)
     assert kept.metadata.uid == theirs.metadata.uid and kept.spec.selector == {"app": "other"}
+
+
+def test_pods_of_several_ranks_ask_for_all_their_gpus_and_restart_as_one_gang(jobs) -> None:
+    jobs.create("packed", worldSize=8, ranksPerPod=4, gpusPerRank=1)
+    status = jobs.wait_phase("packed", c.PHASE_RUNNING)
+    assert (status["ready"], status["readyPods"], status["totalPods"]) == ("8/8", 2, 2)
+    pods = sorted(jobs.pods("packed"), key=lambda p: p.metadata.name)
+    assert [p.metadata.name for p in pods] == ["packed-0", "packed-1"]
+    for index, pod in enumerate(pods):
+        trainer = next(x for x in pod.spec.containers if x.name == labels.CONTAINER_NAME)
+        assert trainer.resources.limits[c.GPU_RESOURCE] == "4"
+        env = env_of(pod)
+        assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["NODE_RANK"]) == ("8", "4", str(index))
+    jobs.finish("packed-1", 137)
+    jobs.wait_pods("packed", 2, attempt=1)
+    restarted = jobs.wait_phase("packed", c.PHASE_RUNNING)
+    assert restarted["restarts"] == 1 and restarted["failedRank"]["rank"] == 4 and restarted["ready"] == "8/8"
+    assert any("ranks 4-7 (pod packed-1" in e.message for e in jobs.events("packed"))

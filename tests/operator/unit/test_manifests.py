@@ -327,3 +327,27 @@ def test_a_template_that_tolerates_a_lost_node_itself_keeps_its_own(own: dict, a
     pod = pod_for(make_job(template={"spec": {"tolerations": [own]}}), 0)
     assert pod["spec"]["tolerations"][0] == own
     assert [t["key"] for t in pod["spec"]["tolerations"][1:]] == added
+
+
+def test_a_pod_of_several_ranks_gets_torchruns_environment_and_their_gpus() -> None:
+    job = make_job(worldSize=8, ranksPerPod=4, gpusPerRank=1)
+    spec = parse_spec(job["spec"])
+    assert spec.pods == 2 and list(spec.pod_ranks(1)) == [4, 5, 6, 7]
+    pod = pod_for(job, 1)
+    env = env_of(pod)
+    assert pod["metadata"]["name"] == "mnist-1" and "RANK" not in env and "LOCAL_RANK" not in env
+    assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["NODE_RANK"], env["GROUP_RANK"]) == ("8", "4", "1", "1")
+    assert trainer(pod)["resources"]["limits"][c.GPU_RESOURCE] == 4
+    assert trainer(pod)["command"] == list(c.TRAINER_COMMAND)  # the runtime starts the 4 ranks itself
+    with pytest.raises(ValueError, match="pod index 2 is outside 0..1"):
+        pod_for(job, 2)
+
+
+def test_a_command_in_a_pod_of_several_ranks_runs_under_torchrun() -> None:
+    job = make_job(worldSize=4, ranksPerPod=2, command=["python", "train.py"], args=["--lr", "0.1"])
+    del job["spec"]["entrypoint"]
+    container = trainer(pod_for(job, 1))
+    assert container["command"] == ["torchrun", "--nnodes=2", "--nproc-per-node=2", "--node-rank=1",
+                                    "--master-addr=mnist-0.mnist.team-a.svc", "--master-port=29500", "--no-python",
+                                    "python", "train.py"]
+    assert container["args"] == ["--lr", "0.1"]

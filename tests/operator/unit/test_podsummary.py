@@ -200,3 +200,17 @@ def test_new_problems_replace_what_was_said_of_the_same_rank() -> None:
     assert held.problems == (RankProblem(0, "GangTooLarge", "too big"), RankProblem(1, "ImagePullError", "ErrImagePull"),
                              RankProblem(2, "NameInUse", "x"))
     assert summary.with_problems([]) is summary
+
+
+def test_pods_of_several_ranks_are_named_by_their_ranks() -> None:
+    from ddp_contract.failures import format_line
+
+    line = format_line(6, 12, 1, "USER_ERROR", False, "ValueError: x")
+    failed = summarize_pods([pod(0), pod(1, "failed", exit_code=1, output=line)], 0, ranks_per_pod=4).failure
+    assert failed is not None and failed.global_rank == 6 and failed.as_status()["rank"] == 6
+    assert failed.describe().startswith("rank 6 (pod mnist-1)")
+    killed = summarize_pods([pod(0), pod(1, "failed", exit_code=137)], 0, ranks_per_pod=4).failure
+    assert killed is not None and killed.describe().startswith("ranks 4-7 (pod mnist-1)")
+    held = summarize_pods([pod(0, "pending", unschedulable="0/4 nodes are available"), pod(1, "pending",
+                           unschedulable="0/4 nodes are available")], 0, ranks_per_pod=4)
+    assert held.held_up == (c.REASON_UNSCHEDULABLE, "pods 0-1 (Unschedulable): 0/4 nodes are available")

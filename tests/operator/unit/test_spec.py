@@ -228,3 +228,10 @@ def test_restart_budgets_and_hang_timeout() -> None:
         parse_spec({**MINIMAL, "hangTimeoutSeconds": 60, "env": [{"name": "DDP_HANG_TIMEOUT_SECONDS", "value": "5"}]})
     with pytest.raises(InvalidSpec, match="hangTimeoutSeconds"):
         parse_spec({**MINIMAL, "hangTimeoutSeconds": -1})
+
+
+def test_ranks_per_pod_must_divide_the_world() -> None:
+    assert parse_spec(MINIMAL).ranks_per_pod == 1
+    assert parse_spec({**MINIMAL, "worldSize": 8, "ranksPerPod": 4}).pods == 2
+    with pytest.raises(InvalidSpec, match="ranksPerPod.*worldSize 6 is not a multiple of ranksPerPod 4"):
+        parse_spec({**MINIMAL, "worldSize": 6, "ranksPerPod": 4})

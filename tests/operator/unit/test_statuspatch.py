@@ -239,7 +239,7 @@ def test_only_rank_counts_moving_may_wait_but_phase_changes_may_not() -> None:
     ])
     assert [p["phase"] for _, p in passes] == ["Pending", "Pending", "Starting", "Starting", "Running", "Running"]
     assert [only_counts_changed(before, patch) for before, patch in passes] == [False, True, False, True, False, False]
-    assert changed_fields(*passes[3]) == {"readyRanks", "ready", "message"}
+    assert changed_fields(*passes[3]) == {"readyRanks", "readyPods", "ready", "message"}
     assert changed_fields(*passes[-1]) == frozenset()
 
 
@@ -266,3 +266,14 @@ def test_a_hung_rank_restarts_the_gang_with_reason_hung_on_the_infrastructure_bu
     assert (patch["restarts"], patch["programRestarts"], patch["infrastructureRestarts"]) == (2, 1, 1)
     assert "stacks in s3://b/r/hangs/attempt-0/rank-1.txt" in patch["message"]
     assert patch["failedRank"]["step"] == 40 and patch["failedRank"]["kind"] == c.KIND_INFRASTRUCTURE
+
+
+def test_ranks_and_pods_are_counted_apart_when_pods_hold_several_ranks() -> None:
+    spec = job_spec(worldSize=8, ranksPerPod=4)
+    patch = status_after(spec, {"phase": "Starting"}, summary_of(pod(0), pod(1, ready=False)))
+    assert (patch["readyRanks"], patch["totalRanks"], patch["readyPods"], patch["totalPods"]) == (4, 8, 1, 2)
+    assert patch["ready"] == "4/8" and patch["phase"] == c.PHASE_STARTING
+    running = status_after(spec, {"phase": "Starting"}, summary_of(pod(0), pod(1)))
+    assert running["phase"] == c.PHASE_RUNNING and running["ready"] == "8/8"
+    done = decide(spec, {"phase": "Running"}, summary_of(pod(0, "succeeded"), pod(1, "succeeded")), NOW)
+    assert done.action == Action.SUCCEED and "all 8 ranks exited 0" in done.message
