@@ -62,6 +62,8 @@ def test_exit_codes_are_distinct_and_classified() -> None:
         ExitCode.RENDEZVOUS_FAILED,
         ExitCode.COMMUNICATION_ERROR,
         ExitCode.STORAGE_UNAVAILABLE,
+        ExitCode.HUNG,
+        ExitCode.TERMINATED,
     }
     # Signal exits (128+N) stay distinguishable from ours.
     assert all(c > 128 + 64 for c in retryable)
