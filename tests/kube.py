@@ -189,10 +189,11 @@ class OperatorProcess:
             self.process.kill()
             self.process.wait()
 
-    def restart(self, kubeconfig: str | None = None) -> None:
-        """Stops and starts the operator, with another identity if a kubeconfig is given."""
+    def restart(self, kubeconfig: str | None = None, env: dict[str, str] | None = None) -> None:
+        """Stops and starts the operator, with another identity if a kubeconfig is given, other settings if env is."""
         self.stop()
         self.kubeconfig = kubeconfig or self.kubeconfig
+        self.env = self.env if env is None else env
         self.log_path.write_text(self.log_path.read_text() + "\n--- restart ---\n")
         self.start()
 

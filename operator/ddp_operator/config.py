@@ -12,7 +12,8 @@ from ddp_operator import constants as c
 
 # Where a pod finds its own namespace (the lease's default namespace in a cluster).
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-NAMESPACE_PATTERN_CHARS = frozenset("*?!,")
+GLOB_CHARS = frozenset("*?")
+REFUSED_CHARS = frozenset("!,[]")  # kopf's exclusions and lists, fnmatch's sets: not supported
 N = TypeVar("N", int, float)
 
 
@@ -53,12 +54,18 @@ def from_env(env: Mapping[str, str], own_namespace: str | None = None, identity:
 
 
 def namespaces(value: str) -> tuple[str, ...]:
-    """Exact names only: the operator watches each one apart and never lists the cluster's namespaces."""
+    """Namespace names, or globs (`*`, `?`): exact names are watched each apart and the cluster's namespaces are
+    never listed; with a glob, kopf lists and watches the namespaces and our pods are watched cluster-wide."""
     names = tuple(dict.fromkeys(name.strip() for name in value.split(",") if name.strip()))
-    patterns = [name for name in names if NAMESPACE_PATTERN_CHARS & set(name)]
-    if patterns:
-        raise ConfigError(f"{c.ENV_NAMESPACES}: namespaces are exact names, not patterns: {', '.join(patterns)}")
+    refused = [name for name in names if REFUSED_CHARS & set(name)]
+    if refused:
+        raise ConfigError(f"{c.ENV_NAMESPACES}: names or globs with * and ? only: {', '.join(refused)}")
     return names
+
+
+def exact(names: tuple[str, ...]) -> bool:
+    """Whether every namespace is named exactly (no glob)."""
+    return not any(GLOB_CHARS & set(name) for name in names)
 
 
 def _lease(env: Mapping[str, str], own_namespace: str | None, identity: str | None) -> LeaseConfig | None:

@@ -17,7 +17,7 @@ from prometheus_client import REGISTRY
 
 from ddp_contract import api
 from ddp_operator import metrics
-from ddp_operator.config import OperatorConfig
+from ddp_operator.config import OperatorConfig, exact
 from ddp_operator.kubeapi import KubeApi, make_api_client
 from ddp_operator.leader import LeaderElector
 from ddp_operator.nodewatch import NodeCache
@@ -60,7 +60,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.persistence.finalizer = f"{api.GROUP}/finalizer"  # never added: no change handlers
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # not a line per watch event
     config: OperatorConfig = memo.get("config") or OperatorConfig()
-    if config.namespaces:
+    if config.namespaces and exact(config.namespaces):
         settings.scanning.disabled = True  # exact names: kopf need not list the cluster's namespaces
     elector: LeaderElector | None = memo.get("elector")
     if elector is not None:

@@ -8,6 +8,7 @@ would all stream through the operator. This watch asks the API server for our po
 
 from __future__ import annotations
 
+import fnmatch
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -16,6 +17,7 @@ from typing import Any
 from kubernetes import client
 
 from ddp_contract.labels import LABEL_JOB_NAME
+from ddp_operator.config import exact
 from ddp_operator.listwatch import ListWatch
 
 JobKey = tuple[str, str]  # (namespace, job name)
@@ -60,15 +62,21 @@ def job_key(pod: dict) -> JobKey | None:
 
 
 class PodCache:
-    """Our pods, kept by job: one list+watch for the whole cluster, or one per namespace watched."""
+    """Our pods, kept by job: one list+watch per namespace watched when they are named exactly, else one for
+    the whole cluster, keeping the pods of the namespaces that match (namespaces empty: all of them)."""
 
     def __init__(self, api: client.ApiClient, on_change: OnChange, watch_timeout: int = 300,
                  namespaces: tuple[str, ...] = ()) -> None:
         self._on_change = on_change
         self._lock = threading.Lock()
         self._by_job: dict[JobKey, dict[str, dict]] = {}
+        self._patterns = () if exact(namespaces) else namespaces
         core = client.CoreV1Api(api)
-        self._watches = [PodListWatch(self, core, namespace, watch_timeout) for namespace in namespaces or (None,)]
+        scopes: tuple[str | None, ...] = namespaces if namespaces and not self._patterns else (None,)
+        self._watches = [PodListWatch(self, core, namespace, watch_timeout) for namespace in scopes]
+
+    def _wanted(self, key: JobKey) -> bool:
+        return not self._patterns or any(fnmatch.fnmatchcase(key[0], pattern) for pattern in self._patterns)
 
     def start(self) -> None:
         for watch in self._watches:
@@ -101,7 +109,7 @@ class PodCache:
         fresh: dict[JobKey, dict[str, dict]] = {}
         for pod in items:
             key = job_key(pod)
-            if key:
+            if key and self._wanted(key):
                 fresh.setdefault(key, {})[pod["metadata"]["name"]] = slim_pod(pod)
         with self._lock:
             kept = {key: pods for key, pods in self._by_job.items() if namespace is not None and key[0] != namespace}
@@ -111,7 +119,7 @@ class PodCache:
 
     def apply(self, kind: str, pod: dict[str, Any]) -> None:
         key = job_key(pod)
-        if key is None:
+        if key is None or not self._wanted(key):
             return
         name = pod["metadata"]["name"]
         with self._lock:
