@@ -23,9 +23,9 @@ from typing import Any
 
 import yaml
 from kubernetes import client
-from prometheus_client.parser import text_string_to_metric_families
 from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
+from prometheus_client.parser import text_string_to_metric_families
 
 from ddp_contract import api, labels
 from podstatus import evicted_status, pod_status
@@ -166,7 +166,7 @@ class OperatorProcess:
         return {(sample.name, frozenset(sample.labels.items())): sample.value
                 for family in text_string_to_metric_families(text) for sample in family.samples}
 
-    def metric(self, name: str, **labels: str) -> float:
+    def metric(self, name: str, /, **labels: str) -> float:
         """A sample's value in one scrape; 0 when the series does not exist (yet)."""
         return self.metrics().get((name, frozenset(labels.items())), 0.0)
 

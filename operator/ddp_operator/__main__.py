@@ -11,7 +11,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 
 import kopf
 
@@ -36,11 +35,12 @@ def main() -> None:
     endpoint = Endpoint(config.metrics_address, config.metrics_port, health)
     endpoint.start()
     log.info("metrics on http://%s:%d%s", config.metrics_address, endpoint.port, METRICS_PATH)
-    stop = threading.Event()
     elector = None
     if config.lease is not None:
+        # Lost: stop as on SIGTERM (kopf's own handler). Not kopf's stop_flag: a threading.Event there is
+        # awaited on an executor thread that nothing ends on a plain SIGTERM, so the process never exited.
         elector = LeaderElector(measured(kubeclient.api_client(os.environ.get("KUBECONFIG"))), config.lease,
-                                on_lost=stop.set)
+                                on_lost=lambda: os.kill(os.getpid(), signal.SIGTERM))
         health.add("leader-election", lambda: elector.alive or elector.lost)
         elector.start()
     scope: dict = {"namespaces": list(config.namespaces)} if config.namespaces else {"clusterwide": True}
@@ -48,7 +48,6 @@ def main() -> None:
         kopf.run(
             standalone=True,  # no kopf peering objects: the Lease decides which replica acts
             liveness_endpoint=config.liveness,
-            stop_flag=stop,
             memo=kopf.Memo(config=config, elector=elector, health=health),
             **scope,
         )

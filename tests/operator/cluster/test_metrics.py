@@ -93,10 +93,11 @@ def test_an_operator_watching_one_namespace_ignores_jobs_elsewhere(
         elsewhere.create("ignored", worldSize=2)
         here.create("served", worldSize=2)
         here.wait_phase("served", c.PHASE_RUNNING)
-        # By now the operator has listed and watched its namespace; the other job is not its.
+        # By now the operator has listed and watched its namespace; the other job is not its: it knows of one
+        # job only, and never wrote of the other. (Its pods and status are not looked at: an operator of another
+        # test session on a shared cluster, one that serves every namespace, may act on it.)
         assert scoped.metric(P + "jobs", phase=c.PHASE_RUNNING) == 1
         assert sum(v for (name, _), v in scoped.metrics().items() if name == P + "jobs") == 1
-        assert elsewhere.status("ignored") == {} and elsewhere.pods("ignored") == []
         assert other not in scoped.log_path.read_text()
     finally:
         core.delete_namespace(other, propagation_policy="Background")
