@@ -102,20 +102,23 @@ class LeaderElector:
 
     def _run(self) -> None:
         log.info("leader election: %s tries for lease %s/%s", self.lease.identity, self.lease.namespace, self.lease.name)
-        while not self._stop.is_set():
-            if self.try_once():
-                self._renewed = self._clock()
-                if not self.leading.is_set():
-                    log.info("leader election: %s leads (lease %s/%s)", self.lease.identity, self.lease.namespace,
-                             self.lease.name)
-                    metrics.LEADER.set(1)
-                    self.leading.set()
-            elif self.leading.is_set() and self._clock() - self._renewed > self.lease.renew_deadline:
-                log.error("leader election: %s could not renew lease %s/%s for %.0fs; stopping", self.lease.identity,
-                          self.lease.namespace, self.lease.name, self.lease.renew_deadline)
-                self._lose()
-                return
+        while not self._stop.is_set() and self.step():
             self._stop.wait(self.lease.retry_period)
+
+    def step(self) -> bool:
+        """One round: try, then lead, or give up leading past the renew deadline; False once lost."""
+        if self.try_once():
+            self._renewed = self._clock()
+            if not self.leading.is_set():
+                log.info("leader election: %s leads (lease %s/%s)", self.lease.identity, self.lease.namespace,
+                         self.lease.name)
+                metrics.LEADER.set(1)
+                self.leading.set()
+        elif self.leading.is_set() and self._clock() - self._renewed > self.lease.renew_deadline:
+            log.error("leader election: %s could not renew lease %s/%s for %.0fs; stopping", self.lease.identity,
+                      self.lease.namespace, self.lease.name, self.lease.renew_deadline)
+            self._lose()
+        return not self.lost
 
     def _lose(self) -> None:
         self.leading.clear()
@@ -151,7 +154,6 @@ class LeaderElector:
                 log.error("leader election: lease %s/%s is held by %s", self.lease.namespace, self.lease.name,
                           self._seen.spec and self._seen.spec.get("holderIdentity"))
                 self._lose()
-                self._stop.set()
             return False
         body = {"metadata": {"name": self.lease.name, "namespace": self.lease.namespace}, "spec": spec}
         if current is None:
