@@ -243,19 +243,24 @@ def test_install_grants_the_operator_what_it_needs_and_uninstall_removes_it(
         wait_until(lambda k=kind, n=name: live(kube_api, k, n, namespace) is None, 30, f"{kind} {name} to be deleted")
 
 
+def kubeconfig_of(kube_api, account: str, namespace: str, admin: str, tmp_path: Path) -> Path:
+    """A kubeconfig that acts as the ServiceAccount (a token for an hour)."""
+    token = client.CoreV1Api(kube_api).create_namespaced_service_account_token(
+        account, namespace, {"spec": {"expirationSeconds": 3600}}).status.token
+    config = yaml.safe_load(Path(admin).read_text())
+    config["users"] = [{"name": "operator", "user": {"token": token}}]
+    config["contexts"][0]["context"]["user"] = "operator"
+    path = tmp_path / f"{account}.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 def test_operator_runs_under_the_charts_rbac(helm, kube_api, namespace, operator, jobs, tmp_path) -> None:
     release = f"ddp-{uuid.uuid4().hex[:6]}"
     helm("install", release, str(CHART), "-n", namespace, "--skip-crds")
     try:
         account = installed(helm, release, namespace)["ServiceAccount"]["metadata"]["name"]
-        core = client.CoreV1Api(kube_api)
-        token = core.create_namespaced_service_account_token(
-            account, namespace, {"spec": {"expirationSeconds": 3600}}).status.token
-        config = yaml.safe_load(Path(operator.kubeconfig).read_text())
-        config["users"] = [{"name": "operator", "user": {"token": token}}]
-        config["contexts"][0]["context"]["user"] = "operator"
-        as_operator = tmp_path / "operator.kubeconfig"
-        as_operator.write_text(yaml.safe_dump(config))
+        as_operator = kubeconfig_of(kube_api, account, namespace, operator.kubeconfig, tmp_path)
 
         admin, settings = operator.kubeconfig, operator.env
         operator.restart(kubeconfig=str(as_operator), env={})  # cluster-wide, as the chart installs it
@@ -343,3 +348,41 @@ def test_metrics_service_and_service_monitor_are_off_by_default_and_render_when_
 def test_schema_refuses_bad_new_values(helm, setting: str, named: str) -> None:
     refused = helm("template", "rel", str(CHART), "--set", setting, check=False)
     assert refused.returncode != 0 and named in refused.stderr, refused.stderr
+
+
+def test_a_release_for_one_namespace_runs_the_operator_there_only_with_its_lease(
+        helm, kubectl, kube_api, namespace, operator, jobs, tmp_path) -> None:
+    release = f"ddp-{uuid.uuid4().hex[:6]}"
+    helm("install", release, str(CHART), "-n", namespace, "--skip-crds", "--set", f"watchNamespaces={{{namespace}}}")
+    try:
+        objects = installed(helm, release, namespace)
+        account_name = objects["ServiceAccount"]["metadata"]["name"]
+        account = f"system:serviceaccount:{namespace}:{account_name}"
+        job, here, elsewhere = f"{api.PLURAL}.{api.GROUP}", ["-n", namespace], ["-n", "any-namespace"]
+        for verb_and_resource in (["create", "pods"], ["watch", "pods"], ["watch", job], ["create", "roles"]):
+            assert can_i(kubectl, account, *verb_and_resource, *here), verb_and_resource
+            assert not can_i(kubectl, account, *verb_and_resource, *elsewhere), verb_and_resource
+        assert can_i(kubectl, account, "watch", "nodes") and not can_i(kubectl, account, "list", "pods", "-A")
+        assert not can_i(kubectl, account, "list", "namespaces")
+        assert can_i(kubectl, account, "update", "leases.coordination.k8s.io", *here)
+
+        deployment = objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+        settings = {e["name"]: e["value"] for e in deployment["env"] if "value" in e}
+        admin, session = operator.kubeconfig, operator.env
+        operator.restart(kubeconfig=str(kubeconfig_of(kube_api, account_name, namespace, admin, tmp_path)),
+                         env={**{k: v for k, v in settings.items() if k != c.ENV_METRICS_ADDRESS},
+                              c.ENV_IDENTITY: "test"})
+        try:
+            jobs.create("scoped", worldSize=2, backoffLimit=1)
+            jobs.wait_phase("scoped", c.PHASE_RUNNING)
+            jobs.finish("scoped-0", 137)
+            jobs.wait_pods("scoped", 2, attempt=1)
+            assert jobs.wait_phase("scoped", c.PHASE_RUNNING)["restarts"] == 1
+            lease = client.CoordinationV1Api(kube_api).read_namespaced_lease(settings[c.ENV_LEASE_NAME], namespace)
+            assert lease.spec.holder_identity == "test"
+            log = operator.log_path.read_text().split("--- restart ---")[-1]
+            assert "Forbidden" not in log and "Not enough permissions" not in log, log[-3000:]
+        finally:
+            operator.restart(kubeconfig=admin, env=session)
+    finally:
+        helm("uninstall", release, "-n", namespace, check=False)
