@@ -243,6 +243,15 @@ def test_install_grants_the_operator_what_it_needs_and_uninstall_removes_it(
         wait_until(lambda k=kind, n=name: live(kube_api, k, n, namespace) is None, 30, f"{kind} {name} to be deleted")
 
 
+def run_and_restart(jobs, name: str) -> None:
+    """A job of two ranks runs, a rank fails, and the gang runs again."""
+    jobs.create(name, worldSize=2, backoffLimit=1)
+    jobs.wait_phase(name, c.PHASE_RUNNING)
+    jobs.finish(f"{name}-1", 137)
+    jobs.wait_pods(name, 2, attempt=1)
+    assert jobs.wait_phase(name, c.PHASE_RUNNING)["restarts"] == 1
+
+
 def kubeconfig_of(kube_api, account: str, namespace: str, admin: str, tmp_path: Path) -> Path:
     """A kubeconfig that acts as the ServiceAccount (a token for an hour)."""
     token = client.CoreV1Api(kube_api).create_namespaced_service_account_token(
@@ -266,11 +275,7 @@ def test_operator_runs_under_the_charts_rbac(helm, kube_api, namespace, operator
         operator.restart(kubeconfig=str(as_operator), env={})  # cluster-wide, as the chart installs it
         try:
             # A job's whole life under the chart's RBAC: pods, service, progress identity, restart, events.
-            jobs.create("least", worldSize=2, backoffLimit=1)
-            jobs.wait_phase("least", c.PHASE_RUNNING)
-            jobs.finish("least-1", 137)
-            jobs.wait_pods("least", 2, attempt=1)
-            assert jobs.wait_phase("least", c.PHASE_RUNNING)["restarts"] == 1
+            run_and_restart(jobs, "least")
             assert {e.reason for e in jobs.events("least")} >= {c.REASON_ALL_READY, c.REASON_RANK_FAILED}
             # The progress Role it could only grant because the ClusterRole holds the same verbs.
             role = client.RbacAuthorizationV1Api(kube_api).read_namespaced_role("least-progress", namespace)
@@ -373,11 +378,7 @@ def test_a_release_for_one_namespace_runs_the_operator_there_only_with_its_lease
                          env={**{k: v for k, v in settings.items() if k != c.ENV_METRICS_ADDRESS},
                               c.ENV_IDENTITY: "test"})
         try:
-            jobs.create("scoped", worldSize=2, backoffLimit=1)
-            jobs.wait_phase("scoped", c.PHASE_RUNNING)
-            jobs.finish("scoped-0", 137)
-            jobs.wait_pods("scoped", 2, attempt=1)
-            assert jobs.wait_phase("scoped", c.PHASE_RUNNING)["restarts"] == 1
+            run_and_restart(jobs, "scoped")
             lease = client.CoordinationV1Api(kube_api).read_namespaced_lease(settings[c.ENV_LEASE_NAME], namespace)
             assert lease.spec.holder_identity == "test"
             log = operator.log_path.read_text().split("--- restart ---")[-1]
