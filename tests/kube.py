@@ -282,6 +282,20 @@ class Jobs:
         return [e for e in self.core.list_namespaced_event(self.namespace).items if e.involved_object.name == name]
 
 
+def another_operator_acts(kube_api: Any, namespace: str, within: float = 5.0) -> bool:
+    """Whether an operator this test did not start serves `namespace` (one of another test session on a
+    shared cluster, from a checkout whose operator serves every namespace): a job there gets a status."""
+    jobs = Jobs(kube_api, namespace)
+    jobs.create("canary", worldSize=1)
+    try:
+        wait_until(lambda: jobs.status("canary"), within, "a status written by another operator")
+    except AssertionError:
+        return False
+    finally:
+        jobs.delete("canary")
+    return True
+
+
 def env_of(pod: client.V1Pod) -> dict[str, str]:
     """The trainer container's plain env values, by name."""
     trainer = next(x for x in pod.spec.containers if x.name == labels.CONTAINER_NAME)
