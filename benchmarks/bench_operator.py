@@ -711,7 +711,7 @@ def main() -> int:
             print(f"added fake nodes for capacity: {', '.join(bench_nodes)}", flush=True)
 
         log = Path(os.environ.get("TMPDIR", "/tmp")) / "ddp-bench-operator.log"
-        env = {**os.environ, "KUBECONFIG": kubeconfig,
+        env = {**os.environ, "KUBECONFIG": kubeconfig, "DDP_OPERATOR_METRICS_PORT": "0",  # any free port
                "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("contract", "operator"))}
         operator = subprocess.Popen([sys.executable, "-m", "ddp_operator"], env=env, stdout=log.open("w"),
                                     stderr=subprocess.STDOUT)

@@ -102,7 +102,8 @@ def s3_client(endpoint: str):
 
 
 def operator_and_runner(log_dir: Path) -> list[Background]:
-    env = {"KUBECONFIG": kubeconfig(), "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("contract", "operator"))}
+    env = {"KUBECONFIG": kubeconfig(), "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("contract", "operator")),
+           "DDP_OPERATOR_METRICS_PORT": "0"}  # any free port: another operator may hold the default
     return [
         Background("operator", [sys.executable, "-m", "ddp_operator"], log_dir, env),
         Background("podrunner", [sys.executable, str(REPO / "localcluster" / "podrunner.py"),

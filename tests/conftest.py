@@ -9,8 +9,13 @@ from collections.abc import Iterator
 
 import pytest
 
+from ddp_operator import constants as c
 from kube import Cluster, Jobs, OperatorProcess, cluster_script, install_crd, open_cluster, wait_until
 from testnodes import NodeMaker
+
+# Every namespace this test session creates starts with this, and its operator serves only those: test
+# sessions sharing one cluster (several clones, CI) never act on each other's jobs.
+SESSION_PREFIX = f"t-{uuid.uuid4().hex[:4]}-"
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +57,7 @@ def namespace(kube_api, request) -> Iterator[str]:
 
     core = client.CoreV1Api(kube_api)
     base = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
-    name = f"t-{base}-{uuid.uuid4().hex[:6]}"
+    name = f"{SESSION_PREFIX}{base}-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": name, "labels": {"ddp-operator-test": "true"}}})
     # Pods are refused until the controller-manager has made the namespace's default ServiceAccount.
     wait_until(lambda: core.list_namespaced_service_account(name).items, 30, f"default ServiceAccount in {name}")
@@ -67,7 +72,8 @@ def crd(kube_api) -> None:
 
 @pytest.fixture(scope="session")
 def operator(cluster: Cluster, crd: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    handle = OperatorProcess(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log")
+    handle = OperatorProcess(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log",
+                             env={c.ENV_NAMESPACES: f"{SESSION_PREFIX}*"})
     handle.start()
     yield handle
     handle.stop()

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
+from prometheus_client.parser import text_string_to_metric_families
 
 from ddp_contract import api, labels
 from podstatus import evicted_status, pod_status
@@ -125,26 +128,53 @@ def _served(custom: Any) -> bool:
 
 
 class OperatorProcess:
-    """`python -m ddp_operator`, started and stopped by the tests."""
+    """`python -m ddp_operator`, started and stopped by the tests; its /metrics on a free loopback port."""
 
-    def __init__(self, kubeconfig: str, log_path: Path) -> None:
+    STARTED = "ddp-operator started"
+    STANDBY = "ddp-operator standby"
+
+    def __init__(self, kubeconfig: str, log_path: Path, env: dict[str, str] | None = None) -> None:
+        """env: the operator's own settings (DDP_OPERATOR_*), on top of the test process's environment."""
         self.kubeconfig = kubeconfig
         self.log_path = log_path
+        self.env = env or {}
         self.process: subprocess.Popen | None = None
+        self.metrics_port: int | None = None
 
-    def start(self) -> None:
+    def start(self, until: str = STARTED) -> None:
+        """Starts it and waits for the log line `until` (STANDBY: for a replica that does not lead)."""
         pythonpath = os.pathsep.join(str(REPO / p) for p in OPERATOR_PATH)
-        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "PYTHONPATH": pythonpath}
+        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "PYTHONPATH": pythonpath,
+               "DDP_OPERATOR_METRICS_ADDRESS": "127.0.0.1", "DDP_OPERATOR_METRICS_PORT": "0", **self.env}
         log = self.log_path.open("a")
-        starts = self._starts()
+        starts = self._count(until)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "ddp_operator"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO
         )
-        wait_until(lambda: self._starts() > starts or self._died(), 60, "the operator to start")
+        wait_until(lambda: self._count(until) > starts or self._died(), 60, f"the operator to log {until!r}")
         assert self.process.poll() is None, f"the operator exited:\n{self.log_path.read_text()[-3000:]}"
+        ports = re.findall(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", self.log_path.read_text())
+        self.metrics_port = int(ports[-1])
 
-    def _starts(self) -> int:
-        return self.log_path.read_text().count("ddp-operator started") if self.log_path.exists() else 0
+    def _count(self, line: str) -> int:
+        return self.log_path.read_text().count(line) if self.log_path.exists() else 0
+
+    def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        """One scrape of /metrics: each sample's value by (name, labels)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        return {(sample.name, frozenset(sample.labels.items())): sample.value
+                for family in text_string_to_metric_families(text) for sample in family.samples}
+
+    def metric(self, name: str, /, **labels: str) -> float:
+        """A sample's value in one scrape; 0 when the series does not exist (yet)."""
+        return self.metrics().get((name, frozenset(labels.items())), 0.0)
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no lease released."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
 
     def _died(self) -> bool:
         return self.process is not None and self.process.poll() is not None
@@ -159,10 +189,11 @@ class OperatorProcess:
             self.process.kill()
             self.process.wait()
 
-    def restart(self, kubeconfig: str | None = None) -> None:
-        """Stops and starts the operator, with another identity if a kubeconfig is given."""
+    def restart(self, kubeconfig: str | None = None, env: dict[str, str] | None = None) -> None:
+        """Stops and starts the operator, with another identity if a kubeconfig is given, other settings if env is."""
         self.stop()
         self.kubeconfig = kubeconfig or self.kubeconfig
+        self.env = self.env if env is None else env
         self.log_path.write_text(self.log_path.read_text() + "\n--- restart ---\n")
         self.start()
 
@@ -249,6 +280,20 @@ class Jobs:
 
     def events(self, name: str) -> list[client.CoreV1Event]:
         return [e for e in self.core.list_namespaced_event(self.namespace).items if e.involved_object.name == name]
+
+
+def another_operator_acts(kube_api: Any, namespace: str, within: float = 5.0) -> bool:
+    """Whether an operator this test did not start serves `namespace` (one of another test session on a
+    shared cluster, from a checkout whose operator serves every namespace): a job there gets a status."""
+    jobs = Jobs(kube_api, namespace)
+    jobs.create("canary", worldSize=1)
+    try:
+        wait_until(lambda: jobs.status("canary"), within, "a status written by another operator")
+    except AssertionError:
+        return False
+    finally:
+        jobs.delete("canary")
+    return True
 
 
 def env_of(pod: client.V1Pod) -> dict[str, str]:

@@ -1,24 +1,60 @@
-"""`python -m ddp_operator`: run the operator for every namespace of the cluster."""
+"""`python -m ddp_operator`: run the operator for every namespace of the cluster, or for those listed.
+
+Settings are environment variables (constants.py, ENV_*; README.md lists them). With a lease name
+set, the process waits as a standby until it holds the lease, and exits (status 1) if it loses it.
+"""
 
 from __future__ import annotations
 
 import faulthandler
+import logging
 import os
 import signal
+import sys
 
 import kopf
 
+from ddp_contract import kubeclient
 from ddp_operator import handlers  # noqa: F401  (registers the handlers)
+from ddp_operator.config import ConfigError, from_env, own_namespace
+from ddp_operator.endpoints import METRICS_PATH, Endpoint, Health
+from ddp_operator.kubeapi import measured
+from ddp_operator.leader import LeaderElector
+
+log = logging.getLogger("ddp_operator")
 
 
 def main() -> None:
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints every thread's stack
-    kopf.configure(verbose=bool(os.environ.get("DDP_OPERATOR_VERBOSE")))
-    kopf.run(
-        clusterwide=True,
-        standalone=True,  # one replica (the chart uses the Recreate strategy), no peering objects
-        liveness_endpoint=os.environ.get("DDP_OPERATOR_LIVENESS"),
-    )
+    try:
+        config = from_env(os.environ, own_namespace())
+    except ConfigError as error:
+        sys.exit(f"ddp-operator: {error}")
+    kopf.configure(verbose=config.verbose)
+    health = Health()
+    endpoint = Endpoint(config.metrics_address, config.metrics_port, health)
+    endpoint.start()
+    log.info("metrics on http://%s:%d%s", config.metrics_address, endpoint.port, METRICS_PATH)
+    elector = None
+    if config.lease is not None:
+        # Lost: stop as on SIGTERM (kopf's own handler). Not kopf's stop_flag: a threading.Event there is
+        # awaited on an executor thread that nothing ends on a plain SIGTERM, so the process never exited.
+        elector = LeaderElector(measured(kubeclient.api_client(os.environ.get("KUBECONFIG"))), config.lease,
+                                on_lost=lambda: os.kill(os.getpid(), signal.SIGTERM))
+        health.add("leader-election", lambda: elector.alive or elector.lost)
+        elector.start()
+    scope: dict = {"namespaces": list(config.namespaces)} if config.namespaces else {"clusterwide": True}
+    try:
+        kopf.run(
+            standalone=True,  # no kopf peering objects: the Lease decides which replica acts
+            liveness_endpoint=config.liveness,
+            memo=kopf.Memo(config=config, elector=elector, health=health),
+            **scope,
+        )
+    finally:
+        endpoint.stop()
+    if elector is not None and elector.lost:
+        sys.exit(1)  # restarted by its pod, as a standby
 
 
 if __name__ == "__main__":

@@ -149,3 +149,23 @@ WAITING_REASONS: Final = {
 }
 # Waiting that is just the way to Running.
 WAITING_NORMALLY: Final = frozenset({"ContainerCreating", "PodInitializing"})
+
+# --- the operator process's settings: environment variables (config.py reads them) -------------------------------
+ENV_VERBOSE: Final = "DDP_OPERATOR_VERBOSE"  # any value: log every decision at debug level
+ENV_LIVENESS: Final = "DDP_OPERATOR_LIVENESS"  # kopf's own liveness endpoint, e.g. http://0.0.0.0:8081/healthz
+ENV_METRICS_ADDRESS: Final = "DDP_OPERATOR_METRICS_ADDRESS"  # where /metrics and /healthz listen
+ENV_METRICS_PORT: Final = "DDP_OPERATOR_METRICS_PORT"  # 0: any free port (the log says which)
+ENV_NAMESPACES: Final = "DDP_OPERATOR_NAMESPACES"  # comma-separated; empty: the whole cluster
+ENV_LEASE_NAME: Final = "DDP_OPERATOR_LEASE_NAME"  # a coordination.k8s.io Lease; empty: no leader election
+ENV_LEASE_NAMESPACE: Final = "DDP_OPERATOR_LEASE_NAMESPACE"
+ENV_LEASE_DURATION: Final = "DDP_OPERATOR_LEASE_DURATION"  # seconds a standby waits after the last renewal it saw
+ENV_LEASE_RENEW_DEADLINE: Final = "DDP_OPERATOR_LEASE_RENEW_DEADLINE"  # a leader unable to renew this long stops
+ENV_LEASE_RETRY_PERIOD: Final = "DDP_OPERATOR_LEASE_RETRY_PERIOD"  # seconds between tries (renewals, takeovers)
+ENV_IDENTITY: Final = "DDP_OPERATOR_IDENTITY"  # the lease holder's name (the chart: the pod's); else host-pid
+
+DEFAULT_METRICS_ADDRESS: Final = "127.0.0.1"
+DEFAULT_METRICS_PORT: Final = 8080
+# client-go's defaults for controllers' leader election.
+DEFAULT_LEASE_DURATION: Final = 15.0
+DEFAULT_LEASE_RENEW_DEADLINE: Final = 10.0
+DEFAULT_LEASE_RETRY_PERIOD: Final = 2.0

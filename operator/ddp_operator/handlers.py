@@ -13,9 +13,13 @@ import os
 from typing import Any
 
 import kopf
+from prometheus_client import REGISTRY
 
 from ddp_contract import api
+from ddp_operator import metrics
+from ddp_operator.config import OperatorConfig, exact
 from ddp_operator.kubeapi import KubeApi, make_api_client
+from ddp_operator.leader import LeaderElector
 from ddp_operator.nodewatch import NodeCache
 from ddp_operator.podwatch import PodCache
 from ddp_operator.reconciler import JobStore, Reconciler
@@ -26,13 +30,15 @@ log = logging.getLogger(__name__)
 class Runtime:
     """What the operator holds while it runs; one per process."""
 
-    def __init__(self) -> None:
+    def __init__(self, namespaces: tuple[str, ...] = ()) -> None:
+        """namespaces: the ones watched (empty: all); the nodes are watched cluster-wide either way."""
         self.jobs = JobStore()
         self.kube = KubeApi(make_api_client(os.environ.get("KUBECONFIG")))
         self.loop = asyncio.get_running_loop()
-        self.pods = PodCache(self.kube.api, self._pods_changed)
+        self.pods = PodCache(self.kube.api, self._pods_changed, namespaces=namespaces)
         self.nodes = NodeCache(self.kube.api, self._nodes_changed)
         self.reconciler = Reconciler(self.kube, self.jobs, self.pods, self.nodes.snapshot)
+        self.collector = metrics.JobCollector(self.jobs.all)
 
     def _pods_changed(self, key: tuple[str, str]) -> None:
         # Called on the pod-watch thread, which may outlive the loop by a moment at shutdown.
@@ -53,15 +59,38 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.posting.enabled = False  # our Events are posted by events.py, with our reasons
     settings.persistence.finalizer = f"{api.GROUP}/finalizer"  # never added: no change handlers
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # not a line per watch event
-    runtime = memo.runtime = Runtime()
+    config: OperatorConfig = memo.get("config") or OperatorConfig()
+    if config.namespaces and exact(config.namespaces):
+        settings.scanning.disabled = True  # exact names: kopf need not list the cluster's namespaces
+    elector: LeaderElector | None = memo.get("elector")
+    if elector is not None:
+        await _until_leading(elector)
+    metrics.LEADER.set(1)
+    runtime = memo.runtime = Runtime(config.namespaces)
     runtime.pods.start()
     runtime.nodes.start()
     loop = asyncio.get_running_loop()
     # Until the nodes are listed nothing is judged by them (lost nodes, a gang's fit); pods come first.
-    await asyncio.gather(loop.run_in_executor(None, runtime.pods.synced.wait, 60),
+    await asyncio.gather(loop.run_in_executor(None, runtime.pods.wait_synced, 60),
                          loop.run_in_executor(None, runtime.nodes.synced.wait, 10))
     runtime.reconciler.start()
-    log.info("ddp-operator started")
+    REGISTRY.register(runtime.collector)
+    if "health" in memo:
+        memo.health.add("event-loop", lambda: _loop_answers(loop))
+    scope = ", ".join(config.namespaces) if config.namespaces else "every namespace"
+    log.info("ddp-operator started (%s)", scope)
+
+
+async def _until_leading(elector: LeaderElector) -> None:
+    """The standby's wait: kopf watches nothing until the startup handlers are done."""
+    log.info("ddp-operator standby: waiting for lease %s/%s", elector.lease.namespace, elector.lease.name)
+    while not await asyncio.to_thread(elector.leading.wait, 1.0):  # not one long wait: SIGTERM cancels between
+        pass
+
+
+def _loop_answers(loop: asyncio.AbstractEventLoop, timeout: float = 5.0) -> bool:
+    """Whether the event loop runs a callback within timeout seconds (called from the HTTP thread)."""
+    return bool(asyncio.run_coroutine_threadsafe(asyncio.sleep(0, result=True), loop).result(timeout))
 
 
 @kopf.on.cleanup()
@@ -71,7 +100,11 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         runtime.pods.stop()
         runtime.nodes.stop()
         await runtime.reconciler.stop()
+        REGISTRY.unregister(runtime.collector)
         runtime.kube.close()
+    elector: LeaderElector | None = memo.get("elector")
+    if elector is not None:  # after the reconciler stopped: a standby taking over finds nothing in flight
+        await asyncio.to_thread(elector.stop)
 
 
 # async: kopf runs a plain function on a thread of its executor, and the work queue is not thread-safe.

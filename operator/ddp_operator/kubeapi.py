@@ -12,11 +12,13 @@ import json
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from ddp_contract import api, kubeclient
+from ddp_operator import metrics
 
 T = TypeVar("T")
 CONCURRENCY = 32  # calls in flight for children (pods, services, ...)
@@ -24,8 +26,30 @@ STATUS_CONCURRENCY = 32  # and, apart, for status patches and Events
 
 
 def make_api_client(kubeconfig: str | None = None) -> client.ApiClient:
-    """The operator's client: in the cluster its service account, else the kubeconfig; a connection per call in flight."""
-    return kubeclient.api_client(kubeconfig, pool_size=CONCURRENCY + STATUS_CONCURRENCY)
+    """The operator's client: in the cluster its service account, else the kubeconfig; a connection per call in
+    flight; every request counted (metrics.API_REQUESTS), the watches' and the lease's included."""
+    return measured(kubeclient.api_client(kubeconfig, pool_size=CONCURRENCY + STATUS_CONCURRENCY))
+
+
+def measured(api_client: client.ApiClient) -> client.ApiClient:
+    """Counts each request the client sends, by verb, resource and status code, where all of them pass."""
+    request = api_client.request
+
+    def counted(method: str, url: str, query_params: Any = None, *args: Any, **kwargs: Any) -> Any:
+        path = urlsplit(url).path
+        try:
+            response = request(method, url, query_params, *args, **kwargs)
+        except ApiException as error:
+            metrics.api_request(method, path, query_params, error.status or 0)
+            raise
+        except Exception:
+            metrics.api_request(method, path, query_params, 0)
+            raise
+        metrics.api_request(method, path, query_params, response.status)
+        return response
+
+    api_client.request = counted
+    return api_client
 
 
 def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
@@ -85,6 +109,8 @@ class KubeApi:
         except ApiException as error:
             if error.status not in (404, 409):
                 raise
+            return
+        metrics.PODS_DELETED.labels(str(force).lower()).inc()
 
     async def ensure(self, obj: dict[str, Any]) -> Mapping[str, Any] | None:
         """Creates a namespaced Pod, Service, ServiceAccount, Role or RoleBinding unless its name is
@@ -99,6 +125,8 @@ class KubeApi:
         namespace = obj["metadata"]["namespace"]
         try:
             await self.send(create, namespace, obj)
+            if obj["kind"] == "Pod":
+                metrics.PODS_CREATED.inc()
             return None
         except ApiException as error:
             if error.status != 409:

@@ -1,4 +1,5 @@
-"""The operator's view of its own pods: a label-selected list+watch kept in memory.
+"""The operator's view of its own pods: a label-selected list+watch kept in memory (one per namespace
+when the operator watches a list of namespaces).
 
 kopf watches every object of a kind and filters labels on the client, so a busy cluster's pods
 would all stream through the operator. This watch asks the API server for our pods only
@@ -7,13 +8,16 @@ would all stream through the operator. This watch asks the API server for our po
 
 from __future__ import annotations
 
+import fnmatch
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from kubernetes import client
 
 from ddp_contract.labels import LABEL_JOB_NAME
+from ddp_operator.config import exact
 from ddp_operator.listwatch import ListWatch
 
 JobKey = tuple[str, str]  # (namespace, job name)
@@ -57,13 +61,39 @@ def job_key(pod: dict) -> JobKey | None:
     return (meta.get("namespace"), job) if job else None
 
 
-class PodCache(ListWatch):
-    def __init__(self, api: client.ApiClient, on_change: OnChange, watch_timeout: int = 300) -> None:
-        super().__init__("pod", watch_timeout)
-        self._core = client.CoreV1Api(api)
+class PodCache:
+    """Our pods, kept by job: one list+watch per namespace watched when they are named exactly, else one for
+    the whole cluster, keeping the pods of the namespaces that match (namespaces empty: all of them)."""
+
+    def __init__(self, api: client.ApiClient, on_change: OnChange, watch_timeout: int = 300,
+                 namespaces: tuple[str, ...] = ()) -> None:
         self._on_change = on_change
         self._lock = threading.Lock()
         self._by_job: dict[JobKey, dict[str, dict]] = {}
+        self._patterns = () if exact(namespaces) else namespaces
+        core = client.CoreV1Api(api)
+        scopes: tuple[str | None, ...] = namespaces if namespaces and not self._patterns else (None,)
+        self._watches = [PodListWatch(self, core, namespace, watch_timeout) for namespace in scopes]
+
+    def _wanted(self, key: JobKey) -> bool:
+        return not self._patterns or any(fnmatch.fnmatchcase(key[0], pattern) for pattern in self._patterns)
+
+    def start(self) -> None:
+        for watch in self._watches:
+            watch.start()
+
+    def stop(self) -> None:
+        for watch in self._watches:
+            watch.stop()
+
+    @property
+    def stopping(self) -> bool:
+        return any(watch.stopping for watch in self._watches)
+
+    def wait_synced(self, timeout: float) -> bool:
+        """Whether every watch has listed its pods once, waiting up to timeout seconds in all."""
+        deadline = time.monotonic() + timeout
+        return all(watch.synced.wait(max(0.0, deadline - time.monotonic())) for watch in self._watches)
 
     def pods(self, key: JobKey) -> list[dict]:
         with self._lock:
@@ -74,23 +104,22 @@ class PodCache(ListWatch):
         with self._lock:
             return {key for key, pods in self._by_job.items() if any(wanted(pod) for pod in pods.values())}
 
-    def _call(self, **kwargs: Any) -> Any:
-        return self._core.list_pod_for_all_namespaces(label_selector=LABEL_JOB_NAME, **kwargs)
-
-    def _replace(self, items: list[dict[str, Any]]) -> None:
+    def replace(self, namespace: str | None, items: list[dict[str, Any]]) -> None:
+        """Keeps a fresh list of the namespace's pods (None: every namespace's)."""
         fresh: dict[JobKey, dict[str, dict]] = {}
         for pod in items:
             key = job_key(pod)
-            if key:
+            if key and self._wanted(key):
                 fresh.setdefault(key, {})[pod["metadata"]["name"]] = slim_pod(pod)
         with self._lock:
-            changed = set(self._by_job) | set(fresh)
-            self._by_job = fresh
+            kept = {key: pods for key, pods in self._by_job.items() if namespace is not None and key[0] != namespace}
+            changed = (set(self._by_job) - set(kept)) | set(fresh)
+            self._by_job = {**kept, **fresh}
         self._notify(changed)
 
-    def _apply(self, kind: str, pod: dict[str, Any]) -> None:
+    def apply(self, kind: str, pod: dict[str, Any]) -> None:
         key = job_key(pod)
-        if key is None:
+        if key is None or not self._wanted(key):
             return
         name = pod["metadata"]["name"]
         with self._lock:
@@ -108,3 +137,24 @@ class PodCache(ListWatch):
             if self.stopping:  # the operator is stopping: its event loop may be closed
                 return
             self._on_change(key)
+
+
+class PodListWatch(ListWatch):
+    """Our pods (by the job-name label) in one namespace, or in all of them (namespace None)."""
+
+    def __init__(self, cache: PodCache, core: client.CoreV1Api, namespace: str | None, watch_timeout: int) -> None:
+        super().__init__(f"pod ({namespace})" if namespace else "pod", watch_timeout)
+        self._cache = cache
+        self._core = core
+        self._namespace = namespace
+
+    def _call(self, **kwargs: Any) -> Any:
+        if self._namespace is None:
+            return self._core.list_pod_for_all_namespaces(label_selector=LABEL_JOB_NAME, **kwargs)
+        return self._core.list_namespaced_pod(self._namespace, label_selector=LABEL_JOB_NAME, **kwargs)
+
+    def _replace(self, items: list[dict[str, Any]]) -> None:
+        self._cache.replace(self._namespace, items)
+
+    def _apply(self, kind: str, obj: dict[str, Any]) -> None:
+        self._cache.apply(kind, obj)

@@ -33,6 +33,7 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from ddp_operator import constants as c
+from ddp_operator import metrics
 from ddp_operator.capacity import gang_too_large
 from ddp_operator.deadlines import requeue_after, ttl_expired
 from ddp_operator.decision import Action, decide
@@ -61,6 +62,9 @@ COUNTS_INTERVAL = 1.0
 DELETE_REISSUE_AFTER = 30.0
 # Seconds between looks at objects holding a job's names, which no watch of ours reports.
 IN_THE_WAY_RECHECK = 5.0
+# The work queues' names in the metrics.
+STATUS_QUEUE = "status"
+CREATION_QUEUE = "creation"
 
 
 def resource_version(job: Mapping[str, Any]) -> int:
@@ -97,6 +101,10 @@ class JobStore:
     def __len__(self) -> int:
         return len(self._jobs)
 
+    def all(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._jobs.values())
+
 
 class Reconciler:
     """Two keyed queues drive it: `queue` runs status passes, `creations` runs creation passes."""
@@ -111,8 +119,8 @@ class Reconciler:
         self._deleting: dict[tuple[str, bool], float] = {}  # (uid, forced) -> monotonic time its delete was issued
         self._in_the_way: dict[JobKey, InTheWay] = {}  # what the last creation pass found holding our names
         self._fit: dict[JobKey, tuple[Mapping[str, NodeInfo], Any, str | None]] = {}  # nodes, generation, verdict
-        self.queue = WorkQueue(self.reconcile, workers=workers)
-        self.creations = WorkQueue(self.create_children, workers=workers)
+        self.queue = WorkQueue(self.reconcile, workers=workers, name=STATUS_QUEUE)
+        self.creations = WorkQueue(self.create_children, workers=workers, name=CREATION_QUEUE)
 
     def start(self) -> None:
         self.queue.start()
@@ -314,6 +322,7 @@ class Reconciler:
         self._patched_at[(meta["namespace"], meta["name"])] = time.monotonic()
         updated = await self.kube.patch_job_status(meta["namespace"], meta["name"], patch)
         self.jobs.put(updated)
+        metrics.status_recorded(job, status, patch, datetime.now(UTC))
         for kind, reason, message in events_for(status, patch):
             log.info("%s/%s: %s -> %s (%s) %s", meta["namespace"], meta["name"], status.get("phase"),
                      patch.get("phase"), reason, message)

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
+
+from ddp_operator import metrics
 
 log = logging.getLogger(__name__)
 
@@ -19,8 +22,10 @@ K = TypeVar("K", bound=Hashable)
 
 class WorkQueue(Generic[K]):
     def __init__(self, reconcile: Callable[[K], Awaitable[float | None]], workers: int = 16, error_backoff: float = 0.5,
-                 max_backoff: float = 60.0) -> None:
+                 max_backoff: float = 60.0, name: str = "default") -> None:
+        """name: the queue's label in the metrics (depth, pass latency, errors)."""
         self._reconcile = reconcile
+        self.name = name
         self._queue: asyncio.Queue[K] = asyncio.Queue()
         self._queued: set[K] = set()
         self._running: set[K] = set()
@@ -31,6 +36,7 @@ class WorkQueue(Generic[K]):
         self._max_backoff = max_backoff
         self._failures: dict[K, int] = {}
         self._tasks: list[asyncio.Task] = []
+        metrics.QUEUE_DEPTH.labels(name).set_function(lambda: len(self._queued))
 
     def add(self, key: K) -> None:
         """Schedules a reconcile of key now (coalesced with any pending one)."""
@@ -85,16 +91,19 @@ class WorkQueue(Generic[K]):
             key = await self._queue.get()
             self._queued.discard(key)
             self._running.add(key)
+            started = time.monotonic()
             try:
                 requeue_after = await self._reconcile(key)
                 self._failures.pop(key, None)
             except asyncio.CancelledError:
                 raise
             except Exception:
+                metrics.RECONCILE_ERRORS.labels(self.name).inc()
                 requeue_after = self.backoff(key)
                 log.exception("reconcile of %s failed; retrying in %.1fs", key, requeue_after)
             finally:
                 self._running.discard(key)
+                metrics.RECONCILE_SECONDS.labels(self.name).observe(time.monotonic() - started)
             if key in self._dirty:
                 self._dirty.discard(key)
                 self.add(key)

@@ -20,7 +20,7 @@ from kube import REPO, Cluster, cluster_script, wait_until
 CHART = REPO / "charts"
 SYNC = Path("scripts") / "sync-crds.sh"
 CHART_CRD = Path("charts") / "crds" / "ddpjob.yaml"
-KINDS = ["ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"]
+KINDS = ["ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding", "ServiceAccount"]
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +35,18 @@ def helm(cluster: Cluster):
 
 
 def render(helm, *args: str, namespace: str = "ops") -> dict[str, dict[str, Any]]:
-    """The chart's objects by kind."""
+    """The chart's objects by kind (the last of each kind)."""
+    return {doc["kind"]: doc for doc in render_all(helm, *args, namespace=namespace)}
+
+
+def render_all(helm, *args: str, namespace: str = "ops") -> list[dict[str, Any]]:
     docs = yaml.safe_load_all(helm("template", "rel", str(CHART), "-n", namespace, *args).stdout)
-    return {doc["kind"]: doc for doc in docs if doc}
+    return [doc for doc in docs if doc]
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    """The container's env: plain values, and the field path of those from the downward API."""
+    return {e["name"]: e.get("value", e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")) for e in container["env"]}
 
 
 def sync(root: Path, *args: str) -> subprocess.CompletedProcess:
@@ -82,16 +91,25 @@ def test_chart_lints_and_renders_the_operator_deployment(helm) -> None:
     assert sorted(objects) == KINDS
 
     deployment = objects["Deployment"]
-    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    # The Lease keeps a new pod a standby until the old one lets go, so updates may roll.
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "RollingUpdate"
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["image"] == "ddp-operator/operator:0.1.0"  # the tag defaults to appVersion
     assert container["command"] == ["python", "-m", "ddp_operator"]
-    # The probe asks kopf's endpoint where DDP_OPERATOR_LIVENESS told kopf to serve it.
-    env = {e["name"]: e["value"] for e in container["env"]}
+    # The probe asks the operator's own endpoint (a standby's too), on the port the operator is told to serve.
+    env = env_of(container)
     probe = container["livenessProbe"]["httpGet"]
     port = next(p["containerPort"] for p in container["ports"] if p["name"] == probe["port"])
-    assert env["DDP_OPERATOR_LIVENESS"] == f"http://0.0.0.0:{port}{probe['path']}"
+    assert probe["path"] == "/healthz" and probe["port"] == "metrics"
+    assert (env[c.ENV_METRICS_ADDRESS], env[c.ENV_METRICS_PORT]) == ("0.0.0.0", str(port))
+    assert c.ENV_NAMESPACES not in env and c.ENV_LIVENESS not in env
+    # Leader election on by default: the Lease is named after the release, each pod holds it by its name.
+    assert env[c.ENV_LEASE_NAME] == objects["Deployment"]["metadata"]["name"] and env[c.ENV_LEASE_NAMESPACE] == "ops"
+    assert env[c.ENV_IDENTITY] == "metadata.name"
+    assert (env[c.ENV_LEASE_DURATION], env[c.ENV_LEASE_RENEW_DEADLINE], env[c.ENV_LEASE_RETRY_PERIOD]) == ("15", "10", "2")
+    assert objects["Role"]["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
@@ -169,6 +187,8 @@ def live(kube_api, kind: str, name: str, namespace: str) -> Any:
     read = {
         "ClusterRole": lambda: rbac.read_cluster_role(name),
         "ClusterRoleBinding": lambda: rbac.read_cluster_role_binding(name),
+        "Role": lambda: rbac.read_namespaced_role(name, namespace),
+        "RoleBinding": lambda: rbac.read_namespaced_role_binding(name, namespace),
         "Deployment": lambda: apps.read_namespaced_deployment(name, namespace),
         "ServiceAccount": lambda: core.read_namespaced_service_account(name, namespace),
     }[kind]
@@ -206,6 +226,9 @@ def test_install_grants_the_operator_what_it_needs_and_uninstall_removes_it(
         for verb_and_resource in allowed:
             assert can_i(kubectl, account, *verb_and_resource, *elsewhere), verb_and_resource
         assert can_i(kubectl, account, "watch", "customresourcedefinitions.apiextensions.k8s.io")
+        for verb in ("get", "create", "update"):  # the Lease, in the release's namespace only
+            assert can_i(kubectl, account, verb, "leases.coordination.k8s.io", "-n", namespace), verb
+            assert not can_i(kubectl, account, verb, "leases.coordination.k8s.io", *elsewhere), verb
         refused = [["patch", job], ["update", "pods"], ["escalate", "roles"], ["bind", "roles"],
                    ["create", "pods", "--subresource=exec"], ["get", "secrets"]]
         for verb_and_resource in refused:
@@ -220,29 +243,39 @@ def test_install_grants_the_operator_what_it_needs_and_uninstall_removes_it(
         wait_until(lambda k=kind, n=name: live(kube_api, k, n, namespace) is None, 30, f"{kind} {name} to be deleted")
 
 
+def run_and_restart(jobs, name: str) -> None:
+    """A job of two ranks runs, a rank fails, and the gang runs again."""
+    jobs.create(name, worldSize=2, backoffLimit=1)
+    jobs.wait_phase(name, c.PHASE_RUNNING)
+    jobs.finish(f"{name}-1", 137)
+    jobs.wait_pods(name, 2, attempt=1)
+    assert jobs.wait_phase(name, c.PHASE_RUNNING)["restarts"] == 1
+
+
+def kubeconfig_of(kube_api, account: str, namespace: str, admin: str, tmp_path: Path) -> Path:
+    """A kubeconfig that acts as the ServiceAccount (a token for an hour)."""
+    token = client.CoreV1Api(kube_api).create_namespaced_service_account_token(
+        account, namespace, {"spec": {"expirationSeconds": 3600}}).status.token
+    config = yaml.safe_load(Path(admin).read_text())
+    config["users"] = [{"name": "operator", "user": {"token": token}}]
+    config["contexts"][0]["context"]["user"] = "operator"
+    path = tmp_path / f"{account}.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 def test_operator_runs_under_the_charts_rbac(helm, kube_api, namespace, operator, jobs, tmp_path) -> None:
     release = f"ddp-{uuid.uuid4().hex[:6]}"
     helm("install", release, str(CHART), "-n", namespace, "--skip-crds")
     try:
         account = installed(helm, release, namespace)["ServiceAccount"]["metadata"]["name"]
-        core = client.CoreV1Api(kube_api)
-        token = core.create_namespaced_service_account_token(
-            account, namespace, {"spec": {"expirationSeconds": 3600}}).status.token
-        config = yaml.safe_load(Path(operator.kubeconfig).read_text())
-        config["users"] = [{"name": "operator", "user": {"token": token}}]
-        config["contexts"][0]["context"]["user"] = "operator"
-        as_operator = tmp_path / "operator.kubeconfig"
-        as_operator.write_text(yaml.safe_dump(config))
+        as_operator = kubeconfig_of(kube_api, account, namespace, operator.kubeconfig, tmp_path)
 
-        admin = operator.kubeconfig
-        operator.restart(kubeconfig=str(as_operator))
+        admin, settings = operator.kubeconfig, operator.env
+        operator.restart(kubeconfig=str(as_operator), env={})  # cluster-wide, as the chart installs it
         try:
             # A job's whole life under the chart's RBAC: pods, service, progress identity, restart, events.
-            jobs.create("least", worldSize=2, backoffLimit=1)
-            jobs.wait_phase("least", c.PHASE_RUNNING)
-            jobs.finish("least-1", 137)
-            jobs.wait_pods("least", 2, attempt=1)
-            assert jobs.wait_phase("least", c.PHASE_RUNNING)["restarts"] == 1
+            run_and_restart(jobs, "least")
             assert {e.reason for e in jobs.events("least")} >= {c.REASON_ALL_READY, c.REASON_RANK_FAILED}
             # The progress Role it could only grant because the ClusterRole holds the same verbs.
             role = client.RbacAuthorizationV1Api(kube_api).read_namespaced_role("least-progress", namespace)
@@ -256,6 +289,101 @@ def test_operator_runs_under_the_charts_rbac(helm, kube_api, namespace, operator
             log = operator.log_path.read_text().split("--- restart ---")[-1]
             assert "Forbidden" not in log and "Not enough permissions" not in log, log[-3000:]
         finally:
-            operator.restart(kubeconfig=admin)
+            operator.restart(kubeconfig=admin, env=settings)
+    finally:
+        helm("uninstall", release, "-n", namespace, check=False)
+
+
+def test_watch_namespaces_narrow_rbac_to_roles_in_each(helm) -> None:
+    cluster_wide = render(helm)["ClusterRole"]["rules"]
+    docs = render_all(helm, "--set", "watchNamespaces={team-a,team-b}")
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert env_of(deployment["spec"]["template"]["spec"]["containers"][0])[c.ENV_NAMESPACES] == "team-a,team-b"
+    # Cluster-wide, only what is not namespaced: nodes (read) and CRDs (for kopf).
+    cluster_role = next(d for d in docs if d["kind"] == "ClusterRole")
+    assert [rule["resources"] for rule in cluster_role["rules"]] == [["nodes"], ["customresourcedefinitions"]]
+    # Each namespace gets the rest of the cluster-wide rules, bound to the operator's account.
+    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role" and "leader" not in d["metadata"]["name"]}
+    bindings = {d["metadata"]["namespace"]: d for d in docs
+                if d["kind"] == "RoleBinding" and "leader" not in d["metadata"]["name"]}
+    assert sorted(roles) == sorted(bindings) == ["team-a", "team-b"]
+    assert roles["team-a"]["rules"] + cluster_role["rules"] == cluster_wide
+    assert bindings["team-b"]["roleRef"]["name"] == roles["team-b"]["metadata"]["name"]
+    assert bindings["team-b"]["subjects"] == [{"kind": "ServiceAccount", "name": "rel-ddp-operator", "namespace": "ops"}]
+
+
+def test_replicas_need_leader_election_and_election_can_be_off(helm) -> None:
+    two = render(helm, "--set", "replicaCount=2")["Deployment"]
+    assert two["spec"]["replicas"] == 2
+    refused = helm("template", "rel", str(CHART), "--set", "replicaCount=2", "--set", "leaderElection.enabled=false",
+                   check=False)
+    assert refused.returncode != 0 and "needs leaderElection.enabled" in refused.stderr, refused.stderr
+    alone = render(helm, "--set", "leaderElection.enabled=false")
+    assert alone["Deployment"]["spec"]["strategy"]["type"] == "Recreate" and "Role" not in alone
+    assert c.ENV_LEASE_NAME not in env_of(alone["Deployment"]["spec"]["template"]["spec"]["containers"][0])
+    bad = helm("template", "rel", str(CHART), "--set", "leaderElection.renewDeadline=20", check=False)
+    assert bad.returncode != 0 and "retryPeriod < renewDeadline < leaseDuration" in bad.stderr, bad.stderr
+
+
+def test_metrics_service_and_service_monitor_are_off_by_default_and_render_when_asked(helm) -> None:
+    assert not {"Service", "ServiceMonitor"} & set(render(helm))
+    objects = render(helm, "--set", "metrics.port=9100", "--set", "metrics.service.enabled=true",
+                     "--set", "metrics.service.port=9200", "--set", "metrics.serviceMonitor.enabled=true",
+                     "--set", "metrics.serviceMonitor.interval=15s", "--set", "metrics.serviceMonitor.labels.release=prom")
+    container = objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "metrics", "containerPort": 9100} in container["ports"]
+    assert env_of(container)[c.ENV_METRICS_PORT] == "9100"
+    service = objects["Service"]["spec"]
+    assert service["ports"] == [{"name": "metrics", "port": 9200, "targetPort": "metrics"}]
+    assert service["selector"] == objects["Deployment"]["spec"]["selector"]["matchLabels"]
+    monitor = objects["ServiceMonitor"]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s"}]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= objects["Service"]["metadata"]["labels"].items()
+    refused = helm("template", "rel", str(CHART), "--set", "metrics.serviceMonitor.enabled=true", check=False)
+    assert refused.returncode != 0 and "needs metrics.service.enabled" in refused.stderr, refused.stderr
+
+
+@pytest.mark.parametrize("setting, named", [
+    ("watchNamespaces={Bad_Name}", "watchNamespaces"),
+    ("metrics.port=70000", "port"),
+    ("metrics.service.type=Headless", "type"),
+    ("leaderElection.leaseDuration=fifteen", "leaseDuration"),
+])
+def test_schema_refuses_bad_new_values(helm, setting: str, named: str) -> None:
+    refused = helm("template", "rel", str(CHART), "--set", setting, check=False)
+    assert refused.returncode != 0 and named in refused.stderr, refused.stderr
+
+
+def test_a_release_for_one_namespace_runs_the_operator_there_only_with_its_lease(
+        helm, kubectl, kube_api, namespace, operator, jobs, tmp_path) -> None:
+    release = f"ddp-{uuid.uuid4().hex[:6]}"
+    helm("install", release, str(CHART), "-n", namespace, "--skip-crds", "--set", f"watchNamespaces={{{namespace}}}")
+    try:
+        objects = installed(helm, release, namespace)
+        account_name = objects["ServiceAccount"]["metadata"]["name"]
+        account = f"system:serviceaccount:{namespace}:{account_name}"
+        job, here, elsewhere = f"{api.PLURAL}.{api.GROUP}", ["-n", namespace], ["-n", "any-namespace"]
+        for verb_and_resource in (["create", "pods"], ["watch", "pods"], ["watch", job], ["create", "roles"]):
+            assert can_i(kubectl, account, *verb_and_resource, *here), verb_and_resource
+            assert not can_i(kubectl, account, *verb_and_resource, *elsewhere), verb_and_resource
+        assert can_i(kubectl, account, "watch", "nodes") and not can_i(kubectl, account, "list", "pods", "-A")
+        assert not can_i(kubectl, account, "list", "namespaces")
+        assert can_i(kubectl, account, "update", "leases.coordination.k8s.io", *here)
+
+        deployment = objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+        settings = {e["name"]: e["value"] for e in deployment["env"] if "value" in e}
+        admin, session = operator.kubeconfig, operator.env
+        operator.restart(kubeconfig=str(kubeconfig_of(kube_api, account_name, namespace, admin, tmp_path)),
+                         env={**{k: v for k, v in settings.items() if k != c.ENV_METRICS_ADDRESS},
+                              c.ENV_IDENTITY: "test"})
+        try:
+            run_and_restart(jobs, "scoped")
+            lease = client.CoordinationV1Api(kube_api).read_namespaced_lease(settings[c.ENV_LEASE_NAME], namespace)
+            assert lease.spec.holder_identity == "test"
+            log = operator.log_path.read_text().split("--- restart ---")[-1]
+            assert "Forbidden" not in log and "Not enough permissions" not in log, log[-3000:]
+        finally:
+            operator.restart(kubeconfig=admin, env=session)
     finally:
         helm("uninstall", release, "-n", namespace, check=False)

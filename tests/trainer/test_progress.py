@@ -30,8 +30,10 @@ def test_rate_limit_and_samples_per_second() -> None:
     assert [r["step"] for r in records] == [1, 6]
     assert records[0]["samplesPerSecond"] == 32.0
     assert records[1]["samplesPerSecond"] == pytest.approx(5 * 32 / 5.0)
-    assert records[1] == {"epoch": 0, "step": 6, "loss": 1.0, "samplesPerSecond": 32.0, "updatedAt": "1970-01-01T00:00:00.000Z"}
+    assert records[1] == {"epoch": 0, "step": 6, "loss": 1.0, "samplesPerSecond": 32.0, "stepSeconds": 1.0,
+                          "updatedAt": "1970-01-01T00:00:00.000Z"}
     assert reporter.flush() and records[-1]["step"] == 9
+    assert records[-1]["stepSeconds"] == 1.0  # steps 7-9, one second each
     assert not reporter.flush()  # nothing new
 
 

@@ -4,7 +4,7 @@ Rank 0 writes the latest progress as one JSON object to $DDP_PROGRESS_FILE (atom
 one structured log line and, when it runs under the operator with the `kubernetes` package
 installed, patches the DDPJob's status.progress (jobstatus.py). A failing sink is logged and
 skipped; progress never stops training.
-Record: {"epoch", "step", "loss", "samplesPerSecond", "updatedAt" (RFC 3339, UTC)}.
+Record: {"epoch", "step", "loss", "samplesPerSecond", "stepSeconds", "updatedAt" (RFC 3339, UTC)}.
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ def fanout(sinks: Sequence[Sink]) -> Sink:
 class ProgressReporter:
     """`report()` every step; the sink sees at most one record per `min_interval_s`.
 
-    samplesPerSecond is measured over the samples reported since the previous emitted record.
+    samplesPerSecond is measured over the samples reported since the previous emitted record, and stepSeconds
+    (mean wall-clock seconds per step) over the reports since then.
     `flush()` emits the latest state regardless of the rate limit (call it at the end).
     """
 
@@ -96,6 +97,7 @@ class ProgressReporter:
         self._last_emit: float | None = None
         self._window_start = clock()
         self._window_samples = 0
+        self._window_steps = 0
         self._latest: dict[str, Any] | None = None
         self._latest_emitted = True
 
@@ -106,6 +108,7 @@ class ProgressReporter:
         """
         HEARTBEAT.beat(step)
         self._window_samples += samples
+        self._window_steps += 1
         self._latest = {"epoch": int(epoch), "step": int(step), "loss": _float(loss)}
         self._latest_emitted = False
         now = self._clock()
@@ -124,10 +127,13 @@ class ProgressReporter:
         assert self._latest is not None
         elapsed = now - self._window_start
         rate = self._window_samples / elapsed if elapsed > 0 else 0.0
-        record = {**self._latest, "samplesPerSecond": round(rate, 3), "updatedAt": rfc3339(self._wallclock(), millis=True)}
+        step_seconds = round(elapsed / self._window_steps, 6) if self._window_steps else None
+        record = {**self._latest, "samplesPerSecond": round(rate, 3), "stepSeconds": step_seconds,
+                  "updatedAt": rfc3339(self._wallclock(), millis=True)}
         self._last_emit = now
         self._window_start = now
         self._window_samples = 0
+        self._window_steps = 0
         self._latest_emitted = True
         self.sink(record)
 

@@ -1,12 +1,16 @@
 """Which API errors mean "the job is going away" (nothing to retry) and which must be retried."""
 
 import json
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from kubernetes import client
 from kubernetes.client.rest import ApiException
+from prometheus_client import REGISTRY
 
 from ddp_contract import api
-from ddp_operator.kubeapi import api_message, is_going_away
+from ddp_operator.kubeapi import api_message, is_going_away, measured
 
 
 def api_error(status: int, reason: str, message: str, kind: str | None = None) -> ApiException:
@@ -47,3 +51,31 @@ def test_api_message_reads_the_status_body_or_falls_back_to_the_reason() -> None
         "spec.containers[0].image: Required value"
     bare = ApiException(status=503, reason="Service Unavailable")
     assert api_message(bare) == "Service Unavailable"
+
+
+def test_every_request_of_a_measured_client_is_counted_by_verb_resource_and_code() -> None:
+    answers: list[Any] = [SimpleNamespace(status=201), ApiException(status=409, reason="AlreadyExists"),
+                          ConnectionResetError("reset")]
+
+    def request(method: str, url: str, query_params: Any = None, *args: Any, **kwargs: Any) -> Any:
+        answer = answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    api_client = client.ApiClient()
+    api_client.request = request  # type: ignore[method-assign]
+    measured(api_client)
+    url = "https://127.0.0.1:6443/api/v1/namespaces/unit-test/pods"
+
+    def count(code: str) -> float:
+        labels = {"verb": "create", "resource": "pods", "code": code}
+        return REGISTRY.get_sample_value("ddp_operator_api_requests_total", labels) or 0.0
+
+    before = {code: count(code) for code in ("201", "409", "0")}
+    assert api_client.request("POST", url, None, body={}).status == 201
+    with pytest.raises(ApiException):
+        api_client.request("POST", url)
+    with pytest.raises(ConnectionResetError):
+        api_client.request("POST", url)
+    assert {code: count(code) - before[code] for code in before} == {"201": 1, "409": 1, "0": 1}

@@ -1,0 +1,113 @@
+"""The operator process's settings, read once from its environment (names in constants.py)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+from ddp_operator import constants as c
+
+# Where a pod finds its own namespace (the lease's default namespace in a cluster).
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+GLOB_CHARS = frozenset("*?")
+REFUSED_CHARS = frozenset("!,[]")  # kopf's exclusions and lists, fnmatch's sets: not supported
+N = TypeVar("N", int, float)
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class LeaseConfig:
+    name: str
+    namespace: str
+    identity: str
+    duration: float = c.DEFAULT_LEASE_DURATION
+    renew_deadline: float = c.DEFAULT_LEASE_RENEW_DEADLINE
+    retry_period: float = c.DEFAULT_LEASE_RETRY_PERIOD
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    metrics_address: str = c.DEFAULT_METRICS_ADDRESS
+    metrics_port: int = c.DEFAULT_METRICS_PORT
+    namespaces: tuple[str, ...] = ()  # empty: every namespace
+    lease: LeaseConfig | None = None  # None: no election, this process acts at once
+    verbose: bool = False
+    liveness: str | None = None
+
+
+def from_env(env: Mapping[str, str], own_namespace: str | None = None, identity: str | None = None) -> OperatorConfig:
+    """own_namespace: the pod's (the lease's default); identity: the default holder name."""
+    return OperatorConfig(
+        metrics_address=env.get(c.ENV_METRICS_ADDRESS) or c.DEFAULT_METRICS_ADDRESS,
+        metrics_port=_number(env, c.ENV_METRICS_PORT, c.DEFAULT_METRICS_PORT, int, upper=65535),
+        namespaces=namespaces(env.get(c.ENV_NAMESPACES, "")),
+        lease=_lease(env, own_namespace, identity),
+        verbose=bool(env.get(c.ENV_VERBOSE)),
+        liveness=env.get(c.ENV_LIVENESS) or None,
+    )
+
+
+def namespaces(value: str) -> tuple[str, ...]:
+    """Namespace names, or globs (`*`, `?`): exact names are watched each apart and the cluster's namespaces are
+    never listed; with a glob, kopf lists and watches the namespaces and our pods are watched cluster-wide."""
+    names = tuple(dict.fromkeys(name.strip() for name in value.split(",") if name.strip()))
+    refused = [name for name in names if REFUSED_CHARS & set(name)]
+    if refused:
+        raise ConfigError(f"{c.ENV_NAMESPACES}: names or globs with * and ? only: {', '.join(refused)}")
+    return names
+
+
+def exact(names: tuple[str, ...]) -> bool:
+    """Whether every namespace is named exactly (no glob)."""
+    return not any(GLOB_CHARS & set(name) for name in names)
+
+
+def _lease(env: Mapping[str, str], own_namespace: str | None, identity: str | None) -> LeaseConfig | None:
+    name = env.get(c.ENV_LEASE_NAME)
+    if not name:
+        return None
+    namespace = env.get(c.ENV_LEASE_NAMESPACE) or own_namespace
+    if not namespace:
+        raise ConfigError(f"{c.ENV_LEASE_NAMESPACE} is needed outside a pod (the lease's namespace)")
+    lease = LeaseConfig(
+        name=name, namespace=namespace, identity=env.get(c.ENV_IDENTITY) or identity or default_identity(),
+        duration=_number(env, c.ENV_LEASE_DURATION, c.DEFAULT_LEASE_DURATION, float),
+        renew_deadline=_number(env, c.ENV_LEASE_RENEW_DEADLINE, c.DEFAULT_LEASE_RENEW_DEADLINE, float),
+        retry_period=_number(env, c.ENV_LEASE_RETRY_PERIOD, c.DEFAULT_LEASE_RETRY_PERIOD, float),
+    )
+    # As client-go requires: a leader gives up before a standby may take over, and tries more than once.
+    if not lease.retry_period < lease.renew_deadline < lease.duration:
+        raise ConfigError(f"{c.ENV_LEASE_RETRY_PERIOD} < {c.ENV_LEASE_RENEW_DEADLINE} < {c.ENV_LEASE_DURATION} "
+                          f"does not hold: {lease.retry_period} < {lease.renew_deadline} < {lease.duration}")
+    return lease
+
+
+def _number(env: Mapping[str, str], name: str, default: N, kind: type[N], upper: float | None = None) -> N:
+    value = env.get(name)
+    if not value:
+        return default
+    try:
+        number = kind(value)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not a number") from None
+    if number < 0 or (upper is not None and number > upper):
+        raise ConfigError(f"{name}={value!r} is out of range")
+    return number
+
+
+def default_identity() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def own_namespace() -> str | None:
+    try:
+        with open(SERVICE_ACCOUNT_NAMESPACE) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None

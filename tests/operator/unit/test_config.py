@@ -1,0 +1,46 @@
+"""The operator's settings from its environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddp_operator import constants as c
+from ddp_operator.config import ConfigError, LeaseConfig, OperatorConfig, exact, from_env
+
+
+def test_nothing_set_means_every_namespace_no_election_and_metrics_on_loopback() -> None:
+    config = from_env({}, own_namespace=None, identity="me")
+    assert config == OperatorConfig(metrics_address="127.0.0.1", metrics_port=8080)
+
+
+def test_every_setting_is_read() -> None:
+    env = {c.ENV_METRICS_ADDRESS: "0.0.0.0", c.ENV_METRICS_PORT: "0", c.ENV_NAMESPACES: " team-a, team-b ,team-a,",
+           c.ENV_LEASE_NAME: "ddp", c.ENV_LEASE_DURATION: "6", c.ENV_LEASE_RENEW_DEADLINE: "4",
+           c.ENV_LEASE_RETRY_PERIOD: "0.5", c.ENV_IDENTITY: "pod-1", c.ENV_VERBOSE: "1",
+           c.ENV_LIVENESS: "http://0.0.0.0:8081/healthz"}
+    config = from_env(env, own_namespace="ops")
+    assert config == OperatorConfig("0.0.0.0", 0, ("team-a", "team-b"), LeaseConfig("ddp", "ops", "pod-1", 6, 4, 0.5),
+                                    True, "http://0.0.0.0:8081/healthz")
+
+
+def test_the_lease_namespace_defaults_to_the_pods_and_is_needed_outside_one() -> None:
+    assert from_env({c.ENV_LEASE_NAME: "ddp"}, own_namespace="ops", identity="me").lease == LeaseConfig("ddp", "ops", "me")
+    with pytest.raises(ConfigError, match=c.ENV_LEASE_NAMESPACE):
+        from_env({c.ENV_LEASE_NAME: "ddp"}, own_namespace=None)
+
+
+@pytest.mark.parametrize("env, named", [
+    ({c.ENV_METRICS_PORT: "http"}, c.ENV_METRICS_PORT),
+    ({c.ENV_METRICS_PORT: "70000"}, c.ENV_METRICS_PORT),
+    ({c.ENV_NAMESPACES: "team-a,!team-b"}, c.ENV_NAMESPACES),
+    ({c.ENV_LEASE_NAME: "ddp", c.ENV_LEASE_NAMESPACE: "ops", c.ENV_LEASE_RENEW_DEADLINE: "20"}, c.ENV_LEASE_RENEW_DEADLINE),
+    ({c.ENV_LEASE_NAME: "ddp", c.ENV_LEASE_NAMESPACE: "ops", c.ENV_LEASE_DURATION: "-1"}, c.ENV_LEASE_DURATION),
+])
+def test_a_bad_setting_is_refused_naming_it(env: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        from_env(env, own_namespace=None, identity="me")
+
+
+def test_globs_are_told_from_exact_names() -> None:
+    assert exact(("team-a", "team-b")) and exact(())
+    assert not exact(("team-a", "t-1234-*")) and not exact(("team-?",))

@@ -1,0 +1,50 @@
+"""The pod watch's cache: a relist of one namespace replaces that namespace's pods only; globs filter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes import client
+
+from ddp_operator.podwatch import PodCache
+from podfixtures import JOB, pod
+
+
+def in_namespace(namespace: str, rank: int) -> dict[str, Any]:
+    made = pod(rank)
+    made["metadata"]["namespace"] = namespace
+    return made
+
+
+def cache(*namespaces: str) -> tuple[PodCache, list[tuple[str, str]]]:
+    seen: list[tuple[str, str]] = []
+    return PodCache(client.ApiClient(), seen.append, namespaces=namespaces), seen
+
+
+def test_named_namespaces_get_a_watch_each_and_a_relist_of_one_leaves_the_others() -> None:
+    pods, seen = cache("team-a", "team-b")
+    assert [w._namespace for w in pods._watches] == ["team-a", "team-b"]
+    pods.replace("team-a", [in_namespace("team-a", 0), in_namespace("team-a", 1)])
+    pods.replace("team-b", [in_namespace("team-b", 0)])
+    pods.replace("team-a", [in_namespace("team-a", 1)])
+    assert [p["metadata"]["name"] for p in pods.pods(("team-a", JOB))] == [f"{JOB}-1"]
+    assert len(pods.pods(("team-b", JOB))) == 1, "team-b's pods stay when team-a is listed again"
+    assert seen[-1] == ("team-a", JOB)
+
+
+def test_everywhere_is_one_cluster_wide_watch_whose_relist_replaces_all() -> None:
+    pods, _ = cache()
+    assert [w._namespace for w in pods._watches] == [None]
+    pods.replace(None, [in_namespace("team-a", 0), in_namespace("team-b", 0)])
+    pods.replace(None, [in_namespace("team-b", 0)])
+    assert pods.pods(("team-a", JOB)) == [] and len(pods.pods(("team-b", JOB))) == 1
+
+
+def test_globs_watch_the_cluster_and_keep_the_matching_namespaces_pods() -> None:
+    pods, seen = cache("t-12ab-*")
+    assert [w._namespace for w in pods._watches] == [None]
+    pods.replace(None, [in_namespace("t-12ab-one", 0), in_namespace("t-99zz-two", 0)])
+    pods.apply("ADDED", in_namespace("t-99zz-two", 1))
+    pods.apply("ADDED", in_namespace("t-12ab-one", 1))
+    assert len(pods.pods(("t-12ab-one", JOB))) == 2 and pods.pods(("t-99zz-two", JOB)) == []
+    assert ("t-99zz-two", JOB) not in seen
