@@ -5,7 +5,7 @@ PYTEST_ARGS ?=
 
 BENCH_ARGS ?=
 
-.PHONY: demo bench-data bench-operator chart-check crds lint test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
+.PHONY: demo images bench-data bench-operator chart-check crds lint test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
 
 demo:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/demo.py
@@ -35,6 +35,10 @@ crds:
 
 venv:
 	@scripts/venv.sh
+
+# The operator image and the trainer's CPU variant, built with BuildKit without Docker (images/build.sh).
+images:
+	@images/build.sh build
 
 cluster-build:
 	@$(CLUSTER) build

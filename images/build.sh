@@ -1,0 +1,392 @@
+#!/usr/bin/env bash
+# Builds the images in images/ without Docker: BuildKit's buildkitd (its OCI worker, running steps
+# with runc) and buildctl, both built from their Go modules, from the Dockerfiles exactly as Docker
+# would read them.
+#
+# Usage: images/build.sh build       build every image (unchanged ones are not rebuilt), then load
+#                                     them into the local node's containerd if it is up
+#        images/build.sh tarball NAME print the path of image NAME's tarball (building it if needed)
+#        images/build.sh probe NAME DIR
+#                                     build DIR/Dockerfile, in which the image NAME is available as
+#                                     ddp-operator/NAME:<tag>, and export its result into DIR/out
+#
+# No registry is reachable here, so the base the Dockerfiles name (python:3.11-slim) is made from
+# Debian's packages (make_base) and handed to BuildKit as a named build context from an OCI layout
+# on disk: the Dockerfile frontend replaces any FROM of that name with it, so the same Dockerfiles
+# build unchanged with Docker elsewhere.
+#
+# Everything is cached outside the clone under $DDP_CACHE: binaries in bin/<name>-<version>,
+# buildkitd's state (layers and the pip cache the Dockerfiles mount) in buildkit/, the base and the
+# image tarballs in images/, each keyed by a hash of its inputs. buildkitd listens on a unix socket
+# only, runs for one command and is stopped when the command ends.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(dirname "$HERE")
+
+# Pinned versions. BuildKit's must match localcluster/go/buildkit/go.mod.
+BUILDKIT_VERSION=v0.34.2
+RUNC_VERSION=v1.5.2
+DEBIAN_SUITE=bookworm
+
+DDP_CACHE=${DDP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ddp-operator}
+BIN_BUILDKIT=$DDP_CACHE/bin/buildkit-$BUILDKIT_VERSION
+BIN_RUNC=$DDP_CACHE/bin/runc-$RUNC_VERSION
+BUILDKIT_STATE=$DDP_CACHE/buildkit
+IMAGE_CACHE=$DDP_CACHE/images
+CLUSTER=$REPO/localcluster/cluster.sh
+
+# The images: NAME -> Dockerfile, and the build arguments of the variant built here.
+declare -A DOCKERFILE=([operator]=images/operator/Dockerfile [trainer]=images/trainer/Dockerfile)
+# The trainer's CPU variant: its default base is a CUDA pytorch image, which needs a registry.
+declare -A BUILD_ARGS=([operator]="" [trainer]="BASE=python:3.11-slim")
+IMAGES=(operator trainer)
+# The one base image made here, under the name the Dockerfiles use.
+BASE_IMAGE=python:3.11-slim
+# Images are tagged with the chart's appVersion, which the chart deploys by default.
+TAG=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' "$REPO/charts/Chart.yaml")
+REPOSITORY=ddp-operator
+
+export GOTOOLCHAIN=local
+
+exec 3>&2  # messages go here even from inside commands whose own output is captured
+log() { printf '[images] %s\n' "$*" >&3; }
+die() { printf '[images] error: %s\n' "$*" >&3; exit 1; }
+
+# --- host tools --------------------------------------------------------------
+
+# need_debs PACKAGE...: installs the Debian packages that are missing (this machine is Debian).
+need_debs() {
+  local missing=() pkg
+  for pkg in "$@"; do
+    dpkg-query -W -f '${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  [ "$(id -u)" -eq 0 ] || die "needs the Debian packages ${missing[*]}; install them (as root) and rerun"
+  log "installing ${missing[*]} with apt-get"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >&3 ||
+    { apt-get update -q >&3 && apt-get install -y -q --no-install-recommends "${missing[@]}" >&3; } ||
+    die "apt-get could not install ${missing[*]}"
+}
+
+# into_place TMP OUT: renames a finished build folder into its cache entry; if another build
+# (the node's set-up builds runc too) got there first, theirs is kept.
+into_place() {
+  mv -T "$1" "$2" 2>/dev/null || rm -rf "$1"
+  [ -d "$2" ] || die "could not create $2"
+}
+
+# build_buildkit: buildkitd and buildctl from the wrapper module localcluster/go/buildkit
+# (BuildKit's own go.mod has exclude directives, so `go install` refuses it).
+build_buildkit() {
+  [ -x "$BIN_BUILDKIT/buildkitd" ] && return 0
+  command -v go >/dev/null || die "go is not installed; BuildKit is built from its Go module"
+  local tmp="$BIN_BUILDKIT.tmp.$$" pkg=github.com/moby/buildkit
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  log "building BuildKit $BUILDKIT_VERSION (cached afterwards in $BIN_BUILDKIT)"
+  (cd "$REPO/localcluster/go/buildkit" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath \
+    -tags "osusergo netgo static_build seccomp" \
+    -ldflags "-s -w -X $pkg/version.Version=$BUILDKIT_VERSION -X $pkg/version.Package=$pkg" \
+    -o "$tmp/" $pkg/cmd/buildkitd $pkg/cmd/buildctl)
+  into_place "$tmp" "$BIN_BUILDKIT"
+}
+
+# build_runc: runc with cgo and seccomp (libseccomp-dev), or every container fails on the default
+# seccomp profile; built the same way, at the same path, as the node's runc.
+build_runc() {
+  [ -x "$BIN_RUNC/runc" ] && return 0
+  command -v go >/dev/null || die "go is not installed; runc is built from its Go module"
+  command -v gcc >/dev/null || die "gcc is not installed; runc needs cgo"
+  need_debs libseccomp-dev
+  local tmp="$BIN_RUNC.tmp.$$"
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  log "building runc $RUNC_VERSION (cached afterwards in $BIN_RUNC)"
+  CGO_ENABLED=1 GOFLAGS= GOBIN=$tmp go install -trimpath -tags seccomp -ldflags "-s -w" \
+    "github.com/opencontainers/runc@$RUNC_VERSION"
+  into_place "$tmp" "$BIN_RUNC"
+}
+
+# --- the base image ----------------------------------------------------------
+
+# base_rootfs TAR: a Debian rootfs like python:3.11-slim's: Debian's python3 (3.11 in bookworm) with
+# pip and `python` on PATH, pip allowed to install system-wide (no EXTERNALLY-MANAGED marker, as in
+# python:3.11-slim), the host's CA bundle (pip in RUN steps trusts what the host trusts), no docs,
+# man pages or locales, and no /dev entries (the runtime makes them).
+base_rootfs() {
+  need_debs mmdebstrap
+  mmdebstrap --quiet --mode=root --variant=apt --include=python3,python3-pip,python-is-python3 \
+    --aptopt='APT::Install-Recommends "false"' \
+    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+    --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' \
+    --customize-hook='mkdir -p "$1/etc/ssl/certs" && cp /etc/ssl/certs/ca-certificates.crt "$1/etc/ssl/certs/"' \
+    --customize-hook='rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED' \
+    --customize-hook='chroot "$1" python -m pip --version >&2' \
+    "$DEBIAN_SUITE" - | mmtarfilter --path-exclude='/dev/*' >"$1"
+}
+
+# base_key: what the base is made of: this recipe and the host's CA bundle.
+base_key() {
+  { declare -f base_rootfs; cat /etc/ssl/certs/ca-certificates.crt; echo "$DEBIAN_SUITE $BASE_IMAGE"; } |
+    sha256sum | cut -c1-16
+}
+
+# blob LAYOUT FILE: moves FILE into the OCI layout's blobs and prints its digest (sha256:...).
+blob() {
+  local sum
+  sum=$(sha256sum "$2" | cut -d' ' -f1)
+  mkdir -p "$1/blobs/sha256"
+  mv "$2" "$1/blobs/sha256/$sum"
+  echo "sha256:$sum"
+}
+
+# descriptor MEDIATYPE LAYOUT DIGEST: the OCI descriptor of a blob.
+descriptor() {
+  printf '{"mediaType":"%s","digest":"%s","size":%s}' "$1" "$3" "$(stat -c %s "$2/blobs/sha256/${3#sha256:}")"
+}
+
+# base_layout DIR: the base as an OCI image layout (one layer, the rootfs).
+base_layout() {
+  local dir=$1 tmp=$1/tmp diff_id layer config manifest arch
+  mkdir -p "$tmp"
+  log "making $BASE_IMAGE from Debian $DEBIAN_SUITE with mmdebstrap"
+  base_rootfs "$tmp/rootfs.tar"
+  diff_id=sha256:$(sha256sum "$tmp/rootfs.tar" | cut -d' ' -f1)
+  gzip -n "$tmp/rootfs.tar"
+  layer=$(blob "$dir" "$tmp/rootfs.tar.gz")
+  arch=$(dpkg --print-architecture)
+  printf '{"architecture":"%s","os":"linux","config":{"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin","LANG=C.UTF-8"],"Cmd":["python3"]},"rootfs":{"type":"layers","diff_ids":["%s"]},"history":[{"created_by":"mmdebstrap %s python3 python3-pip python-is-python3 (images/build.sh)"}]}' \
+    "$arch" "$diff_id" "$DEBIAN_SUITE" >"$tmp/config.json"
+  config=$(blob "$dir" "$tmp/config.json")
+  printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":%s,"layers":[%s]}' \
+    "$(descriptor application/vnd.oci.image.config.v1+json "$dir" "$config")" \
+    "$(descriptor application/vnd.oci.image.layer.v1.tar+gzip "$dir" "$layer")" >"$tmp/manifest.json"
+  manifest=$(blob "$dir" "$tmp/manifest.json")
+  printf '{"schemaVersion":2,"manifests":[%s]}' \
+    "$(descriptor application/vnd.oci.image.manifest.v1+json "$dir" "$manifest" |
+      sed "s|}\$|,\"annotations\":{\"org.opencontainers.image.ref.name\":\"${BASE_IMAGE#*:}\"},\"platform\":{\"architecture\":\"$arch\",\"os\":\"linux\"}}|")" \
+    >"$dir/index.json"
+  echo '{"imageLayoutVersion":"1.0.0"}' >"$dir/oci-layout"
+  rmdir "$tmp"
+}
+
+# make_base: the base's OCI layout, made once per recipe; prints its folder.
+make_base() {
+  local dir=$IMAGE_CACHE/base-$(base_key)
+  if [ ! -f "$dir/index.json" ]; then
+    local tmp="$dir.tmp.$$"
+    rm -rf "$tmp" && mkdir -p "$tmp"
+    base_layout "$tmp"
+    into_place "$tmp" "$dir"
+  fi
+  echo "$dir"
+}
+
+# manifest_digest LAYOUT: the digest of the (only) image in an OCI layout.
+manifest_digest() {
+  sed -n 's/.*"digest":"\(sha256:[0-9a-f]*\)".*/\1/p' "$1/index.json" | head -1
+}
+
+# --- buildkitd ---------------------------------------------------------------
+
+BUILDKIT_RUN=""  # the running buildkitd's folder (socket, config, pid, log)
+
+# start_buildkitd: a buildkitd for this command: the OCI worker on our runc, host network (RUN steps
+# reach PyPI; nothing is served), a unix socket in a private folder; stopped on exit.
+start_buildkitd() {
+  mkdir -p "$BUILDKIT_STATE"
+  # One buildkitd at a time owns the state; a second command waits for the first.
+  exec 9>"$BUILDKIT_STATE.lock"
+  flock 9
+  BUILDKIT_RUN=$(mktemp -d /tmp/ddp-buildkit.XXXXXX)
+  trap stop_buildkitd EXIT
+  trap 'exit 130' INT TERM
+  cat >"$BUILDKIT_RUN/buildkitd.toml" <<EOF
+[otel]
+  socketPath = "$BUILDKIT_RUN/otel.sock"
+[history]
+  maxEntries = 10
+[worker.oci]
+  gc = true
+  # Never reclaimed below this: both images' layers and the pip cache with torch's wheels.
+  reservedSpace = "24GB"
+  maxUsedSpace = "40GB"
+  minFreeSpace = "5GB"
+EOF
+  setsid "$BIN_BUILDKIT/buildkitd" --config "$BUILDKIT_RUN/buildkitd.toml" --root "$BUILDKIT_STATE" \
+    --addr "unix://$BUILDKIT_RUN/buildkitd.sock" --containerd-worker=false --oci-worker=true \
+    --oci-worker-binary "$BIN_RUNC/runc" --oci-worker-net host \
+    >"$BUILDKIT_RUN/buildkitd.log" 2>&1 </dev/null 3>&- &
+  echo $! >"$BUILDKIT_RUN/pid"
+  local deadline=$((SECONDS + 60))
+  until buildctl debug workers >/dev/null 2>&1; do
+    if ! kill -0 "$(cat "$BUILDKIT_RUN/pid")" 2>/dev/null; then
+      tail -5 "$BUILDKIT_RUN/buildkitd.log" >&3
+      die "buildkitd exited during start (state $BUILDKIT_STATE)"
+    fi
+    [ $SECONDS -lt $deadline ] || die "buildkitd not ready after 60 s; see $BUILDKIT_RUN/buildkitd.log"
+    sleep 0.2
+  done
+}
+
+# stop_buildkitd: stops buildkitd, waits until it is gone and checks it left no mount behind.
+stop_buildkitd() {
+  [ -n "$BUILDKIT_RUN" ] || return 0
+  local pid
+  pid=$(cat "$BUILDKIT_RUN/pid" 2>/dev/null) || pid=""
+  if [ -n "$pid" ]; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  fi
+  local mount
+  for mount in $(awk -v state="$BUILDKIT_STATE/" 'index($2, state) == 1 {print $2}' /proc/mounts | sort -r); do
+    log "unmounting $mount, left behind by buildkitd"
+    umount "$mount" || umount -l "$mount"
+  done
+  rm -rf "$BUILDKIT_RUN"
+}
+
+buildctl() { "$BIN_BUILDKIT/buildctl" --addr "unix://$BUILDKIT_RUN/buildkitd.sock" "$@"; }
+
+# --- images ------------------------------------------------------------------
+
+# copied_sources NAME: the paths image NAME's Dockerfile copies from the context (the repo root).
+copied_sources() {
+  sed -e ':a' -e '/\\$/N; s/\\\n//; ta' "$REPO/${DOCKERFILE[$1]}" |
+    awk '$1 == "COPY" { for (i = 2; i < NF; i++) if ($i !~ /^--/) print $i }'
+}
+
+# image_key NAME BASE: a hash of what image NAME is made of: its Dockerfile and .dockerignore, the
+# files it copies (less what the .dockerignore leaves out), its build arguments, the base and
+# BuildKit's version.
+image_key() {
+  local name=$1 dockerfile=$REPO/${DOCKERFILE[$1]} source
+  {
+    echo "$BUILDKIT_VERSION ${BUILD_ARGS[$name]} $(manifest_digest "$2")"
+    cat "$dockerfile" "$dockerfile.dockerignore" 2>/dev/null
+    for source in $(copied_sources "$name"); do
+      (cd "$REPO" && find "$source" -type f ! -name '*.pyc' ! -path '*/__pycache__/*' -print0 |
+        sort -z | xargs -0 sha256sum)
+    done
+  } | sha256sum | cut -c1-16
+}
+
+# check_bases NAME: every FROM of image NAME must be the base made here, or BuildKit would try a registry.
+check_bases() {
+  local name=$1 arg from
+  for from in $(awk '$1 == "FROM" {print $2}' "$REPO/${DOCKERFILE[$name]}"); do
+    for arg in ${BUILD_ARGS[$name]}; do from=${from//\$\{${arg%%=*}\}/${arg#*=}}; done
+    [ "$from" = "$BASE_IMAGE" ] ||
+      die "${DOCKERFILE[$name]}: FROM $from: only $BASE_IMAGE is available here (no registry); see images/build.sh"
+  done
+}
+
+# build_image NAME BASE OUT: builds image NAME on the base layout BASE into the tarball OUT.
+build_image() {
+  local name=$1 base=$2 out=$3 dockerfile=$REPO/${DOCKERFILE[$1]} arg args=() started=$SECONDS
+  check_bases "$name"
+  for arg in ${BUILD_ARGS[$name]}; do args+=(--opt "build-arg:$arg"); done
+  log "building $REPOSITORY/$name:$TAG from ${DOCKERFILE[$name]} ${BUILD_ARGS[$name]}"
+  buildctl build --progress plain --frontend dockerfile.v0 \
+    --local context="$REPO" --local dockerfile="$(dirname "$dockerfile")" --opt filename="$(basename "$dockerfile")" \
+    --oci-layout "base=$base" --opt "context:$BASE_IMAGE=oci-layout://base@$(manifest_digest "$base")" \
+    "${args[@]}" --output "type=docker,name=$REPOSITORY/$name:$TAG,dest=$out.tmp" >"$out.log" 2>&1 ||
+    { tail -20 "$out.log" >&3; die "building $name failed; the whole log is $out.log"; }
+  mv "$out.tmp" "$out"
+  log "$name: $(du -m "$out" | cut -f1) MB tarball, built in $((SECONDS - started)) s: $out"
+}
+
+# image_path NAME BASE: where the tarball of image NAME, as its inputs are now, is kept.
+image_path() {
+  echo "$IMAGE_CACHE/$1-$(image_key "$1" "$2").tar"
+}
+
+# ensure_image NAME BASE TARBALL: builds image NAME unless its tarball exists.
+ensure_image() {
+  [ -f "$3" ] && return 0
+  [ -n "$BUILDKIT_RUN" ] || start_buildkitd
+  build_image "$@"
+}
+
+# node_up: whether the local node's containerd answers (cluster.sh ctr, once the node exists).
+node_up() {
+  "$CLUSTER" ctr version >/dev/null 2>&1
+}
+
+# load_into_node TARBALL...: imports the images into the node's containerd, where the kubelet finds them.
+load_into_node() {
+  if ! node_up; then
+    log "the local node is not up (localcluster/cluster.sh ctr); the image tarballs are left in $IMAGE_CACHE"
+    return 0
+  fi
+  local tarball
+  for tarball in "$@"; do
+    "$CLUSTER" ctr images import "$tarball" >&3 || die "ctr could not import $tarball"
+  done
+  log "loaded into the node's containerd: $(printf '%s ' "${IMAGES[@]/#/$REPOSITORY/}" | sed "s/ /:$TAG /g")"
+}
+
+prepare() {
+  mkdir -p "$IMAGE_CACHE"
+  build_runc
+  build_buildkit
+}
+
+cmd_build() {
+  local started=$SECONDS base name tarball tarballs=()
+  prepare
+  base=$(make_base)
+  for name in "${IMAGES[@]}"; do
+    tarball=$(image_path "$name" "$base")
+    ensure_image "$name" "$base" "$tarball"
+    tarballs+=("$tarball")
+  done
+  log "images ready in $((SECONDS - started)) s"
+  load_into_node "${tarballs[@]}"
+}
+
+# known NAME: fails unless NAME is one of the images.
+known() {
+  [ -n "${DOCKERFILE[$1]:-}" ] || die "no image $1; images: ${IMAGES[*]}"
+}
+
+cmd_tarball() {
+  local base tarball
+  known "$1"
+  prepare
+  base=$(make_base)
+  tarball=$(image_path "$1" "$base")
+  ensure_image "$1" "$base" "$tarball"
+  echo "$tarball"
+}
+
+# cmd_probe NAME DIR: builds DIR/Dockerfile with image NAME as ddp-operator/NAME:<tag> (from its
+# tarball, unpacked into an OCI layout for the build's duration); its `probe` stage always runs
+# afresh; the result goes to DIR/out.
+cmd_probe() {
+  local name=$1 dir=$2 base tarball layout
+  known "$name"
+  [ -f "$dir/Dockerfile" ] || die "no Dockerfile in $dir"
+  prepare
+  base=$(make_base)
+  tarball=$(image_path "$name" "$base")
+  ensure_image "$name" "$base" "$tarball"
+  [ -n "$BUILDKIT_RUN" ] || start_buildkitd
+  layout=$BUILDKIT_RUN/image  # removed with buildkitd's folder
+  mkdir "$layout" && tar -xf "$tarball" -C "$layout"
+  rm -rf "$dir/out"
+  buildctl build --progress plain --frontend dockerfile.v0 --local context="$dir" --local dockerfile="$dir" \
+    --oci-layout "image=$layout" --opt "context:$REPOSITORY/$name:$TAG=oci-layout://image@$(manifest_digest "$layout")" \
+    --opt no-cache=probe --output "type=local,dest=$dir/out" >"$dir/build.log" 2>&1 ||
+    { tail -20 "$dir/build.log" >&3; die "probing $name failed; the whole log is $dir/build.log"; }
+}
+
+case "${1:-build}" in
+  build) cmd_build ;;
+  tarball) [ $# -eq 2 ] || die "usage: $0 tarball NAME"; cmd_tarball "$2" ;;
+  probe) [ $# -eq 3 ] || die "usage: $0 probe NAME DIR"; cmd_probe "$2" "$3" ;;
+  *) echo "usage: $0 [build] | tarball NAME | probe NAME DIR" >&2; exit 2 ;;
+esac
