@@ -19,7 +19,7 @@ lint:
 	  PYTHONPATH=contract:operator:images/trainer $$venv/bin/lint-imports
 
 test-unit:
-	@venv=$$(scripts/venv.sh) && $$venv/bin/python -m pytest -m "not cluster" $(PYTEST_ARGS)
+	@venv=$$(scripts/venv.sh) && $$venv/bin/python -m pytest -m "not cluster and not images" $(PYTEST_ARGS)
 
 bench-data:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python benchmarks/bench_data.py $(BENCH_ARGS)

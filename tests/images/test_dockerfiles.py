@@ -43,11 +43,13 @@ def requirements(text: str) -> dict[str, str]:
 
 
 def pip_installs(dockerfile: str) -> dict[str, str]:
-    """What the Dockerfile's RUN steps pip-install, by lower-case package name."""
+    """What the Dockerfile's RUN steps pip-install, by lower-case package name: the arguments of
+    `pip install`, or of `set --` when the step installs "$@"."""
     words = []
     for line in (REPO / dockerfile).read_text().replace("\\\n", " ").splitlines():
         if line.startswith("RUN ") and " pip install " in line:
-            words += [word for word in shlex.split(line.split(" pip install ", 1)[1]) if not word.startswith("-")]
+            listed = line.split(" set -- ", 1)[1].split("&&")[0] if '"$@"' in line else line.split(" pip install ", 1)[1]
+            words += [word for word in shlex.split(listed) if not word.startswith("-")]
     return requirements("\n".join(words))
 
 
