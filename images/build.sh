@@ -331,17 +331,23 @@ node_up() {
   "$CLUSTER" ctr version >/dev/null 2>&1
 }
 
-# load_into_node TARBALL...: imports the images into the node's containerd, where the kubelet finds them.
+# tarball_digest TARBALL: the manifest digest of the image in a tarball build_image made.
+tarball_digest() {
+  tar -xOf "$1" index.json | sed -n 's/.*"digest":"\(sha256:[0-9a-f]*\)".*/\1/p' | head -1
+}
+
+# load_into_node NAME TARBALL: imports image NAME into the node's containerd (namespace k8s.io, where
+# the kubelet finds it as docker.io/ddp-operator/NAME:<tag>), unless it holds that very image already.
 load_into_node() {
-  if ! node_up; then
-    log "the local node is not up (localcluster/cluster.sh ctr); the image tarballs are left in $IMAGE_CACHE"
+  local ref=docker.io/$REPOSITORY/$1:$TAG digest
+  digest=$(tarball_digest "$2")
+  if "$CLUSTER" ctr images ls "name==$ref" | grep -q "$digest"; then
+    log "the node has $ref ($digest) already"
     return 0
   fi
-  local tarball
-  for tarball in "$@"; do
-    "$CLUSTER" ctr images import "$tarball" >&3 || die "ctr could not import $tarball"
-  done
-  log "loaded into the node's containerd: $(printf '%s ' "${IMAGES[@]/#/$REPOSITORY/}" | sed "s/ /:$TAG /g")"
+  "$CLUSTER" ctr images import "$2" >&3 || die "ctr could not import $2 into the node's containerd"
+  "$CLUSTER" ctr images ls "name==$ref" | grep -q "$digest" || die "the node's containerd has no $ref $digest after importing $2"
+  log "loaded $ref ($digest) into the node's containerd"
 }
 
 prepare() {
@@ -351,16 +357,20 @@ prepare() {
 }
 
 cmd_build() {
-  local started=$SECONDS base name tarball tarballs=()
+  local started=$SECONDS base name tarball tarballs=() i
   prepare
   base=$(make_base)
   for name in "${IMAGES[@]}"; do
     tarball=$(image_path "$name" "$base")
     ensure_image "$name" "$base" "$tarball"
-    tarballs+=("$tarball")
+    tarballs+=("$name" "$tarball")
   done
-  log "images ready in $((SECONDS - started)) s"
-  load_into_node "${tarballs[@]}"
+  log "images ready in $((SECONDS - started)) s: ${tarballs[*]}"
+  if ! node_up; then
+    log "the local node is not up (localcluster/cluster.sh ctr), so the images are only in $IMAGE_CACHE"
+    return 0
+  fi
+  for ((i = 0; i < ${#tarballs[@]}; i += 2)); do load_into_node "${tarballs[i]}" "${tarballs[i + 1]}"; done
 }
 
 # known NAME: fails unless NAME is one of the images.
