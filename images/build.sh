@@ -41,18 +41,18 @@ BUILDKIT_CACHE_MB=${DDP_BUILDKIT_CACHE_MB:-16000}
 # Tarballs kept per image (the newest), so that clones with different sources do not rebuild in turn.
 KEEP_TARBALLS=2
 
+# The one base image made here, under the name the Dockerfiles use.
+BASE_IMAGE=python:3.11-slim
 # The images: NAME -> Dockerfile, and the build arguments of the variant built here.
 declare -A DOCKERFILE=([operator]=images/operator/Dockerfile [trainer]=images/trainer/Dockerfile)
 # The trainer's CPU variant: its default base is a CUDA pytorch image, which needs a registry.
-declare -A BUILD_ARGS=([operator]="" [trainer]="BASE=python:3.11-slim")
+declare -A BUILD_ARGS=([operator]="" [trainer]="BASE=$BASE_IMAGE")
 IMAGES=(operator trainer)
-# The one base image made here, under the name the Dockerfiles use.
-BASE_IMAGE=python:3.11-slim
 # Images are tagged with the chart's appVersion, which the chart deploys by default.
 TAG=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' "$REPO/charts/Chart.yaml")
 REPOSITORY=ddp-operator
 # Layers are zstd-compressed: gzip took 3.5 min for the trainer's 5 GB torch layer on 2 cores, zstd
-# takes XX s; containerd (the node) and Docker 23 or later load zstd layers.
+# 45 s; containerd (the node) and Docker 23 or later load zstd layers.
 EXPORT="type=docker,compression=zstd,force-compression=true"
 
 export GOTOOLCHAIN=local
@@ -206,7 +206,7 @@ start_buildkitd() {
   mkdir -p "$BUILDKIT_STATE"
   # One buildkitd at a time owns the state; a second command waits for the first.
   exec 9>"$BUILDKIT_STATE.lock"
-  flock 9
+  flock -n 9 || { log "waiting for another images/build.sh to finish with $BUILDKIT_STATE"; flock 9; }
   BUILDKIT_RUN=$(mktemp -d /tmp/ddp-buildkit.XXXXXX)
   trap stop_buildkitd EXIT
   trap 'exit 130' INT TERM
@@ -224,6 +224,10 @@ EOF
     --oci-worker-binary "$BIN_RUNC/runc" --oci-worker-net host \
     >"$BUILDKIT_RUN/buildkitd.log" 2>&1 </dev/null 3>&- &
   echo $! >"$BUILDKIT_RUN/pid"
+  # Should this script be killed outright (no EXIT trap), buildkitd still stops within a second.
+  setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 1; done; kill -TERM "$2" 2>/dev/null' \
+    watchdog $$ "$(cat "$BUILDKIT_RUN/pid")" >/dev/null 2>&1 </dev/null 3>&- 9>&- &
+  echo $! >"$BUILDKIT_RUN/watchdog.pid"
   local deadline=$((SECONDS + 60))
   until buildctl debug workers >/dev/null 2>&1; do
     if ! kill -0 "$(cat "$BUILDKIT_RUN/pid")" 2>/dev/null; then
@@ -248,6 +252,7 @@ stop_buildkitd() {
     kill -KILL "$pid" 2>/dev/null || true
     for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   fi
+  kill -TERM "$(cat "$BUILDKIT_RUN/watchdog.pid")" 2>/dev/null || true
   local mount
   for mount in $(awk -v state="$BUILDKIT_STATE/" 'index($2, state) == 1 {print $2}' /proc/mounts | sort -r); do
     log "unmounting $mount, left behind by buildkitd"
