@@ -224,9 +224,9 @@ EOF
     --oci-worker-binary "$BIN_RUNC/runc" --oci-worker-net host \
     >"$BUILDKIT_RUN/buildkitd.log" 2>&1 </dev/null 3>&- &
   echo $! >"$BUILDKIT_RUN/pid"
-  # Should this script be killed outright (no EXIT trap), buildkitd still stops within a second.
-  setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 1; done; kill -TERM "$2" 2>/dev/null' \
-    watchdog $$ "$(cat "$BUILDKIT_RUN/pid")" >/dev/null 2>&1 </dev/null 3>&- 9>&- &
+  # Should this script be killed outright (no EXIT trap), the watchdog stops the build and buildkitd.
+  setsid bash -c "$(declare -f stop_build); while kill -0 \$1 2>/dev/null; do sleep 1; done; stop_build \$2; rm -rf \$2" \
+    watchdog $$ "$BUILDKIT_RUN" >/dev/null 2>&1 </dev/null 3>&- 9>&- &
   echo $! >"$BUILDKIT_RUN/watchdog.pid"
   local deadline=$((SECONDS + 60))
   until buildctl debug workers >/dev/null 2>&1; do
@@ -239,20 +239,26 @@ EOF
   done
 }
 
-# stop_buildkitd: prunes BuildKit's cache, stops buildkitd, waits until it is gone and checks it
-# left no mount behind.
-stop_buildkitd() {
-  [ -n "$BUILDKIT_RUN" ] || return 0
+# stop_build RUN: cancels the build in progress (its buildctl) and stops the buildkitd whose folder
+# is RUN, waiting until both are gone (buildkitd lets running steps finish unless killed).
+stop_build() {
   local pid
-  buildctl prune --keep-storage "$BUILDKIT_CACHE_MB" >/dev/null 2>&1 || log "could not prune BuildKit's cache"
-  pid=$(cat "$BUILDKIT_RUN/pid" 2>/dev/null) || pid=""
-  if [ -n "$pid" ]; then
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  for pid in $(cat "$1/buildctl.pid" "$1/pid" 2>/dev/null); do
+    kill -TERM "$pid" 2>/dev/null || continue
+    for _ in $(seq 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -KILL "$pid" 2>/dev/null || true
     for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  fi
+  done
+}
+
+# stop_buildkitd: prunes BuildKit's cache, stops buildkitd, and checks it left no mount behind.
+stop_buildkitd() {
+  [ -n "$BUILDKIT_RUN" ] || return 0
   kill -TERM "$(cat "$BUILDKIT_RUN/watchdog.pid")" 2>/dev/null || true
+  if ! kill -0 "$(cat "$BUILDKIT_RUN/buildctl.pid" 2>/dev/null)" 2>/dev/null; then
+    buildctl prune --keep-storage "$BUILDKIT_CACHE_MB" >/dev/null 2>&1 || log "could not prune BuildKit's cache"
+  fi
+  stop_build "$BUILDKIT_RUN"
   local mount
   for mount in $(awk -v state="$BUILDKIT_STATE/" 'index($2, state) == 1 {print $2}' /proc/mounts | sort -r); do
     log "unmounting $mount, left behind by buildkitd"
@@ -261,7 +267,12 @@ stop_buildkitd() {
   rm -rf "$BUILDKIT_RUN"
 }
 
-buildctl() { "$BIN_BUILDKIT/buildctl" --addr "unix://$BUILDKIT_RUN/buildkitd.sock" "$@"; }
+# buildctl ARGS...: buildctl against our buildkitd; its pid is kept so that a stop can cancel it.
+buildctl() {
+  "$BIN_BUILDKIT/buildctl" --addr "unix://$BUILDKIT_RUN/buildkitd.sock" "$@" &
+  echo $! >"$BUILDKIT_RUN/buildctl.pid"
+  wait $!
+}
 
 # --- images ------------------------------------------------------------------
 
