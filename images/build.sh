@@ -110,7 +110,7 @@ build_runc() {
   local tmp="$BIN_RUNC.tmp.$$"
   rm -rf "$tmp" && mkdir -p "$tmp"
   log "building runc $RUNC_VERSION (cached afterwards in $BIN_RUNC)"
-  CGO_ENABLED=1 GOFLAGS= GOBIN=$tmp go install -trimpath -tags seccomp -ldflags "-s -w" \
+  CGO_ENABLED=1 GOFLAGS='' GOBIN=$tmp go install -trimpath -tags seccomp -ldflags "-s -w" \
     "github.com/opencontainers/runc@$RUNC_VERSION"
   into_place "$tmp" "$BIN_RUNC"
 }
@@ -123,6 +123,7 @@ build_runc() {
 # man pages or locales, and no /dev entries (the runtime makes them).
 base_rootfs() {
   need_debs mmdebstrap
+  # shellcheck disable=SC2016  # the hooks' $1 (the rootfs) is mmdebstrap's to expand
   mmdebstrap --quiet --mode=root --variant=apt --include=python3,python3-pip,python-is-python3 \
     --aptopt='APT::Install-Recommends "false"' \
     --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
@@ -181,7 +182,8 @@ base_layout() {
 
 # make_base: the base's OCI layout, made once per recipe; prints its folder.
 make_base() {
-  local dir=$IMAGE_CACHE/base-$(base_key)
+  local dir
+  dir=$IMAGE_CACHE/base-$(base_key)
   if [ ! -f "$dir/index.json" ]; then
     local tmp="$dir.tmp.$$"
     rm -rf "$tmp" && mkdir -p "$tmp"
