@@ -5,7 +5,7 @@ PYTEST_ARGS ?=
 
 BENCH_ARGS ?=
 
-.PHONY: demo bench-data bench-operator chart-check crds lint test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
+.PHONY: demo images bench-data bench-operator chart-check crds lint test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
 
 demo:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/demo.py
@@ -19,7 +19,7 @@ lint:
 	  PYTHONPATH=contract:operator:images/trainer $$venv/bin/lint-imports
 
 test-unit:
-	@venv=$$(scripts/venv.sh) && $$venv/bin/python -m pytest -m "not cluster" $(PYTEST_ARGS)
+	@venv=$$(scripts/venv.sh) && $$venv/bin/python -m pytest -m "not cluster and not images" $(PYTEST_ARGS)
 
 bench-data:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python benchmarks/bench_data.py $(BENCH_ARGS)
@@ -35,6 +35,10 @@ crds:
 
 venv:
 	@scripts/venv.sh
+
+# The operator image and the trainer's CPU variant, built with BuildKit without Docker (images/build.sh).
+images:
+	@images/build.sh build
 
 cluster-build:
 	@$(CLUSTER) build

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
 
 from kube import REPO
 
@@ -32,15 +36,37 @@ def test_operator_image_needs_only_what_its_dockerfile_copies(tmp_path: Path) ->
     assert result.stdout.strip() == "[]"
 
 
-def test_images_pin_the_versions_the_tests_run() -> None:
-    pins = {name: version.split("#")[0].strip() for name, version in (
-        line.split("==", 1) for line in (REPO / "requirements" / "test.txt").read_text().splitlines()
-        if "==" in line and not line.startswith("#"))}
-    operator = (REPO / "images" / "operator" / "Dockerfile").read_text()
+def requirements(text: str) -> dict[str, str]:
+    """Requirement lines (comments dropped), by lower-case package name."""
+    found = (Requirement(line.split("#")[0]) for line in text.splitlines() if line.split("#")[0].strip())
+    return {requirement.name.lower(): str(requirement) for requirement in found}
+
+
+def pip_installs(dockerfile: str) -> dict[str, str]:
+    """What the Dockerfile's RUN steps pip-install, by lower-case package name: the arguments of
+    `pip install`, or of `set --` when the step installs "$@"."""
+    words = []
+    for line in (REPO / dockerfile).read_text().replace("\\\n", " ").splitlines():
+        if line.startswith("RUN ") and " pip install " in line:
+            listed = line.split(" set -- ", 1)[1].split("&&")[0] if '"$@"' in line else line.split(" pip install ", 1)[1]
+            words += [word for word in shlex.split(listed) if not word.startswith("-")]
+    return requirements("\n".join(words))
+
+
+@pytest.mark.parametrize(("dockerfile", "needed"), [
+    ("images/operator/Dockerfile", {"kopf", "kubernetes", "pyyaml", "prometheus-client"}),
+    ("images/trainer/Dockerfile", {"torch", "torchvision", "boto3", "kubernetes", "pyyaml"}),
+])
+def test_images_pin_the_versions_the_tests_run(dockerfile: str, needed: set[str]) -> None:
+    """Every package an image installs is pinned exactly as requirements/test.txt pins it."""
+    pins = requirements((REPO / "requirements" / "test.txt").read_text())
+    installs = pip_installs(dockerfile)
+    assert needed <= installs.keys(), f"{dockerfile} does not install {sorted(needed - installs.keys())}"
+    for name, requirement in installs.items():
+        assert requirement == pins.get(name), f"{dockerfile} installs {requirement}, requirements/test.txt has {pins.get(name)}"
+
+
+def test_trainer_cuda_base_is_the_torch_the_tests_run() -> None:
+    torch = requirements((REPO / "requirements" / "test.txt").read_text())["torch"].removeprefix("torch==").removesuffix(".*")
     trainer = (REPO / "images" / "trainer" / "Dockerfile").read_text()
-    for package in ("kopf", "kubernetes", "PyYAML", "prometheus-client"):
-        assert f"{package}=={pins[package]}" in operator, package
-    for package in ("kubernetes", "PyYAML"):
-        assert f"{package}=={pins[package]}" in trainer, package
-    torch = pins["torch"].removesuffix(".*")
     assert f"pytorch/pytorch:{torch}" in trainer, f"the trainer's base image is not torch {torch}"
