@@ -220,3 +220,15 @@ def hang_min_s(environ: Mapping[str, str] | None = None) -> float:
 def resume_from(environ: Mapping[str, str] | None = None) -> str | None:
     """$DDP_RESUME_FROM: the checkpoint the operator tells a restarted gang to resume from."""
     return (os.environ if environ is None else environ).get(names.RESUME_FROM, "").strip() or None
+
+
+DEFAULT_LOG_UPLOAD_INTERVAL_SECONDS = 30.0
+
+
+def log_upload_interval_s(environ: Mapping[str, str] | None = None) -> float:
+    """$DDP_LOG_UPLOAD_INTERVAL_SECONDS: seconds between uploads of the rank's output; 0: at exit only."""
+    env = os.environ if environ is None else environ
+    raw = env.get(names.LOG_UPLOAD_INTERVAL_SECONDS, "").strip()
+    if raw in ("0", "0.0"):
+        return 0.0
+    return _float(env, names.LOG_UPLOAD_INTERVAL_SECONDS, DEFAULT_LOG_UPLOAD_INTERVAL_SECONDS)
