@@ -17,6 +17,8 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("job", help="the DDPJob's name")
     common.add_argument("-n", "--namespace", help="the job's namespace (default: the kubeconfig context's)")
     common.add_argument("--kubeconfig", help="path to the kubeconfig (default: $KUBECONFIG, ~/.kube/config)")
+    common.add_argument("--results", metavar="S3_URI",
+                        help="the job's spec.s3.results, to read a deleted job's logs, results and metrics")
     common.add_argument("--s3-endpoint", help="S3 endpoint (default: the job's spec.s3.endpoint, $DDP_S3_ENDPOINT)")
     common.add_argument("--s3-region", help="S3 region (default: the job's spec.s3.region)")
     common.add_argument("--s3-access-key-id", help="(default: the job's credentials Secret, $AWS_ACCESS_KEY_ID)")
@@ -67,7 +69,7 @@ def run(job: Job, args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        job = attach(args.job, args.namespace, args.kubeconfig, s3_access=s3_access(args))
+        job = attach(args.job, args.namespace, args.kubeconfig, s3_access=s3_access(args), results_uri=args.results)
         return run(job, args)
     except (LookupError, StoreError, ValueError) as error:
         print(f"kubectl ddp {args.command}: {error}", file=sys.stderr)

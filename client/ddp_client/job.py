@@ -36,7 +36,8 @@ class ResultFile:
 class Job:
     """One DDPJob, by name, through a Kubernetes API client; S3 settings from the job unless given."""
 
-    def __init__(self, name: str, namespace: str, api_client: Any, s3_access: S3Access | None = None) -> None:
+    def __init__(self, name: str, namespace: str, api_client: Any, s3_access: S3Access | None = None,
+                 results_uri: str | None = None) -> None:
         from kubernetes import client
 
         self.name = name
@@ -45,6 +46,7 @@ class Job:
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
         self.s3_access = s3_access or S3Access()
+        self.results_uri = results_uri  # spec.s3.results, for a job already deleted (ttlSecondsAfterFinished)
         self._store: JobStore | None = None
 
     def __repr__(self) -> str:
@@ -66,6 +68,15 @@ class Job:
 
     def status(self) -> dict[str, Any]:
         return dict(self.get().get("status") or {})
+
+    def _status_or_none(self) -> dict[str, Any]:
+        """The status, or nothing for a deleted job whose results URI was given."""
+        try:
+            return self.status()
+        except LookupError:
+            if self.results_uri is None:
+                raise
+            return {}
 
     def pods(self) -> list[dict[str, Any]]:
         found = self.core.list_namespaced_pod(self.namespace, label_selector=f"{labels.LABEL_JOB_NAME}={self.name}")
@@ -117,7 +128,7 @@ class Job:
     def store(self) -> JobStore:
         """The job's results prefix, with spec.s3's endpoint and its Secret's credentials unless set here."""
         if self._store is None:
-            spec_s3 = (self.get().get("spec") or {}).get("s3") or {}
+            spec_s3 = self._spec_s3()
             if not spec_s3.get("results"):
                 raise StoreError(f"{self.name} has no spec.s3.results: its ranks keep no results, metrics or logs in S3")
             secret_name = spec_s3.get("credentialsSecret")
@@ -155,7 +166,7 @@ class Job:
 
     def plot(self, path: str | Path, metrics: list[str] | None = None, rank: int | None = 0) -> metricdata.Series:
         """Loss and every other logged metric (or those named) against the step, one panel each, to a
-        PNG; returns the series plotted (rank 0's; None: every rank's mean per step)."""
+        PNG; returns the series as drawn (rank 0's; None: every rank's mean per step)."""
         from .plot import plot_series
 
         series = metricdata.series(self.metrics(), rank)
@@ -164,8 +175,7 @@ class Job:
             if missing:
                 raise ValueError(f"{self.name} logged no metric {', '.join(missing)}; it logged {', '.join(series)}")
             series = {m: series[m] for m in metrics}
-        plot_series(series, Path(path), title=f"{self.namespace}/{self.name}")
-        return series
+        return plot_series(series, Path(path), title=f"{self.namespace}/{self.name}")
 
     # --- logs ------------------------------------------------------------------------------------
 
@@ -201,9 +211,17 @@ class Job:
                     texts[kept_rank] = "".join(self.store().get(key).decode(errors="replace") for key in keys)
         return attempt, texts
 
+    def _spec_s3(self) -> dict[str, Any]:
+        """spec.s3, or for a deleted job the results URI given to the handle (credentials from it or the env)."""
+        try:
+            return dict((self.get().get("spec") or {}).get("s3") or {})
+        except LookupError:
+            if self.results_uri is None:
+                raise
+            return {"results": self.results_uri}
+
     def _kept(self, attempt: int | None) -> tuple[int, dict[int, list[str]]] | None:
-        spec_s3 = (self.get().get("spec") or {}).get("s3") or {}
-        if not spec_s3.get("results"):
+        if not self._spec_s3().get("results"):
             return None
         attempts = self.kept_attempts()
         if attempt is None:
@@ -225,7 +243,7 @@ class Job:
              out: IO[str] | None = None, poll_s: float = POLL_SECONDS) -> str:
         """Every rank's output (or one rank's), each line `[rank N] `, the failed rank first. With
         `follow`, new lines go to `out` (stdout) as they come until the job finishes."""
-        failed = (self.status().get("failedRank") or {}).get("rank")
+        failed = (self._status_or_none().get("failedRank") or {}).get("rank")
         if not follow:
             return logtext.merge(self.log_texts(attempt, rank)[1], failed)
         return self._follow(rank, attempt, out or sys.stdout, poll_s)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ def load_job(job: Mapping[str, Any] | str | Path) -> dict[str, Any]:
 
 def job_name_for(target: str) -> str:
     """A job name from a script or module name: `train_resnet.py` -> `train-resnet`."""
-    stem = Path(target.partition(":")[0]).stem.rsplit(".", 1)[-1]
+    stem = Path(target).stem if is_script(target) else target.partition(":")[0].rsplit(".", 1)[-1]
     name = re.sub(r"[^a-z0-9-]+", "-", stem.lower()).strip("-")[:40].strip("-")
     return name or "ddpjob"
 
@@ -91,14 +92,11 @@ def build_job(
     if not NAME_RE.match(name) or len(name) > 52:
         raise ValueError(f"job name {name!r} must be a DNS label (a-z, 0-9, '-') of at most 52 characters")
     body: dict[str, Any] = {"worldSize": int(world_size), "gpusPerRank": int(gpus), "image": image}
+    extra = dict(spec or {})
     if is_script(target):
         script = Path(target).name
         body["command"] = ["python", "-m", "ddp_trainer", "run", f"{SCRIPT_DIR}/{script}", "--"]
-        body["template"] = {"spec": {
-            "volumes": [{"name": SCRIPT_VOLUME, "configMap": {"name": script_configmap_name(name)}}],
-            "containers": [{"name": labels.CONTAINER_NAME,
-                            "volumeMounts": [{"name": SCRIPT_VOLUME, "mountPath": SCRIPT_DIR, "readOnly": True}]}],
-        }}
+        body["template"] = with_script_volume(extra.pop("template", None) or {}, script_configmap_name(name))
     elif ENTRYPOINT_RE.match(target):
         body["entrypoint"] = target
     else:
@@ -109,8 +107,24 @@ def build_job(
         body["s3"] = s3.spec()
     if env:
         body["env"] = _env(env)
-    body.update(spec or {})
+    body.update(extra)
     return {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": name}, "spec": body}
+
+
+def with_script_volume(template: Mapping[str, Any], configmap: str) -> dict[str, Any]:
+    """The pod template with the script's ConfigMap as a volume, mounted in the trainer container
+    at SCRIPT_DIR; the template's own volumes, containers and other fields are kept."""
+    merged = copy.deepcopy(dict(template))
+    pod = merged.setdefault("spec", {})
+    pod["volumes"] = [*(pod.get("volumes") or []), {"name": SCRIPT_VOLUME, "configMap": {"name": configmap}}]
+    containers = pod.setdefault("containers", [])
+    trainer = next((c for c in containers if c.get("name") == labels.CONTAINER_NAME), None)
+    if trainer is None:
+        trainer = {"name": labels.CONTAINER_NAME}
+        containers.insert(0, trainer)
+    mount = {"name": SCRIPT_VOLUME, "mountPath": SCRIPT_DIR, "readOnly": True}
+    trainer["volumeMounts"] = [*(trainer.get("volumeMounts") or []), mount]
+    return merged
 
 
 def script_configmap(job: str, script: Path) -> dict[str, Any]:

@@ -27,10 +27,11 @@ def default_namespace(kubeconfig: str | None = None) -> str:
 
 
 def attach(name: str, namespace: str | None = None, kubeconfig: str | None = None, api_client: Any = None,
-           s3_access: S3Access | None = None) -> Job:
-    """A handle on an existing DDPJob."""
+           s3_access: S3Access | None = None, results_uri: str | None = None) -> Job:
+    """A handle on a DDPJob; `results_uri` (its spec.s3.results) reads the logs, results and
+    metrics of one already deleted."""
     return Job(name, namespace or default_namespace(kubeconfig), api_client or kubeclient.api_client(kubeconfig),
-               s3_access)
+               s3_access, results_uri)
 
 
 def submit(
