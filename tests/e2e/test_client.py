@@ -182,3 +182,29 @@ def test_a_failed_job_says_why_and_its_logs_start_with_the_failed_rank(
     assert cli.splitlines()[0].startswith("[rank 1] ")
     summary = kubectl_ddp("status", "buggy", "-n", jobs.namespace).stdout
     assert "Phase:        Failed" in summary and "Failure:" in summary and "failed rank: rank 1" in summary, summary
+
+
+def test_each_gang_attempts_output_is_kept_through_restarts(
+        jobs: Jobs, kube_api, s3_endpoint: str, podrunner: Path, s3_secret: str, kubectl_ddp, tmp_path: Path) -> None:
+    path = os.pathsep.join(str(REPO / p) for p in ("contract", "images/trainer", "tests/trainer"))
+    env = {"PYTHONPATH": path, "WL_CRASH_AT_STEP": "3", "WL_EPOCHS": "50", "WL_OUT": str(tmp_path / "model.pt"),
+           "DDP_LOG_UPLOAD_INTERVAL_SECONDS": "1"}
+    # Rank 0 kills itself (SIGKILL) at step 3 of every attempt: one gang restart, then Failed.
+    job = ddp_client.submit("ddp_workloads:train", image=IMAGE, world_size=2, gpus=0, s3=client_s3(s3_endpoint),
+                            env=env, name="crashing", spec=local_spec(infrastructureBackoffLimit=1),
+                            namespace=jobs.namespace, api_client=kube_api)
+    with pytest.raises(ddp_client.JobFailed) as failed:
+        job.wait(timeout=240, out=None)
+    assert failed.value.status["restarts"] == 1 and "signal SIGKILL" in str(failed.value), str(failed.value)
+
+    def kept(attempt: int) -> str | None:
+        text = job.logs(attempt=attempt)
+        return text if "[rank 1] ddp-trainer: error (rank 1" in text else None
+
+    for attempt in (0, 1):
+        # The surviving rank 1 left its last words in each attempt's log; the failed rank 0 comes first.
+        text = wait_until(lambda: kept(attempt), 30, f"rank 1's output of attempt {attempt}")
+        assert isinstance(text, str) and "rank 1/2 joined" in text
+        assert text.splitlines()[0].startswith("[rank 0] "), text
+    cli = kubectl_ddp("logs", "crashing", "-n", jobs.namespace, "--attempt", "0", "--rank", "1").stdout
+    assert "[rank 1] ddp-trainer: error (rank 1" in cli and "[rank 0]" not in cli
