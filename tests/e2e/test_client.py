@@ -19,6 +19,7 @@ from PIL import Image
 
 import ddp_client
 from ddp_client.job import Job
+from ddp_client.jobspec import build_job
 from ddp_client.metrics import series
 from ddp_contract import labels
 from e2ehelp import BUCKET
@@ -189,10 +190,12 @@ def test_each_gang_attempts_output_is_kept_through_restarts(
     path = os.pathsep.join(str(REPO / p) for p in ("contract", "images/trainer", "tests/trainer"))
     env = {"PYTHONPATH": path, "WL_CRASH_AT_STEP": "3", "WL_EPOCHS": "50", "WL_OUT": str(tmp_path / "model.pt"),
            "DDP_LOG_UPLOAD_INTERVAL_SECONDS": "1"}
-    # Rank 0 kills itself (SIGKILL) at step 3 of every attempt: one gang restart, then Failed.
-    job = ddp_client.submit("ddp_workloads:train", image=IMAGE, world_size=2, gpus=0, s3=client_s3(s3_endpoint),
-                            env=env, name="crashing", spec=local_spec(infrastructureBackoffLimit=1),
-                            namespace=jobs.namespace, api_client=kube_api)
+    # Rank 0 kills itself (SIGKILL) at step 3 of every attempt: one gang restart, then Failed. The
+    # job is submitted whole, as YAML text.
+    body = build_job("ddp_workloads:train", name="crashing", image=IMAGE, world_size=2, gpus=0, s3=client_s3(s3_endpoint),
+                     env=env, spec=local_spec(infrastructureBackoffLimit=1))
+    job = ddp_client.submit(yaml.safe_dump(body), namespace=jobs.namespace, api_client=kube_api)
+    assert job.name == "crashing"
     with pytest.raises(ddp_client.JobFailed) as failed:
         job.wait(timeout=240, out=None)
     assert failed.value.status["restarts"] == 1 and "signal SIGKILL" in str(failed.value), str(failed.value)
