@@ -243,10 +243,10 @@ class Job:
              out: IO[str] | None = None, poll_s: float = POLL_SECONDS) -> str:
         """Every rank's output (or one rank's), each line `[rank N] `, the failed rank first. With
         `follow`, new lines go to `out` (stdout) as they come until the job finishes."""
-        failed = (self._status_or_none().get("failedRank") or {}).get("rank")
-        if not follow:
-            return logtext.merge(self.log_texts(attempt, rank)[1], failed)
-        return self._follow(rank, attempt, out or sys.stdout, poll_s)
+        if follow:
+            return self._follow(rank, attempt, out or sys.stdout, poll_s)
+        shown, texts = self.log_texts(attempt, rank)
+        return logtext.merge(texts, failed_rank(self._status_or_none(), shown))
 
     def _follow(self, rank: int | None, attempt: int | None, out: IO[str], poll_s: float) -> str:
         follower, shown, written = logtext.Follower(), attempt, []
@@ -265,10 +265,18 @@ class Job:
                 emit(f"--- attempt {current} ---\n")
                 follower = logtext.Follower()
             shown = current
-            emit(follower.new_lines(texts, (status.get("failedRank") or {}).get("rank"), final=finished))
+            emit(follower.new_lines(texts, failed_rank(status, current), final=finished))
             if finished:
                 return "".join(written)
             time.sleep(poll_s)
+
+
+def failed_rank(status: dict[str, Any], attempt: int | None) -> int | None:
+    """The rank whose failure ended `attempt` (status.failedRank), if that attempt's failure is the one recorded."""
+    failed = status.get("failedRank") or {}
+    if failed.get("rank") is None or failed.get("attempt") not in (None, attempt):
+        return None
+    return int(failed["rank"])
 
 
 def _overwrite(out: IO[str], line: str, previous: str) -> None:

@@ -28,7 +28,7 @@ class OfflineJob(Job):
         self._store = FakeStore(kept)  # type: ignore[assignment]
 
     def get(self) -> dict[str, Any]:
-        return {"spec": {"s3": {"results": "s3://b/r"}}, "status": {"failedRank": {"rank": 1}}}
+        return {"spec": {"s3": {"results": "s3://b/r"}}, "status": {"failedRank": {"rank": 1, "attempt": 1}}}
 
     def pods(self) -> list[dict[str, Any]]:
         return self._pods
@@ -56,3 +56,4 @@ def test_without_pods_the_newest_kept_attempt_or_the_one_asked_for() -> None:
     assert job.log_texts() == (1, {0: "kept 0 a\nkept 0 b\n", 1: "kept 1\n"})
     assert job.log_texts(attempt=0, rank=1) == (0, {1: "old 1\n"})
     assert job.log_texts(attempt=7) == (7, {})
+    assert job.logs(attempt=0) == "[rank 0] old 0\n[rank 1] old 1\n"  # rank 1 failed attempt 1, not 0
