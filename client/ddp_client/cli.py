@@ -6,6 +6,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from kubernetes.client.rest import ApiException
+from kubernetes.config import ConfigException
+
 from .job import Job
 from .store import S3Access, StoreError
 from .submit import attach
@@ -73,6 +76,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(job, args)
     except (LookupError, StoreError, ValueError) as error:
         print(f"kubectl ddp {args.command}: {error}", file=sys.stderr)
+        return 1
+    except ConfigException as error:
+        print(f"kubectl ddp {args.command}: no usable kubeconfig: {error}", file=sys.stderr)
+        return 1
+    except ApiException as error:
+        print(f"kubectl ddp {args.command}: the Kubernetes API answered {error.status} {error.reason}: "
+              f"{(error.body or '')[:500]}", file=sys.stderr)
         return 1
 
 

@@ -134,11 +134,22 @@ class Job:
             secret_name = spec_s3.get("credentialsSecret")
             secret = None
             if secret_name and not self.s3_access.access_key_id:
-                found = self.core.read_namespaced_secret(secret_name, self.namespace)
-                secret = self.api_client.sanitize_for_serialization(found)
+                secret = self._credentials_secret(secret_name)
             access = self.s3_access.over(job_access(spec_s3, secret, secret_name))
             self._store = JobStore(access, spec_s3["results"], self.namespace, self.name)
         return self._store
+
+    def _credentials_secret(self, name: str) -> dict[str, Any]:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            secret: dict[str, Any] = self.api_client.sanitize_for_serialization(
+                self.core.read_namespaced_secret(name, self.namespace))
+        except ApiException as error:
+            raise StoreError(f"cannot read the job's S3 credentials, Secret {self.namespace}/{name} ({error.status} "
+                             f"{error.reason}); give them as AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or "
+                             "--s3-access-key-id/--s3-secret-access-key") from None
+        return secret
 
     @overload
     def results(self, download: None = None) -> list[ResultFile]: ...
