@@ -73,12 +73,23 @@ def submit(
         body = build_job(text, name=name or job_name_for(text), image=image, world_size=world_size, gpus=gpus,
                          s3=s3, env=env, args=args, spec=spec)
     job.name = body["metadata"]["name"]
+    if _exists(job):
+        raise ValueError(f"{api.KIND} {job.namespace}/{job.name} already exists: delete it (job.delete(), "
+                         f"kubectl delete {api.SINGULAR} {job.name}) or submit with another name=")
     if script is not None:
         _create_script_configmap(job, script)
     created = job.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, job.namespace, api.PLURAL, body)
     if script is not None:
         _owned_by(job, created)
     return job
+
+
+def _exists(job: Job) -> bool:
+    try:
+        job.get()
+    except LookupError:
+        return False
+    return True
 
 
 def _create_script_configmap(job: Job, script: Path) -> None:

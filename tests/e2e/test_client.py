@@ -102,6 +102,15 @@ def test_a_seed_style_script_runs_from_the_client_and_its_progress_results_metri
     assert any(re.search(r"Running, ready 2/2, epoch \d, step \d+, loss [\d.e-]+, \d+ samples/s", line) for line in lines), lines
     assert lines[-1].startswith(f"seed-style-train: Succeeded at epoch {EPOCHS - 1}, step {STEPS}, loss "), lines
 
+    # The same name again is refused before anything is changed (the running job's code included).
+    (tmp_path / "other.py").write_text("print('other code')\n")
+    with pytest.raises(ValueError, match=f"DDPJob {jobs.namespace}/seed-style-train already exists"):
+        ddp_client.submit(str(tmp_path / "other.py"), image=IMAGE, name=job.name, namespace=jobs.namespace,
+                          api_client=kube_api)
+    code = jobs.core.read_namespaced_config_map("seed-style-train-code", jobs.namespace)
+    assert code.data == {SEED_SCRIPT.name: SEED_SCRIPT.read_text()}
+    assert code.metadata.owner_references[0].name == job.name
+
     # What the ranks submitted, listed, and downloaded as process_results did.
     submitted = {f"logs/data_{rank}_{epoch}.json" for rank in (0, 1) for epoch in range(EPOCHS)} | {"model.pkl"}
     assert {item.path for item in job.results()} == submitted
