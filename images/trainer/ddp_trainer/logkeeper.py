@@ -109,6 +109,19 @@ class LogKeeper:
         return self
 
     def _read(self) -> None:
+        try:
+            self._tee()
+        except BaseException:
+            # Fail open: with nobody reading the pipes, the rank would block on its next print.
+            self._restore()
+            log.exception("the rank's log is no longer kept in S3")
+            raise
+
+    def _restore(self) -> None:
+        for fd, original in self._saved.items():
+            os.dup2(original, fd)  # closes this process's write end of the pipe
+
+    def _tee(self) -> None:
         selector = selectors.DefaultSelector()
         for read_end in self._originals:
             selector.register(read_end, selectors.EVENT_READ)
@@ -156,8 +169,7 @@ class LogKeeper:
         sys.stdout.flush()
         sys.stderr.flush()
         self._stop.set()
-        for fd, original in self._saved.items():
-            os.dup2(original, fd)  # closes this process's write end of the pipe
+        self._restore()
         self._closing.set()
         if self._reader.is_alive() and self._reader is not threading.current_thread():
             self._reader.join(DRAIN_SECONDS + 1)
