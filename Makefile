@@ -16,7 +16,7 @@ test:
 # ruff (lint, import order), mypy (types) and import-linter (the operator never imports the runtime).
 lint:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/ruff check . && $$venv/bin/mypy && \
-	  PYTHONPATH=contract:operator:images/trainer $$venv/bin/lint-imports
+	  PYTHONPATH=contract:operator:images/trainer:client $$venv/bin/lint-imports
 
 test-unit:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python -m pytest -m "not cluster and not images" $(PYTEST_ARGS)

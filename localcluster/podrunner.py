@@ -8,6 +8,8 @@ a process of this machine, in the test virtualenv rather than the image:
 - `python` in the command is this interpreter; PYTHONPATH holds the trainer runtime and examples;
 - MASTER_ADDR becomes 127.0.0.1: every rank runs here, and cluster DNS does not exist here;
 - env values and secretKeyRefs are resolved as a kubelet would; the image is ignored;
+- a ConfigMap volume mounted in the container is written under the pod's work directory, and
+  arguments under its mountPath point there (a process cannot mount at an absolute path);
 - pod status follows the process: Running and Ready once started, Succeeded or Failed with the
   exit code when it ends; a deleted pod's process gets SIGTERM, then SIGKILL.
 
@@ -150,17 +152,18 @@ class PodRunner:
     def start(self, pod: client.V1Pod) -> None:
         key = (pod.metadata.namespace, pod.metadata.name)
         container = pod.spec.containers[0]
+        work = self.log_dir / "work" / key[0] / key[1]
+        work.mkdir(parents=True, exist_ok=True)
         try:
             env = self.environment(pod, container)
+            mounts = self.configmap_mounts(pod, container, work / "mounts")
         except Exception as error:  # noqa: BLE001 - the pod fails, as with a kubelet
             self.report(pod, "Failed", exit_code=None, reason="CreateContainerConfigError", message=str(error))
             return
-        argv = [*(container.command or []), *(container.args or [])]
+        argv = [_mounted(arg, mounts) for arg in [*(container.command or []), *(container.args or [])]]
         if argv and argv[0] in ("python", "python3"):
             argv[0] = sys.executable
         log_path = self.log_dir / f"{key[0]}_{key[1]}.log"
-        work = self.log_dir / "work" / key[0] / key[1]
-        work.mkdir(parents=True, exist_ok=True)
         out = log_path.open("ab")
         process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=work,
                                    start_new_session=True)
@@ -185,6 +188,22 @@ class PodRunner:
         env["MASTER_ADDR"] = "127.0.0.1"
         env["KUBECONFIG"] = str(self.service_account_kubeconfig(pod))
         return env
+
+    def configmap_mounts(self, pod: client.V1Pod, container: client.V1Container, root: Path) -> dict[str, Path]:
+        """Each ConfigMap volume the container mounts, written under `root`: mountPath -> local dir."""
+        volumes = {v.name: v for v in pod.spec.volumes or []}
+        mounts: dict[str, Path] = {}
+        for mount in container.volume_mounts or []:
+            volume = volumes.get(mount.name)
+            if volume is None or volume.config_map is None:
+                continue
+            data = self.core.read_namespaced_config_map(volume.config_map.name, pod.metadata.namespace).data or {}
+            local = root / mount.mount_path.lstrip("/")
+            local.mkdir(parents=True, exist_ok=True)
+            for name, text in data.items():
+                (local / name).write_text(text)
+            mounts[mount.mount_path.rstrip("/")] = local
+        return mounts
 
     def service_account_kubeconfig(self, pod: client.V1Pod) -> Path:
         """What a kubelet mounts as the pod's token, as a kubeconfig: the pod acts as its ServiceAccount."""
@@ -270,6 +289,14 @@ class PodRunner:
         for key in list(self.running):
             self.kill(key)
         self.unregister()
+
+
+def _mounted(arg: str, mounts: dict[str, Path]) -> str:
+    """An argument naming a file under a mounted path, pointed at the local copy."""
+    for path, local in mounts.items():
+        if arg == path or arg.startswith(path + "/"):
+            return str(local) + arg[len(path):]
+    return arg
 
 
 def main() -> int:

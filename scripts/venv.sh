@@ -16,4 +16,12 @@ if [ ! -f "$venv/.complete" ]; then
   "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$root/requirements/test.txt" >&2
   touch "$venv/.complete"
 fi
+# `kubectl ddp` (the client's console script) on the venv's PATH, running this clone's client. The
+# venv is shared, so the launcher is written again on every call (atomically, by rename): it runs
+# the code of the clone that called this script last. `pip install ".[client]"` installs the same.
+launcher=$(mktemp "$venv/bin/.kubectl-ddp.XXXXXX")
+printf '#!/bin/sh\n# kubectl ddp, written by %s/scripts/venv.sh\nPYTHONPATH="%s/client:%s/contract${PYTHONPATH:+:$PYTHONPATH}" exec "%s/bin/python" -m ddp_client "$@"\n' \
+  "$root" "$root" "$root" "$venv" > "$launcher"
+chmod 755 "$launcher"
+mv -f "$launcher" "$venv/bin/kubectl-ddp"
 echo "$venv"

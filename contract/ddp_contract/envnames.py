@@ -39,6 +39,8 @@ HANG_TIMEOUT_SECONDS: Final = "DDP_HANG_TIMEOUT_SECONDS"
 HANG_MIN_SECONDS: Final = "DDP_HANG_MIN_SECONDS"
 # Where a failing rank leaves its last words for the kubelet (the container's terminationMessagePath).
 TERMINATION_MESSAGE_PATH: Final = "DDP_TERMINATION_MESSAGE_PATH"
+# How often a rank uploads its output to <results>/<ns>/<job>/logs/ (it also does at exit); 0: at exit only.
+LOG_UPLOAD_INTERVAL_SECONDS: Final = "DDP_LOG_UPLOAD_INTERVAL_SECONDS"
 
 # S3: credentials under the names boto3 reads (and the keys the credentials Secret must hold).
 AWS_ACCESS_KEY_ID: Final = "AWS_ACCESS_KEY_ID"

@@ -223,3 +223,29 @@ def fail_at_step(ctx: RankContext) -> None:
         if ctx.rank == 1 and step == 3:
             raise ValueError("a bug that fires at step 3")
         dist.all_reduce(torch.ones(1))
+
+
+def _loader_worker_says(index: int) -> int:
+    print(f"a DataLoader worker printed item {index}", flush=True)
+    return index
+
+
+def chatty(ctx: RankContext) -> None:
+    """Output of every kind a rank makes: print, stderr, logging, a DataLoader worker (forked), then
+    (WL_FAIL=1) a traceback; with WL_READY_FILE it waits after saying so, for SIGTERM or SIGKILL."""
+    import logging
+    import pathlib
+    import sys
+    import time
+
+    print(f"rank {ctx.rank} prints to stdout", flush=True)
+    print(f"rank {ctx.rank} writes to stderr", file=sys.stderr, flush=True)
+    logging.getLogger("user").warning("rank %d logs a warning", ctx.rank)
+    loader = DataLoader(list(range(2)), batch_size=1, num_workers=1, multiprocessing_context="fork",
+                        collate_fn=lambda items: [_loader_worker_says(i) for i in items])
+    list(loader)
+    if os.environ.get("WL_READY_FILE"):
+        pathlib.Path(os.environ["WL_READY_FILE"]).write_text("ready")
+        time.sleep(3600)
+    if os.environ.get("WL_FAIL") == "1":
+        raise RuntimeError(f"rank {ctx.rank} fails on purpose")

@@ -128,3 +128,28 @@ def test_bad_credentials_are_named(authenticating_s3: str, s3_env, monkeypatch: 
         S3ImageFolder("train-data", "images")
     assert "AWS_ACCESS_KEY_ID" in str(caught.value)
     assert classify(caught.value) == ExitCode.USER_ERROR
+
+
+def test_dask_pytorch_ddp_keywords_and_unsigned_access_to_a_public_bucket(
+        image_tree: tuple[Path, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _, bucket = image_tree
+    ours = S3ImageFolder(bucket, "data/train", transform=transforms.ToTensor())
+    expected = ours[3][0]
+    for key, _ in s3.list_objects(s3.S3Url(bucket, "data/train")):  # a public bucket's objects
+        s3.client().put_object_acl(Bucket=bucket, Key=key, ACL="public-read")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    s3.reset_clients()
+    with pytest.raises(StorageError, match="no S3 credentials"):  # signed requests need credentials ...
+        S3ImageFolder(s3_bucket=bucket, s3_prefix="data/train")
+    seeds = S3ImageFolder(s3_bucket=bucket, s3_prefix="data/train", transform=transforms.ToTensor(), anon=True)
+    assert seeds.samples == ours.samples and seeds.classes == ours.classes  # ... anonymous ones none
+    image, target = seeds[3]
+    assert target == ours.targets[3] and torch.equal(image, expected)
+
+
+def test_the_bucket_is_named_once() -> None:
+    with pytest.raises(TypeError, match="needs bucket \\(or dask-pytorch-ddp's s3_bucket\\), exactly once"):
+        S3ImageFolder("a", "p", s3_bucket="b")

@@ -29,7 +29,7 @@ from ddp_contract import envnames as names
 from ddp_contract.backend import NCCL, resolve_backend
 from ddp_contract.failures import format_line
 
-from . import env, jobstatus, localranks
+from . import env, jobstatus, localranks, logkeeper
 from .errors import (
     ConfigError,
     ExitCode,
@@ -340,6 +340,7 @@ def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None 
             raise ConfigError(f"no entrypoint: pass `module:function` or a script, or set {names.ENTRYPOINT}")
         settings = env.DistSettings.from_env(environ)
         rank = settings.rank
+        logkeeper.start(rank, environ)
         _stop_on_sigterm(rank)
         func = load_target(target)
         job = env.JobInfo.from_env(environ)
@@ -422,7 +423,8 @@ def destroy_process_group(timeout_s: float = _DESTROY_TIMEOUT_S) -> bool:
 def exit_process(code: int) -> None:
     """Exit with `code`. Failures skip interpreter teardown: after a broken collective, C++
     threads left by the backend or DDP can abort the process at exit (SIGABRT), which would
-    replace a meaningful exit code by 134."""
+    replace a meaningful exit code by 134. What the rank printed goes to S3 first (logkeeper)."""
+    logkeeper.finish()
     sys.stdout.flush()
     sys.stderr.flush()
     if code != ExitCode.OK:

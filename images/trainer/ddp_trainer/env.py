@@ -228,3 +228,14 @@ def local_world_size(environ: Mapping[str, str] | None = None) -> int:
 
 def node_rank(environ: Mapping[str, str] | None = None) -> int:
     return _int(os.environ if environ is None else environ, names.NODE_RANK, default=0)
+
+DEFAULT_LOG_UPLOAD_INTERVAL_SECONDS = 30.0
+
+
+def log_upload_interval_s(environ: Mapping[str, str] | None = None) -> float:
+    """$DDP_LOG_UPLOAD_INTERVAL_SECONDS: seconds between uploads of the rank's output; 0: at exit only."""
+    env = os.environ if environ is None else environ
+    raw = env.get(names.LOG_UPLOAD_INTERVAL_SECONDS, "").strip()
+    if raw in ("0", "0.0"):
+        return 0.0
+    return _float(env, names.LOG_UPLOAD_INTERVAL_SECONDS, DEFAULT_LOG_UPLOAD_INTERVAL_SECONDS)

@@ -76,31 +76,45 @@ def make_samples(
     return classes, class_to_idx, samples
 
 
+def _one_of(ours: str | None, seeds: str | None, name: str, seed_name: str) -> str:
+    """A value given under our name or dask-pytorch-ddp's, not both and not neither."""
+    if (ours is None) == (seeds is None):
+        raise TypeError(f"S3ImageFolder needs {name} (or dask-pytorch-ddp's {seed_name}), exactly once")
+    return ours if ours is not None else str(seeds)
+
+
 class S3ImageFolder:
     """Map-style dataset: `dataset[i] -> (transform(image), target_transform(class index))`.
 
-    `samples` holds (key, class index) pairs; keys are full object keys in `bucket`.
+    `samples` holds (key, class index) pairs; keys are full object keys in `bucket`. dask-pytorch-ddp's
+    keywords work too: `S3ImageFolder(s3_bucket=..., s3_prefix=..., transform=..., anon=True)`;
+    `anon`: unsigned requests, for public buckets.
     """
 
     def __init__(
         self,
-        bucket: str,
-        prefix: str,
+        bucket: str | None = None,
+        prefix: str | None = None,
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[int], Any] | None = None,
         loader: Callable[[bytes, str], Any] = pil_loader,
         extensions: Sequence[str] | None = IMG_EXTENSIONS,
         is_valid_file: Callable[[str], bool] | None = None,
+        *,
+        s3_bucket: str | None = None,
+        s3_prefix: str | None = None,
+        anon: bool = False,
     ) -> None:
-        self.bucket = bucket
-        self.prefix = prefix.strip("/")
+        self.bucket = _one_of(bucket, s3_bucket, "bucket", "s3_bucket")
+        self.prefix = _one_of(prefix, s3_prefix, "prefix", "s3_prefix").strip("/")
+        self.anon = anon
         self.transform = transform
         self.target_transform = target_transform
         self.loader = loader
         if is_valid_file is not None:
             extensions = None
-        keys = [key for key, _ in s3.list_objects(s3.S3Url(bucket, self.prefix))]
-        where = f"s3://{bucket}/{self.prefix}"
+        keys = [key for key, _ in s3.list_objects(s3.S3Url(self.bucket, self.prefix), s3.client(unsigned=anon))]
+        where = f"s3://{self.bucket}/{self.prefix}"
         try:
             self.classes, self.class_to_idx, self.samples = make_samples(keys, self.prefix, extensions, is_valid_file)
         except ConfigError as exc:
@@ -119,7 +133,7 @@ class S3ImageFolder:
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         key, target = self.samples[index]
         url = s3.S3Url(self.bucket, key)
-        sample = self.loader(s3.get_bytes(url), str(url))
+        sample = self.loader(s3.get_bytes(url, s3.client(unsigned=self.anon)), str(url))
         if self.transform is not None:
             try:
                 sample = self.transform(sample)

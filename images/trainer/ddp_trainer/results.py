@@ -21,6 +21,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from ddp_contract import layout
+
 from . import env, s3
 from .errors import ConfigError
 from .values import to_number
@@ -64,14 +66,15 @@ class S3ResultsHandler:
 
     @property
     def metrics_url(self) -> s3.S3Url:
-        return self.prefix.join("metrics", f"rank-{self.rank:05d}-{self.session}.jsonl")
+        return self.prefix.join(layout.METRICS, f"rank-{self.rank:05d}-{self.session}.jsonl")
 
-    def result_url(self, name: str) -> s3.S3Url:
-        return self.prefix.join("results", _check_name(name))
+    def result_url(self, path: str) -> s3.S3Url:
+        return self.prefix.join(layout.RESULTS, _check_name(path))
 
-    def submit_result(self, name: str, data: bytes | str) -> s3.S3Url:
-        """Store `data` as `results/<name>`; returns where it went."""
-        url = self.result_url(name)
+    def submit_result(self, path: str, data: bytes | str) -> s3.S3Url:
+        """Store `data` as `results/<path>`; returns where it went. dask-pytorch-ddp's call as it was:
+        `submit_result(path=..., data=...)`; the client's `process_results` downloads them."""
+        url = self.result_url(path)
         s3.put_bytes(url, data.encode() if isinstance(data, str) else bytes(data))
         return url
 
@@ -114,7 +117,7 @@ class S3ResultsHandler:
 def read_metrics(prefix: s3.S3Url) -> list[Mapping[str, Any]]:
     """All ranks' metric records under a job prefix (for tests, notebooks and the operator)."""
     records: list[Mapping[str, Any]] = []
-    for key, _ in s3.list_objects(prefix.join("metrics")):
+    for key, _ in s3.list_objects(prefix.join(layout.METRICS)):
         if key.endswith(".jsonl"):
             body = s3.get_bytes(s3.S3Url(prefix.bucket, key)).decode()
             records.extend(json.loads(line) for line in body.splitlines() if line.strip())

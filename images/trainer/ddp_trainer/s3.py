@@ -58,9 +58,11 @@ def join_key(*parts: str) -> str:
     return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
 
 
-def make_client(settings: env.S3Settings | None = None) -> Any:
-    """A new boto3 S3 client with adaptive retries (backoff on throttling, 5xx and connection errors)."""
+def make_client(settings: env.S3Settings | None = None, unsigned: bool = False) -> Any:
+    """A new boto3 S3 client with adaptive retries (backoff on throttling, 5xx and connection errors);
+    `unsigned`: anonymous requests, for public buckets (no credentials looked for or sent)."""
     import boto3
+    from botocore import UNSIGNED
     from botocore.config import Config
 
     settings = settings or env.S3Settings.from_env()
@@ -71,6 +73,7 @@ def make_client(settings: env.S3Settings | None = None) -> Any:
         read_timeout=60,
         max_pool_connections=32,
         s3={"addressing_style": "path"} if settings.endpoint_url else {},
+        **({"signature_version": UNSIGNED} if unsigned else {}),
     )
     session = boto3.session.Session(
         aws_access_key_id=settings.access_key_id,
@@ -104,21 +107,22 @@ def _botocore_session() -> Any:
     return core
 
 
-_clients: dict[int, Any] = {}
+_clients: dict[tuple[int, bool], Any] = {}
 _clients_lock = threading.Lock()
 
 
-def client() -> Any:
-    """This process's shared client, created on first use after fork/spawn."""
-    pid = os.getpid()
-    existing = _clients.get(pid)
+def client(unsigned: bool = False) -> Any:
+    """This process's shared client (an anonymous one if `unsigned`), created on first use after fork/spawn."""
+    key = (os.getpid(), unsigned)
+    existing = _clients.get(key)
     if existing is not None:
         return existing
     with _clients_lock:
-        if pid not in _clients:
-            _clients.clear()  # entries inherited through fork belong to the parent
-            _clients[pid] = make_client()
-        return _clients[pid]
+        if key not in _clients:
+            for stale in [k for k in _clients if k[0] != key[0]]:
+                del _clients[stale]  # entries inherited through fork belong to the parent
+            _clients[key] = make_client(unsigned=unsigned)
+        return _clients[key]
 
 
 def _forget_clients_in_child() -> None:

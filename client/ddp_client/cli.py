@@ -1,0 +1,94 @@
+"""`kubectl ddp` (the executable `kubectl-ddp`): logs, results, plot and status of a DDPJob."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from kubernetes.client.rest import ApiException
+from kubernetes.config import ConfigException
+
+from .job import Job
+from .store import S3Access, StoreError
+from .submit import attach
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="kubectl ddp", description="Logs, results, metrics and status of DDPJobs.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("job", help="the DDPJob's name")
+    common.add_argument("-n", "--namespace", help="the job's namespace (default: the kubeconfig context's)")
+    common.add_argument("--kubeconfig", help="path to the kubeconfig (default: $KUBECONFIG, ~/.kube/config)")
+    common.add_argument("--results", metavar="S3_URI",
+                        help="the job's spec.s3.results, to read a deleted job's logs, results and metrics")
+    common.add_argument("--s3-endpoint", help="S3 endpoint (default: the job's spec.s3.endpoint, $DDP_S3_ENDPOINT)")
+    common.add_argument("--s3-region", help="S3 region (default: the job's spec.s3.region)")
+    common.add_argument("--s3-access-key-id", help="(default: the job's credentials Secret, $AWS_ACCESS_KEY_ID)")
+    common.add_argument("--s3-secret-access-key", help="(default: the job's credentials Secret, $AWS_SECRET_ACCESS_KEY)")
+    commands = top.add_subparsers(dest="command", required=True)
+    logs = commands.add_parser("logs", parents=[common], help="every rank's output, merged with [rank N] prefixes")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until the job finishes")
+    logs.add_argument("--rank", type=int, help="only this rank")
+    logs.add_argument("--attempt", type=int, help="this gang attempt (default: the pods', else the last kept)")
+    results = commands.add_parser("results", parents=[common], help="list (or download) what the ranks submitted")
+    results.add_argument("--download", metavar="DIR", help="download every result under DIR")
+    plot = commands.add_parser("plot", parents=[common], help="loss and logged metrics against the step, to a PNG")
+    plot.add_argument("-o", "--output", required=True, help="the PNG to write")
+    plot.add_argument("--metric", action="append", help="only this metric (repeatable; default: all)")
+    plot.add_argument("--rank", type=int, default=0, help="whose metrics (default 0; -1: mean of all ranks)")
+    commands.add_parser("status", parents=[common], help="phase, ranks by state, progress, checkpoint, failure")
+    return top
+
+
+def s3_access(args: argparse.Namespace) -> S3Access:
+    """Flags first, then the environment; the job's own settings fill in the rest (Job.store)."""
+    flags = S3Access(endpoint=args.s3_endpoint, region=args.s3_region or "",
+                     access_key_id=args.s3_access_key_id, secret_access_key=args.s3_secret_access_key)
+    return flags.over(S3Access.from_env())
+
+
+def run(job: Job, args: argparse.Namespace) -> int:
+    if args.command == "status":
+        print(job.summary())
+    elif args.command == "logs":
+        if args.follow:
+            job.logs(rank=args.rank, attempt=args.attempt, follow=True, out=sys.stdout)
+        else:
+            sys.stdout.write(job.logs(rank=args.rank, attempt=args.attempt))
+    elif args.command == "results":
+        if args.download:
+            for path in job.results(download=args.download):
+                print(path)
+        else:
+            for item in job.results():
+                print(f"{item.size:>12}  {item.path}")
+    elif args.command == "plot":
+        series = job.plot(args.output, metrics=args.metric, rank=None if args.rank == -1 else args.rank)
+        print(f"{args.output}: {', '.join(f'{name} ({len(points)} points)' for name, points in series.items())}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        job = attach(args.job, args.namespace, args.kubeconfig, s3_access=s3_access(args), results_uri=args.results)
+        return run(job, args)
+    except (LookupError, StoreError, ValueError) as error:
+        print(f"kubectl ddp {args.command}: {error}", file=sys.stderr)
+        return 1
+    except ConfigException as error:
+        print(f"kubectl ddp {args.command}: no usable kubeconfig: {error}", file=sys.stderr)
+        return 1
+    except ApiException as error:
+        print(f"kubectl ddp {args.command}: the Kubernetes API answered {error.status} {error.reason}: "
+              f"{(error.body or '')[:500]}", file=sys.stderr)
+        return 1
+
+
+def cli() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,126 @@
+"""The job's results prefix in S3, read by the client: settings from the job's spec.s3 and its
+credentials Secret (read through the API), or from the environment or flags."""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ddp_contract import envnames, layout
+
+DEFAULT_REGION = "us-east-1"
+
+
+class StoreError(RuntimeError):
+    """The job's S3 results cannot be reached or read; the message names the object and the cause."""
+
+
+@dataclass(frozen=True)
+class S3Access:
+    endpoint: str | None = None
+    region: str = DEFAULT_REGION
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> S3Access:
+        env = os.environ if environ is None else environ
+        return cls(endpoint=env.get(envnames.S3_ENDPOINT) or None,
+                   region=env.get(envnames.S3_REGION) or env.get(envnames.AWS_REGION) or DEFAULT_REGION,
+                   access_key_id=env.get(envnames.AWS_ACCESS_KEY_ID) or None,
+                   secret_access_key=env.get(envnames.AWS_SECRET_ACCESS_KEY) or None)
+
+    def over(self, other: S3Access) -> S3Access:
+        """These settings where set, `other`'s elsewhere."""
+        return replace(other, **{k: v for k, v in vars(self).items() if v and not (k == "region" and v == DEFAULT_REGION)})
+
+
+def secret_credentials(secret: Mapping[str, Any], name: str) -> tuple[str, str]:
+    """(key id, secret key) from a Secret as the API returns it (base64 `data`)."""
+    data = secret.get("data") or {}
+    try:
+        return tuple(base64.b64decode(data[key]).decode()  # type: ignore[return-value]
+                     for key in (envnames.AWS_ACCESS_KEY_ID, envnames.AWS_SECRET_ACCESS_KEY))
+    except KeyError as missing:
+        raise StoreError(f"Secret {name} has no key {missing}; it needs {envnames.AWS_ACCESS_KEY_ID} and "
+                         f"{envnames.AWS_SECRET_ACCESS_KEY}") from None
+
+
+def job_access(spec_s3: Mapping[str, Any], secret: Mapping[str, Any] | None, secret_name: str | None) -> S3Access:
+    """What the job's ranks use: spec.s3's endpoint and region, the credentials Secret's keys."""
+    key_id, key = secret_credentials(secret, secret_name or "?") if secret is not None else (None, None)
+    return S3Access(endpoint=spec_s3.get("endpoint") or None, region=spec_s3.get("region") or DEFAULT_REGION,
+                    access_key_id=key_id, secret_access_key=key)
+
+
+def split_uri(uri: str) -> tuple[str, str]:
+    """`s3://bucket/some/prefix` -> ("bucket", "some/prefix")."""
+    if not uri.startswith("s3://") or not uri[5:].partition("/")[0]:
+        raise StoreError(f"{uri!r} is not an s3://bucket/prefix URI")
+    bucket, _, key = uri[5:].partition("/")
+    return bucket, key.strip("/")
+
+
+class JobStore:
+    """One job's objects under `<results>/<namespace>/<job>/`, by key relative to that prefix."""
+
+    def __init__(self, access: S3Access, results_uri: str, namespace: str, job: str) -> None:
+        self.bucket, base = split_uri(results_uri)
+        self.prefix = layout.job_key(base, namespace, job)
+        self.uri = f"s3://{self.bucket}/{self.prefix}"
+        self._access = access
+        self._client: Any = None
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import boto3
+            from botocore.config import Config
+
+            a = self._access
+            self._client = boto3.session.Session().client(
+                "s3", endpoint_url=a.endpoint, region_name=a.region, aws_access_key_id=a.access_key_id,
+                aws_secret_access_key=a.secret_access_key,
+                config=Config(retries={"max_attempts": 5, "mode": "adaptive"},
+                              s3={"addressing_style": "path"} if a.endpoint else {}))
+        return self._client
+
+    def _call(self, what: str, fn: Any) -> Any:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return fn()
+        except ClientError as error:
+            code = error.response.get("Error", {}).get("Code", "")
+            raise StoreError(f"{what}: {code or error}") from error
+        except BotoCoreError as error:
+            raise StoreError(f"{what}: {error}") from error
+
+    def list(self, under: str = "") -> Iterator[tuple[str, int]]:
+        """(relative key, size) of every object under `under`, in key order."""
+        prefix = f"{self.prefix}/{under.strip('/')}/" if under.strip("/") else f"{self.prefix}/"
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        iterator = iter(pages)
+        while True:
+            page = self._call(f"listing s3://{self.bucket}/{prefix}", lambda: next(iterator, None))
+            if page is None:
+                return
+            for item in page.get("Contents", []):
+                yield item["Key"][len(self.prefix) + 1:], int(item["Size"])
+
+    def get(self, relative: str) -> bytes:
+        key = f"{self.prefix}/{relative}"
+        response = self._call(f"reading s3://{self.bucket}/{key}",
+                              lambda: self.client.get_object(Bucket=self.bucket, Key=key))
+        return bytes(response["Body"].read())
+
+    def download(self, relative: str, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        key = f"{self.prefix}/{relative}"
+        self._call(f"downloading s3://{self.bucket}/{key}",
+                   lambda: self.client.download_file(self.bucket, key, str(path)))
+        return path

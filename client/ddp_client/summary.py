@@ -1,0 +1,126 @@
+"""Readable text from a DDPJob's status and its pods: `kubectl ddp status`, and `wait()`'s progress line."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ddp_contract import labels
+
+FINISHED = ("Succeeded", "Failed")
+
+
+def ranks_text(ranks: Iterable[int]) -> str:
+    """`0-3, 5, 7-8` for a set of ranks."""
+    ordered = sorted(set(ranks))
+    runs: list[list[int]] = []
+    for rank in ordered:
+        if runs and rank == runs[-1][-1] + 1:
+            runs[-1].append(rank)
+        else:
+            runs.append([rank])
+    return ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
+
+
+def pod_state(pod: Mapping[str, Any]) -> str:
+    """Pending, Running, Succeeded, Failed or Terminating (being deleted)."""
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return "Terminating"
+    return str((pod.get("status") or {}).get("phase") or "Pending")
+
+
+def ranks_by_state(pods: Iterable[Mapping[str, Any]]) -> dict[str, list[int]]:
+    states: dict[str, list[int]] = {}
+    for pod in pods:
+        rank = (pod.get("metadata") or {}).get("labels", {}).get(labels.LABEL_RANK)
+        if rank is not None:
+            states.setdefault(pod_state(pod), []).append(int(rank))
+    return {state: sorted(ranks) for state, ranks in sorted(states.items())}
+
+
+def _number(value: Any, digits: int = 4) -> str:
+    return "-" if value is None else f"{value:.{digits}g}" if isinstance(value, float) else str(value)
+
+
+def progress_text(status: Mapping[str, Any]) -> str:
+    """`epoch 2, step 120, loss 0.4321, 812 samples/s` from status.progress ('' before the first report)."""
+    progress = status.get("progress") or {}
+    if not progress:
+        return ""
+    parts = [f"epoch {_number(progress.get('epoch'))}", f"step {_number(progress.get('step'))}",
+             f"loss {_number(progress.get('loss'))}"]
+    if progress.get("samplesPerSecond") is not None:
+        parts.append(f"{progress['samplesPerSecond']:.0f} samples/s")
+    return ", ".join(parts)
+
+
+def progress_line(name: str, status: Mapping[str, Any]) -> str:
+    """One line for `wait()`: phase, ready ranks, restarts and progress."""
+    parts = [f"{name}: {status.get('phase') or 'Pending'}"]
+    if status.get("ready"):
+        parts.append(f"ready {status['ready']}")
+    if status.get("restarts"):
+        parts.append(f"restarts {status['restarts']}")
+    progress = progress_text(status)
+    if progress:
+        parts.append(progress)
+    return ", ".join(parts)
+
+
+def failure_text(status: Mapping[str, Any]) -> str:
+    """Why the job failed (or the gang last restarted): reason, message, and the failed rank's last output."""
+    lines = []
+    if status.get("reason") or status.get("message"):
+        lines.append(f"reason: {status.get('reason') or '-'}: {status.get('message') or ''}".rstrip(": "))
+    failed = status.get("failedRank") or {}
+    if failed:
+        where = f"rank {failed.get('rank')} (pod {failed.get('pod')}"
+        where += f" on node {failed['node']})" if failed.get("node") else ")"
+        how = [f"exit code {failed.get('exitCode')}"] if failed.get("exitCode") is not None else []
+        how += [f"signal {failed['signal']}"] if failed.get("signal") else []
+        how += ["OOM-killed"] if failed.get("oomKilled") else []
+        how += [f"step {failed['step']}"] if failed.get("step") is not None else []
+        how += [f"attempt {failed['attempt']}"] if failed.get("attempt") is not None else []
+        how += [f"{failed['kind']} failure"] if failed.get("kind") else []
+        lines.append(f"failed rank: {where}: {failed.get('reason') or 'Failed'}" + (f" ({', '.join(how)})" if how else ""))
+        if failed.get("message"):
+            lines.append("its last output:")
+            lines.extend(f"    {line}" for line in str(failed["message"]).rstrip().splitlines())
+    return "\n".join(lines)
+
+
+def outcome_text(name: str, status: Mapping[str, Any]) -> str:
+    """The line `wait()` ends with, and on failure why."""
+    phase = status.get("phase") or "Pending"
+    head = f"{name}: {phase}"
+    progress = progress_text(status)
+    if progress:
+        head += f" at {progress}"
+    if phase == "Failed":
+        return head + "\n" + failure_text(status)
+    return head
+
+
+def status_text(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> str:
+    """`kubectl ddp status`: phase, ranks by state, progress, last checkpoint, failure reason."""
+    meta, spec, status = job.get("metadata") or {}, job.get("spec") or {}, job.get("status") or {}
+    lines = [f"Job:          {meta.get('namespace')}/{meta.get('name')}",
+             f"Phase:        {status.get('phase') or 'Pending'}"
+             + (f" ({status['reason']})" if status.get("reason") else ""),
+             f"World size:   {spec.get('worldSize')} ranks, {spec.get('gpusPerRank', 1)} GPU(s) each",
+             f"Attempt:      {status.get('attempt', 0)} (restarts: {status.get('restarts', 0)}, program "
+             f"{status.get('programRestarts', 0)}, infrastructure {status.get('infrastructureRestarts', 0)})"]
+    states = ranks_by_state(pods)
+    lines.append("Ranks:        " + ("; ".join(f"{state} {ranks_text(ranks)}" for state, ranks in states.items())
+                                     or "no pods"))
+    lines.append(f"Progress:     {progress_text(status) or 'none reported yet'}")
+    checkpoint = status.get("lastCheckpoint") or {}
+    lines.append(f"Checkpoint:   step {checkpoint.get('step')} at {checkpoint.get('uri')} ({checkpoint.get('time')})"
+                 if checkpoint else "Checkpoint:   none committed")
+    if status.get("message") and status.get("phase") != "Failed":
+        lines.append(f"Message:      {status['message']}")
+    failure = failure_text(status) if (status.get("phase") == "Failed" or status.get("failedRank")) else ""
+    if failure:
+        lines.append("Failure:")
+        lines.extend(f"  {line}" for line in failure.splitlines())
+    return "\n".join(lines)

@@ -1,0 +1,49 @@
+"""What lies under a job's results prefix, `<results>/<namespace>/<job name>/`, by its one name.
+
+The runtime writes there and the client (`ddp_client`, `kubectl ddp`) reads it back:
+
+    results/<path>                                   S3ResultsHandler.submit_result(path, data)
+    metrics/rank-<RRRRR>-<session>.jsonl             log_metrics(...)
+    checkpoints/step-<012d>/...                      CheckpointManager
+    hangs/attempt-<n>/rank-<r>.txt                   a hung rank's stacks
+    logs/attempt-<n>/rank-<r>/part-<ppppp>.log       every rank's output, per gang attempt
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+RESULTS: Final = "results"
+METRICS: Final = "metrics"
+CHECKPOINTS: Final = "checkpoints"
+HANGS: Final = "hangs"
+LOGS: Final = "logs"
+
+_LOG_PART = re.compile(r"^attempt-(?P<attempt>\d+)/rank-(?P<rank>\d+)/part-(?P<part>\d+)\.log$")
+
+
+def job_key(base: str, namespace: str, job: str) -> str:
+    """The job's prefix inside the results bucket, from the results URI's own key prefix."""
+    return "/".join(p.strip("/") for p in (base, namespace, job) if p.strip("/"))
+
+
+def log_part(attempt: int, rank: int, part: int) -> str:
+    """A log part's key relative to the job's prefix."""
+    return f"{LOGS}/attempt-{attempt}/rank-{rank}/part-{part:05d}.log"
+
+
+@dataclass(frozen=True, order=True)
+class LogPart:
+    attempt: int
+    rank: int
+    part: int
+
+
+def parse_log_part(relative: str) -> LogPart | None:
+    """(attempt, rank, part) of a key relative to the job's prefix, or None for anything else."""
+    match = _LOG_PART.match(relative.removeprefix(f"{LOGS}/"))
+    if match is None or not relative.startswith(f"{LOGS}/"):
+        return None
+    return LogPart(int(match["attempt"]), int(match["rank"]), int(match["part"]))

@@ -1,0 +1,31 @@
+"""`kubectl ddp`'s arguments and its errors (the commands themselves run in tests/e2e/test_client.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddp_client.cli import main, parser, s3_access
+from ddp_client.store import S3Access
+
+
+def test_flags_win_over_the_environment_which_wins_over_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "env-id")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-key")
+    monkeypatch.delenv("DDP_S3_ENDPOINT", raising=False)
+    args = parser().parse_args(["logs", "j", "-f", "--rank", "2", "--s3-endpoint", "http://flag:9000"])
+    assert (args.command, args.follow, args.rank) == ("logs", True, 2)
+    assert s3_access(args).over(S3Access(endpoint="http://job:9000", region="eu-west-1")) == \
+        S3Access("http://flag:9000", "eu-west-1", "env-id", "env-key")
+
+
+def test_a_missing_kubeconfig_is_said_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "j", "--kubeconfig", str(tmp_path / "none")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("kubectl ddp status: no usable kubeconfig") and "Traceback" not in err
+
+
+def test_plot_needs_an_output() -> None:
+    with pytest.raises(SystemExit):
+        parser().parse_args(["plot", "j"])

@@ -1,0 +1,38 @@
+"""S3 settings for the client: the job's, the Secret's, the environment's and flags."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from ddp_client.store import S3Access, StoreError, job_access, split_uri
+from ddp_contract import layout
+
+
+def test_the_jobs_endpoint_and_its_secrets_keys_unless_flags_say_otherwise() -> None:
+    secret = {"data": {k: base64.b64encode(v.encode()).decode()
+                       for k, v in {"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "key"}.items()}}
+    access = job_access({"endpoint": "http://s3:9000", "region": "eu-west-1"}, secret, "creds")
+    assert access == S3Access("http://s3:9000", "eu-west-1", "id", "key")
+    flags = S3Access(endpoint="http://other:9000")
+    assert flags.over(access) == S3Access("http://other:9000", "eu-west-1", "id", "key")
+    with pytest.raises(StoreError, match="Secret creds has no key 'AWS_SECRET_ACCESS_KEY'"):
+        job_access({}, {"data": {"AWS_ACCESS_KEY_ID": "aWQ="}}, "creds")
+
+
+def test_environment_settings() -> None:
+    env = {"DDP_S3_ENDPOINT": "http://e", "AWS_REGION": "r", "AWS_ACCESS_KEY_ID": "i", "AWS_SECRET_ACCESS_KEY": "k"}
+    assert S3Access.from_env(env) == S3Access("http://e", "r", "i", "k")
+
+
+def test_uris_and_log_keys() -> None:
+    assert split_uri("s3://bucket/a/b/") == ("bucket", "a/b")
+    with pytest.raises(StoreError, match="not an s3://bucket/prefix URI"):
+        split_uri("bucket/a")
+    key = layout.log_part(2, 13, 1)
+    assert key == "logs/attempt-2/rank-13/part-00001.log"
+    assert layout.parse_log_part(key) == layout.LogPart(2, 13, 1)
+    assert layout.parse_log_part("logs/attempt-2/rank-13.txt") is None
+    assert layout.parse_log_part("x/attempt-1/rank-1/part-00000.log") is None
+    assert layout.job_key("runs/", "ns", "job") == "runs/ns/job" and layout.job_key("", "ns", "job") == "ns/job"

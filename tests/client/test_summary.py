@@ -1,0 +1,56 @@
+"""The text of `kubectl ddp status` and of wait()'s progress line and outcome."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddp_client.summary import outcome_text, progress_line, ranks_text, status_text
+from ddp_contract import labels
+
+
+def pod(rank: int, phase: str, deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": f"j-{rank}", "labels": {labels.LABEL_RANK: str(rank)}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta, "status": {"phase": phase}}
+
+
+FAILED = {
+    "phase": "Failed", "reason": "BackoffLimitExceeded", "message": "rank 1 failed 2 times", "attempt": 1,
+    "restarts": 1, "programRestarts": 1,
+    "progress": {"epoch": 1, "step": 40, "loss": 0.123456, "samplesPerSecond": 812.4},
+    "lastCheckpoint": {"step": 30, "uri": "s3://b/r/ns/j/checkpoints/step-000000000030", "time": "2026-01-01T00:00:00Z"},
+    "failedRank": {"rank": 1, "pod": "j-1", "node": "gpu-3", "exitCode": 1, "reason": "Error", "kind": "Program",
+                   "attempt": 1, "step": 41, "message": "Traceback ...\nValueError: boom"},
+}
+
+
+def test_ranks_are_written_as_runs() -> None:
+    assert ranks_text([5, 0, 1, 2, 7, 8]) == "0-2, 5, 7-8"
+
+
+def test_status_of_a_failed_job_names_phase_ranks_progress_checkpoint_and_the_failure() -> None:
+    job = {"metadata": {"name": "j", "namespace": "ns"}, "spec": {"worldSize": 3, "gpusPerRank": 0}, "status": FAILED}
+    text = status_text(job, [pod(0, "Succeeded"), pod(1, "Failed"), pod(2, "Running", deleting=True)])
+    assert "Phase:        Failed (BackoffLimitExceeded)" in text
+    assert "Ranks:        Failed 1; Succeeded 0; Terminating 2" in text
+    assert "Progress:     epoch 1, step 40, loss 0.1235, 812 samples/s" in text
+    assert "Checkpoint:   step 30 at s3://b/r/ns/j/checkpoints/step-000000000030" in text
+    assert "failed rank: rank 1 (pod j-1 on node gpu-3): Error (exit code 1, step 41, attempt 1, Program failure)" in text
+    assert text.endswith("    ValueError: boom")
+
+
+def test_a_job_without_pods_or_progress_says_so() -> None:
+    text = status_text({"metadata": {"name": "j", "namespace": "ns"}, "spec": {"worldSize": 2}, "status": {}}, [])
+    assert "Phase:        Pending" in text and "Ranks:        no pods" in text
+    assert "none reported yet" in text and "Checkpoint:   none committed" in text and "Failure" not in text
+
+
+def test_progress_line_and_outcome() -> None:
+    running = {"phase": "Running", "ready": "2/2", "progress": {"epoch": 0, "step": 5, "loss": 1.5}}
+    assert progress_line("j", running) == "j: Running, ready 2/2, epoch 0, step 5, loss 1.5"
+    assert outcome_text("j", {"phase": "Succeeded", "progress": {"epoch": 1, "step": 9, "loss": 0.5}}) == \
+        "j: Succeeded at epoch 1, step 9, loss 0.5"
+    failed = outcome_text("j", FAILED)
+    assert failed.startswith("j: Failed at epoch 1") and "reason: BackoffLimitExceeded: rank 1 failed 2 times" in failed
+    assert "its last output:\n    Traceback ...\n    ValueError: boom" in failed

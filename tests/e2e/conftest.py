@@ -1,0 +1,42 @@
+"""End-to-end fixtures: an S3 server (moto on loopback) holding a small image dataset, and the pod
+runner that plays the kubelet by running each rank as a local process."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from e2ehelp import BUCKET
+from kube import REPO
+
+sys.path.insert(0, str(REPO / "localcluster"))
+import demo
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    s3 = demo.s3_client(endpoint)
+    s3.create_bucket(Bucket=BUCKET)
+    demo.upload_dataset(s3, BUCKET, "shapes/train", per_class=48)
+    yield endpoint
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def podrunner(cluster, operator, tmp_path_factory) -> Iterator[Path]:
+    log_dir = tmp_path_factory.mktemp("podrunner")
+    runner = demo.Background("podrunner", [sys.executable, str(REPO / "localcluster" / "podrunner.py"),
+                                           "--kubeconfig", cluster.kubeconfig, "--log-dir", str(log_dir)], log_dir)
+    yield log_dir
+    runner.stop()
