@@ -85,20 +85,44 @@ def s3_client(endpoint: str):
                         aws_secret_access_key=SECRET_KEY, region_name="us-east-1")
 
 
-def operator_and_runner(log_dir: Path) -> list[Background]:
+def operator_and_runner(log_dir: Path, node: str | None = None) -> list[Background]:
+    """The operator and a pod runner; `node` names the runner's node (default: podrunner's `local-runner`)."""
     env = {"KUBECONFIG": kubeconfig(), "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("contract", "operator"))}
     return [
         Background("operator", [sys.executable, "-m", "ddp_operator"], log_dir, env),
         Background("podrunner", [sys.executable, str(REPO / "localcluster" / "podrunner.py"),
-                                 "--log-dir", str(log_dir / "pods")], log_dir, env),
+                                 "--log-dir", str(log_dir / "pods"), *(["--node", node] if node else [])], log_dir, env),
     ]
+
+
+def wait_for_node(node: str, timeout_s: float = 60) -> None:
+    """Until the pod runner's node is Ready, so a job applied next is not reported unschedulable first."""
+    deadline = time.monotonic() + timeout_s
+    while "True" not in kubectl("get", "nodes", "--ignore-not-found", "-o",
+                                f"jsonpath={{.items[?(@.metadata.name=='{node}')].status.conditions[?(@.type=='Ready')].status}}"):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"node {node} (the pod runner's) is not Ready after {timeout_s:.0f}s")
+        time.sleep(0.5)
+
+
+def pin_to_node(job: dict, node: str) -> dict:
+    """`job` with its ranks bound to `node` (by hostname) on top of the local-runner selector it has, so
+    that no other pod runner on a shared control plane takes them."""
+    template = job["spec"].setdefault("template", {}).setdefault("spec", {})
+    template.setdefault("nodeSelector", {})["kubernetes.io/hostname"] = node
+    return job
 
 
 def job_rows(name: str, namespace: str, timeout_s: float) -> Iterator[str]:
     """The job's `kubectl get` row each time it changes, until the job finishes."""
     deadline, last = time.monotonic() + timeout_s, ""
     while time.monotonic() < deadline:
-        row = kubectl("get", "ddpjob", name, "-n", namespace, "--no-headers")
+        try:
+            row = kubectl("get", "ddpjob", name, "-n", namespace, "--no-headers")
+        except subprocess.CalledProcessError as error:  # the API server busy or restarting: ask again
+            print(f"[demo] kubectl get ddpjob failed: {error.stderr.strip()}", flush=True)
+            time.sleep(2)
+            continue
         if row != last:
             last = row
             yield row.rstrip()
