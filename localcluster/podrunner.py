@@ -2,7 +2,8 @@
 
 kwok makes pods look Running without running anything. To run a real DDPJob on a machine
 without a container engine, this registers one node (`local-runner`, or `--node NAME` for a runner
-of one's own on a shared control plane; labelled and tainted so only pods that tolerate it land there) and, for every pod bound to it, starts the trainer container's command as
+of one's own on a shared control plane; tainted so only pods that tolerate it land there) and, for
+every pod bound to it, starts the trainer container's command as
 a process of this machine, in the test virtualenv rather than the image:
 
 - `python` in the command is this interpreter; PYTHONPATH holds the trainer runtime and examples;

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # examples/datagen.py
-import datagen  # noqa: E402
+import datagen
 
 
 def make_shards(source: Path, dest: str, samples_per_shard: int) -> None:

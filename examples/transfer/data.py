@@ -15,10 +15,10 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # examples/datagen.py
-import datagen  # noqa: E402
+from ddp_trainer import urls
 
-from ddp_trainer import urls  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # examples/datagen.py
+import datagen
 
 CLASSES = ("circle", "square", "triangle", "cross")
 WEIGHTS_KEY = "weights/resnet18.pth"  # transfer.py's WEIGHTS_KEY
