@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 import torch
 from torch import nn
@@ -105,7 +106,8 @@ def main(ctx: RankContext) -> None:
     args = parse_args(sys.argv[1:])
     names = read_names(dataset_uri())
     dataset = encode(names)
-    sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=args.seed)
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=args.seed)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
     if ctx.rank == 0:
         print(f"{len(names)} names, {len(dataset)} partial names, {len(loader)} steps an epoch per rank", flush=True)
