@@ -15,13 +15,11 @@ from typing import Any
 
 import pytest
 
+import demo
+import example
 from ddp_contract import api
 from ddp_operator import constants as c
 from kube import REPO, Jobs
-
-sys.path.insert(0, str(REPO / "localcluster"))
-import demo
-import example
 
 pytestmark = pytest.mark.examples
 
