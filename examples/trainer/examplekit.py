@@ -1,11 +1,13 @@
-"""What the examples' trainers share: the gang's mean loss, held-out accuracy over all ranks, results.
+"""What the examples' trainers share: their common arguments, the DDP wrapper, each step's
+reports, held-out accuracy over all ranks, results.
 
-Everything here is plain torch.distributed; the examples import it to stay short, not because
-the runtime needs it.
+Everything here is plain torch.distributed and the runtime's API; the examples import it to stay
+short, not because the runtime needs it.
 """
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 from collections.abc import Iterable, Mapping
@@ -14,8 +16,49 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
-from ddp_trainer import S3ResultsHandler
+from ddp_trainer import RankContext, S3ResultsHandler, default_reporter
+
+
+def arguments(prog: str, epochs: int, batch_size: int, lr: float, workers: int | None = None) -> argparse.ArgumentParser:
+    """The arguments every example takes (its DDPJob's `args`), with the example's defaults."""
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--epochs", type=int, default=epochs)
+    parser.add_argument("--batch-size", type=int, default=batch_size, help="per rank")
+    parser.add_argument("--lr", type=float, default=lr)
+    if workers is not None:
+        parser.add_argument("--workers", type=int, default=workers, help="DataLoader worker processes per rank")
+    return parser
+
+
+def distributed(model: nn.Module, ctx: RankContext) -> DistributedDataParallel:
+    """`model` on the rank's device, wrapped in DDP (which copies rank 0's parameters to every rank)."""
+    model.to(ctx.device)
+    return DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+
+
+class StepLog:
+    """What every step reports: this rank's loss into its metrics in S3 (`S3ResultsHandler.log_metrics`)
+    and, from rank 0, the gang's mean loss and samples/s into the job's status (`default_reporter`)."""
+
+    def __init__(self, ctx: RankContext, step: int = 0) -> None:
+        self.results = S3ResultsHandler()
+        self.progress = default_reporter()
+        self.world_size = ctx.world_size
+        self.step = step
+
+    def record(self, epoch: int, loss: torch.Tensor, batch_size: int) -> float:
+        """Counts the step; returns the gang's mean loss."""
+        self.step += 1
+        self.results.log_metrics(self.step, epoch, loss)
+        mean = gang_mean(loss)
+        self.progress.report(epoch, self.step, mean, samples=batch_size * self.world_size)
+        return mean
+
+    def close(self) -> None:
+        self.progress.flush()
+        self.results.close()
 
 
 def gang_mean(value: torch.Tensor) -> float:

@@ -22,13 +22,12 @@ import time
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchvision import transforms
 
-from ddp_trainer import RankContext, S3ResultsHandler, default_reporter, urls
+from ddp_trainer import RankContext, urls
 from ddp_trainer.env import dataset_uri
-from examplekit import gang_accuracy, gang_mean, state_bytes, submit_evaluation
+from examplekit import StepLog, arguments, distributed, gang_accuracy, state_bytes, submit_evaluation
 
 CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 # FashionMNIST's pixel mean and standard deviation (of the real training set).
@@ -42,12 +41,7 @@ TEST_TRANSFORM = transforms.Compose([transforms.ToTensor(), NORMALIZE])
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="fashion")
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=50, help="per rank")
-    parser.add_argument("--lr", type=float, default=0.002)
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank")
-    return parser.parse_args(argv)
+    return arguments("fashion", epochs=4, batch_size=50, lr=0.002, workers=2).parse_args(argv)
 
 
 def read_idx(uri: str) -> torch.Tensor:
@@ -105,13 +99,11 @@ def main(ctx: RankContext) -> None:
               f"{args.workers} DataLoader workers a rank preprocess them", flush=True)
 
     torch.manual_seed(0)
-    net = model().to(ctx.device)
-    ddp = DistributedDataParallel(net, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+    net = model()
+    ddp = distributed(net, ctx)
     optimizer = torch.optim.Adam(ddp.parameters(), lr=args.lr)
     loss_fn = nn.CrossEntropyLoss()
-    results = S3ResultsHandler()
-    progress = default_reporter()
-    step = 0
+    log = StepLog(ctx)
     for epoch in range(args.epochs):
         train_loader.sampler.set_epoch(epoch)  # type: ignore[attr-defined]
         started, waited = time.monotonic(), 0.0
@@ -123,17 +115,14 @@ def main(ctx: RankContext) -> None:
             loss = loss_fn(ddp(images), labels)
             loss.backward()
             optimizer.step()
-            step += 1
-            results.log_metrics(step, epoch, loss)
-            progress.report(epoch, step, gang_mean(loss), samples=len(labels) * ctx.world_size)
+            mean = log.record(epoch, loss, len(labels))
             ready = time.monotonic()
         if ctx.rank == 0:
-            print(f"epoch {epoch}: step {step}, loss {loss.item():.4f}, {time.monotonic() - started:.1f}s "
+            print(f"epoch {epoch}: step {log.step}, loss {mean:.4f}, {time.monotonic() - started:.1f}s "
                   f"({waited:.1f}s waiting for preprocessed batches)", flush=True)
-    progress.flush()
 
     accuracy, samples = gang_accuracy(ddp, loader(test, 100, args.workers, shuffle=False), ctx.device)
-    results.close()
+    log.close()
     if ctx.rank == 0:
-        submit_evaluation(results, accuracy, samples, len(CLASSES), workers=args.workers)
-        results.submit_result("model.pt", state_bytes(net.state_dict()))
+        submit_evaluation(log.results, accuracy, samples, len(CLASSES), workers=args.workers)
+        log.results.submit_result("model.pt", state_bytes(net.state_dict()))

@@ -19,12 +19,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from ddp_trainer import RankContext, S3ResultsHandler, default_reporter, urls
+from ddp_trainer import RankContext, urls
 from ddp_trainer.env import dataset_uri
-from examplekit import gang_mean, state_bytes
+from examplekit import StepLog, arguments, distributed, state_bytes
 
 # `*` pads a partial name on the left, `+` ends a name; the rest may appear in names.
 CHARACTERS = "*+abcdefghijklmnopqrstuvwxyz-. "
@@ -34,10 +33,7 @@ MAX_NAME = 30
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="petnames")
-    parser.add_argument("--epochs", type=int, default=12)
-    parser.add_argument("--batch-size", type=int, default=64, help="per rank")
-    parser.add_argument("--lr", type=float, default=0.003)
+    parser = arguments("petnames", epochs=12, batch_size=64, lr=0.003)
     parser.add_argument("--hidden", type=int, default=128, help="LSTM size (the seed's 128)")
     parser.add_argument("--layers", type=int, default=2, help="LSTM layers (the seed has 4)")
     parser.add_argument("--names", type=int, default=50, help="how many names to generate at the end")
@@ -113,14 +109,11 @@ def main(ctx: RankContext) -> None:
         print(f"{len(names)} names, {len(dataset)} partial names, {len(loader)} steps an epoch per rank", flush=True)
 
     torch.manual_seed(args.seed)
-    model = Model(args.hidden, args.layers).to(ctx.device)
-    ddp = DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+    model = Model(args.hidden, args.layers)
+    ddp = distributed(model, ctx)
     optimizer = torch.optim.Adam(ddp.parameters(), lr=args.lr)
     loss_fn = nn.CrossEntropyLoss()
-    results = S3ResultsHandler()
-    progress = default_reporter()
-
-    step = 0
+    log = StepLog(ctx)
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         for inputs, targets in loader:
@@ -129,14 +122,10 @@ def main(ctx: RankContext) -> None:
             loss = loss_fn(ddp(inputs).transpose(1, 2), targets)  # (batch, classes, sequence) for CrossEntropyLoss
             loss.backward()
             optimizer.step()
-            step += 1
-            results.log_metrics(step, epoch, loss)
-            mean = gang_mean(loss)
-            progress.report(epoch, step, mean, samples=len(targets) * ctx.world_size)
+            mean = log.record(epoch, loss, len(targets))
         if ctx.rank == 0:
             print(f"epoch {epoch}: loss {mean:.4f}", flush=True)
-    progress.flush()
-    results.close()
+    log.close()
 
     if ctx.rank == 0:
         model.cpu().eval()
@@ -144,6 +133,6 @@ def main(ctx: RankContext) -> None:
         generated = [generate_name(model, generator) for _ in range(args.names)]
         known = {name.title() for name in names}
         new = [name for name in generated if name not in known]
-        results.submit_result("names.json", json.dumps({"names": generated, "new": new}, indent=2))
-        results.submit_result("model.pt", state_bytes(model.state_dict()))
+        log.results.submit_result("names.json", json.dumps({"names": generated, "new": new}, indent=2))
+        log.results.submit_result("model.pt", state_bytes(model.state_dict()))
         print(f"{len(generated)} names ({len(new)} not in the training list): {', '.join(generated)}", flush=True)

@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from torchvision import transforms
 from torchvision.models.resnet import BasicBlock
@@ -27,25 +26,19 @@ from torchvision.models.resnet import BasicBlock
 from ddp_trainer import (
     DistributedChunkedSampler,
     RankContext,
-    S3ResultsHandler,
     ShardedDataset,
     ShardStream,
-    default_reporter,
     load_index,
 )
 from ddp_trainer.env import dataset_uri
-from examplekit import gang_accuracy, gang_mean, state_bytes, submit_evaluation
+from examplekit import StepLog, arguments, distributed, gang_accuracy, state_bytes, submit_evaluation
 
 TO_TENSOR = transforms.Compose([transforms.ToTensor(), transforms.Normalize([0.5] * 3, [0.5] * 3)])
 AUGMENT = transforms.Compose([transforms.RandomHorizontalFlip(), TO_TENSOR])
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="shards")
-    parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--batch-size", type=int, default=32, help="per rank")
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--workers", type=int, default=0, help="DataLoader workers per rank")
+    parser = arguments("shards", epochs=6, batch_size=32, lr=0.05, workers=0)
     parser.add_argument("--stream", action="store_true", help="train on ShardStream instead of the map-style dataset")
     return parser.parse_args(argv)
 
@@ -105,13 +98,11 @@ def main(ctx: RankContext) -> None:
               f"{len(loader)} batches an epoch per rank, classes {classes}", flush=True)
 
     torch.manual_seed(0)
-    model = SmallResNet(len(classes)).to(ctx.device)
-    ddp = DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+    model = SmallResNet(len(classes))
+    ddp = distributed(model, ctx)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
     loss_fn = nn.CrossEntropyLoss()
-    results = S3ResultsHandler()
-    progress = default_reporter()
-    step = 0
+    log = StepLog(ctx)
     for epoch in range(args.epochs):
         epochs.set_epoch(epoch)
         for images, labels in loader:
@@ -120,15 +111,12 @@ def main(ctx: RankContext) -> None:
             loss = loss_fn(ddp(images), labels)
             loss.backward()
             optimizer.step()
-            step += 1
-            results.log_metrics(step, epoch, loss)
-            progress.report(epoch, step, gang_mean(loss), samples=len(labels) * ctx.world_size)
+            mean = log.record(epoch, loss, len(labels))
         if ctx.rank == 0:
-            print(f"epoch {epoch}: step {step}, loss {loss.item():.4f}", flush=True)
-    progress.flush()
+            print(f"epoch {epoch}: step {log.step}, loss {mean:.4f}", flush=True)
 
     accuracy, samples = gang_accuracy(ddp, DataLoader(val, batch_size=64), ctx.device)
-    results.close()
+    log.close()
     if ctx.rank == 0:
-        submit_evaluation(results, accuracy, samples, len(classes), dataset="stream" if args.stream else "map")
-        results.submit_result("model.pt", state_bytes(model.state_dict()))
+        submit_evaluation(log.results, accuracy, samples, len(classes), dataset="stream" if args.stream else "map")
+        log.results.submit_result("model.pt", state_bytes(model.state_dict()))

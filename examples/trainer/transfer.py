@@ -23,7 +23,6 @@ import sys
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 from torchvision import models, transforms
 
@@ -32,14 +31,12 @@ from ddp_trainer import (
     DistributedChunkedSampler,
     RankContext,
     S3ImageFolder,
-    S3ResultsHandler,
-    default_reporter,
     training_state,
     urls,
 )
 from ddp_trainer.env import dataset_uri
 from ddp_trainer.errors import ObjectNotFoundError
-from examplekit import gang_accuracy, gang_mean, state_bytes, submit_evaluation
+from examplekit import StepLog, arguments, distributed, gang_accuracy, state_bytes, submit_evaluation
 
 WEIGHTS_KEY = "weights/resnet18.pth"
 # ImageNet's statistics: what pretrained torchvision weights expect their input to be normalised with.
@@ -47,11 +44,7 @@ NORMALIZE = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="transfer")
-    parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--batch-size", type=int, default=16, help="per rank")
-    parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--workers", type=int, default=0, help="DataLoader workers per rank")
+    parser = arguments("transfer", epochs=8, batch_size=16, lr=0.01, workers=0)
     parser.add_argument("--checkpoint-every", type=int, default=20, help="steps")
     parser.add_argument("--weights", default="", help=f"initial weights (default <dataset>/{WEIGHTS_KEY})")
     return parser.parse_args(argv)
@@ -94,15 +87,14 @@ def main(ctx: RankContext) -> None:
         print(f"{train}, {val}; " + (f"initial weights from {weights_uri}" if weights is not None
                                      else f"no weights at {weights_uri}: training from scratch"), flush=True)
     torch.manual_seed(0)
-    model = build_model(len(train.classes), weights).to(ctx.device)
-    ddp = DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+    model = build_model(len(train.classes), weights)
+    ddp = distributed(model, ctx)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
     checkpoints = CheckpointManager(keep=2, async_save=True)
-    results = S3ResultsHandler()
-    progress = default_reporter()
-    step = checkpoints.resume(ddp, optimizer, sampler, map_location=ctx.device)  # 0 on a fresh start
+    # After a gang restart: the job's last checkpoint (model, optimizer, sampler); step 0 on a fresh start.
+    log = StepLog(ctx, step=checkpoints.resume(ddp, optimizer, sampler, map_location=ctx.device))
     for epoch in range(sampler.epoch, args.epochs):
         sampler.set_epoch(epoch)
         consumed = sampler.start_offset
@@ -112,19 +104,16 @@ def main(ctx: RankContext) -> None:
             loss = loss_fn(ddp(images), labels)
             loss.backward()
             optimizer.step()
-            step += 1
+            mean = log.record(epoch, loss, len(labels))
             consumed += len(labels)
-            results.log_metrics(step, epoch, loss)
-            progress.report(epoch, step, gang_mean(loss), samples=len(labels) * ctx.world_size)
-            if step % args.checkpoint_every == 0:
-                checkpoints.save(step, training_state(ddp, optimizer, sampler, samples_consumed=consumed))
+            if log.step % args.checkpoint_every == 0:
+                checkpoints.save(log.step, training_state(ddp, optimizer, sampler, samples_consumed=consumed))
         if ctx.rank == 0:
-            print(f"epoch {epoch}: step {step}, loss {loss.item():.4f}", flush=True)
+            print(f"epoch {epoch}: step {log.step}, loss {mean:.4f}", flush=True)
     checkpoints.close()
-    progress.flush()
 
     accuracy, samples = gang_accuracy(ddp, val_loader, ctx.device)
-    results.close()
+    log.close()
     if ctx.rank == 0:
-        submit_evaluation(results, accuracy, samples, len(train.classes), initial_weights=weights is not None)
-        results.submit_result("model.pt", state_bytes(model.state_dict()))
+        submit_evaluation(log.results, accuracy, samples, len(train.classes), initial_weights=weights is not None)
+        log.results.submit_result("model.pt", state_bytes(model.state_dict()))
