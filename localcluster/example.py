@@ -3,8 +3,10 @@
 1. an S3 server on the endpoint the example's DDPJob names (moto on 127.0.0.1:19000) with the
    buckets its `s3.dataset` and `s3.results` name;
 2. the example's data step, as a user runs it: `python examples/<name>/data.py <s3.dataset>`;
-3. the operator and the pod runner (ranks run as local processes), as in `make demo`;
-4. examples/<name>/ddpjob.yaml applied in namespace ddp-example-<name>; its row shown until it ends;
+3. the operator and a pod runner (ranks run as local processes) with a node of its own, so that
+   other pod runners on a shared control plane never take these ranks;
+4. examples/<name>/ddpjob.yaml applied in namespace ddp-example-<name>, as written but for its ranks
+   pinned to that node (kubernetes.io/hostname); its row shown until it ends;
 5. the outcome: the loss at the start and the end (the ranks' metrics in S3) and the small
    results (names.json, eval.json) printed.
 
