@@ -1,5 +1,6 @@
 """The examples' pieces without a cluster: names encoding and generation, initial weights for
-transfer learning, FashionMNIST's file format both ways, the data steps' generated images."""
+transfer learning, FashionMNIST's file format both ways, the data steps' generated images, the shards
+trainer's two readers over make-shards output."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 import datagen
 import fashion
 import petnames
+import shards
 import transfer
 from kube import REPO
 
@@ -76,3 +78,21 @@ def test_every_shape_draws_a_distinct_32x32_image() -> None:
     assert all(Image.open(io.BytesIO(png)).size == (32, 32) for png in images.values())
     with pytest.raises(ValueError, match="unknown shape 'hexagon'"):
         datagen.draw("hexagon", random.Random(0))
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["map", "stream"])
+def test_shards_trainer_reads_make_shards_output_both_ways(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          stream: bool) -> None:
+    from ddp_trainer import make_shards
+
+    monkeypatch.setenv("DDP_SHARD_CACHE_DIR", str(tmp_path / "cache"))
+    datagen.write_image_folder(str(tmp_path / "images"), datagen.SHAPES[:3], per_class=8)
+    index = make_shards(str(tmp_path / "images"), str(tmp_path / "shards"), samples_per_shard=10, progress=io.StringIO())
+    args = shards.parse_args(["--batch-size", "6"] + (["--stream"] if stream else []))
+    loader, epochs = shards.training_data(index, args)
+    epochs.set_epoch(0)
+    batches = list(loader)
+    assert len(batches) == len(loader) == 4  # 24 samples, one rank, batches of 6
+    images, labels = batches[0]
+    assert images.shape == (6, 3, 32, 32) and set(labels.tolist()) <= {0, 1, 2}
+    assert shards.SmallResNet(3)(images).shape == (6, 3)
