@@ -5,10 +5,15 @@ PYTEST_ARGS ?=
 
 BENCH_ARGS ?=
 
-.PHONY: demo images bench-data bench-operator chart-check crds lint test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
+.PHONY: demo example images bench-data bench-operator chart-check crds lint test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
 
 demo:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/demo.py
+
+# One of examples/<name>/ end to end (data step, DDPJob, outcome): make example NAME=petnames
+NAME ?=
+example:
+	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $$venv/bin/python localcluster/example.py $(NAME)
 
 test:
 	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $$venv/bin/python -m pytest $(PYTEST_ARGS)

@@ -10,7 +10,6 @@ Everything this starts stops when it ends; the control plane stays up (`make clu
 
 from __future__ import annotations
 
-import io
 import os
 import random
 import signal
@@ -18,11 +17,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "examples"))  # run as a script from the source tree: datagen is the examples' image maker
+import datagen  # noqa: E402
+
 CLUSTER = REPO / "localcluster" / "cluster.sh"
 JOB_FILE = REPO / "examples" / "ddpjob-demo.yaml"
 NAMESPACE = "ddp-demo"
@@ -66,31 +69,12 @@ def kubectl(*args: str, input: str | None = None) -> str:
     return cluster("kubectl", *args) if input is None else sh("bash", str(CLUSTER), "kubectl", *args, input=input)
 
 
-def draw(shape: str, rng: random.Random) -> bytes:
-    """A 32x32 PNG of one shape at a random place and colour: learnable in a few epochs on a CPU."""
-    from PIL import Image, ImageDraw
-
-    image = Image.new("RGB", (32, 32), tuple(rng.randrange(0, 60) for _ in range(3)))
-    pen = ImageDraw.Draw(image)
-    x, y, r = rng.randrange(8, 24), rng.randrange(8, 24), rng.randrange(5, 8)
-    colour = tuple(rng.randrange(150, 256) for _ in range(3))
-    if shape == "circle":
-        pen.ellipse((x - r, y - r, x + r, y + r), fill=colour)
-    elif shape == "square":
-        pen.rectangle((x - r, y - r, x + r, y + r), fill=colour)
-    else:
-        pen.line((x - r, y - r, x + r, y + r), fill=colour, width=3)
-        pen.line((x - r, y + r, x + r, y - r), fill=colour, width=3)
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
 def upload_dataset(s3, bucket: str, prefix: str, per_class: int, seed: int = 0) -> int:
+    """The demo's image folder (32x32 PNGs of three shapes, examples/datagen.py) into `bucket`."""
     rng = random.Random(seed)
     for shape in CLASSES:
         for i in range(per_class):
-            s3.put_object(Bucket=bucket, Key=f"{prefix}/{shape}/{i:04d}.png", Body=draw(shape, rng))
+            s3.put_object(Bucket=bucket, Key=f"{prefix}/{shape}/{i:04d}.png", Body=datagen.draw(shape, rng))
     return per_class * len(CLASSES)
 
 
@@ -101,21 +85,45 @@ def s3_client(endpoint: str):
                         aws_secret_access_key=SECRET_KEY, region_name="us-east-1")
 
 
-def operator_and_runner(log_dir: Path) -> list[Background]:
+def operator_and_runner(log_dir: Path, node: str | None = None) -> list[Background]:
+    """The operator and a pod runner; `node` names the runner's node (default: podrunner's `local-runner`)."""
     env = {"KUBECONFIG": kubeconfig(), "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("contract", "operator")),
            "DDP_OPERATOR_METRICS_PORT": "0"}  # any free port: another operator may hold the default
     return [
         Background("operator", [sys.executable, "-m", "ddp_operator"], log_dir, env),
         Background("podrunner", [sys.executable, str(REPO / "localcluster" / "podrunner.py"),
-                                 "--log-dir", str(log_dir / "pods")], log_dir, env),
+                                 "--log-dir", str(log_dir / "pods"), *(["--node", node] if node else [])], log_dir, env),
     ]
+
+
+def wait_for_node(node: str, timeout_s: float = 60) -> None:
+    """Until the pod runner's node is Ready, so a job applied next is not reported unschedulable first."""
+    deadline = time.monotonic() + timeout_s
+    while "True" not in kubectl("get", "nodes", "--ignore-not-found", "-o",
+                                f"jsonpath={{.items[?(@.metadata.name=='{node}')].status.conditions[?(@.type=='Ready')].status}}"):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"node {node} (the pod runner's) is not Ready after {timeout_s:.0f}s")
+        time.sleep(0.5)
+
+
+def pin_to_node(job: dict, node: str) -> dict:
+    """`job` with its ranks bound to `node` (by hostname) on top of the local-runner selector it has, so
+    that no other pod runner on a shared control plane takes them."""
+    template = job["spec"].setdefault("template", {}).setdefault("spec", {})
+    template.setdefault("nodeSelector", {})["kubernetes.io/hostname"] = node
+    return job
 
 
 def job_rows(name: str, namespace: str, timeout_s: float) -> Iterator[str]:
     """The job's `kubectl get` row each time it changes, until the job finishes."""
     deadline, last = time.monotonic() + timeout_s, ""
     while time.monotonic() < deadline:
-        row = kubectl("get", "ddpjob", name, "-n", namespace, "--no-headers")
+        try:
+            row = kubectl("get", "ddpjob", name, "-n", namespace, "--no-headers")
+        except subprocess.CalledProcessError as error:  # the API server busy or restarting: ask again
+            print(f"[demo] kubectl get ddpjob failed: {error.stderr.strip()}", flush=True)
+            time.sleep(2)
+            continue
         if row != last:
             last = row
             yield row.rstrip()
@@ -125,53 +133,87 @@ def job_rows(name: str, namespace: str, timeout_s: float) -> Iterator[str]:
     raise TimeoutError(f"DDPJob {namespace}/{name} did not finish in {timeout_s:.0f}s")
 
 
-def main() -> int:
+def log_directory(kind: str) -> Path:
+    """A fresh folder for this run's logs (the operator's, the pod runner's, each rank's in pods/)."""
+    cache = Path(os.environ.get("DDP_CACHE", Path.home() / ".cache" / "ddp-operator"))
+    log_dir = cache / kind / time.strftime("%Y%m%d-%H%M%S")
+    (log_dir / "pods").mkdir(parents=True, exist_ok=True)
+    return log_dir
+
+
+def start_control_plane() -> None:
+    """The local control plane (a no-op when it is up) with the DDPJob CRD served."""
+    cluster("up")
+    kubectl("apply", "-f", str(REPO / "crds" / "ddpjob.yaml"))
+    kubectl("wait", "--for=condition=Established", "crd/ddpjobs.ddpoperator.io", "--timeout=60s")
+
+
+@contextmanager
+def s3_server(port: int = S3_PORT, buckets: tuple[str, ...] = ()) -> Iterator[str]:
+    """A moto S3 server on 127.0.0.1:`port` (0: any free port) with `buckets`; yields its endpoint."""
     import logging
 
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per S3 request otherwise
-    cache = Path(os.environ.get("DDP_CACHE", Path.home() / ".cache" / "ddp-operator"))
-    log_dir = cache / "demo" / time.strftime("%Y%m%d-%H%M%S")
-    (log_dir / "pods").mkdir(parents=True)
-    print(f"[demo] logs in {log_dir}")
-    cluster("up")
-    kubectl("apply", "-f", str(REPO / "crds" / "ddpjob.yaml"))
-    kubectl("wait", "--for=condition=Established", "crd/ddpjobs.ddpoperator.io", "--timeout=60s")
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=S3_PORT, verbose=False)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    children: list[Background] = []
     try:
-        endpoint = f"http://127.0.0.1:{S3_PORT}"
+        host, bound = server.get_host_and_port()
+        endpoint = f"http://{host}:{bound}"
         s3 = s3_client(endpoint)
-        s3.create_bucket(Bucket="ddp-demo")
-        images = upload_dataset(s3, "ddp-demo", "shapes/train", per_class=64)
-        print(f"[demo] S3 server at {endpoint}: {images} images in s3://ddp-demo/shapes/train")
-
-        children = operator_and_runner(log_dir)
-        kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=120s")
-        kubectl("create", "namespace", NAMESPACE)
-        kubectl("-n", NAMESPACE, "create", "secret", "generic", "s3-credentials",
-                f"--from-literal=AWS_ACCESS_KEY_ID={ACCESS_KEY}", f"--from-literal=AWS_SECRET_ACCESS_KEY={SECRET_KEY}")
-        job = yaml.safe_load(JOB_FILE.read_text())
-        kubectl("-n", NAMESPACE, "apply", "-f", "-", input=yaml.safe_dump(job))
-        print(f"[demo] kubectl get ddpjobs -n {NAMESPACE}")
-        print(kubectl("get", "ddpjob", "-n", NAMESPACE).splitlines()[0])
-        for row in job_rows(job["metadata"]["name"], NAMESPACE, timeout_s=900):
-            print(row, flush=True)
-
-        print("[demo] results in s3://ddp-demo/results:")
-        for item in s3.list_objects_v2(Bucket="ddp-demo", Prefix="results/").get("Contents", []):
-            print(f"  {item['Key']}  ({item['Size']} bytes)")
-        print(kubectl("describe", "ddpjob", job["metadata"]["name"], "-n", NAMESPACE).split("Events:")[-1])
-        phase = kubectl("get", "ddpjob", job["metadata"]["name"], "-n", NAMESPACE, "-o", "jsonpath={.status.phase}")
-        print(f"[demo] {phase}; rank logs in {log_dir / 'pods'}")
-        return 0 if phase == "Succeeded" else 1
+        for bucket in buckets:
+            s3.create_bucket(Bucket=bucket)
+        yield endpoint
     finally:
-        for child in children:
-            child.stop()
         server.stop()
+
+
+def fresh_namespace(namespace: str) -> None:
+    """`namespace` emptied (deleted and created again) with the S3 credentials Secret the jobs name."""
+    kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=true", "--timeout=120s")
+    kubectl("create", "namespace", namespace)
+    kubectl("-n", namespace, "create", "secret", "generic", "s3-credentials",
+            f"--from-literal=AWS_ACCESS_KEY_ID={ACCESS_KEY}", f"--from-literal=AWS_SECRET_ACCESS_KEY={SECRET_KEY}")
+
+
+def run_job(job: dict, namespace: str, timeout_s: float = 900) -> str:
+    """Applies `job`, prints its `kubectl get ddpjobs` row as it changes, then its events; returns its phase."""
+    name = job["metadata"]["name"]
+    kubectl("-n", namespace, "apply", "-f", "-", input=yaml.safe_dump(job))
+    print(f"[{name}] kubectl get ddpjobs -n {namespace}")
+    print(kubectl("get", "ddpjob", "-n", namespace).splitlines()[0])
+    for row in job_rows(name, namespace, timeout_s):
+        print(row, flush=True)
+    print(kubectl("describe", "ddpjob", name, "-n", namespace).split("Events:")[-1])
+    return kubectl("get", "ddpjob", name, "-n", namespace, "-o", "jsonpath={.status.phase}")
+
+
+def print_objects(s3, bucket: str, prefix: str) -> None:
+    print(f"[demo] objects in s3://{bucket}/{prefix}:")
+    for item in s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", []):
+        print(f"  {item['Key']}  ({item['Size']} bytes)")
+
+
+def main() -> int:
+    log_dir = log_directory("demo")
+    print(f"[demo] logs in {log_dir}")
+    start_control_plane()
+    children: list[Background] = []
+    with s3_server(S3_PORT, buckets=("ddp-demo",)) as endpoint:
+        try:
+            s3 = s3_client(endpoint)
+            images = upload_dataset(s3, "ddp-demo", "shapes/train", per_class=64)
+            print(f"[demo] S3 server at {endpoint}: {images} images in s3://ddp-demo/shapes/train")
+            children = operator_and_runner(log_dir)
+            fresh_namespace(NAMESPACE)
+            phase = run_job(yaml.safe_load(JOB_FILE.read_text()), NAMESPACE)
+            print_objects(s3, "ddp-demo", "results/")
+            print(f"[demo] {phase}; rank logs in {log_dir / 'pods'}")
+            return 0 if phase == "Succeeded" else 1
+        finally:
+            for child in children:
+                child.stop()
 
 
 if __name__ == "__main__":

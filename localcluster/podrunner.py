@@ -1,8 +1,9 @@
 """A minimal kubelet for the local control plane: runs pods as local processes.
 
 kwok makes pods look Running without running anything. To run a real DDPJob on a machine
-without a container engine, this registers one node (`local-runner`, tainted so only pods that
-tolerate it land there) and, for every pod bound to it, starts the trainer container's command as
+without a container engine, this registers one node (`local-runner`, or `--node NAME` for a runner
+of one's own on a shared control plane; tainted so only pods that tolerate it land there) and, for
+every pod bound to it, starts the trainer container's command as
 a process of this machine, in the test virtualenv rather than the image:
 
 - `python` in the command is this interpreter; PYTHONPATH holds the trainer runtime and examples;
@@ -48,12 +49,12 @@ HEARTBEAT_S = 10
 log = logging.getLogger("podrunner")
 
 
-def node_manifest(cpus: int, memory_gi: int) -> dict[str, Any]:
+def node_manifest(cpus: int, memory_gi: int, node: str = NODE) -> dict[str, Any]:
     capacity = {"cpu": str(cpus), "memory": f"{memory_gi}Gi", "pods": "64", "nvidia.com/gpu": "0"}
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": NODE, "labels": {TAINT_KEY: "true", "kubernetes.io/hostname": NODE,
+        "metadata": {"name": node, "labels": {TAINT_KEY: "true", "kubernetes.io/hostname": node,
                                                "kubernetes.io/os": "linux"}},
         "spec": {"taints": [{"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}]},
         "status": {"capacity": capacity, "allocatable": capacity},
@@ -78,7 +79,8 @@ class Running:
 
 
 class PodRunner:
-    def __init__(self, api: client.ApiClient, log_dir: Path) -> None:
+    def __init__(self, api: client.ApiClient, log_dir: Path, node: str = NODE) -> None:
+        self.node = node
         self.core = client.CoreV1Api(api)
         self.leases = client.CoordinationV1Api(api)
         self.log_dir = log_dir
@@ -90,19 +92,19 @@ class PodRunner:
 
     def register(self) -> None:
         try:
-            self.core.create_node(node_manifest(os.cpu_count() or 2, 16))
+            self.core.create_node(node_manifest(os.cpu_count() or 2, 16, self.node))
         except ApiException as error:
             if error.status != 409:
                 raise
         self.heartbeat()
 
     def heartbeat(self) -> None:
-        self.core.patch_node_status(NODE, node_status())
-        lease = {"metadata": {"name": NODE, "namespace": "kube-node-lease"},
-                 "spec": {"holderIdentity": NODE, "leaseDurationSeconds": 40,
+        self.core.patch_node_status(self.node, node_status())
+        lease = {"metadata": {"name": self.node, "namespace": "kube-node-lease"},
+                 "spec": {"holderIdentity": self.node, "leaseDurationSeconds": 40,
                           "renewTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}}
         try:
-            self.leases.patch_namespaced_lease(NODE, "kube-node-lease", {"spec": lease["spec"]})
+            self.leases.patch_namespaced_lease(self.node, "kube-node-lease", {"spec": lease["spec"]})
         except ApiException as error:
             if error.status != 404:
                 raise
@@ -116,8 +118,8 @@ class PodRunner:
                 log.warning("heartbeat failed: %s", error)
 
     def unregister(self) -> None:
-        for call in (lambda: self.core.delete_node(NODE),
-                     lambda: self.leases.delete_namespaced_lease(NODE, "kube-node-lease")):
+        for call in (lambda: self.core.delete_node(self.node),
+                     lambda: self.leases.delete_namespaced_lease(self.node, "kube-node-lease")):
             try:
                 call()
             except ApiException:
@@ -135,7 +137,7 @@ class PodRunner:
 
     def watch_once(self) -> None:
         stream = watch.Watch().stream(self.core.list_pod_for_all_namespaces,
-                                      field_selector=f"spec.nodeName={NODE}", timeout_seconds=30)
+                                      field_selector=f"spec.nodeName={self.node}", timeout_seconds=30)
         for event in stream:
             pod = event["object"]
             key = (pod.metadata.namespace, pod.metadata.name)
@@ -303,17 +305,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
     parser.add_argument("--log-dir", type=Path, required=True)
+    parser.add_argument("--node", default=NODE, help="the node's name: a runner of its own when several share a "
+                        "control plane (pods then select it by kubernetes.io/hostname as well)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s podrunner %(message)s")
     args.log_dir.mkdir(parents=True, exist_ok=True)
-    runner = PodRunner(kubeclient.api_client(args.kubeconfig), args.log_dir)
+    runner = PodRunner(kubeclient.api_client(args.kubeconfig), args.log_dir, args.node)
     runner.register()
     signal.signal(signal.SIGTERM, lambda *_: runner.stop.set())
     signal.signal(signal.SIGINT, lambda *_: runner.stop.set())
     threading.Thread(target=runner.heartbeats, daemon=True).start()
     watcher = threading.Thread(target=runner.watch_pods, daemon=True)
     watcher.start()
-    log.info("node %s registered on %s", NODE, socket.gethostname())
+    log.info("node %s registered on %s", runner.node, socket.gethostname())
     runner.stop.wait()
     runner.shutdown()
     return 0

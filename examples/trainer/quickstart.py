@@ -57,7 +57,8 @@ def main(ctx: RankContext) -> None:
     args = parse_args(sys.argv[1:])
     torch.manual_seed(0)  # the same initial weights everywhere (DDP broadcasts rank 0's anyway)
     train, test = make_task(args.samples)
-    sampler = DistributedSampler(train, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=0)
+    sampler: DistributedSampler[tuple[torch.Tensor, ...]] = DistributedSampler(
+        train, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=0)
     loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
     device = torch.device(ctx.device)
     model = nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Linear(64, CLASSES)).to(device)

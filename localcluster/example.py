@@ -1,0 +1,153 @@
+"""`make example NAME=<name>`: one of examples/<name>/ end to end on the local control plane.
+
+1. an S3 server on the endpoint the example's DDPJob names (moto on 127.0.0.1:19000) with the
+   buckets its `s3.dataset` and `s3.results` name;
+2. the example's data step, as a user runs it: `python examples/<name>/data.py <s3.dataset>`;
+3. the operator and a pod runner (ranks run as local processes) with a node of its own, so that
+   other pod runners on a shared control plane never take these ranks;
+4. examples/<name>/ddpjob.yaml applied in namespace ddp-example-<name>, as written but for its ranks
+   pinned to that node (kubernetes.io/hostname); its row shown until it ends;
+5. the outcome: the loss at the start and the end (the ranks' metrics in S3) and the small
+   results (names.json, eval.json) printed.
+
+Everything this starts stops when it ends; the control plane stays up (`make cluster-down`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from statistics import mean
+from typing import Any
+from urllib.parse import urlparse
+
+import yaml
+
+import demo
+
+REPO = demo.REPO
+EXAMPLES = REPO / "examples"
+NAMES = ("petnames", "transfer", "shards", "fashion")
+# What the ranks import, in the pod runner and in the trainer image alike (images/trainer/Dockerfile).
+RUNTIME_PATH = ("contract", "images/trainer", "examples/trainer")
+
+
+def job_file(name: str) -> Path:
+    if name not in NAMES:
+        raise SystemExit(f"unknown example {name!r}; the examples are: {', '.join(NAMES)}")
+    return EXAMPLES / name / "ddpjob.yaml"
+
+
+def load_job(name: str, endpoint: str | None = None) -> dict[str, Any]:
+    """The example's DDPJob as written, its S3 endpoint replaced when `endpoint` is given."""
+    job = yaml.safe_load(job_file(name).read_text())
+    if endpoint is not None:
+        job["spec"]["s3"]["endpoint"] = endpoint
+    return job
+
+
+def bucket_of(uri: str) -> str:
+    return urlparse(uri).netloc
+
+
+def buckets(job: Mapping[str, Any]) -> tuple[str, ...]:
+    s3 = job["spec"]["s3"]
+    return tuple(sorted({bucket_of(s3["dataset"]), bucket_of(s3["results"])}))
+
+
+def data_step_env(endpoint: str) -> dict[str, str]:
+    """A user's shell for the data step: the S3 server and its keys, the trainer runtime importable."""
+    path = os.pathsep.join(str(REPO / p) for p in RUNTIME_PATH)
+    return {**os.environ, "DDP_S3_ENDPOINT": endpoint, "AWS_ACCESS_KEY_ID": demo.ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": demo.SECRET_KEY, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+
+
+def run_data_step(name: str, job: Mapping[str, Any], endpoint: str, extra: Sequence[str] = ()) -> str:
+    """`python examples/<name>/data.py <the job's s3.dataset>`; returns its output (failing loudly)."""
+    argv = [sys.executable, str(EXAMPLES / name / "data.py"), job["spec"]["s3"]["dataset"], *extra]
+    result = subprocess.run(argv, env=data_step_env(endpoint), capture_output=True, text=True, cwd=REPO)
+    if result.returncode != 0:
+        raise RuntimeError(f"data step {' '.join(argv[1:])} failed ({result.returncode}):\n{result.stdout}{result.stderr}")
+    return result.stdout
+
+
+def job_prefix(job: Mapping[str, Any], namespace: str) -> tuple[str, str]:
+    """(bucket, key prefix) of the job's results: <results>/<namespace>/<job name>/."""
+    results = urlparse(job["spec"]["s3"]["results"])
+    prefix = "/".join(p for p in (results.path.strip("/"), namespace, job["metadata"]["name"]) if p)
+    return results.netloc, prefix + "/"
+
+
+def metrics(s3: Any, bucket: str, prefix: str) -> list[dict[str, Any]]:
+    """Every rank's metric records (the JSON lines under <prefix>metrics/)."""
+    records: list[dict[str, Any]] = []
+    for item in s3.list_objects_v2(Bucket=bucket, Prefix=prefix + "metrics/").get("Contents", []):
+        body = s3.get_object(Bucket=bucket, Key=item["Key"])["Body"].read().decode()
+        records.extend(json.loads(line) for line in body.splitlines() if line.strip())
+    return records
+
+
+def loss_ends(records: Sequence[Mapping[str, Any]], fraction: float = 0.1) -> tuple[float, float]:
+    """The mean loss (all ranks) over the first and the last `fraction` of the steps."""
+    steps = sorted({r["step"] for r in records if r.get("loss") is not None})
+    if not steps:
+        raise ValueError("no metric records with a loss")
+    span = max(1, int(len(steps) * fraction))
+    first, last = set(steps[:span]), set(steps[-span:])
+    return (mean(r["loss"] for r in records if r["step"] in first and r.get("loss") is not None),
+            mean(r["loss"] for r in records if r["step"] in last and r.get("loss") is not None))
+
+
+def result_json(s3: Any, bucket: str, prefix: str, name: str) -> Any:
+    return json.loads(s3.get_object(Bucket=bucket, Key=f"{prefix}results/{name}")["Body"].read())
+
+
+def print_outcome(s3: Any, bucket: str, prefix: str) -> None:
+    start, end = loss_ends(metrics(s3, bucket, prefix))
+    print(f"[example] loss {start:.3f} at the start, {end:.3f} at the end (all ranks, first and last 10% of steps)")
+    for item in s3.list_objects_v2(Bucket=bucket, Prefix=prefix + "results/").get("Contents", []):
+        key = item["Key"]
+        print(f"  s3://{bucket}/{key}  ({item['Size']} bytes)")
+        if key.endswith(".json"):
+            print("    " + json.dumps(result_json(s3, bucket, prefix, key.rsplit("/", 1)[1]))[:1000])
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        raise SystemExit(f"usage: make example NAME=<{'|'.join(NAMES)}>")
+    name = argv[0]
+    job = load_job(name)
+    namespace = f"ddp-example-{name}"
+    log_dir = demo.log_directory(f"example-{name}")
+    print(f"[example] {name}: logs in {log_dir}")
+    demo.start_control_plane()
+    port = urlparse(job["spec"]["s3"]["endpoint"]).port or 80
+    children: list[demo.Background] = []
+    with demo.s3_server(port, buckets=buckets(job)) as endpoint:
+        try:
+            started = time.monotonic()
+            print(f"[example] data step: python examples/{name}/data.py {job['spec']['s3']['dataset']}")
+            print(run_data_step(name, job, endpoint).rstrip())
+            print(f"[example] data ready in {time.monotonic() - started:.0f}s")
+            node = f"local-runner-{name}-{os.getpid()}"  # a runner of its own: the control plane may be shared
+            children = demo.operator_and_runner(log_dir, node)
+            demo.fresh_namespace(namespace)
+            demo.wait_for_node(node)
+            started = time.monotonic()
+            phase = demo.run_job(demo.pin_to_node(job, node), namespace)
+            print(f"[example] {name}: {phase} in {time.monotonic() - started:.0f}s; rank logs in {log_dir / 'pods'}")
+            s3 = demo.s3_client(endpoint)
+            print_outcome(s3, *job_prefix(job, namespace))
+            return 0 if phase == "Succeeded" else 1
+        finally:
+            for child in children:
+                child.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
