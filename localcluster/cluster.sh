@@ -390,6 +390,7 @@ cmd_up() {
     --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
     --service-cluster-ip-range "$SERVICE_CIDR" \
     --allow-privileged=true --enable-priority-and-fairness=false \
+    --enable-admission-plugins PodNodeSelector,PodTolerationRestriction \
     --kubelet-preferred-address-types InternalIP \
     --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
     --kubelet-client-key "$PKI/apiserver-kubelet-client.key" --kubelet-certificate-authority "$PKI/ca.crt" \

@@ -14,17 +14,16 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from fakenodes import on_fake_nodes
 from kube import Cluster, cluster_script, local_kubeconfig, script_setting, wait_until
 
 
 def gpu_pod(name: str, gpus: int) -> dict:
     return {
         "metadata": {"name": name},
-        "spec": {
-            "containers": [
-                {"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
-            ]
-        },
+        "spec": on_fake_nodes(
+            {"containers": [{"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}
+        ),
     }
 
 
