@@ -190,7 +190,8 @@ build_pause() {
 # build_node: the real node's binaries (kubelet, containerd, runc, CNI plugins, CoreDNS, pause).
 build_node() {
   local kv=$1
-  apt_install libseccomp-dev nftables gcc libc6-dev
+  # busybox-static: the tests' pod image (tests/localcluster/test_real_node.py).
+  apt_install libseccomp-dev nftables gcc libc6-dev busybox-static
   go_build kubernetes "$BIN_KUBELET" "$kv" k8s.io/kubernetes/cmd/kubelet
   local cv="-X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION"
   CGO_ENABLED=0 go_build containerd "$BIN_CONTAINERD" "$cv" github.com/containerd/containerd/v2/cmd/containerd \
