@@ -79,7 +79,7 @@ CONTAINERD_SOCKET=$NODE_DIR/containerd.sock
 # The cgroup (in every hierarchy) under which the kubelet puts its pods.
 NODE_CGROUP=ddp.$BRIDGE
 # One nftables table per bridge holds this node's rules; down deletes it whole.
-NFT_TABLE=ddp_$BRIDGE
+NFT_TABLE=ddp_${BRIDGE//[^a-zA-Z0-9_]/_}
 CONTROL_PLANE=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 NODE_COMPONENTS=(containerd coredns kubelet)
 COMPONENTS=("${CONTROL_PLANE[@]}")

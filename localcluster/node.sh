@@ -43,6 +43,9 @@ EOF
 # cgroup_hierarchies: the mounted cgroup v1 hierarchies (the kubelet runs with cgroupfs on v1).
 cgroup_hierarchies() { awk '$3 == "cgroup" {print $2}' /proc/self/mounts; }
 
+# cgroup_mounts: every cgroup mount, v1 and v2: runc also files containers under this VM's cgroup2 mount.
+cgroup_mounts() { awk '$3 == "cgroup" || $3 == "cgroup2" {print $2}' /proc/self/mounts; }
+
 # node_cgroups: the kubelet's cgroupRoot in every hierarchy (cpuset needs its cpus and mems filled).
 node_cgroups() {
   local h
@@ -270,7 +273,7 @@ node_pids() {
       echo "${f%/cmdline}"
     fi
   done
-  for h in $(cgroup_hierarchies); do
+  for h in $(cgroup_mounts); do
     if [ -d "$h/$NODE_CGROUP" ]; then find "$h/$NODE_CGROUP" -name cgroup.procs -exec cat {} + 2>/dev/null; fi
   done
   return 0
@@ -301,7 +304,7 @@ unmount_all() {
 
 remove_cgroups() {
   local h
-  for h in $(cgroup_hierarchies); do
+  for h in $(cgroup_mounts); do
     if [ -d "$h/$NODE_CGROUP" ]; then find "$h/$NODE_CGROUP" -depth -type d -exec rmdir {} + 2>/dev/null || true; fi
   done
 }

@@ -174,7 +174,7 @@ def test_pods_find_each_other_through_a_headless_service_and_talk_over_tcp(
     service = {"metadata": {"name": "peers"},
                "spec": {"clusterIP": "None", "selector": {"app": "peers"}, "ports": [{"port": 7000}]}}
     core.create_namespaced_service(namespace, service)
-    serve = f"trap 'exit 0' TERM; while true; do echo \"pong from $(hostname)\" | nc -l -p 7000; done"
+    serve = "trap 'exit 0' TERM; while true; do echo \"pong from $(hostname)\" | nc -l -p 7000; done"
     pods = {name: run_pod(core, namespace, name, serve, hostname=name, subdomain="peers", labels={"app": "peers"})
             for name in ("first", "second")}
 
