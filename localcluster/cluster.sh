@@ -80,6 +80,9 @@ CONTAINERD_SOCKET=$NODE_DIR/containerd.sock
 NODE_CGROUP=ddp.$BRIDGE
 # One nftables table per bridge holds this node's rules; down deletes it whole.
 NFT_TABLE=ddp_${BRIDGE//[^a-zA-Z0-9_]/_}
+# The CNI network's name, which names libcni's cache of each pod's result (in a fixed folder).
+CNI_NETWORK=ddp-$BRIDGE
+CNI_RESULTS=/var/lib/cni/results
 CONTROL_PLANE=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 NODE_COMPONENTS=(containerd coredns kubelet)
 COMPONENTS=("${CONTROL_PLANE[@]}")

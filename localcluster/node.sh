@@ -27,6 +27,7 @@ node_network() {
     die "interface $BRIDGE exists already: another local cluster uses it (give this one DDP_BRIDGE and DDP_NODE_SUBNET), or run cluster.sh down"
   fi
   ip link add "$BRIDGE" type bridge
+  touch "$NODE_DIR/network"  # this cluster made the bridge: its down removes it
   ip addr add "$NODE_GATEWAY/${NODE_SUBNET#*/}" dev "$BRIDGE"
   ip link set "$BRIDGE" up
   sysctl -qw "net.ipv4.conf.$BRIDGE.route_localnet=1"
@@ -104,7 +105,7 @@ write_cni_config() {
   cat >"$NODE_DIR/cni/net.d/10-ddp.conflist" <<EOF
 {
   "cniVersion": "1.0.0",
-  "name": "ddp",
+  "name": "$CNI_NETWORK",
   "plugins": [
     {
       "type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": false, "hairpinMode": true,
@@ -239,17 +240,17 @@ node_up() {
 
 # --- down --------------------------------------------------------------------
 
-# tasks_running: whether containerd still runs any container of the node.
-tasks_running() { ctr_node tasks ls 2>/dev/null | grep -q RUNNING; }
+# pod_networks_left: whether a pod's network is still set up (libcni caches each result until DEL).
+pod_networks_left() { compgen -G "$CNI_RESULTS/$CNI_NETWORK-*" >/dev/null; }
 
 # drain_node: while the API server and the kubelet are up, the kubelet stops the node's pods itself,
-# so the CNI plugins release their addresses and rules.
+# so the CNI plugins tear down what they set up (addresses, host ports).
 drain_node() {
   alive kubelet && alive containerd && alive kube-apiserver && api_healthy || return 0
   kc delete pods --all-namespaces --field-selector "spec.nodeName=$NODE_NAME" --grace-period=0 --force \
     --wait=false >/dev/null 2>&1 || true
   local deadline=$((SECONDS + 20))
-  while tasks_running && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
+  while pod_networks_left && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
 }
 
 # remove_containers: whatever containers containerd still has (the kubelet was gone, or too slow).
@@ -309,7 +310,20 @@ remove_cgroups() {
   done
 }
 
+# forget_pod_networks: libcni's cached results of pods the kubelet did not get to stop: the pod
+# network's (named after the network) and their loopback's (named after the same sandbox).
+forget_pod_networks() {
+  local f id
+  for f in "$CNI_RESULTS/$CNI_NETWORK"-*; do
+    [ -e "$f" ] || continue
+    id=${f#"$CNI_RESULTS/$CNI_NETWORK-"}
+    rm -f "$f" "$CNI_RESULTS/cni-loopback-${id%-*}-lo"
+  done
+}
+
 node_down() {
+  # Only what this cluster set up: another cluster may use the same bridge name.
+  [ -f "$NODE_DIR/network" ] || return 0
   drain_node
   stop kubelet
   remove_containers
@@ -320,6 +334,7 @@ node_down() {
   ip link del "$BRIDGE" 2>/dev/null || true
   nft delete table ip "$NFT_TABLE" 2>/dev/null || true
   remove_cgroups
+  forget_pod_networks
   # The kubelet's links in /var/log/containers (a fixed path) to this node's pod logs.
   find /var/log/containers -maxdepth 1 -type l -lname "$NODE_DIR/*" -delete 2>/dev/null || true
 }

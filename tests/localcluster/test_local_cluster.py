@@ -256,9 +256,17 @@ SECOND_NODE = {
 }
 
 
+def cni_results(bridge: str) -> list[str]:
+    """libcni's cached results for the node's pods: its network's and the same sandboxes' loopback."""
+    results = Path("/var/lib/cni/results")
+    ours = list(results.glob(f"ddp-{bridge}-*"))
+    sandboxes = [p.name.removeprefix(f"ddp-{bridge}-").rsplit("-", 1)[0] for p in ours]
+    return [str(p) for p in ours] + [str(p) for s in sandboxes for p in results.glob(f"cni-loopback-{s}-*")]
+
+
 def host_traces(bridge: str, folder: Path) -> dict[str, list[str]]:
     """What a real node leaves on the host: processes and mounts naming its folder, its bridge and
-    the interfaces on it, its nftables table, its routes and its cgroups."""
+    the interfaces on it, its nftables table, its routes, its cgroups and libcni's cached results."""
     processes = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
@@ -278,6 +286,7 @@ def host_traces(bridge: str, folder: Path) -> dict[str, list[str]]:
         "nftables": [table] if nft.returncode == 0 else [],
         "routes": [r for r in routes if r.strip()],
         "cgroups": [str(p) for p in Path("/sys/fs/cgroup").glob(f"*/ddp.{bridge}")],
+        "cni results": cni_results(bridge),
     }
 
 
