@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # A real, local Kubernetes control plane built from upstream Go modules:
 # etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok and helm.
-# kwok plays the kubelet for fake GPU nodes, so pods go through the real scheduler.
+# kwok plays the kubelet for fake GPU nodes (tainted), so pods go through the real scheduler.
+# Beside them one real node (node.sh): kubelet, containerd, runc, CNI bridge, CoreDNS.
 #
 # Usage: cluster.sh build|up|down|status|env|kubectl ARGS...|helm ARGS...|ctr ARGS...|image-import ROOTFS REF [CONFIG]
+#   ctr ARGS: ctr against the real node's containerd ($DDP_CLUSTER_DIR/node/containerd.sock), namespace
+#   k8s.io, e.g. `cluster.sh ctr images import image.tar`; image-import: an image made from a folder.
 #
-# Everything listens on 127.0.0.1 only. Builds are cached outside the git tree under
-# $DDP_CACHE/bin/<component>-<version>; cluster state lives in $DDP_CLUSTER_DIR.
+# Everything listens on 127.0.0.1, except the real node's kubelet and DNS, on its bridge's gateway.
+# Builds are cached outside the git tree under $DDP_CACHE/bin/<component>-<version>, containerd's
+# images under $DDP_CACHE/containerd-<version>; cluster state lives in $DDP_CLUSTER_DIR.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
