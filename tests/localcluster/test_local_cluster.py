@@ -215,9 +215,8 @@ def test_local_cluster_listens_on_loopback_and_the_pod_bridge_only(cluster: Clus
     api_port = kube_api_port(cluster.kubeconfig)
     assert f"{api_port:04X}" in {a.split(":")[1] for a in addresses}, "the API server's port was not found"
     # The real node's kubelet and cluster DNS serve pods on the bridge's gateway.
-    bridge = real_node_addresses(kube_api)
-    assert len(bridge) == 1, bridge
-    assert {ip_of(a) for a in addresses} - {"127.0.0.1"} == bridge, [ip_of(a) for a in addresses]
+    beyond_loopback = {ip_of(a) for a in addresses if not is_loopback(a)}
+    assert beyond_loopback <= real_node_addresses(kube_api), [ip_of(a) for a in addresses]
 
 
 def test_second_cluster_up_is_idempotent_and_down_leaves_no_process(cluster: Cluster, tmp_path: Path) -> None:
@@ -315,5 +314,8 @@ def test_cluster_down_leaves_nothing_of_the_real_node_behind(cluster: Cluster, t
 
         cluster_script("down", env=env)
         assert host_traces(SECOND_NODE["DDP_BRIDGE"], tmp_path) == {kind: [] for kind in running}
+        # containerd's image store stays for the next up: imported images are not imported again.
+        content = tmp_path / "containerd" / "io.containerd.content.v1.content" / "blobs" / "sha256"
+        assert len(list(content.iterdir())) >= 3, "the pause image's index, config and layer"
     finally:
         cluster_script("down", env=env, check=False)
