@@ -262,6 +262,10 @@ remove_containers() {
     ctr_node tasks rm -f "$id" >/dev/null 2>&1 || true
     ctr_node containers rm "$id" >/dev/null 2>&1 || true
   done
+  # The sandboxes' records too: containerd's store outlives the cluster, and would try to recover them.
+  for id in $(ctr_node sandboxes ls 2>/dev/null | awk 'NR > 1 {print $1}'); do
+    ctr_node sandboxes rm -f "$id" >/dev/null 2>&1 || true
+  done
 }
 
 # node_pids: processes of this node that outlive containerd: its shims (found by the socket they
