@@ -7,6 +7,7 @@ from typing import Any
 
 from ddp_contract import api, labels
 from ddp_operator import constants as c
+from fakenodes import on_fake_nodes
 from kube import PodLives, wait_until
 
 
@@ -259,7 +260,7 @@ def test_ranks_held_up_past_the_startup_deadline_fail_the_job_and_free_the_rest(
 def stranger(jobs, kind: str, name: str) -> Any:
     """An object the job needs the name of, made by someone else (no owner, no labels)."""
     if kind == "Pod":
-        body = {"metadata": {"name": name}, "spec": {"containers": [{"name": "app", "image": "app:1"}]}}
+        body = {"metadata": {"name": name}, "spec": on_fake_nodes({"containers": [{"name": "app", "image": "app:1"}]})}
         return jobs.core.create_namespaced_pod(jobs.namespace, body)
     body = {"metadata": {"name": name}, "spec": {"selector": {"app": "other"}, "ports": [{"port": 80}]}}
     return jobs.core.create_namespaced_service(jobs.namespace, body)
