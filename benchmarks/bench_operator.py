@@ -22,8 +22,15 @@ control plane alone deleting and recreating as many bare pods (delete all, recre
 it is free, until all are Ready). Pods are followed by uid, so a pod of the new attempt deleted
 after all (a restart that thrashes) is counted.
 
+Faults (`--fault-sizes`): each fault injected as a kubelet would report it into a Running job's rank
+1: an OOM kill (137, OOMKilled), a hung rank (the runtime's exit code 204 and its failure line), an
+eviction; and a job whose ranks cannot be scheduled at all. Measured: from the injection (or the
+create call) to the job's status saying why (status.reason, and failedRank naming rank 1), and to
+the gang Running again at the next attempt.
+
 Targets: 64 ranks created < 2 s, 1024 < 20 s, lag < 1 s, RSS < 250 MB with 100 jobs x 8 ranks;
-each gang restart within 2x the bare pods' delete-and-recreate, with no pod of a new attempt deleted.
+each gang restart within 2x the bare pods' delete-and-recreate, with no pod of a new attempt deleted;
+every fault said on the job within 2 s.
 """
 
 from __future__ import annotations
@@ -49,10 +56,12 @@ REPO = Path(__file__).resolve().parent.parent
 # The benchmark runs from the source tree, like the tests; these imports need the paths first.
 sys.path[:0] = [str(REPO / "contract"), str(REPO / "operator"), str(REPO / "localcluster")]
 from ddp_contract import api, kubeclient, labels  # noqa: E402
+from ddp_contract.exitcodes import ExitCode  # noqa: E402
+from ddp_contract.failures import format_line  # noqa: E402
 from ddp_operator import constants as c  # noqa: E402
 from ddp_operator.kubeapi import CONCURRENCY, discard_answer  # noqa: E402
 from fakenodes import FAKE_NODE_TOLERATION, on_fake_nodes  # noqa: E402
-from podstatus import pod_status  # noqa: E402
+from podstatus import evicted_status, pod_status  # noqa: E402
 
 BENCH_CLUSTER = {
     "DDP_CLUSTER_DIR": "/tmp/ddp-bench-cluster",
@@ -70,7 +79,8 @@ BASELINE_LABEL = "ddp-bench/baseline"
 BENCH_NODE_PREFIX = "bench-node-"
 BENCH_NODE_PODS = 512
 OPERATOR: subprocess.Popen | None = None  # checked by every wait: a dead operator fails fast
-TARGETS = {"created_64_s": 2.0, "created_1024_s": 20.0, "lag_s": 1.0, "rss_many_mb": 250.0, "restart_vs_bare": 2.0}
+TARGETS = {"created_64_s": 2.0, "created_1024_s": 20.0, "lag_s": 1.0, "rss_many_mb": 250.0, "restart_vs_bare": 2.0,
+           "why_s": 2.0}
 
 
 @dataclass
@@ -103,6 +113,8 @@ class Tracker:
     job_updates: dict[str, int] = field(default_factory=dict)  # watch events per job: ~ status patches
     lives: dict[str, PodLife] = field(default_factory=dict)  # uid -> life
     job_states: dict[str, tuple[str | None, int, float]] = field(default_factory=dict)  # phase, attempt, since
+    # (reason, attempt, failedRank.attempt, first seen) per job, each time the reason or attempt changed
+    job_reasons: dict[str, list[tuple[str, int, int | None, float]]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reset(self) -> None:
@@ -112,6 +124,7 @@ class Tracker:
             self.job_updates.clear()
             self.lives.clear()
             self.job_states.clear()
+            self.job_reasons.clear()
 
     def count(self, attr: str) -> int:
         with self.lock:
@@ -204,6 +217,10 @@ def watch_jobs(custom: client.CustomObjectsApi, tracker: Tracker, stop: threadin
             state = (status.get("phase"), int(status.get("attempt") or 0))
             if tracker.job_states.get(name, (None, -1, 0.0))[:2] != state:
                 tracker.job_states[name] = (*state, now)
+            said = (str(status.get("reason") or ""), state[1], (status.get("failedRank") or {}).get("attempt"))
+            seen = tracker.job_reasons.setdefault(name, [])
+            if not seen or seen[-1][:3] != said:
+                seen.append((*said, now))
             if event["type"] == "MODIFIED":
                 tracker.job_updates[name] = tracker.job_updates.get(name, 0) + 1
             if (job.get("status") or {}).get("phase") == c.PHASE_RUNNING:
@@ -402,6 +419,61 @@ def run_restarts(core, custom, tracker: Tracker, ranks: int, repeats: int, timeo
         wait_pods_gone(tracker, timeout)
 
 
+# A fault, how to inject it into rank 1 (a pod status as the kubelet reports it) and the reason
+# the job must then give.
+HUNG_LINE = format_line(1, 40, ExitCode.HUNG, ExitCode.HUNG.name, True,
+                        "no progress for 300s since step 40 (hang timeout 300s); stacks in s3://b/hangs/rank-1.txt")
+FAULTS = {
+    "oom": (lambda: pod_status(labels.CONTAINER_NAME, "trainer:bench", 137, "OOMKilled"), c.REASON_RANK_FAILED),
+    "hung": (lambda: pod_status(labels.CONTAINER_NAME, "trainer:bench", ExitCode.HUNG, "Error", message=HUNG_LINE),
+             c.REASON_HUNG),
+    "evicted": (evicted_status, c.REASON_RANK_EVICTED),
+}
+
+
+def said_why(tracker: Tracker, name: str, reasons: set[str], attempt: int, failed_attempt: int | None) -> float | None:
+    """When the job first gave one of `reasons` at `attempt`, for a failure of `failed_attempt`."""
+    with tracker.lock:
+        for reason, seen_attempt, failed, at in tracker.job_reasons.get(name, []):
+            if reason in reasons and seen_attempt == attempt and failed == failed_attempt:
+                return at
+    return None
+
+
+def run_faults(core, custom, tracker: Tracker, ranks: int, timeout: float) -> dict:
+    """Each fault in turn into one Running job of `ranks` ranks; then a job that cannot be scheduled."""
+    tracker.reset()
+    name = f"faults{ranks}"
+    body = job_body(name, ranks)
+    body["spec"].update(backoffLimit=len(FAULTS), infrastructureBackoffLimit=len(FAULTS))
+    out: dict = {"scenario": name, "jobs": 1, "ranks_per_job": ranks, "pods": ranks, "faults": {}}
+    try:
+        custom.create_namespaced_custom_object(api.GROUP, api.VERSION, NAMESPACE, api.PLURAL, body)
+        wait(lambda: gang_settled(tracker, name, ranks, 0), timeout, f"{name} Running")
+        for attempt, (fault, (status, reason)) in enumerate(FAULTS.items(), start=1):
+            core.patch_namespaced_pod_status(f"{name}-1", NAMESPACE, {"status": status()})
+            t0 = time.monotonic()
+            why = wait(lambda a=attempt, r=reason: said_why(tracker, name, {r}, a, a - 1) is not None, timeout,
+                       f"{name} saying {reason}")
+            wait(lambda a=attempt: gang_settled(tracker, name, ranks, a), timeout, f"{name} Running after {fault}")
+            with tracker.lock:
+                running = tracker.job_states[name][2]
+            said = said_why(tracker, name, {reason}, attempt, attempt - 1)
+            out["faults"][fault] = {"why_s": round((said or why) - t0, 3), "running_again_s": round(running - t0, 3)}
+        unfit = f"unfit{ranks}"
+        big = job_body(unfit, ranks)
+        big["spec"]["gpusPerRank"] = 16  # more than any node has
+        t0 = time.monotonic()
+        custom.create_namespaced_custom_object(api.GROUP, api.VERSION, NAMESPACE, api.PLURAL, big)
+        reasons = {c.REASON_UNSCHEDULABLE, "GangTooLarge"}
+        wait(lambda: said_why(tracker, unfit, reasons, 0, None) is not None, timeout, f"{unfit} saying why")
+        out["faults"]["unschedulable"] = {"why_s": round(said_why(tracker, unfit, reasons, 0, None) - t0, 3)}
+        return out
+    finally:
+        delete_jobs(custom, [name, f"unfit{ranks}"], timeout)
+        wait_pods_gone(tracker, timeout)
+
+
 def gang_settled(tracker: Tracker, name: str, ranks: int, attempt: int) -> bool:
     with tracker.lock:
         phase, seen_attempt, _ = tracker.job_states.get(name, (None, -1, 0.0))
@@ -546,6 +618,10 @@ def verdicts(results: list[dict], rss_mb: float | None) -> list[tuple[str, str, 
                         f"max {r['restart_settle_max_s']:.2f} s", r["restart_settle_max_s"] <= limit))
             out.append((f"{r['pods']} ranks: no pod of a new attempt deleted", str(r["new_attempt_pods_deleted"]),
                         r["new_attempt_pods_deleted"] == 0))
+    for r in results:
+        for fault, times in r.get("faults", {}).items():
+            out.append((f"{r['pods']} ranks, {fault}: the job says why within {TARGETS['why_s']:g} s",
+                        f"{times['why_s']:.2f} s", times["why_s"] <= TARGETS["why_s"]))
     if rss_mb is not None:
         out.append((f"operator peak RSS < {TARGETS['rss_many_mb']:g} MB", f"{rss_mb:.1f} MB",
                     rss_mb < TARGETS["rss_many_mb"]))
@@ -559,7 +635,8 @@ def print_table(results: list[dict], peak: dict, checks: list) -> None:
             ("lag max", "lag_max_s", 8, ".3f"), ("job crt max", "job_created_max_s", 11, ".2f"),
             ("status upd", "status_updates_total", 10, "d"), ("RSS MB", "rss_peak_mb", 7, ".1f")]
     restarts = [r for r in results if "restart_settle_s" in r]
-    results = [r for r in results if "restart_settle_s" not in r]
+    faults = [r for r in results if "faults" in r]
+    results = [r for r in results if "restart_settle_s" not in r and "faults" not in r]
     print()
     print("Seconds from the (first) create call returning, as seen by this script's watches:")
     print(" ".join(f"{h:>{w}}" if i else f"{h:<{w}}" for i, (h, _, w, _) in enumerate(cols)))
@@ -582,6 +659,15 @@ def print_table(results: list[dict], peak: dict, checks: list) -> None:
             extra = "" if r["jobs"] == 0 else (f"  new-attempt pods deleted {r['new_attempt_pods_deleted']},"
                                                f" extra pods created {r['extra_pods_created']}")
             print(f"  {r['scenario']:<16} {' '.join(f'{x:6.2f}' for x in r['restart_settle_s'])}{extra}")
+    if faults:
+        print()
+        print("Faults: seconds from injection (unschedulable: from the create call) to the job saying why,"
+              " and to the gang Running again:")
+        for r in faults:
+            for fault, times in r["faults"].items():
+                again = times.get("running_again_s")
+                print(f"  {r['pods']:>5} ranks  {fault:<14} why {times['why_s']:6.2f}"
+                      f"{'' if again is None else f'   Running again {again:6.2f}'}")
     print()
     print(f"operator RSS: peak sampled {peak['rss_peak_sampled_mb']} MB, VmHWM {peak['vm_hwm_mb']} MB")
     print()
@@ -599,12 +685,15 @@ def main() -> int:
     parser.add_argument("--restart-sizes", default="8,64,256,1024",
                         help="world sizes for the gang-restart scenario, each next to bare pods deleted and recreated")
     parser.add_argument("--restart-repeats", type=int, default=3, help="gang restarts per size")
+    parser.add_argument("--fault-sizes", default="8,256",
+                        help="world sizes for the fault scenario: OOM kill, hang, eviction, unschedulable")
     parser.add_argument("--kubeconfig", help="use this cluster instead of starting a separate local one")
     parser.add_argument("--json", type=Path, help="write the results here as JSON")
     parser.add_argument("--timeout", type=float, default=300, help="seconds each wait may take")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     restart_sizes = [int(s) for s in args.restart_sizes.split(",") if s]
+    fault_sizes = [int(s) for s in args.fault_sizes.split(",") if s]
     baseline = max(sizes, default=0) if args.baseline is None else args.baseline
 
     global OPERATOR
@@ -620,7 +709,7 @@ def main() -> int:
         api = kubeclient.api_client(kubeconfig, pool_size=CONCURRENCY + 4)
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         ensure_namespace(core)
-        needed = max([*sizes, *restart_sizes, args.concurrent_jobs * args.ranks_per_concurrent_job, baseline])
+        needed = max([*sizes, *restart_sizes, *fault_sizes, args.concurrent_jobs * args.ranks_per_concurrent_job, baseline])
         bench_nodes = add_capacity(core, needed + 16)
         if bench_nodes:
             print(f"added fake nodes for capacity: {', '.join(bench_nodes)}", flush=True)
@@ -657,6 +746,10 @@ def main() -> int:
                            run_restarts(core, custom, tracker, size, args.restart_repeats, args.timeout)):
                 results.append(result)
                 print(json.dumps(result), flush=True)
+        for size in fault_sizes:
+            result = run_faults(core, custom, tracker, size, args.timeout)
+            results.append(result)
+            print(json.dumps(result), flush=True)
         peak = {"rss_peak_sampled_mb": round(sampler.peak_kb / 1024, 1),
                 "vm_hwm_mb": round(status_kb(operator.pid, "VmHWM") / 1024, 1)}
     finally:

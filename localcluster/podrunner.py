@@ -214,7 +214,18 @@ class PodRunner:
                 return  # killed because the pod was deleted
         log.info("%s/%s exited with %d", *key, code)
         code = 128 - code if code < 0 else code  # killed by signal N: report 128+N like a runtime
-        self.report(pod, "Succeeded" if code == 0 else "Failed", exit_code=code, started=started)
+        # terminationMessagePolicy FallbackToLogsOnError: a failed container's message is its log's end.
+        tail = None if code == 0 else self.log_tail(key)
+        self.report(pod, "Succeeded" if code == 0 else "Failed", exit_code=code, started=started, message=tail)
+
+    def log_tail(self, key: tuple[str, str], limit: int = 2048) -> str | None:
+        """The end of a container's log, as much as the kubelet would fall back to."""
+        path = self.log_dir / f"{key[0]}_{key[1]}.log"
+        try:
+            data = path.read_bytes()[-limit:]
+        except OSError:
+            return None
+        return data.decode(errors="replace") or None
 
     def kill(self, key: tuple[str, str]) -> None:
         with self.lock:
@@ -243,10 +254,8 @@ class PodRunner:
                reason: str | None = None, message: str | None = None) -> None:
         container = pod.spec.containers[0]
         code = None if phase == "Running" else (1 if exit_code is None else exit_code)
-        status = pod_status(container.name, container.image, code, reason, started)
+        status = pod_status(container.name, container.image, code, reason, started, message=message)
         status.update(hostIP="127.0.0.1", podIP="127.0.0.1")
-        if message:
-            status["message"] = message
         # The uid is a precondition: a late report about a process of a deleted pod must not land
         # on its successor of the same name (the next gang attempt).
         body = {"metadata": {"uid": pod.metadata.uid}, "status": status}

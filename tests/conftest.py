@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from kube import Cluster, Jobs, OperatorProcess, cluster_script, install_crd, open_cluster, wait_until
+from testnodes import NodeMaker
 
 
 @pytest.fixture(scope="session")
@@ -76,6 +77,14 @@ def operator(cluster: Cluster, crd: None, tmp_path_factory: pytest.TempPathFacto
 @pytest.fixture
 def jobs(kube_api, namespace: str, operator: OperatorProcess) -> Jobs:
     return Jobs(kube_api, namespace)
+
+
+@pytest.fixture
+def own_nodes(kube_api) -> Iterator[NodeMaker]:
+    """Nodes of the test's own (gpu-node-test-<id>), deleted afterwards: the shared ones stay untouched."""
+    maker = NodeMaker(kube_api)
+    yield maker
+    maker.cleanup()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -255,6 +255,12 @@ class Jobs:
         return [e for e in self.core.list_namespaced_event(self.namespace).items if e.involved_object.name == name]
 
 
+def env_of(pod: client.V1Pod) -> dict[str, str]:
+    """The trainer container's plain env values, by name."""
+    trainer = next(x for x in pod.spec.containers if x.name == labels.CONTAINER_NAME)
+    return {e.name: e.value for e in trainer.env if e.value is not None}
+
+
 class PodLives:
     """Every pod object of one job (by uid: restarts reuse the names) and whether it was deleted."""
 

@@ -1,4 +1,4 @@
-"""Jobs, pods and summaries as the API returns them, for the operator's unit tests."""
+"""Jobs, pods, nodes and summaries as the API returns them, for the operator's unit tests."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ddp_contract import labels
+from ddp_contract.timestamps import rfc3339
 from ddp_operator.podsummary import PodSummary, summarize_pods
 from ddp_operator.spec import parse_spec
 
@@ -71,3 +72,20 @@ def pod(
 
 def summary_of(*pods: dict[str, Any], attempt: int = 0) -> PodSummary:
     return summarize_pods(list(pods), attempt, JOB)
+
+
+def api_node(name: str, ready: str = "True", since: Any = None, gpus: int = 8, cpu: str = "64", memory: str = "512Gi",
+             taints: list[dict[str, str]] | None = None, labels: dict[str, str] | None = None,
+             unschedulable: bool = False, reason: str = "KubeletReady") -> dict[str, Any]:
+    """A Node as the API returns it."""
+    stamp = rfc3339(since or NOW - timedelta(hours=1))
+    return {
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {"taints": taints or [], **({"unschedulable": True} if unschedulable else {})},
+        "status": {
+            "allocatable": {"cpu": cpu, "memory": memory, "nvidia.com/gpu": str(gpus), "pods": "110"},
+            "conditions": [{"type": "MemoryPressure", "status": "False"},
+                           {"type": "Ready", "status": ready, "reason": reason, "lastTransitionTime": stamp,
+                            "lastHeartbeatTime": rfc3339(NOW)}],
+        },
+    }

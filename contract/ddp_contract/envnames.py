@@ -16,12 +16,15 @@ WORLD_SIZE: Final = "WORLD_SIZE"
 LOCAL_RANK: Final = "LOCAL_RANK"
 LOCAL_WORLD_SIZE: Final = "LOCAL_WORLD_SIZE"
 NODE_RANK: Final = "NODE_RANK"
+GROUP_RANK: Final = "GROUP_RANK"  # torchrun's name for the pod's (node's) index, = NODE_RANK
 
 # The DDPJob this rank belongs to, and its gang attempt.
 JOB_NAME: Final = "DDP_JOB_NAME"
 JOB_NAMESPACE: Final = "DDP_JOB_NAMESPACE"
 JOB_UID: Final = "DDP_JOB_UID"
 ATTEMPT: Final = "DDP_ATTEMPT"
+# The job's last committed checkpoint (status.lastCheckpoint.uri) when the attempt's pods were made.
+RESUME_FROM: Final = "DDP_RESUME_FROM"
 
 # What the rank runs, and how.
 BACKEND: Final = "DDP_BACKEND"
@@ -30,6 +33,10 @@ INIT_TIMEOUT_SECONDS: Final = "DDP_INIT_TIMEOUT_SECONDS"
 MASTER_WAIT_SECONDS: Final = "DDP_MASTER_WAIT_SECONDS"
 PROGRESS_FILE: Final = "DDP_PROGRESS_FILE"
 PROGRESS_INTERVAL_SECONDS: Final = "DDP_PROGRESS_INTERVAL_SECONDS"
+# A rank whose step has not advanced this long dumps its stacks and exits HUNG (0: never); unset, the
+# runtime derives it from the slowest step so far, at least DDP_HANG_MIN_SECONDS.
+HANG_TIMEOUT_SECONDS: Final = "DDP_HANG_TIMEOUT_SECONDS"
+HANG_MIN_SECONDS: Final = "DDP_HANG_MIN_SECONDS"
 # Where a failing rank leaves its last words for the kubelet (the container's terminationMessagePath).
 TERMINATION_MESSAGE_PATH: Final = "DDP_TERMINATION_MESSAGE_PATH"
 
@@ -49,6 +56,6 @@ RESULTS_URI: Final = "DDP_RESULTS_URI"
 
 # Set by the operator for every rank; a spec's env or template may not override them.
 RESERVED: Final = frozenset({
-    MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK,
-    JOB_NAME, JOB_NAMESPACE, JOB_UID, ATTEMPT, BACKEND, ENTRYPOINT,
+    MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, GROUP_RANK,
+    JOB_NAME, JOB_NAMESPACE, JOB_UID, ATTEMPT, BACKEND, ENTRYPOINT, RESUME_FROM,
 })

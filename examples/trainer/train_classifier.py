@@ -26,7 +26,6 @@ from ddp_trainer import (
     ShardedDataset,
     default_reporter,
     open_dataset,
-    restore_training_state,
     training_state,
 )
 
@@ -70,11 +69,8 @@ def main(ctx: RankContext) -> None:
     checkpoints = CheckpointManager(keep=3, async_save=True)
     results = S3ResultsHandler()
     progress = default_reporter()
-    step = 0
-    latest = checkpoints.load_latest(map_location=ctx.device)
-    if latest is not None:
-        restore_training_state(latest.state, ddp, optimizer, sampler)
-        step = latest.step
+    # After a gang restart: the job's last checkpoint (status.lastCheckpoint); 0 on a fresh start.
+    step = checkpoints.resume(ddp, optimizer, sampler, map_location=ctx.device)
 
     loss_fn = nn.CrossEntropyLoss()
     for epoch in range(sampler.epoch, args.epochs):

@@ -8,9 +8,17 @@ from __future__ import annotations
 from typing import Final
 
 from ddp_contract import backend
+from ddp_contract.exitcodes import ExitCode
 
 # --- pods --------------------------------------------------------------------
 GPU_RESOURCE: Final = "nvidia.com/gpu"
+# What a gang's size is judged by against the nodes' allocatable (capacity.py), GPUs first.
+CAPACITY_RESOURCES: Final = (GPU_RESOURCE, "cpu", "memory")
+# The NoExecute taints the node lifecycle controller puts on a node that is NotReady (Ready False)
+# or unreachable (Ready Unknown); rank pods tolerate them for spec.nodeLostGraceSeconds.
+TAINT_NOT_READY: Final = "node.kubernetes.io/not-ready"
+TAINT_UNREACHABLE: Final = "node.kubernetes.io/unreachable"
+NODE_LOST_TAINTS: Final = (TAINT_NOT_READY, TAINT_UNREACHABLE)
 SHM_VOLUME: Final = "dshm"
 SHM_PATH: Final = "/dev/shm"
 # The trainer image's runtime, the command when spec.entrypoint is given: `run` with no target runs
@@ -25,12 +33,18 @@ RESTART_POLICIES: Final = (POLICY_ON_FAILURE, POLICY_NEVER, POLICY_EXIT_CODE)
 
 DEFAULT_MASTER_PORT: Final = 29500
 DEFAULT_BACKOFF_LIMIT: Final = 3
+DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT: Final = 10
+# A rank whose collective failed (its peer died) is acted on only after this long, unless the peer's
+# own failure shows up first: that one is the cause, and decides the restart's budget.
+ECHO_GRACE_SECONDS: Final = 3.0
 DEFAULT_STARTUP_DEADLINE_SECONDS: Final = 900
+DEFAULT_NODE_LOST_GRACE_SECONDS: Final = 60
 DEFAULT_GPUS_PER_RANK: Final = 1
 DEFAULT_BACKEND: Final = backend.AUTO
 DEFAULT_RESTART_POLICY: Final = POLICY_ON_FAILURE
 MAX_WORLD_SIZE: Final = 4096
 MAX_GPUS_PER_RANK: Final = 16
+MAX_RANKS_PER_POD: Final = 64
 # worldSize * gpusPerRank above this is almost certainly a typo, not a job.
 MAX_TOTAL_GPUS: Final = 16384
 
@@ -75,11 +89,30 @@ REASON_SUSPENDED: Final = "Suspended"
 REASON_RANK_FAILED: Final = "RankFailed"
 REASON_RANK_EVICTED: Final = "RankEvicted"
 REASON_RANK_MISSING: Final = "RankMissing"
+REASON_NODE_LOST: Final = "NodeLost"
+REASON_GANG_TOO_LARGE: Final = "GangTooLarge"
 REASON_SUCCEEDED: Final = "AllRanksSucceeded"
 REASON_BACKOFF_LIMIT: Final = "BackoffLimitExceeded"
 REASON_PERMANENT: Final = "PermanentFailure"
 REASON_DEADLINE: Final = "DeadlineExceeded"
 REASON_INVALID_SPEC: Final = "InvalidSpec"
+REASON_HUNG: Final = "Hung"
+REASON_DETERMINISTIC: Final = "DeterministicFailure"
+
+# Whose fault a failure is; each kind has its own restart budget.
+KIND_PROGRAM: Final = "Program"
+KIND_INFRASTRUCTURE: Final = "Infrastructure"
+# A rank that exited through the runtime with one of its own codes: the failure's reason, in place
+# of the kubelet's plain "Error".
+RUNTIME_EXIT_REASONS: Final = {
+    ExitCode.HUNG: REASON_HUNG,
+    ExitCode.TERMINATED: "Terminated",
+    ExitCode.MASTER_UNRESOLVED: "MasterUnresolved",
+    ExitCode.RENDEZVOUS_FAILED: "RendezvousFailed",
+    ExitCode.COMMUNICATION_ERROR: "CommunicationError",
+    ExitCode.STORAGE_UNAVAILABLE: "StorageUnavailable",
+    ExitCode.CONFIG_ERROR: "ConfigError",
+}
 
 # pod.status.reason values (and DisruptionTarget reasons) that mean the node or the
 # scheduler took the pod away, not the training code.

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from ddp_contract.timestamps import parse_rfc3339
 from ddp_operator import constants as c
 from ddp_operator.deadlines import deadline_exceeded, startup_remaining
 from ddp_operator.manifests import pod_name
 from ddp_operator.podsummary import PodSummary, RankFailure
-from ddp_operator.policy import is_retryable
+from ddp_operator.policy import BUDGET_FIELDS, RESTART_COUNTERS, budget, is_retryable, repeats_previous
 from ddp_operator.spec import JobSpec
 
 
@@ -34,6 +35,7 @@ class Decision:
     create_ranks: tuple[int, ...] = ()
     delete_pods: tuple[str, ...] = ()
     failure: RankFailure | None = None
+    recheck_after: float | None = None  # seconds until the decision should be taken again
 
 
 def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: datetime) -> Decision:
@@ -53,34 +55,63 @@ def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: d
         return Decision(
             Action.SUSPEND, attempt, c.REASON_SUSPENDED, "spec.suspend is true", delete_pods=_whole_gang(summary)
         )
-    if summary.succeeded == spec.world_size:
+    if summary.succeeded == spec.pods:
         return Decision(Action.SUCCEED, attempt, c.REASON_SUCCEEDED, f"all {spec.world_size} ranks exited 0")
     failure = summary.failure or _lost_rank(spec, status, summary)
     if failure is not None:
+        wait = _echo_wait(failure, now)
+        if wait is not None:
+            return Decision(Action.WAIT, attempt, delete_pods=summary.stale_pods, recheck_after=wait)
         return _on_failure(spec, status, summary, failure)
     remaining = startup_remaining(status, spec, now) if summary.problems else None
     if remaining is not None and remaining <= 0:
         # Held up past the startup deadline: fail with the cause, so the other ranks free what they hold.
         cause, detail = summary.held_up
         return _fail(summary, cause, f"{detail}; still so after startupDeadlineSeconds={spec.startup_deadline_seconds}")
-    free = tuple(r for r in range(spec.world_size) if r not in summary.occupied_ranks)
+    free = tuple(r for r in range(spec.pods) if r not in summary.occupied_ranks)
     action = Action.CREATE if free else Action.WAIT
     return Decision(action, attempt, delete_pods=summary.stale_pods, create_ranks=free)
 
 
 def _on_failure(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, failure: RankFailure) -> Decision:
-    restarts = int(status.get("restarts", 0))
+    """Restart the gang on the budget of the failure's kind (program: backoffLimit; infrastructure:
+    infrastructureBackoffLimit), unless the policy says no, the budget is spent, or the program
+    failed exactly as on the attempt before."""
+    kind = failure.kind
     if not is_retryable(spec.restart_policy, failure):
         message = f"{failure.describe()}; restartPolicy {spec.restart_policy} does not retry it"
         return _fail(summary, c.REASON_PERMANENT, message, failure)
-    if restarts >= spec.backoff_limit:
-        message = f"{failure.describe()}; backoffLimit {spec.backoff_limit} reached after {restarts} restarts"
+    if repeats_previous(status.get("failedRank"), failure):
+        message = (f"{failure.describe()}; attempt {summary.attempt - 1} failed with the same error at the same step, "
+                   "so retrying would fail again: fix the program and create the job again")
+        return _fail(summary, c.REASON_DETERMINISTIC, message, failure)
+    used, limit = int(status.get(RESTART_COUNTERS[kind], 0)), budget(spec, kind)
+    if used >= limit:
+        message = (f"{failure.describe()}; {BUDGET_FIELDS[kind]} {limit} reached after {used} "
+                   f"{kind.lower()} restarts")
         return _fail(summary, c.REASON_BACKOFF_LIMIT, message, failure)
-    reason = c.REASON_RANK_EVICTED if failure.evicted else c.REASON_RANK_FAILED
-    message = f"{failure.describe()}; restarting the gang (restart {restarts + 1} of {spec.backoff_limit})"
+    message = (f"{failure.describe()}; restarting the gang ({kind.lower()} restart {used + 1} of {limit}, "
+               f"{BUDGET_FIELDS[kind]})")
     return Decision(
-        Action.RESTART, summary.attempt + 1, reason, message, delete_pods=_whole_gang(summary), failure=failure
+        Action.RESTART, summary.attempt + 1, _restart_reason(failure), message, delete_pods=_whole_gang(summary),
+        failure=failure,
     )
+
+
+def _echo_wait(failure: RankFailure, now: datetime) -> float | None:
+    """Seconds to wait for the rank whose death broke this rank's collective to report its own
+    failure (the cause, which decides the budget and a deterministic verdict); None: act now."""
+    finished = parse_rfc3339(failure.finished_at)
+    if not failure.is_echo or finished is None:
+        return None
+    left = c.ECHO_GRACE_SECONDS - (now - finished).total_seconds()
+    return left if left > 0 else None
+
+
+def _restart_reason(failure: RankFailure) -> str:
+    if failure.reason in (c.REASON_HUNG, c.REASON_NODE_LOST):
+        return failure.reason
+    return c.REASON_RANK_EVICTED if failure.evicted else c.REASON_RANK_FAILED
 
 
 def _fail(summary: PodSummary, reason: str, message: str, failure: RankFailure | None = None) -> Decision:
@@ -95,11 +126,12 @@ def _lost_rank(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary) ->
     """
     if status.get("phase") != c.PHASE_RUNNING or int(status.get("attempt", 0)) != summary.attempt:
         return None
-    missing = [r for r in range(spec.world_size) if r not in summary.live_ranks]
+    missing = [r for r in range(spec.pods) if r not in summary.live_ranks]
     if not missing:
         return None
     name = pod_name(summary.job_name, missing[0]) if summary.job_name else ""
-    return RankFailure(rank=missing[0], pod=name, exit_code=None, reason=c.REASON_RANK_MISSING, evicted=True)
+    return RankFailure(rank=missing[0], pod=name, exit_code=None, reason=c.REASON_RANK_MISSING, evicted=True,
+                       ranks_per_pod=spec.ranks_per_pod)
 
 
 def _whole_gang(summary: PodSummary) -> tuple[str, ...]:

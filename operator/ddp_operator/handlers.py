@@ -16,6 +16,7 @@ import kopf
 
 from ddp_contract import api
 from ddp_operator.kubeapi import KubeApi, make_api_client
+from ddp_operator.nodewatch import NodeCache
 from ddp_operator.podwatch import PodCache
 from ddp_operator.reconciler import JobStore, Reconciler
 
@@ -30,12 +31,19 @@ class Runtime:
         self.kube = KubeApi(make_api_client(os.environ.get("KUBECONFIG")))
         self.loop = asyncio.get_running_loop()
         self.pods = PodCache(self.kube.api, self._pods_changed)
-        self.reconciler = Reconciler(self.kube, self.jobs, self.pods)
+        self.nodes = NodeCache(self.kube.api, self._nodes_changed)
+        self.reconciler = Reconciler(self.kube, self.jobs, self.pods, self.nodes.snapshot)
 
     def _pods_changed(self, key: tuple[str, str]) -> None:
         # Called on the pod-watch thread, which may outlive the loop by a moment at shutdown.
         if not self.loop.is_closed():
             self.reconciler.add_threadsafe(self.loop, key)
+
+    def _nodes_changed(self, names: set[str]) -> None:
+        """News of nodes concerns the jobs with pods on them (a node lost) and those with pods waiting
+        for one (whether the gang fits at all)."""
+        for key in self.pods.jobs_with(lambda pod: pod["spec"].get("nodeName") in names or not pod["spec"].get("nodeName")):
+            self._pods_changed(key)
 
 
 @kopf.on.startup()
@@ -47,7 +55,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # not a line per watch event
     runtime = memo.runtime = Runtime()
     runtime.pods.start()
-    await asyncio.get_running_loop().run_in_executor(None, runtime.pods.synced.wait, 60)
+    runtime.nodes.start()
+    loop = asyncio.get_running_loop()
+    # Until the nodes are listed nothing is judged by them (lost nodes, a gang's fit); pods come first.
+    await asyncio.gather(loop.run_in_executor(None, runtime.pods.synced.wait, 60),
+                         loop.run_in_executor(None, runtime.nodes.synced.wait, 10))
     runtime.reconciler.start()
     log.info("ddp-operator started")
 
@@ -57,6 +69,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime | None = memo.get("runtime")
     if runtime is not None:
         runtime.pods.stop()
+        runtime.nodes.stop()
         await runtime.reconciler.stop()
         runtime.kube.close()
 

@@ -70,14 +70,16 @@ class KubeApi:
         pool = self._status_pool if status else self._pool
         await loop.run_in_executor(pool, functools.partial(discard_answer, fn, *args, **kwargs))
 
-    async def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+    async def delete_pod(self, namespace: str, name: str, uid: str, force: bool = False) -> None:
         """Deletes the pod with this name only while it is still the one with this uid.
 
         A decision to delete is taken from a cached view and carried out later (behind other
         calls in the pool); by then the name may belong to the next attempt's pod. The uid
         precondition makes such a late call fail (409) instead of deleting the new pod.
+        force: grace period 0, the pod object goes at once without its kubelet's word (a lost node's).
         """
-        options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid))
+        options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid),
+                                         grace_period_seconds=0 if force else None)
         try:
             await self.send(self.core.delete_namespaced_pod, name, namespace, body=options)
         except ApiException as error:

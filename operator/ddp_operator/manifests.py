@@ -11,6 +11,7 @@ from typing import Any
 
 from ddp_contract import api, envnames, labels
 from ddp_operator import constants as c
+from ddp_operator.nodes import Taint, tolerates
 from ddp_operator.spec import JobSpec
 
 
@@ -65,9 +66,10 @@ def build_service(job: Mapping[str, Any], spec: JobSpec) -> dict[str, Any]:
 
 
 def build_pod(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) -> dict[str, Any]:
-    """The pod of one rank for one gang attempt; the pod template's fields are kept and merged."""
-    if not 0 <= rank < spec.world_size:
-        raise ValueError(f"rank {rank} is outside 0..{spec.world_size - 1}")
+    """Pod `rank` of the gang (with ranksPerPod > 1: the pod's index, holding spec.pod_ranks(rank))
+    for one gang attempt; the pod template's fields are kept and merged."""
+    if not 0 <= rank < spec.pods:
+        raise ValueError(f"pod index {rank} is outside 0..{spec.pods - 1}")
     meta = job["metadata"]
     name = meta["name"]
     pod_spec = copy.deepcopy(dict(spec.pod_spec))
@@ -80,8 +82,9 @@ def build_pod(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) ->
         subdomain=service_name(name),
         # The operator restarts the whole gang; a rank restarted alone cannot rejoin (pain 2).
         restartPolicy="Never",
-        containers=[_trainer_container(spec, template_trainer, env), *sidecars],
+        containers=[_trainer_container(spec, template_trainer, env, rank, meta), *sidecars],
     )
+    pod_spec["tolerations"] = [*(pod_spec.get("tolerations") or []), *node_lost_tolerations(spec)]
     pod_spec.setdefault("serviceAccountName", progress_service_account(name))
     # Service links add env vars for every Service in the namespace (a Service named "master"
     # injects MASTER_PORT=tcp://...); the ranks need none of them.
@@ -104,6 +107,15 @@ def build_pod(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) ->
         },
         "spec": pod_spec,
     }
+
+
+def node_lost_tolerations(spec: JobSpec) -> list[dict[str, Any]]:
+    """NoExecute tolerations of a NotReady or unreachable node for spec.nodeLostGraceSeconds, so the
+    taint eviction controller takes a lost node's ranks away after the job's grace rather than the
+    cluster's default 300 s; none for a taint the template already tolerates (its own choice stands)."""
+    own = spec.pod_spec.get("tolerations") or []
+    return [{"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": spec.node_lost_grace_seconds}
+            for key in c.NODE_LOST_TAINTS if not tolerates(own, Taint(key, effect="NoExecute"))]
 
 
 def progress_service_account(job_name: str) -> str:
@@ -145,16 +157,18 @@ def build_progress_access(job: Mapping[str, Any], spec: JobSpec) -> list[dict[st
 def rank_env(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) -> list[dict[str, Any]]:
     """Env of the trainer container: operator-injected first, then S3, then the user's spec.env.
 
-    One process per pod: LOCAL_RANK 0, LOCAL_WORLD_SIZE 1, NODE_RANK = RANK.
+    One rank per pod: RANK, LOCAL_RANK 0, LOCAL_WORLD_SIZE 1, NODE_RANK = RANK. Several (ranksPerPod):
+    LOCAL_WORLD_SIZE and NODE_RANK/GROUP_RANK = the pod's index, no RANK or LOCAL_RANK: whoever starts
+    the local ranks (the runtime, torchrun) gives each its own.
     """
     meta = job["metadata"]
+    one = spec.ranks_per_pod == 1
     values = {
         envnames.MASTER_ADDR: master_addr(meta["name"], meta["namespace"]),
         envnames.MASTER_PORT: str(spec.master_port),
-        envnames.RANK: str(rank),
+        **({envnames.RANK: str(rank), envnames.LOCAL_RANK: "0"} if one else {envnames.GROUP_RANK: str(rank)}),
         envnames.WORLD_SIZE: str(spec.world_size),
-        envnames.LOCAL_RANK: "0",
-        envnames.LOCAL_WORLD_SIZE: "1",
+        envnames.LOCAL_WORLD_SIZE: str(spec.ranks_per_pod),
         envnames.NODE_RANK: str(rank),
         envnames.JOB_NAME: meta["name"],
         envnames.JOB_NAMESPACE: meta["namespace"],
@@ -164,6 +178,11 @@ def rank_env(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) -> 
     }
     if spec.entrypoint:
         values[envnames.ENTRYPOINT] = spec.entrypoint
+    if spec.hang_timeout_seconds is not None:
+        values[envnames.HANG_TIMEOUT_SECONDS] = str(spec.hang_timeout_seconds)
+    checkpoint = ((job.get("status") or {}).get("lastCheckpoint") or {}).get("uri")
+    if checkpoint:
+        values[envnames.RESUME_FROM] = str(checkpoint)
     env = [{"name": key, "value": value} for key, value in values.items()]
     return [*env, *s3_env(spec), *(dict(item) for item in copy.deepcopy(list(spec.env)))]
 
@@ -195,26 +214,36 @@ def shm_volume(size: str) -> dict[str, Any]:
 
 
 def trainer_resources(spec: JobSpec) -> dict[str, Any]:
-    """spec.resources with nvidia.com/gpu limits (and requests, if any are given) = gpusPerRank."""
+    """spec.resources (the pod's) with nvidia.com/gpu limits (and requests, if any are given) =
+    gpusPerRank x ranksPerPod."""
     resources = copy.deepcopy(dict(spec.resources))
-    if spec.gpus_per_rank > 0:
-        resources["limits"] = {**(resources.get("limits") or {}), c.GPU_RESOURCE: spec.gpus_per_rank}
+    if spec.gpus_per_pod > 0:
+        resources["limits"] = {**(resources.get("limits") or {}), c.GPU_RESOURCE: spec.gpus_per_pod}
         if resources.get("requests"):
-            resources["requests"] = {**resources["requests"], c.GPU_RESOURCE: spec.gpus_per_rank}
+            resources["requests"] = {**resources["requests"], c.GPU_RESOURCE: spec.gpus_per_pod}
     return resources
 
 
-def trainer_command(spec: JobSpec) -> list[str]:
-    """spec.command, or the trainer runtime, which runs DDP_ENTRYPOINT."""
-    return list(spec.command) if spec.command else list(c.TRAINER_COMMAND)
+def trainer_command(spec: JobSpec, index: int = 0, namespace: str = "", job_name: str = "") -> list[str]:
+    """spec.command, or the trainer runtime, which runs DDP_ENTRYPOINT (and, with ranksPerPod > 1,
+    starts the pod's ranks itself). A command of a pod of several ranks runs under torchrun, which
+    starts them with the same environment names."""
+    if not spec.command:
+        return list(c.TRAINER_COMMAND)
+    if spec.ranks_per_pod == 1:
+        return list(spec.command)
+    return ["torchrun", f"--nnodes={spec.pods}", f"--nproc-per-node={spec.ranks_per_pod}", f"--node-rank={index}",
+            f"--master-addr={master_addr(job_name, namespace)}", f"--master-port={spec.master_port}",
+            "--no-python", *spec.command]
 
 
-def _trainer_container(spec: JobSpec, template: Mapping[str, Any], env: list[dict[str, Any]]) -> dict[str, Any]:
+def _trainer_container(spec: JobSpec, template: Mapping[str, Any], env: list[dict[str, Any]],
+                       index: int, meta: Mapping[str, Any]) -> dict[str, Any]:
     container = copy.deepcopy(dict(template))
     container.update(
         name=labels.CONTAINER_NAME,
         image=spec.image,
-        command=trainer_command(spec),
+        command=trainer_command(spec, index, meta["namespace"], meta["name"]),
         env=[*env, *(container.get("env") or [])],
     )
     if spec.args:

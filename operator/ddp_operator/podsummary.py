@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
 from ddp_contract import labels
+from ddp_contract.exitcodes import ExitCode, is_infrastructure_exit
+from ddp_contract.failures import FailureLine, parse_line
 from ddp_operator import constants as c
 
 # How much of a failed rank's output its status and Event keep.
@@ -30,6 +32,26 @@ class RankFailure:
     finished_at: str | None = None
     node: str | None = None
     output: str | None = None  # the container's termination message: its last lines
+    attempt: int | None = None
+    ranks_per_pod: int = 1  # `rank` is the pod's index when its pod holds several
+
+    @cached_property
+    def line(self) -> FailureLine | None:
+        """The runtime's failure line in the output (step, error), when the rank ran the runtime."""
+        return parse_line(self.output)
+
+    @property
+    def is_echo(self) -> bool:
+        """A collective that failed (COMMUNICATION_ERROR): most often because another rank died."""
+        return self.exit_code == ExitCode.COMMUNICATION_ERROR
+
+    @property
+    def kind(self) -> str:
+        """Infrastructure (evicted, preempted, node lost, hung, killed from outside, the network or
+        storage failed) or Program (the code's own error, an OOM kill): they draw on separate budgets."""
+        if self.evicted or self.exit_code is None or is_infrastructure_exit(self.exit_code, self.oom_killed):
+            return c.KIND_INFRASTRUCTURE
+        return c.KIND_PROGRAM
 
     @property
     def signal(self) -> str | None:
@@ -45,20 +67,39 @@ class RankFailure:
     def oom_killed(self) -> bool:
         return self.reason == "OOMKilled"
 
+    @property
+    def global_rank(self) -> int:
+        """The rank that failed: the pod's, or in a pod of several the one whose failure line it is
+        (else the pod's first)."""
+        if self.ranks_per_pod == 1:
+            return self.rank
+        return self.line.rank if self.line and self.line.rank is not None else self.rank * self.ranks_per_pod
+
+    @property
+    def who(self) -> str:
+        if self.ranks_per_pod > 1 and not (self.line and self.line.rank is not None):
+            return rank_list(range(self.rank * self.ranks_per_pod, (self.rank + 1) * self.ranks_per_pod))
+        return f"rank {self.global_rank}"
+
     def describe(self) -> str:
-        where = f"rank {self.rank} (pod {self.pod}{f' on node {self.node}' if self.node else ''})"
+        where = f"{self.who} (pod {self.pod}{f' on node {self.node}' if self.node else ''})"
         if self.exit_code is not None:
             killed = f", {self.signal}" if self.signal else ""
-            return f"{where} exited with code {self.exit_code} ({self.reason}{killed})"
+            said = ""
+            if self.line is not None:
+                said = f" at step {self.line.step}" if self.line.step is not None else " before its first step"
+                said += f": {self.line.error}"
+            return f"{where} exited with code {self.exit_code} ({self.reason}{killed}){said}"
         if self.evicted:
-            return f"{where} was lost: {self.reason}"
+            return f"{where} was lost: {self.reason}" + (f" ({self.output})" if self.output else "")
         return f"{where} failed: {self.reason}"
 
     def as_status(self) -> dict[str, Any]:
         """The status.failedRank object."""
-        return {"rank": self.rank, "pod": self.pod, "node": self.node, "exitCode": self.exit_code,
+        return {"rank": self.global_rank, "pod": self.pod, "node": self.node, "exitCode": self.exit_code,
                 "signal": self.signal, "oomKilled": self.oom_killed, "reason": self.reason,
-                "message": self.output}
+                "message": self.output, "kind": self.kind, "attempt": self.attempt,
+                "step": self.line.step if self.line else None}
 
 
 @dataclass(frozen=True)
@@ -95,6 +136,10 @@ class PodSummary:
     failure: RankFailure | None = None  # the earliest failed rank of the current attempt
     problems: tuple[RankProblem, ...] = ()  # ranks held up, by rank
     uids: Mapping[str, str] = field(default_factory=dict)  # pod name -> uid, for deletes that miss a newer pod
+    nodes: frozenset[str] = frozenset()  # the nodes the pods are bound to
+    unscheduled_ranks: frozenset[int] = frozenset()  # current attempt, pending, bound to no node yet
+    lost_pods: tuple[str, ...] = ()  # being deleted on a lost node, where no kubelet will ever finish it
+    ranks_per_pod: int = 1  # the job's ranksPerPod: a "rank" above is a pod's index when > 1
 
     @property
     def total(self) -> int:
@@ -103,11 +148,26 @@ class PodSummary:
     @cached_property
     def held_up(self) -> tuple[str, str]:
         """describe_problems(problems): the commonest cause and the ranks grouped by cause; ("", "") if none."""
-        return describe_problems(self.problems)
+        return describe_problems(self.problems, "rank" if self.ranks_per_pod == 1 else "pod")
+
+    def with_problems(self, found: Iterable[RankProblem]) -> PodSummary:
+        """This summary with more ranks held up; a rank's new problem replaces what was said of it."""
+        found = tuple(found)
+        if not found:
+            return self
+        ranks = {p.rank for p in found}
+        kept = tuple(p for p in self.problems if p.rank not in ranks)
+        return replace(self, problems=tuple(sorted(kept + found, key=lambda p: p.rank)))
 
 
-def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: str = "") -> PodSummary:
-    """Counts and the earliest failure for `attempt`; job_name (else the pods' label) names lost ranks' pods."""
+def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: str = "",
+                   lost_nodes: Mapping[str, str] | None = None, ranks_per_pod: int = 1) -> PodSummary:
+    """Counts and the earliest failure for `attempt`; job_name (else the pods' label) names lost ranks' pods.
+
+    lost_nodes (node -> why, from nodes.lost_nodes): a rank of this attempt still pending or running
+    on one is a failure (NodeLost), and any pod being deleted there is to be force-deleted.
+    """
+    lost_nodes = lost_nodes or {}
     counts = {"pending": 0, "running": 0, "ready": 0, "succeeded": 0, "failed": 0}
     live: set[int] = set()
     active: list[str] = []
@@ -117,21 +177,35 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
     failures: list[RankFailure] = []
     problems: list[RankProblem] = []
     uids: dict[str, str] = {}
+    nodes: set[str] = set()
+    unscheduled: set[int] = set()
+    lost: list[str] = []
     for pod in pods:
         meta = pod.get("metadata") or {}
         name = meta.get("name", "")
         uids[name] = meta.get("uid", "")
         job_name = job_name or (meta.get("labels") or {}).get(labels.LABEL_JOB_NAME, "")
         rank = _label_int(meta, labels.LABEL_RANK)
+        node: str = (pod.get("spec") or {}).get("nodeName") or ""
+        if node:
+            nodes.add(node)
         if rank is not None:
             occupied.add(rank)
+        current = rank is not None and _label_int(meta, labels.LABEL_ATTEMPT) == attempt
+        state = pod_state(pod)
+        if node in lost_nodes:
+            if meta.get("deletionTimestamp"):
+                lost.append(name)
+            if current and rank is not None and state in ("pending", "running"):
+                failures.append(node_lost(pod, rank, lost_nodes[node]))
         if meta.get("deletionTimestamp"):
             continue
-        if rank is None or _label_int(meta, labels.LABEL_ATTEMPT) != attempt:
+        if rank is None or not current:
             stale.append(name)
             continue
         live.add(rank)
-        state = pod_state(pod)
+        if state == "pending" and not node:
+            unscheduled.add(rank)
         counts[state] += 1
         (active if state in ("pending", "running") else finished).append(name)
         if state == "running" and is_ready(pod):
@@ -141,7 +215,9 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
         problem = rank_problem(pod, rank) if state == "pending" else None
         if problem:
             problems.append(problem)
-    failures.sort(key=lambda f: (f.finished_at or "", f.rank))
+    # The cause, not its echo: a rank whose collective broke because a peer died is reported only
+    # when no peer failed for a reason of its own (finishedAt has 1 s resolution: ties are common).
+    failures.sort(key=lambda f: (f.is_echo, f.finished_at or "", f.rank))
     return PodSummary(
         attempt=attempt,
         job_name=job_name,
@@ -150,9 +226,13 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
         finished_pods=tuple(sorted(finished)),
         stale_pods=tuple(sorted(stale)),
         occupied_ranks=frozenset(occupied),
-        failure=failures[0] if failures else None,
+        failure=replace(failures[0], ranks_per_pod=ranks_per_pod) if failures else None,
         problems=tuple(sorted(problems, key=lambda p: p.rank)),
+        ranks_per_pod=ranks_per_pod,
         uids=uids,
+        nodes=frozenset(nodes),
+        unscheduled_ranks=frozenset(unscheduled),
+        lost_pods=tuple(sorted(lost)),
         **counts,
     )
 
@@ -203,6 +283,8 @@ def rank_failure(pod: Mapping[str, Any], rank: int) -> RankFailure:
         reason = status.get("reason") or _disruption_reason(status) or "Evicted"
     else:
         reason = terminated.get("reason") or status.get("reason") or "Failed"
+        if reason == "Error" and exit_code in c.RUNTIME_EXIT_REASONS:
+            reason = c.RUNTIME_EXIT_REASONS[exit_code]
     return RankFailure(
         rank=rank,
         pod=(pod.get("metadata") or {}).get("name", ""),
@@ -212,7 +294,17 @@ def rank_failure(pod: Mapping[str, Any], rank: int) -> RankFailure:
         finished_at=terminated.get("finishedAt"),
         node=(pod.get("spec") or {}).get("nodeName"),
         output=last_lines(terminated.get("message") or status.get("message")),
+        attempt=_label_int(pod.get("metadata") or {}, labels.LABEL_ATTEMPT),
     )
+
+
+def node_lost(pod: Mapping[str, Any], rank: int, why: str) -> RankFailure:
+    """The failure of a rank whose node is lost: an infrastructure failure (evicted), whatever its
+    pod's last reported state says."""
+    meta = pod.get("metadata") or {}
+    return RankFailure(rank=rank, pod=meta.get("name", ""), exit_code=None, reason=c.REASON_NODE_LOST, evicted=True,
+                       node=(pod.get("spec") or {}).get("nodeName"), output=why,
+                       attempt=_label_int(meta, labels.LABEL_ATTEMPT))
 
 
 def last_lines(text: str | None, lines: int = OUTPUT_LINES, chars: int = OUTPUT_CHARS) -> str | None:
@@ -262,7 +354,7 @@ class InTheWay:
         return tuple(found)
 
 
-def describe_problems(problems: Iterable[RankProblem]) -> tuple[str, str]:
+def describe_problems(problems: Iterable[RankProblem], noun: str = "rank") -> tuple[str, str]:
     """(the reason most ranks share, a message naming the ranks, those with one cause and message together).
 
     "ranks 0-3, 6 (Unschedulable): 0/4 nodes are available: 4 Insufficient nvidia.com/gpu.; rank 5
@@ -274,13 +366,13 @@ def describe_problems(problems: Iterable[RankProblem]) -> tuple[str, str]:
     if not groups:
         return "", ""
     ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), item[1][0]))
-    parts = [f"{rank_list(ranks)} ({reason}): {message}" if message else f"{rank_list(ranks)} ({reason})"
+    parts = [f"{rank_list(ranks, noun)} ({reason}): {message}" if message else f"{rank_list(ranks, noun)} ({reason})"
              for (reason, message), ranks in ordered]
     return ordered[0][0][0], "; ".join(parts)
 
 
-def rank_list(ranks: Iterable[int]) -> str:
-    """'rank 3', 'ranks 0-3, 6'."""
+def rank_list(ranks: Iterable[int], noun: str = "rank") -> str:
+    """'rank 3', 'ranks 0-3, 6' (or 'pod 3', 'pods 0-1')."""
     ordered = sorted(set(ranks))
     spans: list[str] = []
     start = prev = ordered[0]
@@ -291,7 +383,7 @@ def rank_list(ranks: Iterable[int]) -> str:
         spans.append(str(start) if start == prev else f"{start}-{prev}")
         if rank is not None:
             start = prev = rank
-    return f"rank {spans[0]}" if len(ordered) == 1 else f"ranks {', '.join(spans)}"
+    return f"{noun} {spans[0]}" if len(ordered) == 1 else f"{noun}s {', '.join(spans)}"
 
 
 def _disruption_reason(status: Mapping[str, Any]) -> str | None:

@@ -7,18 +7,14 @@ would all stream through the operator. This watch asks the API server for our po
 
 from __future__ import annotations
 
-import json
-import logging
 import threading
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from kubernetes import client
-from kubernetes.client.rest import ApiException
-from kubernetes.watch.watch import iter_resp_lines
 
 from ddp_contract.labels import LABEL_JOB_NAME
-
-log = logging.getLogger(__name__)
+from ddp_operator.listwatch import ListWatch
 
 JobKey = tuple[str, str]  # (namespace, job name)
 OnChange = Callable[[JobKey], None]
@@ -61,82 +57,38 @@ def job_key(pod: dict) -> JobKey | None:
     return (meta.get("namespace"), job) if job else None
 
 
-class PodCache:
+class PodCache(ListWatch):
     def __init__(self, api: client.ApiClient, on_change: OnChange, watch_timeout: int = 300) -> None:
+        super().__init__("pod", watch_timeout)
         self._core = client.CoreV1Api(api)
         self._on_change = on_change
-        self._watch_timeout = watch_timeout
         self._lock = threading.Lock()
         self._by_job: dict[JobKey, dict[str, dict]] = {}
-        self.synced = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def pods(self, key: JobKey) -> list[dict]:
         with self._lock:
             return list(self._by_job.get(key, {}).values())
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
-        self._thread.start()
+    def jobs_with(self, wanted: Callable[[dict], bool]) -> set[JobKey]:
+        """The jobs that have a pod for which wanted(pod) is true."""
+        with self._lock:
+            return {key for key, pods in self._by_job.items() if any(wanted(pod) for pod in pods.values())}
 
-    def stop(self) -> None:
-        self._stop.set()
+    def _call(self, **kwargs: Any) -> Any:
+        return self._core.list_pod_for_all_namespaces(label_selector=LABEL_JOB_NAME, **kwargs)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                version = self._relist()
-                while not self._stop.is_set():
-                    version = self._watch(version)
-            except ApiException as error:
-                if error.status != 410:  # 410 Gone: the resource version expired; relist
-                    log.warning("pod watch failed (%s); relisting", error.reason)
-                    self._stop.wait(1.0)
-            except Exception:  # a dropped connection must not end the watch for good
-                log.exception("pod watch broke; relisting")
-                self._stop.wait(1.0)
-
-    def _relist(self) -> str:
-        response = self._core.list_pod_for_all_namespaces(label_selector=LABEL_JOB_NAME, _preload_content=False)
-        listing = json.loads(response.data)
+    def _replace(self, items: list[dict[str, Any]]) -> None:
         fresh: dict[JobKey, dict[str, dict]] = {}
-        for pod in listing.get("items", []):
+        for pod in items:
             key = job_key(pod)
             if key:
                 fresh.setdefault(key, {})[pod["metadata"]["name"]] = slim_pod(pod)
         with self._lock:
             changed = set(self._by_job) | set(fresh)
             self._by_job = fresh
-        self.synced.set()
         self._notify(changed)
-        return listing["metadata"]["resourceVersion"]
 
-    def _watch(self, version: str) -> str:
-        response = self._core.list_pod_for_all_namespaces(
-            label_selector=LABEL_JOB_NAME,
-            watch=True,
-            allow_watch_bookmarks=True,
-            resource_version=version,
-            timeout_seconds=self._watch_timeout,
-            _preload_content=False,
-        )
-        try:
-            for line in iter_resp_lines(response):
-                event = json.loads(line)
-                kind, pod = event["type"], event["object"]
-                if kind == "ERROR":
-                    raise ApiException(status=pod.get("code", 500), reason=pod.get("message"))
-                version = pod.get("metadata", {}).get("resourceVersion", version)
-                if kind != "BOOKMARK":
-                    self._apply(kind, pod)
-                if self._stop.is_set():
-                    break
-        finally:
-            response.release_conn()
-        return version
-
-    def _apply(self, kind: str, pod: dict) -> None:
+    def _apply(self, kind: str, pod: dict[str, Any]) -> None:
         key = job_key(pod)
         if key is None:
             return
@@ -153,6 +105,6 @@ class PodCache:
 
     def _notify(self, keys: Iterable[JobKey]) -> None:
         for key in keys:
-            if self._stop.is_set():  # the operator is stopping: its event loop may be closed
+            if self.stopping:  # the operator is stopping: its event loop may be closed
                 return
             self._on_change(key)

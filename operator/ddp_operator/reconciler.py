@@ -1,11 +1,14 @@
 """Reconciling a DDPJob: read the job and its pods, decide, act, record status.
 
 A status pass (`reconcile`), run for a job whenever it or one of its pods changes:
-    summary  = summarize_pods(pods of the job, status.attempt)        podsummary.py
+    lost     = lost_nodes(the pods' nodes, the node watch's view)      nodes.py
+    summary  = summarize_pods(pods of the job, status.attempt, lost)  podsummary.py
+      + ranks held up by names in the way, or by a gang too large     capacity.py
     decision = decide(spec, status, summary, now)                     decision.py
     patch status with compute_status(...) first                       statuspatch.py
       (a count-only patch may wait up to COUNTS_INTERVAL)
     delete decision.delete_pods, each by the uid the summary saw
+    force-delete summary.lost_pods (Terminating on a lost node: no kubelet will finish them)
     hand the job to the creation queue when the decision is Create
 A creation pass (`create_children`) decides again from what the cluster holds now and creates the
 Service, the progress identity and the free ranks' pods, only for the attempt status records; it runs
@@ -23,19 +26,21 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes.client.rest import ApiException
 
+from ddp_operator import constants as c
+from ddp_operator.capacity import gang_too_large
 from ddp_operator.deadlines import requeue_after, ttl_expired
 from ddp_operator.decision import Action, decide
 from ddp_operator.events import post_event
 from ddp_operator.kubeapi import KubeApi, adopt, api_message, is_controlled_by, is_going_away
 from ddp_operator.manifests import build_pod, build_progress_access, build_service
-from ddp_operator.podsummary import InTheWay, PodSummary, summarize_pods
+from ddp_operator.nodes import NodeInfo, Nodes, lost_nodes, seconds_until_lost
+from ddp_operator.podsummary import InTheWay, PodSummary, RankProblem, summarize_pods
 from ddp_operator.podwatch import JobKey, PodCache
 from ddp_operator.spec import InvalidSpec, JobSpec, parse_spec, validate_job_name
 from ddp_operator.statuspatch import (
@@ -96,13 +101,16 @@ class JobStore:
 class Reconciler:
     """Two keyed queues drive it: `queue` runs status passes, `creations` runs creation passes."""
 
-    def __init__(self, kube: KubeApi, jobs: JobStore, pods: PodCache, workers: int = 32) -> None:
+    def __init__(self, kube: KubeApi, jobs: JobStore, pods: PodCache, nodes: Callable[[], Nodes] = Nodes,
+                 workers: int = 32) -> None:
         self.kube = kube
         self.jobs = jobs
         self.pods = pods
+        self.nodes = nodes
         self._patched_at: dict[JobKey, float] = {}  # monotonic time of each job's last status patch
-        self._deleting: dict[str, float] = {}  # uid -> monotonic time its delete was issued
+        self._deleting: dict[tuple[str, bool], float] = {}  # (uid, forced) -> monotonic time its delete was issued
         self._in_the_way: dict[JobKey, InTheWay] = {}  # what the last creation pass found holding our names
+        self._fit: dict[JobKey, tuple[Mapping[str, NodeInfo], Any, str | None]] = {}  # nodes, generation, verdict
         self.queue = WorkQueue(self.reconcile, workers=workers)
         self.creations = WorkQueue(self.create_children, workers=workers)
 
@@ -126,6 +134,7 @@ class Reconciler:
         self.creations.forget(key)
         self._patched_at.pop(key, None)
         self._in_the_way.pop(key, None)
+        self._fit.pop(key, None)
 
     async def reconcile(self, key: JobKey) -> float | None:
         """The status pass: decide, record status, delete, and hand pod creation to `creations`."""
@@ -152,7 +161,7 @@ class Reconciler:
         if current is None:
             return
         job, spec, status, now = current
-        decision = decide(spec, status, self._summary(job, status, spec), now)
+        decision = decide(spec, status, self._summary(job, status, spec, now), now)
         # Status first: until the status pass has recorded this attempt, it is not ours to create.
         if decision.action != Action.CREATE or decision.attempt != int(status.get("attempt", 0)):
             return
@@ -186,18 +195,37 @@ class Reconciler:
             return None
         return job, spec, status, now
 
-    def _summary(self, job: Mapping[str, Any], status: Mapping[str, Any], spec: JobSpec) -> PodSummary:
+    def _summary(self, job: Mapping[str, Any], status: Mapping[str, Any], spec: JobSpec, now: datetime) -> PodSummary:
         key = (job["metadata"]["namespace"], job["metadata"]["name"])
-        summary = summarize_pods(self.pods.pods(key), int(status.get("attempt", 0)), key[1])
+        pods = self.pods.pods(key)
+        nodes = self.nodes()
+        bound = {pod["spec"]["nodeName"] for pod in pods if pod["spec"].get("nodeName")}
+        lost = lost_nodes(bound, nodes, spec.node_lost_grace_seconds, now)
+        summary = summarize_pods(pods, int(status.get("attempt", 0)), key[1], lost, spec.ranks_per_pod)
         in_the_way = self._in_the_way.get(key)
-        if not in_the_way:
-            return summary
-        held = in_the_way.problems(spec.world_size, summary.live_ranks)
-        return replace(summary, problems=tuple(sorted(summary.problems + held, key=lambda p: p.rank)))
+        held = in_the_way.problems(spec.pods, summary.live_ranks) if in_the_way else ()
+        too_large = self._too_large(job, spec, nodes) if summary.unscheduled_ranks else None
+        if too_large:
+            held += tuple(RankProblem(rank, c.REASON_GANG_TOO_LARGE, too_large) for rank in summary.unscheduled_ranks)
+        return summary.with_problems(held)
+
+    def _too_large(self, job: Mapping[str, Any], spec: JobSpec, nodes: Nodes) -> str | None:
+        """gang_too_large, judged again only when the nodes or the job's spec changed: a gang coming up
+        has unscheduled ranks for many passes, and a cluster may have thousands of nodes."""
+        if not nodes.synced:
+            return None
+        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        generation = job["metadata"].get("generation")
+        known = self._fit.get(key)
+        if known is not None and known[0] is nodes.known and known[1] == generation:
+            return known[2]
+        verdict = gang_too_large(spec, nodes.known.values())
+        self._fit[key] = (nodes.known, generation, verdict)
+        return verdict
 
     async def _reconcile(self, job: dict[str, Any], spec: JobSpec, status: Mapping[str, Any], now: datetime) -> float | None:
         name = job["metadata"]["name"]
-        summary = self._summary(job, status, spec)
+        summary = self._summary(job, status, spec, now)
         decision = decide(spec, status, summary, now)
         log.debug("%s/%s: %s", job["metadata"]["namespace"], name, decision)
         # Status first: if an action below fails, the next pass repeats it from the recorded
@@ -208,13 +236,17 @@ class Reconciler:
         if wait is None:
             await self._record(job, patch)
         await self._delete(job, decision.delete_pods, summary.uids)
+        await self._delete(job, summary.lost_pods, summary.uids, force=True)
         if decision.action == Action.CREATE:
             # Not awaited here: a pass that waited on pod creation would hold its worker while
             # other jobs' status (a gang that just became Running) waits in the queue.
             self.creations.add(key)
         # Objects in the way are not watched (they are not ours): look again in a while.
         recheck = IN_THE_WAY_RECHECK if self._in_the_way.get(key) else None
-        due = [t for t in (wait, recheck, requeue_after({**status, **patch}, spec, now)) if t is not None]
+        # A node NotReady under a rank is lost once the grace has passed: look again then.
+        lost_in = seconds_until_lost(summary.nodes, self.nodes(), spec.node_lost_grace_seconds, now)
+        due = [t for t in (wait, recheck, lost_in, decision.recheck_after, requeue_after({**status, **patch}, spec, now))
+               if t is not None]
         return min(due) if due else None
 
     def _counts_wait(self, key: JobKey, status: Mapping[str, Any], patch: Mapping[str, Any]) -> float | None:
@@ -253,21 +285,23 @@ class Reconciler:
             self._in_the_way.pop(key, None)
         self.add(key)  # the status pass says so (or stops saying so)
 
-    async def _delete(self, job: Mapping[str, Any], names: tuple[str, ...], uids: Mapping[str, str]) -> None:
+    async def _delete(self, job: Mapping[str, Any], names: tuple[str, ...], uids: Mapping[str, str],
+                      force: bool = False) -> None:
         """Deletes each named pod (the one with the uid the decision saw), once: the passes that follow
-        a gang restart still see pods whose deletion has not reached the pod watch yet."""
+        a gang restart still see pods whose deletion has not reached the pod watch yet. force: at once
+        (grace period 0), for pods on a lost node; a pod deleted gracefully before may be forced after."""
         namespace = job["metadata"]["namespace"]
         now = time.monotonic()
-        for uid, issued in list(self._deleting.items()):
+        for issued_key, issued in list(self._deleting.items()):
             if now - issued > DELETE_REISSUE_AFTER:
-                del self._deleting[uid]
-        todo = [(name, uids[name]) for name in names if uids.get(name) and uids[name] not in self._deleting]
-        self._deleting.update((uid, now) for _, uid in todo)
-        results = await asyncio.gather(*(self.kube.delete_pod(namespace, name, uid) for name, uid in todo),
+                del self._deleting[issued_key]
+        todo = [(name, uids[name]) for name in names if uids.get(name) and (uids[name], force) not in self._deleting]
+        self._deleting.update(((uid, force), now) for _, uid in todo)
+        results = await asyncio.gather(*(self.kube.delete_pod(namespace, name, uid, force=force) for name, uid in todo),
                                        return_exceptions=True)
         failed = [(uid, r) for (_, uid), r in zip(todo, results, strict=True) if isinstance(r, BaseException)]
         for uid, _ in failed:
-            self._deleting.pop(uid, None)  # not deleted: the next pass tries again
+            self._deleting.pop((uid, force), None)  # not deleted: the next pass tries again
         if failed:
             raise failed[0][1]
 

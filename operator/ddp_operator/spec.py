@@ -59,6 +59,7 @@ class JobSpec:
     args: tuple[str, ...] = ()
     resources: Mapping[str, Any] = field(default_factory=dict)
     gpus_per_rank: int = c.DEFAULT_GPUS_PER_RANK
+    ranks_per_pod: int = 1
     env: tuple[Mapping[str, Any], ...] = ()
     env_from: tuple[Mapping[str, Any], ...] = ()
     master_port: int = c.DEFAULT_MASTER_PORT
@@ -68,10 +69,26 @@ class JobSpec:
     s3: S3Spec | None = None
     restart_policy: str = c.DEFAULT_RESTART_POLICY
     backoff_limit: int = c.DEFAULT_BACKOFF_LIMIT
+    infrastructure_backoff_limit: int = c.DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT
+    hang_timeout_seconds: int | None = None
     active_deadline_seconds: int | None = None
     startup_deadline_seconds: int = c.DEFAULT_STARTUP_DEADLINE_SECONDS
+    node_lost_grace_seconds: int = c.DEFAULT_NODE_LOST_GRACE_SECONDS
     ttl_seconds_after_finished: int | None = None
     suspend: bool = False
+
+    @property
+    def pods(self) -> int:
+        """Pods of the gang, '<job>-0' .. '<job>-<pods-1>'; each holds ranks_per_pod ranks."""
+        return self.world_size // self.ranks_per_pod
+
+    @property
+    def gpus_per_pod(self) -> int:
+        return self.gpus_per_rank * self.ranks_per_pod
+
+    def pod_ranks(self, index: int) -> range:
+        """The global ranks pod `index` holds."""
+        return range(index * self.ranks_per_pod, (index + 1) * self.ranks_per_pod)
 
     @property
     def effective_backend(self) -> str:
@@ -107,6 +124,9 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
     shm_size = _shm_size(spec.get("shmSize"), template)
     env = _env(spec.get("env") or [], "env")
     s3 = _s3(spec.get("s3"))
+    hang_timeout = _int(spec, "hangTimeoutSeconds", None, 0, None, optional=True)
+    if hang_timeout is not None:
+        _check_env_names(env, "env", {envnames.HANG_TIMEOUT_SECONDS}, "is set from spec.hangTimeoutSeconds")
     if s3 and s3.credentials_secret:
         _check_env_names(
             env, "env", {envnames.AWS_ACCESS_KEY_ID, envnames.AWS_SECRET_ACCESS_KEY}, "is set from s3.credentialsSecret"
@@ -119,6 +139,7 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
         args=args,
         resources=_resources(spec.get("resources") or {}),
         gpus_per_rank=gpus,
+        ranks_per_pod=_ranks_per_pod(spec, world_size),
         env=env,
         env_from=tuple(_list(spec.get("envFrom") or [], "envFrom")),
         master_port=_int(spec, "masterPort", c.DEFAULT_MASTER_PORT, 1, 65535),
@@ -128,11 +149,22 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
         s3=s3,
         restart_policy=_enum(spec, "restartPolicy", c.DEFAULT_RESTART_POLICY, c.RESTART_POLICIES),
         backoff_limit=_int(spec, "backoffLimit", c.DEFAULT_BACKOFF_LIMIT, 0, None),
+        infrastructure_backoff_limit=_int(
+            spec, "infrastructureBackoffLimit", c.DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT, 0, None),
+        hang_timeout_seconds=hang_timeout,
         active_deadline_seconds=_int(spec, "activeDeadlineSeconds", None, 1, None, optional=True),
         startup_deadline_seconds=_int(spec, "startupDeadlineSeconds", c.DEFAULT_STARTUP_DEADLINE_SECONDS, 1, None),
+        node_lost_grace_seconds=_int(spec, "nodeLostGraceSeconds", c.DEFAULT_NODE_LOST_GRACE_SECONDS, 0, None),
         ttl_seconds_after_finished=_int(spec, "ttlSecondsAfterFinished", None, 0, None, optional=True),
         suspend=_bool(spec, "suspend", False),
     )
+
+
+def _ranks_per_pod(spec: Mapping[str, Any], world_size: int) -> int:
+    per_pod = _int(spec, "ranksPerPod", 1, 1, c.MAX_RANKS_PER_POD)
+    if world_size % per_pod:
+        raise InvalidSpec("ranksPerPod", f"worldSize {world_size} is not a multiple of ranksPerPod {per_pod}")
+    return per_pod
 
 
 def validate_job_name(name: str, world_size: int) -> None:

@@ -13,6 +13,7 @@ from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
 from ddp_operator.decision import Action, Decision
 from ddp_operator.podsummary import PodSummary
+from ddp_operator.policy import RESTART_COUNTERS
 from ddp_operator.spec import InvalidSpec, JobSpec
 
 # The conditions a phase makes True; every other known condition that is present becomes False.
@@ -40,7 +41,7 @@ def next_phase(status: Mapping[str, Any], summary: PodSummary, decision: Decisio
         return str(previous)
     if decision.action in DECISION_PHASE:
         return DECISION_PHASE[decision.action]
-    if summary.ready > 0 and summary.ready + summary.succeeded >= spec.world_size:
+    if summary.ready > 0 and summary.ready + summary.succeeded >= spec.pods:
         return c.PHASE_RUNNING
     if previous == c.PHASE_RESTARTING:
         return c.PHASE_RESTARTING
@@ -61,14 +62,17 @@ def compute_status(
     """
     phase = next_phase(status, summary, decision, spec)
     stamp = rfc3339(now)
-    reason, message = _reason_message(phase, status, summary, decision, spec.world_size)
+    reason, message = _reason_message(phase, status, summary, decision, spec)
     patch: dict[str, Any] = {
         "phase": phase,
         "attempt": decision.attempt,
         "restarts": int(status.get("restarts", 0)) + (1 if decision.action == Action.RESTART else 0),
-        "readyRanks": summary.ready,
+        **_kind_restarts(status, decision),
+        "readyRanks": summary.ready * spec.ranks_per_pod,
         "totalRanks": spec.world_size,
-        "ready": f"{summary.ready}/{spec.world_size}",
+        "readyPods": summary.ready,
+        "totalPods": spec.pods,
+        "ready": f"{summary.ready * spec.ranks_per_pod}/{spec.world_size}",
         "reason": reason,
         "message": message,
         "startTime": _start_time(status, phase, stamp),
@@ -82,13 +86,22 @@ def compute_status(
     return patch
 
 
+def _kind_restarts(status: Mapping[str, Any], decision: Decision) -> dict[str, int]:
+    """programRestarts and infrastructureRestarts, the one the restart's failure draws on counted up."""
+    counts = {field: int(status.get(field, 0)) for field in RESTART_COUNTERS.values()}
+    if decision.action == Action.RESTART and decision.failure is not None:
+        counts[RESTART_COUNTERS[decision.failure.kind]] += 1
+    return counts
+
+
 # Fields of status this operator owns; progress is the trainer's.
 OWNED_STATUS = frozenset({
-    "phase", "attempt", "restarts", "readyRanks", "totalRanks", "ready", "reason", "message", "startTime",
-    "completionTime", "conditions", "observedGeneration", "failedRank",
+    *RESTART_COUNTERS.values(), "phase", "attempt", "restarts", "readyRanks", "totalRanks", "readyPods", "totalPods",
+    "ready", "reason",
+    "message", "startTime", "completionTime", "conditions", "observedGeneration", "failedRank",
 })
 # What moves with every rank that becomes ready; a patch that changes nothing else may wait a little.
-COUNT_FIELDS = frozenset({"readyRanks", "ready", "message"})
+COUNT_FIELDS = frozenset({"readyRanks", "readyPods", "ready", "message"})
 
 
 def changed_fields(current: Mapping[str, Any], patch: Mapping[str, Any]) -> frozenset[str]:
@@ -197,17 +210,18 @@ def _conditions(
 
 
 def _reason_message(
-    phase: str, status: Mapping[str, Any], summary: PodSummary, decision: Decision, world_size: int
+    phase: str, status: Mapping[str, Any], summary: PodSummary, decision: Decision, spec: JobSpec
 ) -> tuple[str, str]:
     if status.get("phase") in c.TERMINAL_PHASES:
         return status.get("reason", ""), status.get("message", "")
     if decision.reason:
         return decision.reason, decision.message
     if phase == c.PHASE_RUNNING:
-        return c.REASON_ALL_READY, f"{summary.ready} ranks ready, {summary.succeeded} finished"
+        per_pod = spec.ranks_per_pod
+        return c.REASON_ALL_READY, f"{summary.ready * per_pod} ranks ready, {summary.succeeded * per_pod} finished"
     if phase == c.PHASE_RESTARTING:
         return status.get("reason", ""), status.get("message", "")
-    waiting = f"{summary.ready}/{world_size} ranks ready, {summary.total} pods exist"
+    waiting = f"{summary.ready * spec.ranks_per_pod}/{spec.world_size} ranks ready, {summary.total} pods exist"
     cause, detail = summary.held_up
     return (cause, f"{waiting}; {detail}") if cause else (c.REASON_WAITING, waiting)
 

@@ -202,7 +202,7 @@ def test_install_grants_the_operator_what_it_needs_and_uninstall_removes_it(
         allowed = [["create", "pods"], ["delete", "pods"], ["watch", "pods"], ["list", job], ["delete", job],
                    ["patch", job, status], ["get", job, status], ["create", "services"],
                    ["create", "serviceaccounts"], ["create", "roles"], ["create", "rolebindings"],
-                   ["create", "events"]]
+                   ["create", "events"], ["watch", "nodes"], ["list", "nodes"]]
         for verb_and_resource in allowed:
             assert can_i(kubectl, account, *verb_and_resource, *elsewhere), verb_and_resource
         assert can_i(kubectl, account, "watch", "customresourcedefinitions.apiextensions.k8s.io")

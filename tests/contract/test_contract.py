@@ -50,3 +50,27 @@ def test_backend_rule(requested: str, gpu: bool, expected: str) -> None:
 def test_reserved_env_is_the_rendezvous_and_job_identity() -> None:
     assert {envnames.RANK, envnames.WORLD_SIZE, envnames.MASTER_ADDR, envnames.ATTEMPT} <= envnames.RESERVED
     assert envnames.AWS_ACCESS_KEY_ID not in envnames.RESERVED and envnames.DATASET_URI not in envnames.RESERVED
+
+
+def test_failure_line_round_trips_and_its_signature_ignores_the_rank() -> None:
+    from ddp_contract.failures import format_line, parse_line
+
+    one = format_line(1, 120, 1, "USER_ERROR", False, "ZeroDivisionError: division\n by zero")
+    other = format_line(3, 120, 1, "USER_ERROR", False, "ZeroDivisionError: division by zero")
+    assert one == "ddp-trainer: error (rank 1, step 120, exit 1 USER_ERROR, permanent): ZeroDivisionError: division by zero"
+    parsed = parse_line(f"Traceback ...\n  raise\n{one}\n")
+    assert parsed is not None and (parsed.rank, parsed.step, parsed.exit_code) == (1, 120, 1)
+    assert parsed.signature == parse_line(other).signature  # type: ignore[union-attr]
+    assert parse_line(format_line(None, None, 2, "CONFIG_ERROR", False, "bad")).step is None  # type: ignore[union-attr]
+    assert parse_line("Killed\n") is None and parse_line(None) is None
+    later = parse_line(format_line(1, 121, 1, "USER_ERROR", False, "ZeroDivisionError: division by zero"))
+    assert later is not None and later.signature != parsed.signature
+
+
+def test_infrastructure_exits_are_the_runtimes_own_and_kills_from_outside() -> None:
+    from ddp_contract.exitcodes import is_infrastructure_exit
+
+    assert is_infrastructure_exit(ExitCode.HUNG) and is_infrastructure_exit(ExitCode.COMMUNICATION_ERROR)
+    assert is_infrastructure_exit(143) and is_infrastructure_exit(137)
+    assert not is_infrastructure_exit(137, oom_killed=True)  # the program used too much memory
+    assert not any(is_infrastructure_exit(code) for code in (1, 2, 134, 139))

@@ -56,13 +56,21 @@ def demo_job(endpoint: str, name: str, args: list[str]) -> dict:
     return job
 
 
-def start_job(jobs: Jobs, endpoint: str, name: str, args: list[str]) -> None:
+def start_job(jobs: Jobs, endpoint: str, name: str, args: list[str], job: dict | None = None) -> None:
     jobs.core.create_namespaced_secret(jobs.namespace, {
         "metadata": {"name": "s3-credentials"},
         "stringData": {"AWS_ACCESS_KEY_ID": demo.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": demo.SECRET_KEY},
     })
-    job = demo_job(endpoint, name, args)
+    job = job or demo_job(endpoint, name, args)
     jobs.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, jobs.namespace, api.PLURAL, job)
+
+
+def workload_job(endpoint: str, name: str, entrypoint: str, **spec: object) -> dict:
+    """A job running one of tests/trainer/ddp_workloads.py's functions (the pod runner's ranks see the tree)."""
+    job = demo_job(endpoint, name, [])
+    path = os.pathsep.join(str(REPO / p) for p in ("contract", "images/trainer", "tests/trainer"))
+    job["spec"].update(entrypoint=entrypoint, env=[{"name": "PYTHONPATH", "value": path}], **spec)
+    return job
 
 
 def rank_pid(namespace: str, job: str, rank: int) -> int | None:
@@ -104,6 +112,8 @@ def test_main_job_trains_reports_progress_and_leaves_results_in_s3(jobs, s3_endp
     steps_per_epoch = 48 * 3 // (16 * 2)  # images / (batch size * ranks), rounded down
     assert status["progress"]["epoch"] == 1 and status["progress"]["step"] >= 2 * steps_per_epoch
     assert status["progress"]["loss"] is not None
+    gang = status["rendezvous"]
+    assert gang["attempt"] == 0 and 0 < gang["formedSeconds"] < 300 and gang["allReduceMillis"] > 0, gang
 
     prefix = f"results/{jobs.namespace}/shapes/"
     keys = s3_keys(s3_endpoint, prefix)
@@ -122,11 +132,40 @@ def test_killed_rank_restarts_the_gang_which_resumes_from_the_last_checkpoint(jo
     os.kill(pid, signal.SIGKILL)
 
     status = jobs.wait_phase("resilient", c.PHASE_SUCCEEDED, timeout=400)
-    assert status["restarts"] == 1
+    assert status["restarts"] == 1 and status["infrastructureRestarts"] == 1  # SIGKILL from outside
     assert status["failedRank"]["rank"] == 1 and status["failedRank"]["exitCode"] == 137
+    last = status["lastCheckpoint"]
+    assert last["uri"] == f"s3://{BUCKET}/{prefix}checkpoints/step-{last['step']:012d}", last
     # The second gang started after a checkpoint, not from step 1: it resumed.
     # (The killed gang's own metrics may be lost with it; the second gang's are complete.)
     resumed = [step for step in first_steps(s3_endpoint, prefix) if step > 1]
-    assert len(resumed) == 2 and resumed[0] == resumed[1], resumed
+    assert len(resumed) == 2 and resumed[0] == resumed[1] and (resumed[0] - 1) % 5 == 0, resumed
     pods = jobs.pods("resilient")
     assert {p.metadata.labels[labels.LABEL_ATTEMPT] for p in pods} == {"1"}
+
+
+def test_a_hung_rank_dumps_every_ranks_stacks_and_restarts_the_gang_on_the_infrastructure_budget(
+        jobs, s3_endpoint, podrunner) -> None:
+    start_job(jobs, s3_endpoint, "stuck", [], workload_job(s3_endpoint, "stuck", "ddp_workloads:hang",
+                                                           hangTimeoutSeconds=3, backoffLimit=0,
+                                                           infrastructureBackoffLimit=1))
+    status = jobs.wait_phase("stuck", c.PHASE_FAILED, timeout=240)
+    assert status["reason"] == c.REASON_BACKOFF_LIMIT and status["infrastructureRestarts"] == 1, status
+    failed = status["failedRank"]
+    assert failed["reason"] == c.REASON_HUNG and failed["kind"] == c.KIND_INFRASTRUCTURE and failed["attempt"] == 1
+    assert "since step 3" in status["message"] or "since step 4" in status["message"], status["message"]
+    prefix = f"results/{jobs.namespace}/stuck/hangs/"
+    dumps = sorted(k.removeprefix(prefix) for k in s3_keys(s3_endpoint, prefix))
+    assert dumps == [f"attempt-{a}/rank-{r}.txt" for a in (0, 1) for r in (0, 1)], dumps
+    assert f"stacks in s3://{BUCKET}/{prefix}attempt-1/rank-" in status["message"]
+    hung = [e for e in jobs.events("stuck") if e.reason == c.REASON_HUNG]
+    assert hung and hung[0].type == "Warning" and f"{prefix}attempt-0/" in hung[0].message
+
+
+def test_the_same_bug_at_the_same_step_twice_fails_the_job_as_deterministic(jobs, s3_endpoint, podrunner) -> None:
+    start_job(jobs, s3_endpoint, "buggy", [], workload_job(s3_endpoint, "buggy", "ddp_workloads:fail_at_step",
+                                                           backoffLimit=5))
+    status = jobs.wait_phase("buggy", c.PHASE_FAILED, timeout=180)
+    assert status["reason"] == c.REASON_DETERMINISTIC and status["restarts"] == 1, status
+    assert "rank 1" in status["message"] and "at step 3: ValueError: a bug that fires at step 3" in status["message"]
+    assert status["failedRank"]["step"] == 3 and "Traceback" in status["failedRank"]["message"]

@@ -14,7 +14,7 @@ from ddp_trainer.progress import ProgressReporter
 from fakenodes import FAKE_NODE_NAMESPACE_ANNOTATIONS
 from kube import REPO, Cluster, Jobs, cluster_script, wait_until
 
-COLUMNS = ["NAME", "PHASE", "READY", "RESTARTS", "EPOCH", "STEP", "LOSS", "AGE"]
+COLUMNS = ["NAME", "PHASE", "READY", "RESTARTS", "EPOCH", "STEP", "LOSS", "REASON", "AGE"]
 
 
 def quick_start_commands() -> list[str]:
@@ -69,7 +69,8 @@ def test_readme_quick_start_runs_as_written(cluster: Cluster, jobs: Jobs, kube_a
 
         header, *rows = [line.split() for line in run(get).splitlines()]
         assert header == COLUMNS
-        assert rows == [["quickstart", "Running", f"{world}/{world}", "0", "7", "512", "0.0731", rows[0][-1]]], rows
+        assert rows == [["quickstart", "Running", f"{world}/{world}", "0", "7", "512", "0.0731", "AllRanksReady",
+                         rows[0][-1]]], rows
         assert rows[0][-1].endswith("s"), rows  # AGE, e.g. 5s
     finally:
         subprocess.run(["helm", "uninstall", "ddp-operator", "-n", jobs.namespace], env=env, capture_output=True)

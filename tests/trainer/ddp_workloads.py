@@ -186,3 +186,40 @@ def stream_train(ctx: RankContext) -> None:
         checkpoints.close()
     if ctx.rank == 0 and os.environ.get("WL_OUT"):
         torch.save(net.module.state_dict(), os.environ["WL_OUT"])
+
+
+def hang(ctx: RankContext) -> None:
+    """Every rank all-reduces once per step; rank 1 stops calling the collective after step 3 (as a
+    rank whose data loader died would), so rank 0 waits in the all-reduce of step 4."""
+    import time
+
+    import torch.distributed as dist
+
+    reporter = default_reporter(ctx.rank)
+    for step in range(1, 1000):
+        reporter.report(0, step)
+        if ctx.rank == 1 and step == 3:
+            time.sleep(3600)
+        dist.all_reduce(torch.ones(1))
+
+
+def wait_for_sigterm(ctx: RankContext) -> None:
+    """Says it is in the user's code (a file), then waits, as a long training step would."""
+    import pathlib
+    import time
+
+    default_reporter(ctx.rank).report(0, 7)
+    pathlib.Path(os.environ["WL_READY_FILE"]).write_text("ready")
+    time.sleep(3600)
+
+
+def fail_at_step(ctx: RankContext) -> None:
+    """A deterministic bug: rank 1 raises at step 3 on every attempt."""
+    import torch.distributed as dist
+
+    reporter = default_reporter(ctx.rank)
+    for step in range(1, 10):
+        reporter.report(0, step)
+        if ctx.rank == 1 and step == 3:
+            raise ValueError("a bug that fires at step 3")
+        dist.all_reduce(torch.ones(1))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ import torch
 from trainerhelp import ROOT, free_port, launch, rank_env, workload_env
 from trainerhelp import describe as _describe
 
+from ddp_contract.failures import parse_line
 from ddp_trainer import s3
 from ddp_trainer.checkpoint import CheckpointManager
 from ddp_trainer.errors import ExitCode
@@ -91,7 +93,8 @@ def test_user_exception_exits_1_names_rank_and_leaves_a_termination_message(tmp_
     assert "ValueError: user code failed in rank 0" in result.stderr
     assert "exit 1 USER_ERROR, permanent" in result.stderr
     left = message.read_text()
-    assert left.endswith("ddp-trainer: error (rank 0, exit 1 USER_ERROR, permanent): user code failed in rank 0")
+    assert left.endswith(
+        "ddp-trainer: error (rank 0, step -, exit 1 USER_ERROR, permanent): ValueError: user code failed in rank 0")
     assert "ValueError: user code failed in rank 0" in left and "Traceback" not in left.splitlines()[-1]
 
 
@@ -164,3 +167,100 @@ def test_a_failure_exits_with_the_runtimes_code_even_if_teardown_would_abort(how
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == ExitCode.USER_ERROR, (result.returncode, result.stderr[-2000:])
     assert "the user's code failed" in result.stderr
+
+
+def test_a_rank_that_stops_calling_the_collective_is_caught_and_every_rank_dumps_its_stacks(
+        s3_env, bucket, tmp_path: Path) -> None:
+    env = {**s3_env, "DDP_RESULTS_URI": f"s3://{bucket}/runs", "DDP_JOB_NAME": "stuck", "DDP_JOB_NAMESPACE": "team-a",
+           "DDP_ATTEMPT": "2", "DDP_HANG_TIMEOUT_SECONDS": "3", "DDP_PROGRESS_FILE": str(tmp_path / "progress.json")}
+    started = time.monotonic()
+    results = launch("ddp_workloads:hang", WORLD, env, timeout=90)
+    assert [r.returncode for r in results] == [ExitCode.HUNG] * WORLD, _describe(results)
+    assert time.monotonic() - started < 60
+    hung = parse_line(results[1].stderr)
+    assert hung is not None and hung.step == 3 and hung.exit_code == ExitCode.HUNG
+    assert re.match(r"no progress for [34]s since step 3 \(hang timeout 3s\)", hung.error), hung.error
+    dumps = s3.S3Url(bucket, "runs/team-a/stuck/hangs/attempt-2")
+    assert f"stacks in s3://{bucket}/{dumps.key}/rank-1.txt" in hung.error
+    stuck_in_sleep = s3.get_bytes(dumps.join("rank-1.txt")).decode()
+    waiting_in_collective = s3.get_bytes(dumps.join("rank-0.txt")).decode()
+    assert "time.sleep(3600)" in stuck_in_sleep and "in hang" in stuck_in_sleep
+    assert "dist.all_reduce(torch.ones(1))" in waiting_in_collective
+
+
+def test_sigterm_stops_a_rank_at_once_with_its_own_exit_code(tmp_path: Path) -> None:
+    ready, message = tmp_path / "ready", tmp_path / "termination-log"
+    message.touch()
+    env = rank_env({"WL_READY_FILE": str(ready), "DDP_TERMINATION_MESSAGE_PATH": str(message),
+                    "DDP_PROGRESS_FILE": str(tmp_path / "progress.json")}, 0, 1, free_port())
+    proc = subprocess.Popen([sys.executable, "-m", "ddp_trainer", "run", "ddp_workloads:wait_for_sigterm"],
+                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists(), proc.communicate(timeout=10)
+        sent = time.monotonic()
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert proc.returncode == ExitCode.TERMINATED == 143, stderr
+    assert time.monotonic() - sent < 5
+    line = parse_line(message.read_text())
+    assert line is not None and line.step == 7 and "stopped by SIGTERM" in line.error
+
+
+def test_a_rank_whose_master_resolves_but_does_not_listen_is_named() -> None:
+    (result,) = launch("ddp_workloads:train", 2, {"DDP_MASTER_WAIT_SECONDS": "2"}, ranks=[1])
+    assert result.returncode == ExitCode.RENDEZVOUS_FAILED, result.stderr
+    line = parse_line(result.stderr)
+    assert line is not None and line.rank == 1 and "rank 0 at 127.0.0.1:" in line.error
+    assert "did not accept connections within 2s" in line.error
+
+
+def test_the_gang_is_checked_with_an_all_reduce_before_user_code(s3_env, bucket, tmp_path: Path) -> None:
+    results = launch("ddp_workloads:use_collective", 2, {"DDP_INIT_TIMEOUT_SECONDS": "20"})
+    assert all("all-reduce check" in r.stderr for r in results), _describe(results)
+
+
+def launch_pods(target: str, pods: int, per_pod: int, extra_env: dict[str, str]) -> list[subprocess.CompletedProcess]:
+    """Start `python -m ddp_trainer run` as the operator starts a pod of `per_pod` ranks: WORLD_SIZE,
+    LOCAL_WORLD_SIZE and NODE_RANK, no RANK or LOCAL_RANK."""
+    port = free_port()
+    procs = []
+    for pod in range(pods):
+        env = rank_env(extra_env, 0, pods * per_pod, port)
+        del env["RANK"], env["LOCAL_RANK"]
+        env.update(LOCAL_WORLD_SIZE=str(per_pod), NODE_RANK=str(pod))
+        procs.append(subprocess.Popen([sys.executable, "-m", "ddp_trainer", "run", target], env=env, cwd=ROOT,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=180)
+        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return results
+
+
+def test_two_pods_of_two_ranks_train_to_the_same_parameters_as_four_pods_of_one(tmp_path: Path) -> None:
+    one_each, two_each = tmp_path / "one.pt", tmp_path / "two.pt"
+    common = {"WL_BATCH": "4", "WL_EPOCHS": "2", "DDP_PROGRESS_FILE": str(tmp_path / "progress.json")}
+    singles = launch("ddp_workloads:train", 4, {**common, "WL_OUT": str(one_each)})
+    assert [r.returncode for r in singles] == [0] * 4, _describe(singles)
+    pods = launch_pods("ddp_workloads:train", 2, 2, {**common, "WL_OUT": str(two_each)})
+    assert [p.returncode for p in pods] == [0, 0], [p.stderr[-3000:] for p in pods]
+    assert "started 2 local ranks (global 2, 3)" in pods[1].stderr
+    expected, got = torch.load(one_each), torch.load(two_each)
+    assert expected.keys() == got.keys()
+    for name in expected:
+        assert torch.equal(expected[name], got[name]), name
+
+
+def test_one_local_rank_failing_fails_its_pod_with_that_ranks_code_and_message(tmp_path: Path) -> None:
+    message = tmp_path / "termination-log"
+    message.touch()
+    pods = launch_pods("ddp_workloads:fail_at_step", 1, 2, {"DDP_TERMINATION_MESSAGE_PATH": str(message),
+                                                            "DDP_PROGRESS_FILE": str(tmp_path / "progress.json")})
+    assert pods[0].returncode == ExitCode.USER_ERROR, pods[0].stderr[-3000:]
+    line = parse_line(message.read_text())
+    assert line is not None and line.rank == 1 and line.step == 3 and "a bug that fires at step 3" in line.error

@@ -148,3 +148,45 @@ def test_multipart_upload_of_large_checkpoint(bucket: str) -> None:
     etag = s3.head(url.join(STATE))["ETag"]
     assert etag.strip('"').endswith("-3")  # multipart ETags end in -<number of parts>
     assert torch.equal(manager.load_latest().state["w"], big["w"])
+
+
+class StatusRecorder:
+    """Stands where the job's status is written (a JobStatusSink); the cluster test uses the real one."""
+
+    def __init__(self) -> None:
+        self.patches: list[dict] = []
+
+    def patch(self, fields: dict) -> bool:
+        self.patches.append(fields)
+        return True
+
+
+def test_each_commit_is_recorded_as_the_jobs_last_checkpoint(bucket: str) -> None:
+    status = StatusRecorder()
+    manager = CheckpointManager(s3.S3Url(bucket, "job"), rank=0, async_save=True, job_status=status)
+    manager.save(10, _state(10))
+    manager.save(20, _state(20))
+    manager.close()
+    recorded = [p["lastCheckpoint"] for p in status.patches]
+    assert [r["step"] for r in recorded] == [10, 20]
+    assert recorded[1]["uri"] == f"s3://{bucket}/job/checkpoints/step-000000000020" and recorded[1]["time"].endswith("Z")
+
+
+def test_resume_loads_the_checkpoint_the_operator_names_else_the_newest(bucket: str, monkeypatch) -> None:
+    manager = CheckpointManager(s3.S3Url(bucket, "job"), keep=5, rank=0)
+    for step in (10, 20, 30):
+        manager.save(step, _state(step))
+    model = torch.nn.Linear(4, 3)
+    assert manager.resume(model) == 30
+    # status.lastCheckpoint said 20 when this attempt's pods were made (30 was committed by a rank
+    # of the failing attempt after the operator recorded the failure): resume from 20.
+    monkeypatch.setenv("DDP_RESUME_FROM", str(manager.step_url(20)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    assert manager.resume(model, opt) == 20
+    assert torch.equal(model.weight, _state(20)["model"]["weight"])
+    # A named checkpoint that no longer verifies: the newest that does.
+    s3.put_bytes(manager.step_url(20).join(STATE), b"truncated")
+    assert manager.resume(model) == 30
+    monkeypatch.setenv("DDP_RESUME_FROM", f"s3://{bucket}/elsewhere/step-000000000010")
+    assert manager.resume(model) == 30
+    assert CheckpointManager(s3.S3Url(bucket, "fresh"), rank=0).resume(model) == 0

@@ -28,6 +28,7 @@ _EXPORTS = {
     "default_reporter": "progress",
     "open_dataset": "datasets",
     "make_shards": "convert",
+    "heartbeat": "heartbeat",
 }
 
 __all__ = ["ExitCode", *_EXPORTS]

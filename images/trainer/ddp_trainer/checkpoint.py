@@ -118,7 +118,10 @@ class CheckpointManager:
         async_save: bool = False,
         part_size: int = 64 * 1024 * 1024,
         rank: int | None = None,
+        job_status: Any = None,
     ) -> None:
+        """job_status: where rank 0 records each committed checkpoint (a jobstatus.JobStatusSink);
+        default: the job's own status when the rank runs under the operator, else nowhere."""
         if keep < 1:
             raise ConfigError(f"CheckpointManager keep={keep} must be >= 1")
         if isinstance(prefix, str):
@@ -135,6 +138,7 @@ class CheckpointManager:
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future[s3.S3Url] | None = None
         self._lock = threading.Lock()
+        self._job_status = job_status
 
     def step_url(self, step: int) -> s3.S3Url:
         return self.prefix.join(f"step-{step:012d}")
@@ -195,8 +199,22 @@ class CheckpointManager:
         }
         s3.put_bytes(url.join(MANIFEST), json.dumps(manifest).encode(), content_type="application/json")
         log.info("checkpoint step %d committed to %s (%d bytes, %.2fs)", step, url, len(data), time.monotonic() - started)
+        self._record(step, url)
         self._prune(step)
         return url
+
+    def _record(self, step: int, url: s3.S3Url) -> None:
+        """status.lastCheckpoint, so a restarted gang is told where to resume (and people can see it)."""
+        from .jobstatus import in_cluster_sink, last_checkpoint
+
+        if self._job_status is None:
+            try:
+                self._job_status = in_cluster_sink() or False
+            except Exception as error:  # noqa: BLE001 - e.g. no service-account token: S3 still has it
+                log.warning("checkpoints are not recorded in the job's status: %s", error)
+                self._job_status = False
+        if self._job_status:
+            self._job_status.patch({"lastCheckpoint": last_checkpoint(step, str(url))})
 
     def _prune(self, committed: int) -> None:
         steps = self._scan()
@@ -246,8 +264,40 @@ class CheckpointManager:
         state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=weights_only)
         return Checkpoint(step=step, state=state, url=url, manifest=manifest)
 
+    def resume(self, model: Any, optimizer: Any = None, sampler: Any = None, map_location: Any = "cpu") -> int:
+        """Restore the job's last checkpoint into the model (DDP or not), optimizer and sampler;
+        returns its step, 0 when there is none (start from scratch). Not calling it opts out."""
+        latest = self.load_latest(map_location=map_location)
+        if latest is None:
+            return 0
+        restore_training_state(latest.state, model, optimizer, sampler)
+        log.info("resumed from checkpoint step %d (%s)", latest.step, latest.url)
+        return latest.step
+
+    def resume_step(self) -> int | None:
+        """The step of the checkpoint the operator names for this attempt ($DDP_RESUME_FROM, from
+        status.lastCheckpoint), when it lies under this manager's prefix."""
+        uri = env.resume_from()
+        if not uri:
+            return None
+        url = s3.parse_uri(uri)
+        directory = url.key.rpartition("/")[2]
+        match = _STEP_DIR.match(directory)
+        if url.bucket != self.prefix.bucket or not url.key.startswith(self.prefix.key + "/") or not match:
+            log.warning("%s=%s is not a checkpoint under %s; looking for the newest one", "DDP_RESUME_FROM", uri,
+                        self.prefix)
+            return None
+        return int(match.group(1))
+
     def load_latest(self, map_location: Any = "cpu", weights_only: bool = True) -> Checkpoint | None:
-        """The newest committed checkpoint that verifies, or None when there is none."""
+        """The job's last checkpoint: the one the operator names (status.lastCheckpoint) if it
+        verifies, else the newest committed one that does; None when there is none."""
+        named = self.resume_step()
+        if named is not None:
+            try:
+                return self.load(named, map_location=map_location, weights_only=weights_only)
+            except (CorruptDataError, ObjectNotFoundError) as exc:
+                log.warning("the job's last checkpoint (step %d) cannot be loaded: %s; trying the others", named, exc)
         for step in reversed(self.committed_steps()):
             try:
                 return self.load(step, map_location=map_location, weights_only=weights_only)

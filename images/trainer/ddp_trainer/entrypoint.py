@@ -14,6 +14,7 @@ import inspect
 import logging
 import os
 import runpy
+import signal
 import socket
 import sys
 import threading
@@ -26,8 +27,9 @@ from typing import Any
 
 from ddp_contract import envnames as names
 from ddp_contract.backend import NCCL, resolve_backend
+from ddp_contract.failures import format_line
 
-from . import env
+from . import env, jobstatus, localranks
 from .errors import (
     ConfigError,
     ExitCode,
@@ -35,6 +37,8 @@ from .errors import (
     RendezvousError,
     TrainerError,
 )
+from .hangwatch import LINGER_SECONDS, Hang, HangWatch, enable_nccl_flight_recorder, nccl_flight_record, python_stacks, save_dump
+from .heartbeat import HEARTBEAT
 
 log = logging.getLogger("ddp_trainer")
 
@@ -99,6 +103,44 @@ def wait_for_master(host: str, timeout_s: float) -> None:
         delay = min(delay * 2, _RESOLVE_MAX_BACKOFF_S)
 
 
+def wait_for_port(host: str, port: int, timeout_s: float, since: float | None = None) -> float:
+    """Wait until rank 0's rendezvous port accepts a connection (a name that resolves is not yet a
+    rank 0 that listens), up to `timeout_s` after `since` (a time.monotonic(); default now);
+    returns the seconds waited."""
+    started = time.monotonic()
+    deadline = (started if since is None else since) + timeout_s
+    delay = 0.1
+    last_error: OSError | None = None
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=min(5.0, max(deadline - time.monotonic(), 0.1))):
+                return time.monotonic() - started
+        except OSError as error:
+            last_error = error
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise RendezvousError(
+                f"rank 0 at {host}:{port} did not accept connections within {timeout_s:g}s "
+                f"(last error: {last_error}); is rank 0 running, and is {names.MASTER_PORT} reachable from this node?"
+            )
+        time.sleep(min(delay, remaining))
+        delay = min(delay * 2, _RESOLVE_MAX_BACKOFF_S)
+
+
+def gang_check(device: Any) -> float:
+    """A one-element all-reduce across the gang: proves every rank can talk to every other before
+    the user's code runs; returns its time in seconds."""
+    import torch
+    import torch.distributed as dist
+
+    started = time.monotonic()
+    probe = torch.ones(1, device=device)
+    dist.all_reduce(probe)
+    if int(probe.item()) != dist.get_world_size():
+        raise RendezvousError(f"the gang check all-reduce summed to {probe.item():g}, not {dist.get_world_size()}")
+    return time.monotonic() - started
+
+
 def select_backend(requested: str, cuda_available: bool) -> str:
     """The contract's rule (auto: nccl with a GPU, gloo without), refusing nccl on a rank without CUDA."""
     backend = resolve_backend(requested, cuda_available)
@@ -120,6 +162,7 @@ def init_distributed(settings: env.DistSettings) -> tuple[str, Any]:
             )
         torch.cuda.set_device(settings.local_rank)
         device = torch.device("cuda", settings.local_rank)
+        enable_nccl_flight_recorder()
     else:
         device = torch.device("cpu")
     os.environ[names.MASTER_ADDR] = settings.master_addr
@@ -221,15 +264,21 @@ def _exit_code_of_system_exit(exc: SystemExit) -> int:
 
 
 def _report(code: ExitCode, rank: int | None, exc: BaseException) -> None:
-    where = f"rank {rank}" if rank is not None else "startup"
-    kind = "retryable" if code.retryable else "permanent"
     lines: list[str] = []
+    error = str(exc)
     if code == ExitCode.USER_ERROR and not isinstance(exc, TrainerError):
         lines = traceback.format_exception(exc)
         sys.stderr.write("".join(lines))
-    summary = f"ddp-trainer: error ({where}, exit {int(code)} {code.name}, {kind}): {exc}"
-    print(summary, file=sys.stderr, flush=True)
-    _leave_termination_message("".join(lines[-6:]) + summary)
+        error = f"{type(exc).__name__}: {exc}"
+    _last_words(code, rank, error, "".join(lines[-6:]))
+
+
+def _last_words(code: ExitCode, rank: int | None, error: str, before: str = "") -> None:
+    """The failure line (rank, step, exit code, error; ddp_contract.failures) on stderr and in the
+    termination message, after `before` (the end of a traceback)."""
+    line = format_line(rank, HEARTBEAT.step, int(code), code.name, code.retryable, error)
+    print(line, file=sys.stderr, flush=True)
+    _leave_termination_message(before + line)
 
 
 def _leave_termination_message(text: str) -> None:
@@ -247,19 +296,58 @@ def _leave_termination_message(text: str) -> None:
         log.debug("no termination message at %s: %s", path, error)
 
 
+def _stop_on_sigterm(rank: int | None) -> None:
+    """A deleted pod's container gets SIGTERM, and a Python PID 1 ignores it unless handled: the pod
+    would then wait out its whole grace period, and every gang restart with it. Exit at once with
+    TERMINATED (peers see the connection drop), saying why."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        _last_words(ExitCode.TERMINATED, rank, "stopped by SIGTERM (pod deleted, node drained or job preempted)")
+        exit_process(ExitCode.TERMINATED)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def _on_hang(rank: int, attempt: int) -> Callable[[Hang], None]:
+    def dump_and_exit(hang: Hang) -> None:
+        stacks = python_stacks()
+        sys.stderr.write(f"ddp-trainer: rank {rank} hung: {hang.describe()}; stacks:\n{stacks}\n")
+        where = save_dump(rank, attempt, stacks, nccl_flight_record())
+        _last_words(ExitCode.HUNG, rank, f"{hang.describe()}; stacks in {where}")
+        time.sleep(LINGER_SECONDS)
+        exit_process(ExitCode.HUNG)
+
+    return dump_and_exit
+
+
 def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None = None) -> int:
     """Run one rank to completion and return the process exit code."""
     global _context
     environ = dict(os.environ) if environ is None else environ
     rank: int | None = None
+    HEARTBEAT.reset()
+    try:
+        if localranks.is_launcher(environ):
+            return localranks.launch(target, args, environ)
+    except TrainerError as exc:
+        _report(exc.exit_code, None, exc)
+        return exc.exit_code
     try:
         target = target or environ.get(names.ENTRYPOINT, "").strip()
         if not target:
             raise ConfigError(f"no entrypoint: pass `module:function` or a script, or set {names.ENTRYPOINT}")
         settings = env.DistSettings.from_env(environ)
         rank = settings.rank
+        _stop_on_sigterm(rank)
         func = load_target(target)
+        job = env.JobInfo.from_env(environ)
+        hang_watch = HangWatch(HEARTBEAT, env.hang_timeout_s(environ), env.hang_min_s(environ), _on_hang(rank, job.attempt))
+        started = time.monotonic()
         wait_for_master(settings.master_addr, settings.master_wait_s)
+        if rank != 0:
+            wait_for_port(settings.master_addr, settings.master_port, settings.master_wait_s, since=started)
     except BaseException as exc:  # noqa: BLE001 - every startup failure becomes an exit code
         # Anything but our own errors comes from importing the user's module: a user error.
         code = exc.exit_code if isinstance(exc, TrainerError) else ExitCode.USER_ERROR
@@ -268,25 +356,34 @@ def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None 
 
     try:
         backend, device = init_distributed(settings)
-        log.info("rank %d/%d joined (%s on %s)", settings.rank, settings.world_size, backend, device)
+        check_s = gang_check(device)
+        formed_s = time.monotonic() - started
+        log.info("rank %d/%d joined (%s on %s): gang formed in %.2fs, all-reduce check %.1f ms", settings.rank,
+                 settings.world_size, backend, device, formed_s, check_s * 1000)
+        if settings.rank == 0:
+            jobstatus.record({"rendezvous": jobstatus.rendezvous(job.attempt, formed_s, check_s)})
         _context = RankContext(
             rank=settings.rank,
             world_size=settings.world_size,
             local_rank=settings.local_rank,
             backend=backend,
             device=device,
-            job=env.JobInfo.from_env(environ),
+            job=job,
         )
         sys.argv = [target, *args]
+        hang_watch.start()
         func(_context)
         return ExitCode.OK
     except SystemExit as exc:
+        hang_watch.hold_if_fired()
         return _exit_code_of_system_exit(exc)
     except BaseException as exc:  # noqa: BLE001 - whatever the user code raises becomes its exit code
+        hang_watch.hold_if_fired()
         code = classify(exc)
         _report(code, rank, exc)
         return code
     finally:
+        hang_watch.stop()
         _context = None
         destroy_process_group()
 

@@ -111,6 +111,7 @@ class JobInfo:
     name: str
     namespace: str
     uid: str
+    attempt: int = 0  # the gang attempt this rank belongs to (0 first, +1 per gang restart)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> JobInfo:
@@ -119,6 +120,7 @@ class JobInfo:
             name=env.get(names.JOB_NAME, "").strip(),
             namespace=env.get(names.JOB_NAMESPACE, "").strip() or DEFAULT_JOB_NAMESPACE,
             uid=env.get(names.JOB_UID, "").strip(),
+            attempt=_int(env, names.ATTEMPT, default=0),
         )
 
     def require_name(self) -> str:
@@ -197,3 +199,32 @@ def shard_cache_bytes(environ: Mapping[str, str] | None = None) -> int:
 def termination_message_path(environ: Mapping[str, str] | None = None) -> str:
     env = os.environ if environ is None else environ
     return env.get(names.TERMINATION_MESSAGE_PATH, "").strip() or DEFAULT_TERMINATION_MESSAGE_PATH
+
+
+DEFAULT_HANG_MIN_SECONDS = 300.0
+
+
+def hang_timeout_s(environ: Mapping[str, str] | None = None) -> float | None:
+    """$DDP_HANG_TIMEOUT_SECONDS: None when unset (derive it), 0 for never."""
+    env = os.environ if environ is None else environ
+    raw = env.get(names.HANG_TIMEOUT_SECONDS, "").strip()
+    if not raw:
+        return None
+    return 0.0 if raw in ("0", "0.0") else _float(env, names.HANG_TIMEOUT_SECONDS, 0.0)
+
+
+def hang_min_s(environ: Mapping[str, str] | None = None) -> float:
+    return _float(os.environ if environ is None else environ, names.HANG_MIN_SECONDS, DEFAULT_HANG_MIN_SECONDS)
+
+
+def resume_from(environ: Mapping[str, str] | None = None) -> str | None:
+    """$DDP_RESUME_FROM: the checkpoint the operator tells a restarted gang to resume from."""
+    return (os.environ if environ is None else environ).get(names.RESUME_FROM, "").strip() or None
+
+
+def local_world_size(environ: Mapping[str, str] | None = None) -> int:
+    return _int(os.environ if environ is None else environ, names.LOCAL_WORLD_SIZE, default=1, minimum=1)
+
+
+def node_rank(environ: Mapping[str, str] | None = None) -> int:
+    return _int(os.environ if environ is None else environ, names.NODE_RANK, default=0)

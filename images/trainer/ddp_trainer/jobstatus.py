@@ -1,8 +1,9 @@
-"""Progress into the DDPJob's own status, through the API server.
+"""Progress and the last checkpoint into the DDPJob's own status, through the API server.
 
 The operator gives each job's ranks a ServiceAccount whose Role allows `get` and `patch` on that
-one DDPJob's status subresource and nothing else; rank 0 merge-patches `status.progress` with it.
-A failed write is logged and dropped: progress is a courtesy and must never stop training.
+one DDPJob's status subresource and nothing else; rank 0 merge-patches `status.progress` and
+`status.lastCheckpoint` with it. A failed write is logged and dropped: status is a courtesy and must
+never stop training.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from ddp_contract import envnames as names
 from ddp_contract import kubeclient
 from ddp_contract.api import GROUP, PLURAL, VERSION
+from ddp_contract.timestamps import rfc3339
 
 from . import env
 
@@ -35,16 +37,27 @@ class JobStatusSink:
         self._last_warning = float("-inf")
 
     def __call__(self, record: dict[str, Any]) -> None:
+        self.patch({"progress": record})
+
+    def patch(self, fields: dict[str, Any]) -> bool:
+        """Merge `fields` into the job's status; False (logged, rate-limited) when the write failed."""
         try:
             self.api.patch_namespaced_custom_object_status(
-                GROUP, VERSION, self.namespace, PLURAL, self.name, {"status": {"progress": record}},
-                _request_timeout=10,
+                GROUP, VERSION, self.namespace, PLURAL, self.name, {"status": fields}, _request_timeout=10,
             )
+            return True
         except Exception as error:  # noqa: BLE001 - see the module docstring
             now = time.monotonic()
             if now - self._last_warning >= self.quiet_s:
                 self._last_warning = now
-                log.warning("could not write progress to DDPJob %s/%s: %s", self.namespace, self.name, error)
+                log.warning("could not write %s to DDPJob %s/%s: %s", ", ".join(fields), self.namespace, self.name,
+                            error)
+            return False
+
+
+def last_checkpoint(step: int, uri: str, now: float | None = None) -> dict[str, Any]:
+    """status.lastCheckpoint: the newest committed checkpoint, which a restarted gang resumes from."""
+    return {"step": int(step), "uri": uri, "time": rfc3339(time.time() if now is None else now)}
 
 
 def in_cluster_sink() -> JobStatusSink | None:
@@ -53,3 +66,19 @@ def in_cluster_sink() -> JobStatusSink | None:
     if not name or not (os.environ.get(kubeclient.IN_CLUSTER_ENV) or os.environ.get(KUBECONFIG_ENV)):
         return None
     return JobStatusSink(os.environ.get(names.JOB_NAMESPACE, env.DEFAULT_JOB_NAMESPACE), name)
+
+
+def rendezvous(attempt: int, formed_s: float, check_s: float, now: float | None = None) -> dict[str, Any]:
+    """status.rendezvous: how long this attempt's gang took to form, and its all-reduce check."""
+    return {"attempt": int(attempt), "formedSeconds": round(formed_s, 3), "allReduceMillis": round(check_s * 1000, 3),
+            "time": rfc3339(time.time() if now is None else now)}
+
+
+def record(fields: dict[str, Any]) -> bool:
+    """Merge `fields` into this rank's job's status when it runs under the operator; never raises."""
+    try:
+        sink = in_cluster_sink()
+    except Exception as error:  # noqa: BLE001 - e.g. no service-account token: the log still has it
+        log.warning("cannot write %s to the DDPJob status: %s", ", ".join(fields), error)
+        return False
+    return sink.patch(fields) if sink is not None else False

@@ -21,6 +21,7 @@ from typing import IO, Any
 from ddp_contract.timestamps import rfc3339
 
 from . import env
+from .heartbeat import HEARTBEAT
 from .urls import atomic_path
 from .values import to_number
 
@@ -101,8 +102,9 @@ class ProgressReporter:
     def report(self, epoch: int, step: int, loss: float | None = None, samples: int = 0) -> bool:
         """Record progress; `samples` is how many samples this step processed (all ranks).
 
-        Returns True when a record was emitted.
+        Returns True when a record was emitted. Every rank's report is its heartbeat (hangwatch.py).
         """
+        HEARTBEAT.beat(step)
         self._window_samples += samples
         self._latest = {"epoch": int(epoch), "step": int(step), "loss": _float(loss)}
         self._latest_emitted = False

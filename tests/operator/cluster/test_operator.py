@@ -8,12 +8,7 @@ from typing import Any
 from ddp_contract import api, labels
 from ddp_operator import constants as c
 from fakenodes import on_fake_nodes
-from kube import PodLives, wait_until
-
-
-def env_of(pod) -> dict[str, str]:
-    trainer = next(x for x in pod.spec.containers if x.name == labels.CONTAINER_NAME)
-    return {e.name: e.value for e in trainer.env if e.value is not None}
+from kube import PodLives, env_of, wait_until
 
 
 def test_job_gets_a_headless_service_and_one_wired_pod_per_rank(jobs) -> None:
@@ -64,7 +59,8 @@ def test_a_failed_rank_restarts_the_whole_gang_and_records_why(jobs, kubectl) ->
     assert status["restarts"] == 1 and status["attempt"] == 1
     last_lines = "\n".join(output.splitlines()[-20:])
     assert status["failedRank"] == {"rank": 1, "pod": "gang-1", "node": node, "exitCode": 137, "signal": "SIGKILL",
-                                    "oomKilled": True, "reason": "OOMKilled", "message": last_lines}
+                                    "oomKilled": True, "reason": "OOMKilled", "message": last_lines,
+                                    "kind": c.KIND_PROGRAM, "attempt": 0}  # no step: not the runtime's line
     warnings = [e.message for e in jobs.events("gang") if e.type == "Warning"]
     assert any("rank 1" in m and "137" in m and node in m and "SIGKILL" in m for m in warnings), warnings
     described = kubectl("describe", "ddpjob", "gang", "-n", jobs.namespace).stdout
@@ -226,23 +222,29 @@ def test_spec_the_schema_cannot_catch_is_marked_failed_and_the_operator_carries_
     assert operator.process.poll() is None
 
 
-def test_a_gang_that_cannot_be_scheduled_says_why_by_rank(jobs) -> None:
-    jobs.create("toobig", worldSize=2, gpusPerRank=16)  # the local cluster's nodes have 8 GPUs each
+def test_a_gang_whose_ranks_fit_no_node_says_so_by_rank_and_fails_at_the_startup_deadline(jobs) -> None:
+    # The local cluster's nodes have 8 GPUs each: no rank can ever be scheduled.
+    jobs.create("toobig", worldSize=2, gpusPerRank=16, startupDeadlineSeconds=5)
 
     def says_why() -> dict | None:
         status = jobs.status("toobig")
-        held = status.get("reason") == c.REASON_UNSCHEDULABLE and "ranks 0-1 (Unschedulable): 0/" in status["message"]
-        return status if held else None
+        return status if "ranks 0-1 (GangTooLarge)" in status.get("message", "") else None
 
-    status = wait_until(says_why, 30, "the job to say both ranks cannot be scheduled")
+    status = wait_until(says_why, 30, "the job to say its ranks fit no node")
+    assert status["reason"] == c.REASON_GANG_TOO_LARGE
     assert status["phase"] == c.PHASE_PENDING
-    assert "Insufficient nvidia.com/gpu" in status["message"]  # the scheduler's own words
+    assert re.search(r"ranks 0-1 \(GangTooLarge\): each rank needs 16 nvidia.com/gpu; the largest of the cluster's "
+                     r"\d+ schedulable nodes has 8$", status["message"]), status
     blocked = next(x for x in status["conditions"] if x["type"] == c.COND_RANKS_BLOCKED)
-    assert (blocked["status"], blocked["reason"]) == ("True", c.REASON_UNSCHEDULABLE)
+    assert (blocked["status"], blocked["reason"]) == ("True", c.REASON_GANG_TOO_LARGE)
+
     def warned() -> list:
-        return [e for e in jobs.events("toobig") if e.reason == c.REASON_UNSCHEDULABLE and "ranks 0-1" in e.message]
+        return [e for e in jobs.events("toobig") if e.reason == c.REASON_GANG_TOO_LARGE and "ranks 0-1" in e.message]
 
     assert all(e.type == "Warning" for e in wait_until(warned, 10, "an Event saying so"))
+    status = jobs.wait_phase("toobig", c.PHASE_FAILED, timeout=30)
+    assert status["reason"] == c.REASON_GANG_TOO_LARGE
+    assert status["message"].endswith("still so after startupDeadlineSeconds=5")
 
 
 def test_ranks_held_up_past_the_startup_deadline_fail_the_job_and_free_the_rest(jobs) -> None:
@@ -300,3 +302,21 @@ def test_a_service_name_held_by_a_stranger_stops_the_job_before_any_pod(jobs) ->
     assert jobs.pods("shadowed", include_deleting=True) == []
     kept = jobs.core.read_namespaced_service("shadowed", jobs.namespace)
     assert kept.metadata.uid == theirs.metadata.uid and kept.spec.selector == {"app": "other"}
+
+
+def test_pods_of_several_ranks_ask_for_all_their_gpus_and_restart_as_one_gang(jobs) -> None:
+    jobs.create("packed", worldSize=8, ranksPerPod=4, gpusPerRank=1)
+    status = jobs.wait_phase("packed", c.PHASE_RUNNING)
+    assert (status["ready"], status["readyPods"], status["totalPods"]) == ("8/8", 2, 2)
+    pods = sorted(jobs.pods("packed"), key=lambda p: p.metadata.name)
+    assert [p.metadata.name for p in pods] == ["packed-0", "packed-1"]
+    for index, pod in enumerate(pods):
+        trainer = next(x for x in pod.spec.containers if x.name == labels.CONTAINER_NAME)
+        assert trainer.resources.limits[c.GPU_RESOURCE] == "4"
+        env = env_of(pod)
+        assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["NODE_RANK"]) == ("8", "4", str(index))
+    jobs.finish("packed-1", 137)
+    jobs.wait_pods("packed", 2, attempt=1)
+    restarted = jobs.wait_phase("packed", c.PHASE_RUNNING)
+    assert restarted["restarts"] == 1 and restarted["failedRank"]["rank"] == 4 and restarted["ready"] == "8/8"
+    assert any("ranks 4-7 (pod packed-1" in e.message for e in jobs.events("packed"))

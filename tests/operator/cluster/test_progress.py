@@ -6,12 +6,12 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from ddp_contract import api
+from ddp_contract import api, envnames
 from ddp_operator import constants as c
 from ddp_operator.manifests import progress_service_account
-from ddp_trainer.jobstatus import JobStatusSink
+from ddp_trainer.jobstatus import JobStatusSink, last_checkpoint
 from ddp_trainer.progress import ProgressReporter
-from kube import wait_until
+from kube import env_of, wait_until
 
 
 def client_as(kube_api: client.ApiClient, namespace: str, account: str) -> client.ApiClient:
@@ -81,3 +81,17 @@ def test_progress_write_failure_never_raises_into_training(jobs, kube_api) -> No
     reporter = ProgressReporter(sink, min_interval_s=0)
     assert reporter.report(epoch=0, step=1, loss=1.0, samples=8) is True
     assert "progress" not in jobs.status("guarded")
+
+
+def test_the_last_checkpoint_rank_0_records_is_where_the_next_gang_resumes(jobs, kube_api) -> None:
+    jobs.create("resumes", worldSize=2)
+    jobs.wait_phase("resumes", c.PHASE_RUNNING)
+    sink = JobStatusSink(jobs.namespace, "resumes", api_client=client_as(kube_api, jobs.namespace,
+                                                                         progress_service_account("resumes")))
+    uri = "s3://bucket/runs/resumes/checkpoints/step-000000000300"
+    assert sink.patch({"lastCheckpoint": last_checkpoint(300, uri)})
+    assert all(envnames.RESUME_FROM not in env_of(p) for p in jobs.pods("resumes"))
+    jobs.finish("resumes-1", 143)
+    pods = jobs.wait_pods("resumes", 2, attempt=1)
+    assert all(env_of(p)[envnames.RESUME_FROM] == uri for p in pods)
+    assert jobs.wait_phase("resumes", c.PHASE_RUNNING)["lastCheckpoint"]["step"] == 300

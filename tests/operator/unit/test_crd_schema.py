@@ -46,6 +46,7 @@ def test_defaults_and_enums_match_constants(crd: dict[str, Any]) -> None:
     assert spec["masterPort"]["default"] == c.DEFAULT_MASTER_PORT
     assert spec["backoffLimit"]["default"] == c.DEFAULT_BACKOFF_LIMIT
     assert spec["startupDeadlineSeconds"]["default"] == c.DEFAULT_STARTUP_DEADLINE_SECONDS
+    assert spec["nodeLostGraceSeconds"]["default"] == c.DEFAULT_NODE_LOST_GRACE_SECONDS
     assert spec["gpusPerRank"]["default"] == c.DEFAULT_GPUS_PER_RANK
     assert spec["backend"]["default"] == c.DEFAULT_BACKEND and tuple(spec["backend"]["enum"]) == backend.BACKENDS
     assert spec["restartPolicy"]["default"] == c.DEFAULT_RESTART_POLICY

@@ -7,11 +7,13 @@ from typing import Any
 
 import pytest
 
+from ddp_contract.exitcodes import ExitCode
+from ddp_contract.failures import format_line
 from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
 from ddp_operator.deadlines import requeue_after
 from ddp_operator.decision import Action, Decision, decide
-from ddp_operator.podsummary import RankFailure
+from ddp_operator.podsummary import RankFailure, summarize_pods
 from ddp_operator.statuspatch import set_condition
 from podfixtures import NOW, job_spec, pod, summary_of
 
@@ -79,10 +81,11 @@ def test_failed_rank_by_policy(
 
 def test_gang_restart_deletes_every_pod_and_bumps_the_attempt() -> None:
     summary = summary_of(pod(0), pod(1, "failed"), pod(2, "succeeded"), pod(3, "running", attempt=7))
-    decision = decide(job_spec(worldSize=3), {"phase": "Running", "restarts": 1, "attempt": 0}, summary, NOW)
+    status = {"phase": "Running", "restarts": 1, "programRestarts": 1, "attempt": 0}
+    decision = decide(job_spec(worldSize=3), status, summary, NOW)
     assert decision.action == Action.RESTART and decision.attempt == 1
     assert decision.delete_pods == ("mnist-0", "mnist-1", "mnist-2", "mnist-3")
-    assert "restart 2 of 3" in decision.message
+    assert "program restart 2 of 3, backoffLimit" in decision.message
 
 
 @pytest.mark.parametrize(
@@ -90,7 +93,8 @@ def test_gang_restart_deletes_every_pod_and_bumps_the_attempt() -> None:
 )
 def test_backoff_limit(restarts: int, limit: int, action: Action) -> None:
     summary = summary_of(pod(0), pod(1, "failed", exit_code=1))
-    decision = decide(job_spec(backoffLimit=limit), {"phase": "Running", "restarts": restarts}, summary, NOW)
+    status = {"phase": "Running", "restarts": restarts, "programRestarts": restarts}
+    decision = decide(job_spec(backoffLimit=limit), status, summary, NOW)
     assert decision.action == action
     if action == Action.FAIL:
         assert decision.reason == c.REASON_BACKOFF_LIMIT
@@ -112,6 +116,15 @@ def test_rank_being_deleted_after_the_gang_formed_restarts_it() -> None:
 def test_rank_lost_before_the_gang_formed_is_just_recreated() -> None:
     decision = decide(job_spec(), {"phase": "Starting"}, summary_of(pod(0)), NOW)
     assert decision.action == Action.CREATE and decision.create_ranks == (1,)
+
+
+def test_a_rank_on_a_lost_node_restarts_the_gang_as_node_lost_even_before_it_formed() -> None:
+    lost = {"gpu-2": "node gpu-2 was deleted at 2025-01-02T03:04:00Z"}
+    summary = summarize_pods([pod(0, node="gpu-1"), pod(1, node="gpu-2")], 0, "mnist", lost)
+    decision = decide(job_spec(restartPolicy="ExitCode"), {"phase": "Starting"}, summary, NOW)
+    assert decision.action == Action.RESTART and decision.reason == c.REASON_NODE_LOST
+    assert decision.message.startswith("rank 1 (pod mnist-1 on node gpu-2) was lost: NodeLost (node gpu-2 was deleted")
+    assert decision.delete_pods == ("mnist-0", "mnist-1") and decision.attempt == 1
 
 
 def test_suspend_deletes_every_pod() -> None:
@@ -166,3 +179,81 @@ def test_the_startup_deadline_needs_ranks_held_up_now() -> None:
     assert decide(spec, blocked_since(3600), summary_of(pod(0), pod(1)), NOW).action == Action.WAIT
     assert decide(spec, {"phase": "Pending"}, summary_of(pod(0, "pending", unschedulable="x")), NOW).action \
         == Action.CREATE
+
+
+def runtime_failure(rank: int, step: int | None, error: str, code: int = 1, attempt: int = 1) -> dict[str, Any]:
+    """A failed rank's pod whose termination message ends with the runtime's failure line."""
+    line = format_line(rank, step, code, "USER_ERROR", False, error)
+    return pod(rank, "failed", exit_code=code, output=f"Traceback ...\n{line}", attempt=attempt)
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "reason", "kind", "decision_reason"),
+    [
+        (1, None, c.KIND_PROGRAM, c.REASON_RANK_FAILED),
+        (139, None, c.KIND_PROGRAM, c.REASON_RANK_FAILED),  # SIGSEGV: the program's
+        (137, "OOMKilled", c.KIND_PROGRAM, c.REASON_RANK_FAILED),
+        (137, "Error", c.KIND_INFRASTRUCTURE, c.REASON_RANK_FAILED),  # SIGKILL from outside
+        (143, None, c.KIND_INFRASTRUCTURE, c.REASON_RANK_FAILED),
+        (ExitCode.HUNG, None, c.KIND_INFRASTRUCTURE, c.REASON_HUNG),
+        (ExitCode.COMMUNICATION_ERROR, None, c.KIND_INFRASTRUCTURE, c.REASON_RANK_FAILED),
+    ],
+)
+def test_each_failure_draws_on_the_budget_of_its_kind(exit_code: int, reason: str | None, kind: str,
+                                                      decision_reason: str) -> None:
+    # The program's budget is spent; the infrastructure's is not.
+    status = {"phase": "Running", "restarts": 3, "programRestarts": 3, "infrastructureRestarts": 0}
+    summary = summary_of(pod(0), pod(1, "failed", exit_code=exit_code, reason=reason))
+    decision = decide(job_spec(backoffLimit=3), status, summary, NOW)
+    assert decision.failure is not None and decision.failure.kind == kind
+    if kind == c.KIND_PROGRAM:
+        assert decision.action == Action.FAIL and decision.reason == c.REASON_BACKOFF_LIMIT
+        assert "backoffLimit 3 reached after 3 program restarts" in decision.message
+    else:
+        assert decision.action == Action.RESTART and decision.reason == decision_reason
+        assert "infrastructure restart 1 of 10, infrastructureBackoffLimit" in decision.message
+
+
+def test_evictions_beyond_the_infrastructure_budget_fail_the_job() -> None:
+    status = {"phase": "Running", "restarts": 2, "infrastructureRestarts": 2}
+    summary = summary_of(pod(0), pod(1, "evicted", reason="Evicted"))
+    decision = decide(job_spec(infrastructureBackoffLimit=2), status, summary, NOW)
+    assert decision.action == Action.FAIL and decision.reason == c.REASON_BACKOFF_LIMIT
+    assert "infrastructureBackoffLimit 2 reached after 2 infrastructure restarts" in decision.message
+
+
+def test_the_same_error_at_the_same_step_on_consecutive_attempts_fails_at_once() -> None:
+    error = "ZeroDivisionError: division by zero"
+    first = decide(job_spec(), {"phase": "Running", "attempt": 0},
+                   summary_of(pod(0), runtime_failure(1, 120, error, attempt=0)), NOW)
+    assert first.action == Action.RESTART and first.failure is not None
+    assert "at step 120: ZeroDivisionError: division by zero" in first.message
+    status = {"phase": "Running", "attempt": 1, "restarts": 1, "programRestarts": 1,
+              "failedRank": first.failure.as_status()}
+    # Another rank, the same error at the same step: deterministic.
+    again = decide(job_spec(), status, summary_of(runtime_failure(0, 120, error), pod(1, attempt=1), attempt=1), NOW)
+    assert again.action == Action.FAIL and again.reason == c.REASON_DETERMINISTIC
+    assert "attempt 0 failed with the same error at the same step" in again.message
+    # The same error at another step, or another error at the same step: retried.
+    for other in (runtime_failure(1, 121, error), runtime_failure(1, 120, "KeyError: 'x'")):
+        retried = decide(job_spec(), status, summary_of(pod(0, attempt=1), other, attempt=1), NOW)
+        assert retried.action == Action.RESTART, retried.message
+    # Not consecutive: the attempt in between failed for another cause.
+    stale = {**status, "attempt": 2, "failedRank": {**first.failure.as_status(), "attempt": 0}}
+    later = decide(job_spec(), stale, summary_of(runtime_failure(0, 120, error, attempt=2), attempt=2), NOW)
+    assert later.action == Action.RESTART
+
+
+def test_a_broken_collective_waits_briefly_for_the_peer_whose_death_caused_it() -> None:
+    finished = rfc3339(NOW)
+    echo = pod(0, "failed", exit_code=ExitCode.COMMUNICATION_ERROR, finished_at=finished)
+    alone = decide(job_spec(), {"phase": "Running"}, summary_of(echo, pod(1)), NOW + timedelta(seconds=1))
+    assert alone.action == Action.WAIT and alone.recheck_after == pytest.approx(c.ECHO_GRACE_SECONDS - 1)
+    # The cause shows up (in the same second): it is the failure, whatever the order of the ranks.
+    cause = runtime_failure(1, 3, "ValueError: boom", attempt=0)
+    both = decide(job_spec(), {"phase": "Running"}, summary_of(echo, cause), NOW + timedelta(seconds=1))
+    assert both.action == Action.RESTART and both.failure is not None and both.failure.rank == 1
+    # No cause ever shows up (the network broke): the collective's failure is acted on.
+    late = decide(job_spec(), {"phase": "Running"}, summary_of(echo, pod(1)), NOW + timedelta(seconds=4))
+    assert late.action == Action.RESTART and late.failure is not None and late.failure.rank == 0
+    assert late.failure.kind == c.KIND_INFRASTRUCTURE

@@ -226,7 +226,6 @@ def test_template_is_merged() -> None:
     spec = pod["spec"]
     for key in (
         "nodeSelector",
-        "tolerations",
         "affinity",
         "serviceAccountName",
         "imagePullSecrets",
@@ -235,6 +234,7 @@ def test_template_is_merged() -> None:
         "enableServiceLinks",
     ):
         assert spec[key] == TEMPLATE["spec"][key]
+    assert spec["tolerations"][0] == TEMPLATE["spec"]["tolerations"][0]  # then the node-lost ones
     assert pod["metadata"]["labels"]["team"] == "vision"
     assert pod["metadata"]["annotations"]["note"] == "x"
     assert [x["name"] for x in spec["containers"]] == ["trainer", "logger"]
@@ -291,3 +291,63 @@ def test_a_template_service_account_is_kept_and_bound_instead() -> None:
     assert kinds == ["Role", "RoleBinding"]
     assert build_progress_access(job, spec)[1]["subjects"][0]["name"] == "irsa-reader"
     assert pod_for(job)["spec"]["serviceAccountName"] == "irsa-reader"
+
+
+def test_hang_timeout_reaches_the_ranks_only_when_set() -> None:
+    assert envnames.HANG_TIMEOUT_SECONDS not in env_of(pod_for(make_job()))
+    assert env_of(pod_for(make_job(hangTimeoutSeconds=0)))[envnames.HANG_TIMEOUT_SECONDS] == "0"
+    assert env_of(pod_for(make_job(hangTimeoutSeconds=900)))[envnames.HANG_TIMEOUT_SECONDS] == "900"
+
+
+def test_a_restarted_gang_is_told_the_jobs_last_checkpoint() -> None:
+    assert envnames.RESUME_FROM not in env_of(pod_for(make_job()))
+    job = {**make_job(), "status": {"lastCheckpoint": {"step": 40, "uri": "s3://b/runs/team-a/mnist/checkpoints/step-000000000040"}}}
+    assert env_of(pod_for(job, attempt=1))[envnames.RESUME_FROM] == "s3://b/runs/team-a/mnist/checkpoints/step-000000000040"
+
+
+def test_ranks_tolerate_a_lost_node_for_the_jobs_grace_only() -> None:
+    pod = pod_for(make_job(nodeLostGraceSeconds=45), 0)
+    assert pod["spec"]["tolerations"] == [
+        {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 45}
+        for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+    ]
+    default = pod_for(make_job(), 0)["spec"]["tolerations"]
+    assert {t["tolerationSeconds"] for t in default} == {c.DEFAULT_NODE_LOST_GRACE_SECONDS}
+
+
+@pytest.mark.parametrize("own, added", [
+    ({"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 900},
+     ["node.kubernetes.io/not-ready"]),
+    ({"key": "node.kubernetes.io/not-ready", "operator": "Exists"}, ["node.kubernetes.io/unreachable"]),
+    ({"operator": "Exists"}, []),  # tolerates every taint: the template's choice stands
+    ({"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoSchedule"},
+     ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"]),
+])
+def test_a_template_that_tolerates_a_lost_node_itself_keeps_its_own(own: dict, added: list[str]) -> None:
+    pod = pod_for(make_job(template={"spec": {"tolerations": [own]}}), 0)
+    assert pod["spec"]["tolerations"][0] == own
+    assert [t["key"] for t in pod["spec"]["tolerations"][1:]] == added
+
+
+def test_a_pod_of_several_ranks_gets_torchruns_environment_and_their_gpus() -> None:
+    job = make_job(worldSize=8, ranksPerPod=4, gpusPerRank=1)
+    spec = parse_spec(job["spec"])
+    assert spec.pods == 2 and list(spec.pod_ranks(1)) == [4, 5, 6, 7]
+    pod = pod_for(job, 1)
+    env = env_of(pod)
+    assert pod["metadata"]["name"] == "mnist-1" and "RANK" not in env and "LOCAL_RANK" not in env
+    assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["NODE_RANK"], env["GROUP_RANK"]) == ("8", "4", "1", "1")
+    assert trainer(pod)["resources"]["limits"][c.GPU_RESOURCE] == 4
+    assert trainer(pod)["command"] == list(c.TRAINER_COMMAND)  # the runtime starts the 4 ranks itself
+    with pytest.raises(ValueError, match="pod index 2 is outside 0..1"):
+        pod_for(job, 2)
+
+
+def test_a_command_in_a_pod_of_several_ranks_runs_under_torchrun() -> None:
+    job = make_job(worldSize=4, ranksPerPod=2, command=["python", "train.py"], args=["--lr", "0.1"])
+    del job["spec"]["entrypoint"]
+    container = trainer(pod_for(job, 1))
+    assert container["command"] == ["torchrun", "--nnodes=2", "--nproc-per-node=2", "--node-rank=1",
+                                    "--master-addr=mnist-0.mnist.team-a.svc", "--master-port=29500", "--no-python",
+                                    "python", "train.py"]
+    assert container["args"] == ["--lr", "0.1"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ddp_contract import labels
-from ddp_operator.podsummary import InTheWay, RankFailure, RankProblem, describe_problems, rank_list
+from ddp_operator import constants as c
+from ddp_operator.podsummary import InTheWay, RankFailure, RankProblem, describe_problems, rank_list, summarize_pods
 from podfixtures import JOB, pod, summary_of
 
 
@@ -53,9 +54,10 @@ def test_a_failure_keeps_only_the_last_lines_of_the_output() -> None:
 
 def test_summary_failure_carries_pod_exit_code_and_reason() -> None:
     failure = summary_of(pod(0), pod(1, "failed", exit_code=137, reason="OOMKilled")).failure
-    assert failure == RankFailure(1, "mnist-1", 137, "OOMKilled", False, "2025-01-02T03:00:00Z")
+    assert failure == RankFailure(1, "mnist-1", 137, "OOMKilled", False, "2025-01-02T03:00:00Z", attempt=0)
     assert failure.as_status() == {"rank": 1, "pod": "mnist-1", "node": None, "exitCode": 137, "signal": "SIGKILL",
-                                   "oomKilled": True, "reason": "OOMKilled", "message": None}
+                                   "oomKilled": True, "reason": "OOMKilled", "message": None, "kind": "Program",
+                                   "attempt": 0, "step": None}
     assert "rank 1 (pod mnist-1) exited with code 137" in failure.describe()
 
 
@@ -150,3 +152,65 @@ def test_names_held_by_strangers_hold_up_the_ranks_that_need_them() -> None:
     pod_held = InTheWay(pods=((1, "mnist-1"),))
     reason, message = describe_problems(pod_held.problems(3, [0, 2]))
     assert reason == "NameInUse" and message.startswith("rank 1 (NameInUse): pod mnist-1 exists and is not this job's")
+
+
+LOST = {"gpu-2": "node gpu-2 NotReady since 2025-01-02T03:00:00Z (Ready Unknown: NodeStatusUnknown)"}
+
+
+def test_a_rank_on_a_lost_node_is_a_node_lost_failure_naming_the_node() -> None:
+    summary = summarize_pods([pod(0, node="gpu-1"), pod(1, node="gpu-2"), pod(2, "failed", exit_code=1, node="gpu-1")],
+                             0, JOB, LOST)
+    failure = summary.failure
+    assert failure is not None and (failure.rank, failure.node, failure.reason) == (1, "gpu-2", "NodeLost")
+    assert failure.evicted and failure.exit_code is None, "an infrastructure failure, not the program's"
+    assert failure.kind == c.KIND_INFRASTRUCTURE and failure.attempt == 0
+    assert failure.describe() == f"rank 1 (pod mnist-1 on node gpu-2) was lost: NodeLost ({LOST['gpu-2']})"
+    assert failure.as_status()["message"] == LOST["gpu-2"]
+    assert summary.nodes == {"gpu-1", "gpu-2"}
+
+
+def test_a_rank_taken_away_from_a_lost_node_is_still_node_lost() -> None:
+    """The taint eviction controller deletes it: Terminating there for good, and lost all the same."""
+    summary = summarize_pods([pod(0, node="gpu-1"), pod(1, node="gpu-2", deleting=True)], 0, JOB, LOST)
+    assert summary.failure is not None and summary.failure.reason == "NodeLost"
+    assert summary.lost_pods == ("mnist-1",)
+
+
+def test_pods_terminating_on_a_lost_node_are_to_be_forced_whatever_their_attempt() -> None:
+    summary = summarize_pods([pod(0, attempt=0, node="gpu-2", deleting=True), pod(1, attempt=0, node="gpu-2"),
+                              pod(2, attempt=0, node="gpu-1", deleting=True), pod(0, "pending", attempt=1)], 1, JOB, LOST)
+    assert summary.lost_pods == ("mnist-0",), "only those being deleted, and only on the lost node"
+    assert summary.failure is None, "an old attempt's pod is no failure of this one"
+
+
+def test_a_finished_rank_on_a_lost_node_is_no_failure() -> None:
+    summary = summarize_pods([pod(0, node="gpu-1"), pod(1, "succeeded", node="gpu-2")], 0, JOB, LOST)
+    assert summary.failure is None
+
+
+def test_pending_ranks_bound_to_no_node_are_unscheduled() -> None:
+    summary = summary_of(pod(0, node="gpu-1"), pod(1, "pending", unschedulable="0/4 nodes"),
+                         pod(2, "pending", node="gpu-1"), pod(3, "pending", attempt=1))
+    assert summary.unscheduled_ranks == {1}
+
+
+def test_new_problems_replace_what_was_said_of_the_same_rank() -> None:
+    summary = summary_of(pod(0, "pending", unschedulable="0/4 nodes are available"), pod(1, "pending", waiting="ErrImagePull"))
+    held = summary.with_problems([RankProblem(0, "GangTooLarge", "too big"), RankProblem(2, "NameInUse", "x")])
+    assert held.problems == (RankProblem(0, "GangTooLarge", "too big"), RankProblem(1, "ImagePullError", "ErrImagePull"),
+                             RankProblem(2, "NameInUse", "x"))
+    assert summary.with_problems([]) is summary
+
+
+def test_pods_of_several_ranks_are_named_by_their_ranks() -> None:
+    from ddp_contract.failures import format_line
+
+    line = format_line(6, 12, 1, "USER_ERROR", False, "ValueError: x")
+    failed = summarize_pods([pod(0), pod(1, "failed", exit_code=1, output=line)], 0, ranks_per_pod=4).failure
+    assert failed is not None and failed.global_rank == 6 and failed.as_status()["rank"] == 6
+    assert failed.describe().startswith("rank 6 (pod mnist-1)")
+    killed = summarize_pods([pod(0), pod(1, "failed", exit_code=137)], 0, ranks_per_pod=4).failure
+    assert killed is not None and killed.describe().startswith("ranks 4-7 (pod mnist-1)")
+    held = summarize_pods([pod(0, "pending", unschedulable="0/4 nodes are available"), pod(1, "pending",
+                           unschedulable="0/4 nodes are available")], 0, ranks_per_pod=4)
+    assert held.held_up == (c.REASON_UNSCHEDULABLE, "pods 0-1 (Unschedulable): 0/4 nodes are available")

@@ -24,6 +24,7 @@ def test_defaults_are_applied() -> None:
     assert (spec.restart_policy, spec.backoff_limit, spec.suspend) == ("OnFailure", 3, False)
     assert spec.active_deadline_seconds is None and spec.ttl_seconds_after_finished is None
     assert spec.s3 is None and spec.shm_size is None and spec.command is None
+    assert spec.node_lost_grace_seconds == 60 and parse_spec({**MINIMAL, "nodeLostGraceSeconds": 0}).node_lost_grace_seconds == 0
 
 
 def test_full_spec_is_parsed() -> None:
@@ -110,6 +111,7 @@ def test_valid_shm_sizes(shm: Any) -> None:
         ({"backoffLimit": -1}, "backoffLimit"),
         ({"activeDeadlineSeconds": 0}, "activeDeadlineSeconds"),
         ({"startupDeadlineSeconds": 0}, "startupDeadlineSeconds"),
+        ({"nodeLostGraceSeconds": -1}, "nodeLostGraceSeconds"),
         ({"ttlSecondsAfterFinished": -5}, "ttlSecondsAfterFinished"),
         ({"suspend": "yes"}, "suspend"),
         ({"shmSize": "lots"}, "shmSize"),
@@ -215,3 +217,21 @@ def test_invalid_job_names(name: str, world_size: int, needle: str) -> None:
         validate_job_name(name, world_size)
     assert caught.value.field == "metadata.name"
     assert str(caught.value).startswith("metadata.name: ")
+
+
+def test_restart_budgets_and_hang_timeout() -> None:
+    spec = parse_spec(MINIMAL)
+    assert (spec.infrastructure_backoff_limit, spec.hang_timeout_seconds) == (c.DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT, None)
+    spec = parse_spec({**MINIMAL, "infrastructureBackoffLimit": 0, "hangTimeoutSeconds": 600})
+    assert (spec.infrastructure_backoff_limit, spec.hang_timeout_seconds) == (0, 600)
+    with pytest.raises(InvalidSpec, match=r"env\[0\].name.*DDP_HANG_TIMEOUT_SECONDS is set from spec.hangTimeoutSeconds"):
+        parse_spec({**MINIMAL, "hangTimeoutSeconds": 60, "env": [{"name": "DDP_HANG_TIMEOUT_SECONDS", "value": "5"}]})
+    with pytest.raises(InvalidSpec, match="hangTimeoutSeconds"):
+        parse_spec({**MINIMAL, "hangTimeoutSeconds": -1})
+
+
+def test_ranks_per_pod_must_divide_the_world() -> None:
+    assert parse_spec(MINIMAL).ranks_per_pod == 1
+    assert parse_spec({**MINIMAL, "worldSize": 8, "ranksPerPod": 4}).pods == 2
+    with pytest.raises(InvalidSpec, match="ranksPerPod.*worldSize 6 is not a multiple of ranksPerPod 4"):
+        parse_spec({**MINIMAL, "worldSize": 6, "ranksPerPod": 4})

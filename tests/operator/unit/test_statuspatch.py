@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from ddp_contract.exitcodes import ExitCode
+from ddp_contract.failures import format_line
 from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
 from ddp_operator.decision import Action, Decision, decide
@@ -109,9 +111,11 @@ def test_restart_status() -> None:
     patch = status_after(job_spec(), status, summary_of(pod(0), failed))
     assert patch["phase"] == c.PHASE_RESTARTING
     assert (patch["attempt"], patch["restarts"]) == (1, 2)
+    assert (patch["programRestarts"], patch["infrastructureRestarts"]) == (1, 0)
     assert patch["failedRank"] == {"rank": 1, "pod": "mnist-1", "node": "gpu-3", "exitCode": 1, "signal": None,
                                    "oomKilled": False, "reason": "Error",
-                                   "message": "Traceback ...\nValueError: bad batch"}
+                                   "message": "Traceback ...\nValueError: bad batch", "kind": "Program",
+                                   "attempt": 0, "step": None}
     assert "on node gpu-3" in patch["message"]
     assert patch["reason"] == c.REASON_RANK_FAILED and "mnist-1" in patch["message"]
     assert get_condition(patch["conditions"], c.COND_RUNNING)["status"] == "False"
@@ -235,7 +239,7 @@ def test_only_rank_counts_moving_may_wait_but_phase_changes_may_not() -> None:
     ])
     assert [p["phase"] for _, p in passes] == ["Pending", "Pending", "Starting", "Starting", "Running", "Running"]
     assert [only_counts_changed(before, patch) for before, patch in passes] == [False, True, False, True, False, False]
-    assert changed_fields(*passes[3]) == {"readyRanks", "ready", "message"}
+    assert changed_fields(*passes[3]) == {"readyRanks", "readyPods", "ready", "message"}
     assert changed_fields(*passes[-1]) == frozenset()
 
 
@@ -250,3 +254,26 @@ def test_a_restart_or_a_condition_change_is_never_only_counts() -> None:
     assert only_counts_changed(running, {**running, "message": "x", "conditions": reworded})
     # progress and other fields the operator does not own are never its changes
     assert changed_fields(running, {"progress": {"step": 3}}) == frozenset()
+
+
+def test_a_hung_rank_restarts_the_gang_with_reason_hung_on_the_infrastructure_budget() -> None:
+    line = format_line(1, 40, ExitCode.HUNG, "HUNG", True,
+                       "no progress for 300s since step 40 (hang timeout 300s); stacks in s3://b/r/hangs/attempt-0/rank-1.txt")
+    hung = pod(1, "failed", exit_code=ExitCode.HUNG, reason="Error", output=line)
+    status = {"phase": "Running", "attempt": 0, "restarts": 1, "programRestarts": 1}
+    patch = status_after(job_spec(), status, summary_of(pod(0), hung))
+    assert patch["reason"] == c.REASON_HUNG and patch["failedRank"]["reason"] == c.REASON_HUNG
+    assert (patch["restarts"], patch["programRestarts"], patch["infrastructureRestarts"]) == (2, 1, 1)
+    assert "stacks in s3://b/r/hangs/attempt-0/rank-1.txt" in patch["message"]
+    assert patch["failedRank"]["step"] == 40 and patch["failedRank"]["kind"] == c.KIND_INFRASTRUCTURE
+
+
+def test_ranks_and_pods_are_counted_apart_when_pods_hold_several_ranks() -> None:
+    spec = job_spec(worldSize=8, ranksPerPod=4)
+    patch = status_after(spec, {"phase": "Starting"}, summary_of(pod(0), pod(1, ready=False)))
+    assert (patch["readyRanks"], patch["totalRanks"], patch["readyPods"], patch["totalPods"]) == (4, 8, 1, 2)
+    assert patch["ready"] == "4/8" and patch["phase"] == c.PHASE_STARTING
+    running = status_after(spec, {"phase": "Starting"}, summary_of(pod(0), pod(1)))
+    assert running["phase"] == c.PHASE_RUNNING and running["ready"] == "8/8"
+    done = decide(spec, {"phase": "Running"}, summary_of(pod(0, "succeeded"), pod(1, "succeeded")), NOW)
+    assert done.action == Action.SUCCEED and "all 8 ranks exited 0" in done.message

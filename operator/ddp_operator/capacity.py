@@ -1,0 +1,86 @@
+"""Whether a gang can fit on the cluster at all: its ranks' requests against the allocatable of the
+nodes they could be scheduled on, whatever else runs there.
+
+Two ways not to fit: one rank needs more of a resource than any one such node has, or the gang needs
+more in all than those nodes have together. Either way no amount of waiting helps until nodes are
+added, so the job says so while its ranks are pending (reason GangTooLarge).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from ddp_contract import labels
+from ddp_operator import constants as c
+from ddp_operator.manifests import node_lost_tolerations
+from ddp_operator.nodes import NodeInfo, schedulable_for
+from ddp_operator.spec import JobSpec
+
+SUFFIXES = {
+    "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60, "n": Decimal("1e-9"), "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"), "": Decimal(1), "k": Decimal("1e3"), "M": Decimal("1e6"), "G": Decimal("1e9"),
+    "T": Decimal("1e12"), "P": Decimal("1e15"), "E": Decimal("1e18"),
+}
+QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
+
+
+def parse_quantity(value: Any) -> Decimal | None:
+    """A Kubernetes resource quantity ("500m", "64Gi", "8", 8) as a number; None if it is not one."""
+    match = QUANTITY.match(str(value).strip())
+    if not match:
+        return None
+    number, suffix = match.group(1), match.group(2) or ""
+    try:
+        if suffix[:1] in ("e", "E"):
+            return Decimal(number + suffix)
+        return Decimal(number) * SUFFIXES[suffix]
+    except InvalidOperation:
+        return None
+
+
+def rank_requests(spec: JobSpec) -> dict[str, Decimal]:
+    """What the scheduler reserves for one rank's pod, of the resources judged: the trainer's requests
+    (its limits where it sets no request, as the API server defaults them) plus the sidecars'."""
+    trainer = {**dict(spec.resources), "limits": {**(spec.resources.get("limits") or {}), c.GPU_RESOURCE: spec.gpus_per_pod}}
+    containers = [trainer, *(x.get("resources") or {} for x in spec.pod_spec.get("containers") or []
+                             if x.get("name") != labels.CONTAINER_NAME)]
+    total: dict[str, Decimal] = {}
+    for resources in containers:
+        wanted = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+        for name in c.CAPACITY_RESOURCES:
+            amount = parse_quantity(wanted.get(name, 0)) or Decimal(0)
+            total[name] = total.get(name, Decimal(0)) + amount
+    return {name: amount for name, amount in total.items() if amount > 0}
+
+
+def gang_too_large(spec: JobSpec, nodes: Iterable[NodeInfo]) -> str | None:
+    """Why the gang cannot fit on the nodes its ranks could use, in words for the job's status; None if
+    it could (or if no node could take a rank at all: the scheduler's own message says why better)."""
+    selector: Mapping[str, str] = spec.pod_spec.get("nodeSelector") or {}
+    tolerations = [*(spec.pod_spec.get("tolerations") or []), *node_lost_tolerations(spec)]
+    usable = [node for node in nodes if schedulable_for(node, selector, tolerations)]
+    if not usable:
+        return None
+    counted = f"{len(usable)} schedulable node{'s' if len(usable) > 1 else ''}"
+    where = f"the {counted} matching its nodeSelector" if selector else f"the cluster's {counted}"
+    unit = "rank" if spec.ranks_per_pod == 1 else "pod"  # of ranksPerPod ranks
+    for name, per_rank in rank_requests(spec).items():
+        have = [parse_quantity(node.allocatable.get(name, 0)) or Decimal(0) for node in usable]
+        if per_rank > max(have):
+            return f"each {unit} needs {_amount(name, per_rank)} {name}; the largest of {where} has {_amount(name, max(have))}"
+        needed = per_rank * spec.pods
+        if needed > sum(have):
+            return (f"needs {_amount(name, needed)} {name} ({spec.pods} {unit}s x {_amount(name, per_rank)}); "
+                    f"{where} {'have' if len(usable) > 1 else 'has'} {_amount(name, sum(have, Decimal(0)))} in all")
+    return None
+
+
+def _amount(resource: str, value: Decimal) -> str:
+    """8, 0.5 (cpu), 1.5Gi (memory)."""
+    if resource == "memory":
+        return f"{float(value) / 2**30:g}Gi"
+    return f"{float(value):g}"
