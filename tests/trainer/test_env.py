@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from ddp_trainer import env
@@ -62,6 +64,9 @@ def test_exit_codes_are_distinct_and_classified() -> None:
         ExitCode.RENDEZVOUS_FAILED,
         ExitCode.COMMUNICATION_ERROR,
         ExitCode.STORAGE_UNAVAILABLE,
+        ExitCode.HUNG,
+        ExitCode.TERMINATED,
     }
-    # Signal exits (128+N) stay distinguishable from ours.
-    assert all(c > 128 + 64 for c in retryable)
+    # Signal exits (128+N) stay distinguishable from ours; TERMINATED is SIGTERM's own on purpose.
+    assert all(c > 128 + 64 for c in retryable if c is not ExitCode.TERMINATED)
+    assert ExitCode.TERMINATED == 128 + signal.SIGTERM
