@@ -60,6 +60,7 @@ from ddp_contract.exitcodes import ExitCode  # noqa: E402
 from ddp_contract.failures import format_line  # noqa: E402
 from ddp_operator import constants as c  # noqa: E402
 from ddp_operator.kubeapi import CONCURRENCY, discard_answer  # noqa: E402
+from fakenodes import FAKE_NODE_TOLERATION, on_fake_nodes  # noqa: E402
 from podstatus import evicted_status, pod_status  # noqa: E402
 
 BENCH_CLUSTER = {
@@ -71,6 +72,7 @@ BENCH_CLUSTER = {
     "DDP_KCM_PORT": "22257",
     "DDP_SCHED_PORT": "22259",
     "DDP_KWOK_PORT": "22247",
+    "DDP_REAL_NODE": "0",  # the operator is measured on kwok's fake nodes
 }
 NAMESPACE = "bench"
 BASELINE_LABEL = "ddp-bench/baseline"
@@ -255,16 +257,17 @@ def status_kb(pid: int, field_name: str) -> int:
 def job_body(name: str, world_size: int) -> dict:
     return {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": name},
             "spec": {"worldSize": world_size, "gpusPerRank": 0, "image": "trainer:bench",
-                     "command": ["python", "train.py"]}}
+                     "command": ["python", "train.py"], "template": {"spec": on_fake_nodes({})}}}
 
 
 def bare_pod(name: str) -> dict:
     """A pod like a rank's (same image, command, restart policy), without the operator's labels."""
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": NAMESPACE, "labels": {BASELINE_LABEL: "1"}},
-            "spec": {"restartPolicy": "Never", "enableServiceLinks": False,
-                     "containers": [{"name": "trainer", "image": "trainer:bench", "command": ["python", "train.py"],
-                                     "env": [{"name": "RANK", "value": "0"}]}]}}
+            "spec": on_fake_nodes({"restartPolicy": "Never", "enableServiceLinks": False,
+                                   "containers": [{"name": "trainer", "image": "trainer:bench",
+                                                   "command": ["python", "train.py"],
+                                                   "env": [{"name": "RANK", "value": "0"}]}]})}
 
 
 def wait(predicate, timeout: float, what: str, interval: float = 0.02, needs_operator: bool = True) -> float:
@@ -565,6 +568,7 @@ def add_capacity(core: client.CoreV1Api, needed: int) -> list[str]:
                                                            "node.alpha.kubernetes.io/ttl": "0"},
                              "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
                                         "kubernetes.io/arch": "amd64", "type": "kwok"}},
+                "spec": {"taints": [{k: v for k, v in FAKE_NODE_TOLERATION.items() if k != "operator"}]},
                 "status": {"capacity": capacity, "allocatable": capacity}}
         try:
             core.create_node(body)

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # A real, local Kubernetes control plane built from upstream Go modules:
 # etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok and helm.
-# kwok plays the kubelet for fake GPU nodes, so pods go through the real scheduler.
+# kwok plays the kubelet for fake GPU nodes (tainted), so pods go through the real scheduler.
+# Beside them one real node (node.sh): kubelet, containerd, runc, CNI bridge, CoreDNS.
 #
-# Usage: cluster.sh build|up|down|status|env|kubectl ARGS...|helm ARGS...
+# Usage: cluster.sh build|up|down|status|env|kubectl ARGS...|helm ARGS...|ctr ARGS...|image-import ROOTFS REF [CONFIG]
+#   ctr ARGS: ctr against the real node's containerd ($DDP_CLUSTER_DIR/node/containerd.sock), namespace
+#   k8s.io, e.g. `cluster.sh ctr images import image.tar`; image-import: an image made from a folder.
 #
-# Everything listens on 127.0.0.1 only. Builds are cached outside the git tree under
-# $DDP_CACHE/bin/<component>-<version>; cluster state lives in $DDP_CLUSTER_DIR.
+# Everything listens on 127.0.0.1, except the real node's kubelet and DNS, on its bridge's gateway.
+# Builds are cached outside the git tree under $DDP_CACHE/bin/<component>-<version>, containerd's
+# images under $DDP_CACHE/containerd-<version>; cluster state lives in $DDP_CLUSTER_DIR.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -16,6 +20,12 @@ K8S_VERSION=v1.34.4
 ETCD_VERSION=v3.6.16
 KWOK_VERSION=v0.7.0
 HELM_VERSION=v3.19.0
+# The real node: kubelet (K8S_VERSION), containerd, runc, CNI plugins, CoreDNS, the pause image.
+CONTAINERD_VERSION=v2.4.2
+RUNC_VERSION=v1.5.2
+CNI_PLUGINS_VERSION=v1.9.1
+COREDNS_VERSION=v1.15.0
+PAUSE_VERSION=3.10.1
 
 DDP_CACHE=${DDP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ddp-operator}
 DDP_CLUSTER_DIR=${DDP_CLUSTER_DIR:-$DDP_CACHE/cluster}
@@ -30,6 +40,23 @@ KCM_PORT=${DDP_KCM_PORT:-20257}
 SCHED_PORT=${DDP_SCHED_PORT:-20259}
 KWOK_PORT=${DDP_KWOK_PORT:-20247}
 BIND=127.0.0.1
+# The real node (a kubelet with containerd, next to kwok's fake nodes); DDP_REAL_NODE=0 leaves it out.
+DDP_REAL_NODE=${DDP_REAL_NODE:-1}
+PAUSE_IMAGE=registry.k8s.io/pause:$PAUSE_VERSION
+NODE_NAME=${DDP_NODE_NAME:-local-node}
+# The pod bridge: a private /24 inside the cluster's pod CIDR, apart from the fake IPs kwok hands out
+# (KWOK_CIDR). The kubelet, its node IP and CoreDNS sit on the gateway; pods get the rest.
+BRIDGE=${DDP_BRIDGE:-ddp0}
+NODE_SUBNET=${DDP_NODE_SUBNET:-10.244.200.0/24}
+NODE_GATEWAY=${NODE_SUBNET%.*}.1
+KUBELET_PORT=${DDP_KUBELET_PORT:-20250}             # on the gateway: the API server's logs/exec go here
+KUBELET_HEALTHZ_PORT=${DDP_KUBELET_HEALTHZ_PORT:-20248}  # on 127.0.0.1
+DNS_HEALTH_PORT=${DDP_DNS_HEALTH_PORT:-20253}        # on 127.0.0.1; DNS itself is on the gateway, port 53
+# containerd's root (content store, images, snapshots) outlives the cluster, so imported images stay.
+CONTAINERD_ROOT=${DDP_CONTAINERD_ROOT:-$DDP_CACHE/containerd-$CONTAINERD_VERSION}
+# The kubernetes Service's address (first of SERVICE_CIDR): DNAT'ed to the API server for pods.
+KUBERNETES_SERVICE_IP=10.96.0.1
+KWOK_CIDR=10.244.0.1/17
 SERVICE_CIDR=10.96.0.0/16
 POD_CIDR=10.244.0.0/16
 
@@ -41,11 +68,31 @@ BIN_ETCD=$DDP_CACHE/bin/etcd-$ETCD_VERSION
 KWOK_PATCHES=("$HERE"/go/kwok/*.patch)
 BIN_KWOK=$DDP_CACHE/bin/kwok-$KWOK_VERSION-$(cat "${KWOK_PATCHES[@]}" | sha256sum | cut -c1-8)
 BIN_HELM=$DDP_CACHE/bin/helm-$HELM_VERSION
+BIN_KUBELET=$DDP_CACHE/bin/kubelet-$K8S_VERSION
+BIN_CONTAINERD=$DDP_CACHE/bin/containerd-$CONTAINERD_VERSION
+BIN_RUNC=$DDP_CACHE/bin/runc-$RUNC_VERSION
+BIN_CNI=$DDP_CACHE/bin/cni-plugins-$CNI_PLUGINS_VERSION
+BIN_COREDNS=$DDP_CACHE/bin/coredns-$COREDNS_VERSION
+BIN_PAUSE=$DDP_CACHE/bin/pause-$PAUSE_VERSION
 PKI=$DDP_CLUSTER_DIR/pki
 LOGS=$DDP_CLUSTER_DIR/logs
 PIDS=$DDP_CLUSTER_DIR/pids
 KUBECONFIG_FILE=$DDP_CLUSTER_DIR/kubeconfig
-COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+NODE_DIR=$DDP_CLUSTER_DIR/node
+CONTAINERD_SOCKET=$NODE_DIR/containerd.sock
+# The cgroup (in every hierarchy) under which the kubelet puts its pods.
+NODE_CGROUP=ddp.$BRIDGE
+# One nftables table per bridge holds this node's rules; down deletes it whole.
+NFT_TABLE=ddp_${BRIDGE//[^a-zA-Z0-9_]/_}
+# The CNI network's name, which names libcni's cache of each pod's result (in a fixed folder).
+CNI_NETWORK=ddp-$BRIDGE
+CNI_RESULTS=/var/lib/cni/results
+CONTROL_PLANE=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+NODE_COMPONENTS=(containerd coredns kubelet)
+COMPONENTS=("${CONTROL_PLANE[@]}")
+
+node_enabled() { [ "$DDP_REAL_NODE" = 1 ]; }
+if node_enabled; then COMPONENTS+=("${NODE_COMPONENTS[@]}"); fi
 
 exec 3>&2  # messages go here even from inside checks whose own output is silenced
 log() { printf '[cluster] %s\n' "$*" >&3; }
@@ -88,6 +135,84 @@ build_kwok() {
   rm -rf "$work"
 }
 
+# apt_install PACKAGE...: installs the Debian packages the node needs that are missing.
+apt_install() {
+  local missing=() pkg
+  for pkg in "$@"; do
+    dpkg-query -W -f '${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  command -v apt-get >/dev/null || die "missing packages ${missing[*]}, and there is no apt-get to install them"
+  log "installing ${missing[*]}"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; } >&3 2>&1 \
+    || die "apt-get could not install ${missing[*]}"
+}
+
+# oci_image ROOTFS REF CONFIG OUT: writes a one-layer OCI image layout tarball of the folder ROOTFS,
+# named REF (what `ctr images import` tags it as), with CONFIG as its image config (JSON:
+# Entrypoint, Cmd, User, Env...). Reproducible: the same folder gives the same digests.
+oci_image() {
+  local rootfs=$1 ref=$2 config=$3 out=$4
+  local dir
+  dir=$(mktemp -d)
+  mkdir -p "$dir/blobs/sha256"
+  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$rootfs" -cf "$dir/layer" .
+  local layer layer_size
+  layer=$(sha256sum "$dir/layer" | cut -d' ' -f1)
+  layer_size=$(stat -c %s "$dir/layer")
+  mv "$dir/layer" "$dir/blobs/sha256/$layer"
+  # blob JSON: stores JSON as a blob and prints "digest size".
+  blob() {
+    local digest
+    printf '%s' "$1" >"$dir/blob"
+    digest=$(sha256sum "$dir/blob" | cut -d' ' -f1)
+    mv "$dir/blob" "$dir/blobs/sha256/$digest"
+    echo "$digest $(stat -c %s "$dir/blobs/sha256/$digest")"
+  }
+  local cfg manifest
+  read -r -a cfg < <(blob '{"architecture":"amd64","os":"linux","config":'"$config"',"rootfs":{"type":"layers","diff_ids":["sha256:'"$layer"'"]}}')
+  read -r -a manifest < <(blob '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:'"${cfg[0]}"'","size":'"${cfg[1]}"'},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"sha256:'"$layer"'","size":'"$layer_size"'}]}')
+  printf '{"imageLayoutVersion":"1.0.0"}' >"$dir/oci-layout"
+  printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"%s"}}]}' \
+    "${manifest[0]}" "${manifest[1]}" "$ref" "${ref##*:}" >"$dir/index.json"
+  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$dir" -cf "$out" oci-layout index.json blobs
+  rm -rf "$dir"
+}
+
+# build_pause: the sandbox ("pause") container's binary, compiled statically from the Kubernetes
+# module's build/pause/linux/pause.c, as an OCI image layout tarball (pause.tar) to import.
+build_pause() {
+  [ -d "$BIN_PAUSE" ] && return 0
+  local src tmp="$BIN_PAUSE.tmp.$$"
+  src=$(cd "$HERE/go/kubernetes" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c
+  [ -f "$src" ] || die "$src not found in the Kubernetes module"
+  rm -rf "$tmp" && mkdir -p "$tmp/rootfs"
+  log "building pause $PAUSE_VERSION (cached afterwards in $BIN_PAUSE)"
+  gcc -Os -Wall -Werror -static -DVERSION="v$PAUSE_VERSION-ddp" -o "$tmp/rootfs/pause" "$src"
+  oci_image "$tmp/rootfs" "$PAUSE_IMAGE" '{"Entrypoint":["/pause"],"User":"65535:65535"}' "$tmp/pause.tar"
+  rm -rf "$tmp/rootfs"
+  mv "$tmp" "$BIN_PAUSE"
+}
+
+# build_node: the real node's binaries (kubelet, containerd, runc, CNI plugins, CoreDNS, pause).
+build_node() {
+  local kv=$1
+  # busybox-static: the tests' pod image (tests/localcluster/test_real_node.py).
+  apt_install libseccomp-dev nftables gcc libc6-dev busybox-static
+  go_build kubernetes "$BIN_KUBELET" "$kv" k8s.io/kubernetes/cmd/kubelet
+  local cv="-X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION"
+  CGO_ENABLED=0 go_build containerd "$BIN_CONTAINERD" "$cv" github.com/containerd/containerd/v2/cmd/containerd \
+    github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/ctr
+  # runc needs cgo (its nsenter) and libseccomp: without seccomp every sandbox fails on the default profile.
+  CGO_ENABLED=1 GOFLAGS="$GOFLAGS -tags=seccomp" \
+    go_build runc "$BIN_RUNC" "-X main.version=${RUNC_VERSION#v}" github.com/opencontainers/runc
+  CGO_ENABLED=0 go_build cni "$BIN_CNI" "" github.com/containernetworking/plugins/plugins/main/bridge \
+    github.com/containernetworking/plugins/plugins/ipam/host-local \
+    github.com/containernetworking/plugins/plugins/main/loopback github.com/containernetworking/plugins/plugins/meta/portmap
+  CGO_ENABLED=0 go_build coredns "$BIN_COREDNS" "" .
+  build_pause
+}
+
 cmd_build() {
   command -v go >/dev/null || die "go is not installed; the control plane is built from Go modules"
   local started=$SECONDS
@@ -104,6 +229,7 @@ cmd_build() {
     k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
   build_kwok
   go_build helm "$BIN_HELM" "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" helm.sh/helm/v3/cmd/helm
+  if node_enabled; then build_node "$kv"; fi
   log "binaries ready in $((SECONDS - started)) s"
 }
 
@@ -128,11 +254,18 @@ make_pki() {
   mkdir -p "$PKI"
   openssl req -x509 -new -newkey rsa:2048 -nodes -keyout "$PKI/ca.key" -out "$PKI/ca.crt" \
     -days 3650 -subj "/CN=ddp-operator-local-ca" 2>/dev/null
-  sign apiserver "/CN=kube-apiserver" "IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
+  # Pods reach the API server at the kubernetes Service's address (see node_network).
+  sign apiserver "/CN=kube-apiserver" "IP:127.0.0.1,IP:$KUBERNETES_SERVICE_IP,IP:$NODE_GATEWAY,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
   sign admin "/O=system:masters/CN=kubernetes-admin"
   sign controller-manager "/CN=system:kube-controller-manager"
   sign scheduler "/CN=system:kube-scheduler"
   sign kwok "/O=system:masters/CN=kwok"
+  # The real node: the kubelet's own identity, its serving certificate, the API server's client
+  # certificate for logs/exec (bound to system:kubelet-api-admin) and CoreDNS's (see node_rbac).
+  sign node "/O=system:nodes/CN=system:node:$NODE_NAME"
+  sign kubelet-serving "/CN=$NODE_NAME" "IP:$NODE_GATEWAY,DNS:$NODE_NAME"
+  sign apiserver-kubelet-client "/CN=kube-apiserver-kubelet-client"
+  sign coredns "/CN=ddp:coredns"
   openssl genrsa -out "$PKI/sa.key" 2048 2>/dev/null
   openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
 }
@@ -221,6 +354,11 @@ metadata:
     kubernetes.io/arch: amd64
     type: kwok
     nvidia.com/gpu.present: "true"
+spec:
+  # Only pods that tolerate fake nodes land here: kwok fakes Running for any image. The real node
+  # takes ordinary pods.
+  taints:
+  - {key: kwok.x-k8s.io/node, value: fake, effect: NoSchedule}
 status:
   capacity: {cpu: "64", memory: 512Gi, pods: "256", nvidia.com/gpu: "$DDP_GPUS_PER_NODE"}
   allocatable: {cpu: "64", memory: 512Gi, pods: "256", nvidia.com/gpu: "$DDP_GPUS_PER_NODE"}
@@ -260,6 +398,10 @@ cmd_up() {
     --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
     --service-cluster-ip-range "$SERVICE_CIDR" \
     --allow-privileged=true --enable-priority-and-fairness=false \
+    --enable-admission-plugins PodNodeSelector,PodTolerationRestriction \
+    --kubelet-preferred-address-types InternalIP \
+    --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
+    --kubelet-client-key "$PKI/apiserver-kubelet-client.key" --kubelet-certificate-authority "$PKI/ca.crt" \
     --profiling=false --v=1
   wait_for kube-apiserver 60 started_and kube-apiserver api_healthy
 
@@ -285,11 +427,12 @@ cmd_up() {
     --kubeconfig "$DDP_CLUSTER_DIR/kwok.kubeconfig" \
     --manage-all-nodes=false \
     --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
-    --node-ip 127.0.0.1 --cidr 10.244.0.1/16 \
+    --node-ip 127.0.0.1 --cidr "$KWOK_CIDR" \
     --server-address "$BIND:$KWOK_PORT" \
     --node-lease-duration-seconds 40
 
   fake_nodes | kc apply -f - >/dev/null
+  if node_enabled; then node_up; fi
   wait_for "fake nodes" 60 nodes_ready
   wait_for "default service account" 60 kc -n default get serviceaccount default
   echo "$(date +%s)" >"$DDP_CLUSTER_DIR/up"
@@ -304,6 +447,10 @@ nodes_ready() {
   [ "$ready" -ge "$DDP_NODES" ]
 }
 
+# --- the real node ----------------------------------------------------------
+
+source "$HERE/node.sh"
+
 # watchdog PID: takes the cluster down once PID (a test session that started it) is gone,
 # so a killed test run leaves no processes behind.
 watchdog() {
@@ -314,6 +461,7 @@ watchdog() {
 }
 
 cmd_down() {
+  if node_enabled; then node_down; fi
   if [ -d "$PIDS" ]; then
     local name pid
     for name in kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
@@ -334,7 +482,8 @@ cmd_down() {
       kill -TERM "$(cat "$PIDS/watchdog.pid")" 2>/dev/null || true
     fi
   fi
-  rm -rf "$DDP_CLUSTER_DIR"
+  # --one-file-system: should anything still be mounted below, it is left alone rather than emptied.
+  rm -rf --one-file-system "$DDP_CLUSTER_DIR"
   log "down"
 }
 
@@ -357,7 +506,25 @@ cmd_status() {
 
 cmd_env() {
   echo "export KUBECONFIG=$KUBECONFIG_FILE"
-  echo "export PATH=$BIN_K8S:$BIN_HELM:\$PATH"
+  if node_enabled; then
+    echo "export PATH=$BIN_K8S:$BIN_HELM:$BIN_CONTAINERD:\$PATH"
+    node_env
+  else
+    echo "export PATH=$BIN_K8S:$BIN_HELM:\$PATH"
+  fi
+}
+
+# cmd_image_import ROOTFS REF [CONFIG]: makes an image of the folder ROOTFS and loads it into the
+# node's containerd as REF (CONFIG: the image config as JSON, e.g. {"Cmd":["sh"]}).
+cmd_image_import() {
+  [ $# -ge 2 ] || die "usage: cluster.sh image-import ROOTFS REF [CONFIG_JSON]"
+  [ -d "$1" ] || die "image-import: $1 is not a folder"
+  local tar config='{}'
+  [ $# -ge 3 ] && config=$3
+  tar=$(mktemp --suffix .tar)
+  oci_image "$1" "$2" "$config" "$tar"
+  ctr_node images import "$tar" >/dev/null || { rm -f "$tar"; die "ctr could not import $2 (is the cluster up?)"; }
+  rm -f "$tar"
 }
 
 case "${1:-}" in
@@ -367,7 +534,9 @@ case "${1:-}" in
   status) cmd_status ;;
   env) cmd_env ;;
   kubectl) shift; kc "$@" ;;
+  ctr) shift; ctr_node "$@" ;;
+  image-import) shift; cmd_image_import "$@" ;;
   helm) shift; KUBECONFIG=$KUBECONFIG_FILE "$BIN_HELM/helm" "$@" ;;
   bindir) echo "$BIN_K8S:$BIN_HELM" ;;
-  *) echo "usage: $0 build|up|down|status|env|kubectl ARGS|helm ARGS" >&2; exit 2 ;;
+  *) echo "usage: $0 build|up|down|status|env|kubectl ARGS|helm ARGS|ctr ARGS|image-import ROOTFS REF [CONFIG]" >&2; exit 2 ;;
 esac

@@ -28,6 +28,7 @@ from kubernetes.watch.watch import iter_resp_lines
 from prometheus_client.parser import text_string_to_metric_families
 
 from ddp_contract import api, labels
+from fakenodes import on_fake_nodes
 from podstatus import evicted_status, pod_status
 
 REPO = Path(__file__).resolve().parent.parent
@@ -207,6 +208,9 @@ class Jobs:
         self.core = client.CoreV1Api(api)
 
     def create(self, name: str, **spec: Any) -> dict[str, Any]:
+        """Creates a DDPJob whose ranks land on kwok's fake nodes (the tests play their kubelet)."""
+        template = spec.get("template", {})
+        spec["template"] = {**template, "spec": on_fake_nodes(template.get("spec", {}))}
         body = {
             "apiVersion": api.API_VERSION,
             "kind": api.KIND,

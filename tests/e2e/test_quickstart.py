@@ -11,6 +11,7 @@ import yaml
 from ddp_operator import constants as c
 from ddp_trainer.jobstatus import JobStatusSink
 from ddp_trainer.progress import ProgressReporter
+from fakenodes import FAKE_NODE_NAMESPACE_ANNOTATIONS
 from kube import REPO, Cluster, Jobs, cluster_script, wait_until
 
 COLUMNS = ["NAME", "PHASE", "READY", "RESTARTS", "EPOCH", "STEP", "LOSS", "REASON", "AGE"]
@@ -44,6 +45,9 @@ def test_readme_quick_start_runs_as_written(cluster: Cluster, jobs: Jobs, kube_a
     assert install.startswith("helm install ddp-operator charts/")
     assert get == "kubectl get ddpjobs"
     env = user_shell(cluster, jobs.namespace, tmp_path)
+    # The manifests stay as written; here their pods go to kwok's fake nodes, which fake Running for
+    # images the real node does not have.
+    jobs.core.patch_namespace(jobs.namespace, {"metadata": {"annotations": FAKE_NODE_NAMESPACE_ANNOTATIONS}})
 
     def run(command: str) -> str:
         result = subprocess.run(command, shell=True, cwd=REPO, env=env, capture_output=True, text=True)

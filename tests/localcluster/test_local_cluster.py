@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -14,17 +15,17 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from ddp_contract import kubeclient
+from fakenodes import on_fake_nodes
 from kube import Cluster, cluster_script, local_kubeconfig, script_setting, wait_until
 
 
 def gpu_pod(name: str, gpus: int) -> dict:
     return {
         "metadata": {"name": name},
-        "spec": {
-            "containers": [
-                {"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
-            ]
-        },
+        "spec": on_fake_nodes(
+            {"containers": [{"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}
+        ),
     }
 
 
@@ -135,7 +136,8 @@ def test_service_account_is_refused_without_permission_and_allowed_with_it(kube_
 
 
 def listening_addresses(pids: list[int]) -> list[str]:
-    """The local addresses (hex ip:port as in /proc/net/tcp*) on which these processes listen."""
+    """The local addresses (hex ip:port as in /proc/net/{tcp,udp}*) on which these processes listen
+    (TCP) or take datagrams (UDP)."""
     inodes: set[str] = set()
     for pid in pids:
         fd_dir = Path(f"/proc/{pid}/fd")
@@ -147,24 +149,49 @@ def listening_addresses(pids: list[int]) -> list[str]:
             if target.startswith("socket:["):
                 inodes.add(target[8:-1])
     found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
+    # 0A: a listening TCP socket; 07: an unconnected UDP one (a server's)
+    for table, state in (("tcp", "0A"), ("tcp6", "0A"), ("udp", "07"), ("udp6", "07")):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
             fields = line.split()
-            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+            if fields[3] == state and fields[9] in inodes:
                 found.append(fields[1])
     return found
 
 
-def is_loopback(hex_address: str) -> bool:
+def ip_of(hex_address: str) -> str:
     ip_hex = hex_address.split(":")[0]
     if len(ip_hex) == 8:
-        return socket.inet_ntoa(bytes.fromhex(ip_hex)[::-1]).startswith("127.")
-    return ip_hex == "00000000000000000000000001000000"  # ::1
+        return socket.inet_ntoa(bytes.fromhex(ip_hex)[::-1])
+    return "::1" if ip_hex == "00000000000000000000000001000000" else ip_hex
+
+
+def is_loopback(hex_address: str) -> bool:
+    return ip_of(hex_address).startswith("127.") or ip_of(hex_address) == "::1"
+
+
+def real_node_addresses(kube_api) -> set[str]:
+    """The InternalIP of each real node (kubelet with containerd): its pod bridge's gateway."""
+    return {a.address for n in client.CoreV1Api(kube_api).list_node().items
+            if (n.status.node_info.container_runtime_version or "").startswith("containerd://")
+            for a in n.status.addresses if a.type == "InternalIP"}
 
 
 def kube_api_port(kubeconfig: str) -> int:
     server = yaml.safe_load(Path(kubeconfig).read_text())["clusters"][0]["cluster"]["server"]
     return int(urlparse(server).port)
+
+
+# A second, small cluster on ports of its own, so the session's cluster is left alone.
+SECOND_CLUSTER = {
+    "DDP_NODES": "1",
+    "DDP_API_PORT": "17443",
+    "DDP_ETCD_PORT": "13379",
+    "DDP_ETCD_PEER_PORT": "13380",
+    "DDP_KCM_PORT": "21257",
+    "DDP_SCHED_PORT": "21259",
+    "DDP_KWOK_PORT": "21247",
+}
+CONTROL_PLANE = script_setting("CONTROL_PLANE").strip("()").split()
 
 
 def cluster_pids(kubeconfig: str) -> dict[str, int]:
@@ -180,36 +207,28 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_local_cluster_listens_on_loopback_only(cluster: Cluster) -> None:
+def test_local_cluster_listens_on_loopback_and_the_pod_bridge_only(cluster: Cluster, kube_api) -> None:
     if not cluster.local:
         pytest.fail("this checks the local control plane; unset DDP_TEST_KUBECONFIG to run it")
     pids = [pid for name, pid in cluster_pids(cluster.kubeconfig).items() if name != "watchdog"]
     addresses = listening_addresses(pids)
     api_port = kube_api_port(cluster.kubeconfig)
     assert f"{api_port:04X}" in {a.split(":")[1] for a in addresses}, "the API server's port was not found"
-    assert [a for a in addresses if not is_loopback(a)] == []
+    # The real node's kubelet and cluster DNS serve pods on the bridge's gateway.
+    beyond_loopback = {ip_of(a) for a in addresses if not is_loopback(a)}
+    assert beyond_loopback <= real_node_addresses(kube_api), [ip_of(a) for a in addresses]
 
 
 def test_second_cluster_up_is_idempotent_and_down_leaves_no_process(cluster: Cluster, tmp_path: Path) -> None:
     if not cluster.local:
         pytest.fail("this checks the local control plane; unset DDP_TEST_KUBECONFIG to run it")
-    # A second, small cluster on other ports, so the session's cluster is left alone.
-    env = {
-        "DDP_CLUSTER_DIR": str(tmp_path / "second"),
-        "DDP_NODES": "1",
-        "DDP_API_PORT": "17443",
-        "DDP_ETCD_PORT": "13379",
-        "DDP_ETCD_PEER_PORT": "13380",
-        "DDP_KCM_PORT": "21257",
-        "DDP_SCHED_PORT": "21259",
-        "DDP_KWOK_PORT": "21247",
-    }
+    env = {**SECOND_CLUSTER, "DDP_CLUSTER_DIR": str(tmp_path / "second"), "DDP_REAL_NODE": "0"}
     try:
         for _ in range(2):  # up after down works
             cluster_script("up", env=env)
             kubeconfig = local_kubeconfig(env)
             first = cluster_pids(kubeconfig)
-            assert len(first) == 5 and all(alive(pid) for pid in first.values())
+            assert set(first) == set(CONTROL_PLANE) and all(alive(pid) for pid in first.values())
 
             started = time.monotonic()
             again = cluster_script("up", env=env)
@@ -222,5 +241,81 @@ def test_second_cluster_up_is_idempotent_and_down_leaves_no_process(cluster: Clu
             assert [name for name, pid in first.items() if alive(pid)] == []
             assert not (tmp_path / "second").exists()
             assert cluster_script("status", env=env, check=False).returncode != 0
+    finally:
+        cluster_script("down", env=env, check=False)
+
+
+# A second cluster's real node, apart from the session's: its own bridge, subnet, ports and containerd.
+SECOND_NODE = {
+    "DDP_BRIDGE": "ddpsecond0",
+    "DDP_NODE_SUBNET": "10.244.201.0/24",
+    "DDP_KUBELET_PORT": "21250",
+    "DDP_KUBELET_HEALTHZ_PORT": "21248",
+    "DDP_DNS_HEALTH_PORT": "21253",
+}
+
+
+def cni_results(bridge: str) -> list[str]:
+    """libcni's cached results for the node's pods: its network's and the same sandboxes' loopback."""
+    results = Path("/var/lib/cni/results")
+    ours = list(results.glob(f"ddp-{bridge}-*"))
+    sandboxes = [p.name.removeprefix(f"ddp-{bridge}-").rsplit("-", 1)[0] for p in ours]
+    return [str(p) for p in ours] + [str(p) for s in sandboxes for p in results.glob(f"cni-loopback-{s}-*")]
+
+
+def host_traces(bridge: str, folder: Path) -> dict[str, list[str]]:
+    """What a real node leaves on the host: processes and mounts naming its folder, its bridge and
+    the interfaces on it, its nftables table, its routes, its cgroups and libcni's cached results."""
+    processes = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(folder) in cmdline.read_bytes().decode(errors="replace"):
+                processes.append(cmdline.parent.name)
+        except OSError:
+            continue  # exited meanwhile
+    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(folder) in line]
+    interfaces = [bridge] + [p.name for p in Path(f"/sys/class/net/{bridge}/brif").glob("*")]
+    table = "ddp_" + bridge
+    nft = subprocess.run(["nft", "list", "table", "ip", table], capture_output=True, text=True)
+    routes = subprocess.run(["ip", "route", "show", "dev", bridge], capture_output=True, text=True).stdout.split("\n")
+    return {
+        "processes": processes,
+        "mounts": mounts,
+        "interfaces": [name for name in interfaces if Path(f"/sys/class/net/{name}").exists()],
+        "nftables": [table] if nft.returncode == 0 else [],
+        "routes": [r for r in routes if r.strip()],
+        "cgroups": [str(p) for p in Path("/sys/fs/cgroup").glob(f"*/ddp.{bridge}")],
+        "cni results": cni_results(bridge),
+    }
+
+
+def test_cluster_down_leaves_nothing_of_the_real_node_behind(cluster: Cluster, tmp_path: Path) -> None:
+    if not cluster.local:
+        pytest.fail("this checks the local control plane; unset DDP_TEST_KUBECONFIG to run it")
+    env = {**SECOND_CLUSTER, **SECOND_NODE, "DDP_CLUSTER_DIR": str(tmp_path / "second"),
+           "DDP_CONTAINERD_ROOT": str(tmp_path / "containerd")}
+    try:
+        cluster_script("up", env=env)
+        kubeconfig = local_kubeconfig(env)
+        pause = "registry.k8s.io/pause:" + script_setting("PAUSE_VERSION")
+        pod = {"metadata": {"name": "sandboxed"},
+               "spec": {"containers": [{"name": "main", "image": pause, "imagePullPolicy": "Never"}]}}
+        api = kubeclient.api_client(kubeconfig)
+        core = client.CoreV1Api(api)
+        wait_until(lambda: core.list_namespaced_service_account("default").items, 30, "the default ServiceAccount")
+        core.create_namespaced_pod("default", pod)
+        wait_until(lambda: core.read_namespaced_pod("sandboxed", "default").status.phase == "Running", 60,
+                   "the pod to run on the second cluster's real node")
+        api.close()
+        running = host_traces(SECOND_NODE["DDP_BRIDGE"], tmp_path)
+        # Each kind of trace is there while the pod runs, so its absence below means something.
+        assert all(running.values()), running
+        assert len(running["interfaces"]) >= 2, "the pod's veth on the bridge"
+
+        cluster_script("down", env=env)
+        assert host_traces(SECOND_NODE["DDP_BRIDGE"], tmp_path) == {kind: [] for kind in running}
+        # containerd's image store stays for the next up: imported images are not imported again.
+        content = tmp_path / "containerd" / "io.containerd.content.v1.content" / "blobs" / "sha256"
+        assert len(list(content.iterdir())) >= 3, "the pause image's index, config and layer"
     finally:
         cluster_script("down", env=env, check=False)

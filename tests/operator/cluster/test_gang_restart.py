@@ -10,6 +10,7 @@ from kubernetes import client
 
 from ddp_operator import constants as c
 from ddp_operator.kubeapi import KubeApi, make_api_client
+from fakenodes import on_fake_nodes
 from kube import Cluster, Jobs, PodLives, wait_until
 
 RANKS = 64
@@ -48,7 +49,7 @@ def test_a_late_delete_of_a_ranks_old_pod_spares_the_pod_that_took_its_name(clus
                                                                              namespace: str) -> None:
     """What the reconciler's deletes rely on: the uid it saw is a precondition of the call."""
     core = client.CoreV1Api(kube_api)
-    pod = {"metadata": {"name": "rank-0"}, "spec": {"containers": [{"name": "trainer", "image": "trainer:test"}]}}
+    pod = {"metadata": {"name": "rank-0"}, "spec": on_fake_nodes({"containers": [{"name": "trainer", "image": "trainer:test"}]})}
     old_uid = core.create_namespaced_pod(namespace, pod).metadata.uid
     core.delete_namespaced_pod("rank-0", namespace, grace_period_seconds=0)
     wait_until(lambda: not core.list_namespaced_pod(namespace).items, 30, "the old pod gone")

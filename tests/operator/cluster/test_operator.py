@@ -7,6 +7,7 @@ from typing import Any
 
 from ddp_contract import api, labels
 from ddp_operator import constants as c
+from fakenodes import on_fake_nodes
 from kube import PodLives, env_of, wait_until
 
 
@@ -232,8 +233,9 @@ def test_a_gang_whose_ranks_fit_no_node_says_so_by_rank_and_fails_at_the_startup
     status = wait_until(says_why, 30, "the job to say its ranks fit no node")
     assert status["reason"] == c.REASON_GANG_TOO_LARGE
     assert status["phase"] == c.PHASE_PENDING
-    assert re.search(r"ranks 0-1 \(GangTooLarge\): each rank needs 16 nvidia.com/gpu; the largest of the cluster's "
-                     r"\d+ schedulable nodes has 8$", status["message"]), status
+    # The tests' ranks ask for kwok's nodes by nodeSelector (fakenodes.py), which the message names.
+    assert re.search(r"ranks 0-1 \(GangTooLarge\): each rank needs 16 nvidia.com/gpu; the largest of the "
+                     r"\d+ schedulable nodes matching its nodeSelector has 8$", status["message"]), status
     blocked = next(x for x in status["conditions"] if x["type"] == c.COND_RANKS_BLOCKED)
     assert (blocked["status"], blocked["reason"]) == ("True", c.REASON_GANG_TOO_LARGE)
 
@@ -253,14 +255,15 @@ def test_ranks_held_up_past_the_startup_deadline_fail_the_job_and_free_the_rest(
     status = jobs.wait_phase("stranded", c.PHASE_FAILED, timeout=30)
     assert status["reason"] == c.REASON_UNSCHEDULABLE
     assert status["message"].endswith("still so after startupDeadlineSeconds=2")
-    assert re.search(r"ranks? 0(-1)? \(Unschedulable\): 0/\d+ nodes are available", status["message"]), status
+    nodes = len(jobs.core.list_node().items)
+    assert re.search(rf"ranks? 0(-1)? \(Unschedulable\): 0/{nodes} nodes are available", status["message"]), status
     wait_until(lambda: jobs.pods("stranded") == [], 30, "the held-up gang's pods to be deleted")
 
 
 def stranger(jobs, kind: str, name: str) -> Any:
     """An object the job needs the name of, made by someone else (no owner, no labels)."""
     if kind == "Pod":
-        body = {"metadata": {"name": name}, "spec": {"containers": [{"name": "app", "image": "app:1"}]}}
+        body = {"metadata": {"name": name}, "spec": on_fake_nodes({"containers": [{"name": "app", "image": "app:1"}]})}
         return jobs.core.create_namespaced_pod(jobs.namespace, body)
     body = {"metadata": {"name": name}, "spec": {"selector": {"app": "other"}, "ports": [{"port": 80}]}}
     return jobs.core.create_namespaced_service(jobs.namespace, body)

@@ -1,0 +1,260 @@
+"""The local cluster's real node (kubelet, containerd, CNI bridge, CoreDNS) runs pods as a kubelet does:
+addresses on the bridge, logs and exec, cluster DNS, volumes, secrets, limits, in-cluster API access.
+
+The pods use a busybox image made here from Debian's static busybox and imported with
+`cluster.sh image-import`: nothing is pulled. Select these tests with `pytest -m node`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import ssl
+import subprocess
+import time
+import uuid
+from ipaddress import ip_address, ip_network
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from kube import Cluster, cluster_script, wait_until
+
+pytestmark = pytest.mark.node
+
+IMAGE = "docker.io/library/busybox:ddp-test"
+BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static, which cluster.sh build installs
+# PID 1 of most pods here: stops at once on SIGTERM, so deleting the pod is quick.
+IDLE = "trap 'exit 0' TERM; while true; do sleep 0.2; done"
+KUBERNETES_SERVICE_IP = "10.96.0.1"
+
+
+# --- fixtures ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def real_node(cluster: Cluster, kube_api) -> client.V1Node:
+    """The node a kubelet with containerd runs (kwok's and the pod runner's report no runtime)."""
+    if not cluster.local:
+        pytest.fail("these tests import their image into the local cluster's node; unset DDP_TEST_KUBECONFIG")
+    nodes = [n for n in client.CoreV1Api(kube_api).list_node().items
+             if (n.status.node_info.container_runtime_version or "").startswith("containerd://")]
+    assert len(nodes) == 1, f"expected the local cluster's one real node, found {[n.metadata.name for n in nodes]}"
+    return nodes[0]
+
+
+@pytest.fixture(scope="session")
+def busybox_image(real_node: client.V1Node, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A one-layer image of busybox with all its applets, loaded into the node's containerd."""
+    root = tmp_path_factory.mktemp("busybox-rootfs")
+    (root / "bin").mkdir()
+    shutil.copy2(BUSYBOX, root / "bin" / "busybox")
+    applets = subprocess.run([str(BUSYBOX), "--list"], capture_output=True, text=True, check=True).stdout.split()
+    for applet in applets:
+        if applet != "busybox":
+            (root / "bin" / applet).symlink_to("busybox")
+    (root / "etc").mkdir()
+    (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+    (root / "etc" / "group").write_text("root:x:0:\n")
+    (root / "tmp").mkdir()
+    (root / "tmp").chmod(0o1777)
+    config = {"Env": ["PATH=/bin"], "Cmd": ["sh"]}
+    cluster_script("image-import", str(root), IMAGE, json.dumps(config))
+    return IMAGE
+
+
+@pytest.fixture
+def core(kube_api) -> client.CoreV1Api:
+    return client.CoreV1Api(kube_api)
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def pod_body(name: str, script: str, **spec: Any) -> dict[str, Any]:
+    """A pod of the busybox image running `sh -c script`; spec holds extra pod spec fields, and
+    `container` extra container fields."""
+    container = {"name": "main", "image": IMAGE, "imagePullPolicy": "Never", "command": ["sh", "-c", script],
+                 **spec.pop("container", {})}
+    return {"metadata": {"name": name, "labels": spec.pop("labels", {})},
+            "spec": {"restartPolicy": "Never", "containers": [container], **spec}}
+
+
+def describe(core: client.CoreV1Api, namespace: str, name: str) -> str:
+    pod = core.read_namespaced_pod(name, namespace)
+    events = [f"{e.reason}: {e.message}" for e in core.list_namespaced_event(namespace).items
+              if e.involved_object.name == name]
+    return f"phase {pod.status.phase}, containers {pod.status.container_statuses}, events {events}"
+
+
+def wait_phase(core: client.CoreV1Api, namespace: str, name: str, phases: set[str], timeout: float = 60) -> client.V1Pod:
+    def reached() -> client.V1Pod | None:
+        pod = core.read_namespaced_pod(name, namespace)
+        return pod if pod.status.phase in phases else None
+
+    try:
+        return wait_until(reached, timeout, f"pod {name} to reach {phases}")  # type: ignore[return-value]
+    except AssertionError as error:
+        raise AssertionError(f"{error}: {describe(core, namespace, name)}") from None
+
+
+def run_pod(core: client.CoreV1Api, namespace: str, name: str, script: str, **spec: Any) -> client.V1Pod:
+    """Creates the pod and returns it once Running."""
+    core.create_namespaced_pod(namespace, pod_body(name, script, **spec))
+    return wait_phase(core, namespace, name, {"Running"})
+
+
+def run_to_end(core: client.CoreV1Api, namespace: str, name: str, script: str, **spec: Any) -> client.V1Pod:
+    """Creates the pod and returns it once it has finished."""
+    core.create_namespaced_pod(namespace, pod_body(name, script, **spec))
+    return wait_phase(core, namespace, name, {"Succeeded", "Failed"})
+
+
+def logs(kubectl, namespace: str, name: str) -> str:
+    return kubectl("logs", "-n", namespace, name).stdout
+
+
+def in_pod(kubectl, namespace: str, name: str, script: str, check: bool = True) -> subprocess.CompletedProcess:
+    return kubectl("exec", "-n", namespace, name, "--", "sh", "-c", script, check=check)
+
+
+def gone(core: client.CoreV1Api, namespace: str, name: str) -> bool:
+    try:
+        core.read_namespaced_pod(name, namespace)
+        return False
+    except ApiException as error:
+        if error.status != 404:
+            raise
+        return True
+
+
+def delete_and_time(core: client.CoreV1Api, namespace: str, name: str) -> float:
+    """Seconds from deleting the pod (its own grace period) until the kubelet has removed it."""
+    started = time.monotonic()
+    core.delete_namespaced_pod(name, namespace)
+    wait_until(lambda: gone(core, namespace, name), 60, f"pod {name} to be removed")
+    return time.monotonic() - started
+
+
+# --- tests -------------------------------------------------------------------------------------
+
+
+def test_an_ordinary_pod_runs_on_the_real_node_with_an_address_on_its_bridge(
+        core, namespace: str, real_node: client.V1Node, busybox_image: str, kubectl) -> None:
+    # No toleration, no node selector: kwok's fake nodes are tainted, the real node takes it.
+    pod = run_pod(core, namespace, "plain", IDLE)
+
+    assert pod.spec.node_name == real_node.metadata.name
+    node = core.read_node(real_node.metadata.name)
+    internal = next(a.address for a in node.status.addresses if a.type == "InternalIP")
+    assert pod.status.host_ip == internal
+    assert ip_address(pod.status.pod_ip) in ip_network(node.spec.pod_cidr), (pod.status.pod_ip, node.spec.pod_cidr)
+    assert ip_address(internal) in ip_network(node.spec.pod_cidr)  # the node sits on the pods' bridge
+    # The container sees the same address on its own interface.
+    assert f"inet {pod.status.pod_ip}/" in in_pod(kubectl, namespace, "plain", "ip -4 addr show eth0").stdout
+
+
+def test_kubectl_logs_and_exec_reach_the_container(core, namespace: str, busybox_image: str, kubectl) -> None:
+    token = uuid.uuid4().hex
+    run_pod(core, namespace, "chatty", f"echo said-{token}; {IDLE}")
+
+    wait_until(lambda: f"said-{token}" in logs(kubectl, namespace, "chatty"), 20, "the pod's output in kubectl logs")
+    assert in_pod(kubectl, namespace, "chatty", "cat /etc/hostname").stdout.strip() == "chatty"
+    failed = in_pod(kubectl, namespace, "chatty", "echo to-stderr >&2; exit 3", check=False)
+    assert failed.returncode == 3 and failed.stderr.splitlines()[0] == "to-stderr", failed.stderr
+
+
+def test_pods_find_each_other_through_a_headless_service_and_talk_over_tcp(
+        core, namespace: str, busybox_image: str, kubectl) -> None:
+    service = {"metadata": {"name": "peers"},
+               "spec": {"clusterIP": "None", "selector": {"app": "peers"}, "ports": [{"port": 7000}]}}
+    core.create_namespaced_service(namespace, service)
+    serve = "trap 'exit 0' TERM; while true; do echo \"pong from $(hostname)\" | nc -l -p 7000; done"
+    pods = {name: run_pod(core, namespace, name, serve, hostname=name, subdomain="peers", labels={"app": "peers"})
+            for name in ("first", "second")}
+
+    for asker, target in (("first", "second"), ("second", "first")):
+        for host in (f"{target}.peers.{namespace}.svc.cluster.local", f"{target}.peers.{namespace}.svc"):
+            def answered() -> str | None:
+                result = in_pod(kubectl, namespace, asker, f"nc -w 2 {host} 7000 </dev/null", check=False)
+                return result.stdout.strip() if result.returncode == 0 and result.stdout.strip() else None
+
+            assert wait_until(answered, 30, f"{asker} to reach {host}") == f"pong from {target}"
+        # DNS gives the target's own pod address (no Service IP: the Service is headless).
+        looked_up = in_pod(kubectl, namespace, asker, f"nslookup {target}.peers.{namespace}.svc.cluster.local").stdout
+        assert f"Address: {pods[target].status.pod_ip}" in looked_up, looked_up
+
+
+def test_memory_backed_empty_dir_is_a_dev_shm_of_the_requested_size(
+        core, namespace: str, busybox_image: str, kubectl) -> None:
+    volume = {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}}
+    mount = {"name": "dshm", "mountPath": "/dev/shm"}
+    run_pod(core, namespace, "shm", IDLE, volumes=[volume], container={"volumeMounts": [mount]})
+
+    fields = in_pod(kubectl, namespace, "shm", "df -k /dev/shm | tail -1").stdout.split()
+    assert (fields[0], int(fields[1])) == ("tmpfs", 64 * 1024), fields
+    too_much = in_pod(kubectl, namespace, "shm", "dd if=/dev/zero of=/dev/shm/fill bs=1M count=80", check=False)
+    assert too_much.returncode != 0 and "No space left" in too_much.stderr, too_much.stderr
+
+
+def test_env_from_a_secret_and_the_security_context_reach_the_container(
+        core, namespace: str, busybox_image: str, kubectl) -> None:
+    secret = uuid.uuid4().hex
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "creds"}, "stringData": {"token": secret}})
+    env = [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}}]
+    pod = run_to_end(core, namespace, "secure", 'echo "uid=$(id -u) gid=$(id -g) token=$TOKEN"',
+                     securityContext={"runAsUser": 4321, "runAsGroup": 8765}, container={"env": env})
+
+    assert pod.status.phase == "Succeeded", describe(core, namespace, "secure")
+    assert logs(kubectl, namespace, "secure").strip() == f"uid=4321 gid=8765 token={secret}"
+
+
+def test_a_pod_reaches_the_api_server_as_its_service_account_through_in_cluster_config(
+        core, namespace: str, busybox_image: str, kubectl) -> None:
+    # What client libraries do with in-cluster config: KUBERNETES_SERVICE_HOST/PORT and the mounted token.
+    review = json.dumps({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+    script = ("wget -q -O- --header \"Authorization: Bearer $(cat /var/run/secrets/kubernetes.io/serviceaccount/token)\" "
+              f"--header 'Content-Type: application/json' --post-data '{review}' "
+              "https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT/apis/authentication.k8s.io/v1/selfsubjectreviews "
+              "| tr -d '\\n'; echo; echo host=$KUBERNETES_SERVICE_HOST")
+    pod = run_to_end(core, namespace, "incluster", script)
+
+    assert pod.status.phase == "Succeeded", describe(core, namespace, "incluster") + logs(kubectl, namespace, "incluster")
+    answer, host = [line for line in logs(kubectl, namespace, "incluster").splitlines() if line.startswith(("{", "host="))]
+    assert host == f"host={KUBERNETES_SERVICE_IP}"
+    assert json.loads(answer)["status"]["userInfo"]["username"] == f"system:serviceaccount:{namespace}:default"
+
+
+def test_the_api_servers_certificate_is_valid_for_the_names_pods_use(cluster: Cluster, real_node: client.V1Node) -> None:
+    config = yaml.safe_load(Path(cluster.kubeconfig).read_text())["clusters"][0]["cluster"]
+    host, port = config["server"].removeprefix("https://").rsplit(":", 1)
+    context = ssl.create_default_context(cafile=config["certificate-authority"])
+    for name in (KUBERNETES_SERVICE_IP, "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"):
+        with socket.create_connection((host, int(port)), timeout=10) as raw:
+            with context.wrap_socket(raw, server_hostname=name) as tls:  # raises unless the certificate names it
+                assert tls.version()
+
+
+def test_a_container_over_its_memory_limit_is_oom_killed(core, namespace: str, busybox_image: str) -> None:
+    # dd's 64 MiB buffer, filled from /dev/zero, does not fit the 32 MiB limit.
+    pod = run_to_end(core, namespace, "greedy", "exec dd if=/dev/zero of=/dev/null bs=64M count=1",
+                     container={"resources": {"limits": {"memory": "32Mi"}}})
+
+    terminated = pod.status.container_statuses[0].state.terminated
+    assert (pod.status.phase, terminated.reason, terminated.exit_code) == ("Failed", "OOMKilled", 137)
+
+
+def test_deleting_a_pod_is_quick_when_it_handles_sigterm_and_waits_out_the_grace_period_when_not(
+        core, namespace: str, busybox_image: str) -> None:
+    grace = 5
+    run_pod(core, namespace, "polite", IDLE, terminationGracePeriodSeconds=grace)
+    # PID 1 gets no default action for SIGTERM: without a handler the signal does nothing.
+    run_pod(core, namespace, "deaf", "while true; do sleep 0.2; done", terminationGracePeriodSeconds=grace)
+
+    assert delete_and_time(core, namespace, "polite") < grace - 2
+    assert delete_and_time(core, namespace, "deaf") >= grace
