@@ -258,6 +258,18 @@ class Jobs:
         except AssertionError as error:
             raise AssertionError(f"{error}; status is {self.status(name)}") from None
 
+    def wait_condition(self, name: str, type_: str, value: str, timeout: float = 30) -> dict[str, Any]:
+        """The job's status once its condition `type_` has status `value`."""
+        def reached() -> dict[str, Any] | None:
+            status = self.status(name)
+            found = [cond for cond in status.get("conditions") or [] if cond.get("type") == type_]
+            return status if found and found[0].get("status") == value else None
+
+        try:
+            return wait_until(reached, timeout, f"{name}: condition {type_} {value}")  # type: ignore[return-value]
+        except AssertionError as error:
+            raise AssertionError(f"{error}; status is {self.status(name)}") from None
+
     def pods(self, name: str, include_deleting: bool = False) -> list[client.V1Pod]:
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"{labels.LABEL_JOB_NAME}={name}").items
         return [p for p in pods if include_deleting or p.metadata.deletion_timestamp is None]

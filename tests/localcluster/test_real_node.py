@@ -8,7 +8,6 @@ The pods use a busybox image made here from Debian's static busybox and imported
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import ssl
 import subprocess
@@ -23,49 +22,17 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from kube import Cluster, cluster_script, wait_until
+from kube import Cluster, wait_until
+from realnode import IMAGE
 
 pytestmark = pytest.mark.node
 
-IMAGE = "docker.io/library/busybox:ddp-test"
-BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static, which cluster.sh build installs
 # PID 1 of most pods here: stops at once on SIGTERM, so deleting the pod is quick.
 IDLE = "trap 'exit 0' TERM; while true; do sleep 0.2; done"
 KUBERNETES_SERVICE_IP = "10.96.0.1"
 
 
 # --- fixtures ----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def real_node(cluster: Cluster, kube_api) -> client.V1Node:
-    """The node a kubelet with containerd runs (kwok's and the pod runner's report no runtime)."""
-    if not cluster.local:
-        pytest.fail("these tests import their image into the local cluster's node; unset DDP_TEST_KUBECONFIG")
-    nodes = [n for n in client.CoreV1Api(kube_api).list_node().items
-             if (n.status.node_info.container_runtime_version or "").startswith("containerd://")]
-    assert len(nodes) == 1, f"expected the local cluster's one real node, found {[n.metadata.name for n in nodes]}"
-    return nodes[0]
-
-
-@pytest.fixture(scope="session")
-def busybox_image(real_node: client.V1Node, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A one-layer image of busybox with all its applets, loaded into the node's containerd."""
-    root = tmp_path_factory.mktemp("busybox-rootfs")
-    (root / "bin").mkdir()
-    shutil.copy2(BUSYBOX, root / "bin" / "busybox")
-    applets = subprocess.run([str(BUSYBOX), "--list"], capture_output=True, text=True, check=True).stdout.split()
-    for applet in applets:
-        if applet != "busybox":
-            (root / "bin" / applet).symlink_to("busybox")
-    (root / "etc").mkdir()
-    (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
-    (root / "etc" / "group").write_text("root:x:0:\n")
-    (root / "tmp").mkdir()
-    (root / "tmp").chmod(0o1777)
-    config = {"Env": ["PATH=/bin"], "Cmd": ["sh"]}
-    cluster_script("image-import", str(root), IMAGE, json.dumps(config))
-    return IMAGE
 
 
 @pytest.fixture

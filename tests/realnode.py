@@ -1,0 +1,41 @@
+"""The busybox image the tests run on the local cluster's real node, made from Debian's static busybox
+and imported with `cluster.sh image-import` (nothing is pulled)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+from kubernetes import client
+
+from kube import cluster_script
+
+IMAGE = "docker.io/library/busybox:ddp-test"
+BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static, which cluster.sh build installs
+
+
+def the_real_node(api: client.ApiClient) -> client.V1Node:
+    """The node a kubelet with containerd runs (kwok's and the pod runner's report no runtime)."""
+    nodes = [n for n in client.CoreV1Api(api).list_node().items
+             if (n.status.node_info.container_runtime_version or "").startswith("containerd://")]
+    assert len(nodes) == 1, f"expected the local cluster's one real node, found {[n.metadata.name for n in nodes]}"
+    return nodes[0]
+
+
+def import_busybox(root: Path) -> str:
+    """A one-layer image of busybox with all its applets, built in `root` and loaded into the node."""
+    (root / "bin").mkdir()
+    shutil.copy2(BUSYBOX, root / "bin" / "busybox")
+    applets = subprocess.run([str(BUSYBOX), "--list"], capture_output=True, text=True, check=True).stdout.split()
+    for applet in applets:
+        if applet != "busybox":
+            (root / "bin" / applet).symlink_to("busybox")
+    (root / "etc").mkdir()
+    (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+    (root / "etc" / "group").write_text("root:x:0:\n")
+    (root / "tmp").mkdir()
+    (root / "tmp").chmod(0o1777)
+    cluster_script("image-import", str(root), IMAGE, json.dumps({"Env": ["PATH=/bin"], "Cmd": ["sh"]}))
+    return IMAGE
