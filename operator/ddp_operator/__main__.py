@@ -16,7 +16,7 @@ import kopf
 
 from ddp_contract import kubeclient
 from ddp_operator import handlers  # noqa: F401  (registers the handlers)
-from ddp_operator.config import ConfigError, from_env, own_namespace
+from ddp_operator.config import ConfigError, default_identity, from_env, own_namespace
 from ddp_operator.endpoints import METRICS_PATH, Endpoint, Health
 from ddp_operator.kubeapi import measured
 from ddp_operator.leader import LeaderElector
@@ -47,6 +47,10 @@ def main() -> None:
     try:
         kopf.run(
             standalone=True,  # no kopf peering objects: the Lease decides which replica acts
+            # kopf would make one from the user's name, which a uid without a passwd entry (the
+            # image's 65532) does not have: getpass raises.
+            # (kopf types it as its own NewType of str, which it does not export.)
+            identity=config.lease.identity if config.lease else default_identity(),  # type: ignore[arg-type]
             liveness_endpoint=config.liveness,
             memo=kopf.Memo(config=config, elector=elector, health=health),
             **scope,

@@ -1,0 +1,83 @@
+"""The quick start as a user runs it on a real cluster: the chart's operator pod from its image, the
+quick-start DDPJob's ranks in trainer-image containers on the local cluster's real node, rank 0 found
+through the headless Service and cluster DNS, progress written from the pod, `kubectl logs` on a
+rank, and `helm uninstall` removing what it installed. Select with `pytest -m node`."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import uuid
+from collections.abc import Iterator
+from ipaddress import ip_address, ip_network
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from ddp_operator import constants as c
+from kube import REPO, Cluster, Jobs, cluster_script, wait_until
+from e2e.test_quickstart import COLUMNS, quick_start_commands, user_shell
+
+pytestmark = [pytest.mark.node, pytest.mark.images, pytest.mark.timeout(3600)]
+
+
+@pytest.fixture(scope="module")
+def images_on_the_node(cluster: Cluster) -> None:
+    """`make images`: builds what changed and loads both images into the real node's containerd."""
+    result = subprocess.run(["bash", str(REPO / "images" / "build.sh"), "build"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    listed = cluster_script("ctr", "images", "ls", "-q").stdout
+    assert "docker.io/ddp-operator/operator:" in listed and "docker.io/ddp-operator/trainer:" in listed, listed
+
+
+@pytest.fixture
+def own_namespace(kube_api) -> Iterator[str]:
+    """A namespace of this test's own, outside the test session's operator's (`t-<session>-*`)."""
+    core = client.CoreV1Api(kube_api)
+    name = f"containers-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": name}})
+    yield name
+    core.delete_namespace(name)
+
+
+def test_the_quick_start_runs_in_containers_from_our_images(
+        cluster: Cluster, kube_api, images_on_the_node: None, own_namespace: str, tmp_path: Path) -> None:
+    install, apply, get = quick_start_commands()
+    env = user_shell(cluster, own_namespace, tmp_path)
+
+    def run(command: str) -> str:
+        result = subprocess.run(command, shell=True, cwd=REPO, env=env, capture_output=True, text=True)
+        assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
+        return result.stdout
+
+    jobs = Jobs(kube_api, own_namespace)
+    # The release serves its own namespace only, so it never acts on other tests' jobs.
+    run(f"{install} -n {own_namespace} --set 'watchNamespaces={{{own_namespace}}}'")
+    try:
+        operator = wait_until(lambda: [p for p in jobs.core.list_namespaced_pod(own_namespace).items
+                                       if p.status.phase == "Running" and all(s.ready for s in p.status.container_statuses or [])],
+                              180, "the operator's pod to be Ready")[0]  # type: ignore[index]
+        assert operator.spec.containers[0].image.startswith("ddp-operator/operator:")
+        assert run(apply).strip() == "ddpjob.ddpoperator.io/quickstart created"
+        status = jobs.wait_phase("quickstart", c.PHASE_SUCCEEDED, timeout=600)
+        assert status["restarts"] == 0 and status["progress"]["epoch"] == 7, status
+        assert status["rendezvous"]["allReduceMillis"] > 0
+
+        header, row = [line.split() for line in run(get).splitlines()]
+        assert header == COLUMNS and row[:3] == ["quickstart", "Succeeded", "0/2"] and "AllRanksSucceeded" in row, row
+        subnet = ip_network(jobs.core.read_node(operator.spec.node_name).spec.pod_cidr)
+        for rank in (0, 1):
+            pod = jobs.core.read_namespaced_pod(f"quickstart-{rank}", own_namespace)
+            assert pod.spec.node_name == operator.spec.node_name and ip_address(pod.status.pod_ip) in subnet
+            assert pod.spec.containers[0].image.startswith("ddp-operator/trainer:")
+        said = run(f"kubectl logs quickstart-0 -n {own_namespace}")
+        accuracy = float(re.search(r"accuracy after training ([0-9.]+)", said).group(1))  # type: ignore[union-attr]
+        assert accuracy > 0.9, said[-2000:]
+    finally:
+        run(f"helm uninstall ddp-operator -n {own_namespace}")
+    wait_until(lambda: not jobs.core.list_namespaced_pod(own_namespace, label_selector="app.kubernetes.io/name=ddp-operator").items,
+               120, "helm uninstall to remove the operator")
+    left = [r.metadata.name for r in client.RbacAuthorizationV1Api(kube_api).list_namespaced_role(own_namespace).items
+            if r.metadata.name.startswith("ddp-operator")]
+    assert not left, left
