@@ -15,12 +15,21 @@ from kubernetes import client
 
 from ddp_contract import api
 from ddp_operator import constants as c
+from fakenodes import FAKE_NODE_SELECTOR, FAKE_NODE_TOLERATION
 from kube import REPO, Cluster, cluster_script, wait_until
 
 CHART = REPO / "charts"
 SYNC = Path("scripts") / "sync-crds.sh"
 CHART_CRD = Path("charts") / "crds" / "ddpjob.yaml"
 KINDS = ["ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding", "ServiceAccount"]
+
+
+
+# The release's own operator pod goes to kwok's fake nodes, which fake it Running: on the real node,
+# with the operator image loaded there, it would really run and act (and take the Lease) beside the
+# operator process each test runs itself.
+ON_FAKE_NODES = ("--set-json", f"nodeSelector={json.dumps(FAKE_NODE_SELECTOR)}",
+                 "--set-json", f"tolerations={json.dumps([FAKE_NODE_TOLERATION])}")
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +213,7 @@ def test_install_grants_the_operator_what_it_needs_and_uninstall_removes_it(
         helm, kubectl, kube_api, crd, namespace) -> None:
     # crd: the CRD is installed cluster-wide (tests share it), hence --skip-crds.
     release = f"ddp-{uuid.uuid4().hex[:6]}"
-    result = helm("install", release, str(CHART), "-n", namespace, "--skip-crds")
+    result = helm("install", release, str(CHART), "-n", namespace, "--skip-crds", *ON_FAKE_NODES)
     try:
         assert "kubectl get ddpjobs" in result.stdout  # NOTES.txt
         objects = installed(helm, release, namespace)
@@ -266,7 +275,7 @@ def kubeconfig_of(kube_api, account: str, namespace: str, admin: str, tmp_path: 
 
 def test_operator_runs_under_the_charts_rbac(helm, kube_api, namespace, operator, jobs, tmp_path) -> None:
     release = f"ddp-{uuid.uuid4().hex[:6]}"
-    helm("install", release, str(CHART), "-n", namespace, "--skip-crds")
+    helm("install", release, str(CHART), "-n", namespace, "--skip-crds", *ON_FAKE_NODES)
     try:
         account = installed(helm, release, namespace)["ServiceAccount"]["metadata"]["name"]
         as_operator = kubeconfig_of(kube_api, account, namespace, operator.kubeconfig, tmp_path)
@@ -358,7 +367,8 @@ def test_schema_refuses_bad_new_values(helm, setting: str, named: str) -> None:
 def test_a_release_for_one_namespace_runs_the_operator_there_only_with_its_lease(
         helm, kubectl, kube_api, namespace, operator, jobs, tmp_path) -> None:
     release = f"ddp-{uuid.uuid4().hex[:6]}"
-    helm("install", release, str(CHART), "-n", namespace, "--skip-crds", "--set", f"watchNamespaces={{{namespace}}}")
+    helm("install", release, str(CHART), "-n", namespace, "--skip-crds", *ON_FAKE_NODES,
+         "--set", f"watchNamespaces={{{namespace}}}")
     try:
         objects = installed(helm, release, namespace)
         account_name = objects["ServiceAccount"]["metadata"]["name"]
