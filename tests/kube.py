@@ -325,6 +325,7 @@ class PodLives:
         self.attempt_of: dict[str, str] = {}
         self.deleted: set[str] = set()
         self.lock = threading.Lock()
+        self.error: Exception | None = None
         self._jobs, self._name = jobs, name
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -340,28 +341,51 @@ class PodLives:
         self._thread.join(15)
 
     def _watch(self) -> None:
+        # The API server may end a watch early (a slow reader, a timeout): go on from the last event seen,
+        # and keep any failure to report it at the next check instead of losing it with the thread.
+        resource_version: str | None = None
+        try:
+            while not self._stop.is_set():
+                resource_version = self._watch_from(resource_version)
+        except Exception as exc:  # noqa: BLE001 - re-raised by the checks
+            self.error = exc
+        finally:
+            self._ready.set()
+
+    def _watch_from(self, resource_version: str | None) -> str | None:
+        kwargs = {"resource_version": resource_version} if resource_version else {}
         response = self._jobs.core.list_namespaced_pod(
             self._jobs.namespace, label_selector=f"{labels.LABEL_JOB_NAME}={self._name}", watch=True,
-            timeout_seconds=300, _preload_content=False)
+            timeout_seconds=300, _preload_content=False, **kwargs)
         self._ready.set()
         try:
             for line in iter_resp_lines(response):
                 event = json.loads(line)
+                if event["type"] == "ERROR":
+                    raise RuntimeError(f"the pod watch failed: {event['object'].get('message')}")
                 meta = event["object"]["metadata"]
+                resource_version = meta["resourceVersion"]
                 with self.lock:
                     self.attempt_of[meta["uid"]] = meta["labels"][labels.LABEL_ATTEMPT]
                     if event["type"] == "DELETED" or meta.get("deletionTimestamp"):
                         self.deleted.add(meta["uid"])
                 if self._stop.is_set():
-                    return
+                    break
         finally:
             response.release_conn()
+        return resource_version
+
+    def _check(self) -> None:
+        if self.error is not None:
+            raise AssertionError(f"the pod watch of {self._name} broke: {self.error!r}") from self.error
 
     def created(self) -> Counter[str]:
         """Pods created per attempt."""
+        self._check()
         with self.lock:
             return Counter(self.attempt_of.values())
 
     def deleted_of(self, attempt: int) -> int:
+        self._check()
         with self.lock:
             return sum(1 for uid in self.deleted if self.attempt_of[uid] == str(attempt))
