@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from ddp_operator import constants as c
-from kube import Cluster, Jobs, OperatorProcess, cluster_script, install_crd, open_cluster, wait_until
+from kube import REPO, Cluster, Jobs, OperatorProcess, cluster_script, install_crd, open_cluster, wait_until
 from testnodes import NodeMaker
 
 # Every namespace this test session creates starts with this, and its operator serves only those: test
@@ -83,6 +83,29 @@ def operator(cluster: Cluster, crd: None, tmp_path_factory: pytest.TempPathFacto
 @pytest.fixture
 def jobs(kube_api, namespace: str, operator: OperatorProcess) -> Jobs:
     return Jobs(kube_api, namespace)
+
+
+@pytest.fixture(scope="session")
+def images_on_the_node(cluster: Cluster) -> None:
+    """`make images`: builds what changed and loads both images into the real node's containerd."""
+    result = subprocess.run(["bash", str(REPO / "images" / "build.sh"), "build"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    listed = cluster_script("ctr", "images", "ls", "-q").stdout
+    assert "docker.io/ddp-operator/operator:" in listed and "docker.io/ddp-operator/trainer:" in listed, listed
+
+
+@pytest.fixture
+def own_namespace(kube_api) -> Iterator[str]:
+    """A namespace of the test's own, outside the test session's operator's (`t-<session>-*`): for an
+    operator the test installs itself."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(kube_api)
+    name = f"own-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": name}})
+    wait_until(lambda: core.list_namespaced_service_account(name).items, 30, f"default ServiceAccount in {name}")
+    yield name
+    core.delete_namespace(name, propagation_policy="Background")
 
 
 @pytest.fixture

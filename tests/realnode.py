@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from ipaddress import ip_address
 from pathlib import Path
+from typing import Any
 
 from kubernetes import client
 
-from kube import cluster_script
+from ddp_contract import api
+from kube import REPO, Jobs, cluster_script
 
 IMAGE = "docker.io/library/busybox:ddp-test"
 BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static, which cluster.sh build installs
@@ -22,6 +25,28 @@ def the_real_node(api: client.ApiClient) -> client.V1Node:
              if (n.status.node_info.container_runtime_version or "").startswith("containerd://")]
     assert len(nodes) == 1, f"expected the local cluster's one real node, found {[n.metadata.name for n in nodes]}"
     return nodes[0]
+
+
+def node_address(node: client.V1Node) -> str:
+    """The node's InternalIP: its pod bridge's gateway, where host servers that pods must reach listen."""
+    address = next(a.address for a in node.status.addresses if a.type == "InternalIP")
+    assert not ip_address(address).is_loopback, address
+    return address
+
+
+def trainer_image() -> str:
+    """The trainer image `make images` tags with the chart's appVersion."""
+    chart = (REPO / "charts" / "Chart.yaml").read_text()
+    version = next(line.split(":", 1)[1].strip().strip('"') for line in chart.splitlines() if line.startswith("appVersion:"))
+    return f"ddp-operator/trainer:{version}"
+
+
+def create_job(jobs: Jobs, name: str, **spec: Any) -> None:
+    """A DDPJob as a user would write it (2 CPU ranks unless `spec` says otherwise): no node steering,
+    so its pods go to the real node (kwok's fake nodes are tainted)."""
+    body = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": name},
+            "spec": {"worldSize": 2, "gpusPerRank": 0, **spec}}
+    jobs.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, jobs.namespace, api.PLURAL, body)
 
 
 def import_busybox(root: Path) -> str:

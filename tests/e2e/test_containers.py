@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import uuid
-from collections.abc import Iterator
 from ipaddress import ip_address, ip_network
 from pathlib import Path
 
@@ -17,28 +15,9 @@ from kubernetes import client
 
 from ddp_operator import constants as c
 from e2e.test_quickstart import COLUMNS, quick_start_commands, user_shell
-from kube import REPO, Cluster, Jobs, cluster_script, wait_until
+from kube import REPO, Cluster, Jobs, wait_until
 
 pytestmark = [pytest.mark.node, pytest.mark.images, pytest.mark.timeout(3600)]
-
-
-@pytest.fixture(scope="module")
-def images_on_the_node(cluster: Cluster) -> None:
-    """`make images`: builds what changed and loads both images into the real node's containerd."""
-    result = subprocess.run(["bash", str(REPO / "images" / "build.sh"), "build"], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    listed = cluster_script("ctr", "images", "ls", "-q").stdout
-    assert "docker.io/ddp-operator/operator:" in listed and "docker.io/ddp-operator/trainer:" in listed, listed
-
-
-@pytest.fixture
-def own_namespace(kube_api) -> Iterator[str]:
-    """A namespace of this test's own, outside the test session's operator's (`t-<session>-*`)."""
-    core = client.CoreV1Api(kube_api)
-    name = f"containers-{uuid.uuid4().hex[:8]}"
-    core.create_namespace({"metadata": {"name": name}})
-    yield name
-    core.delete_namespace(name)
 
 
 def test_the_quick_start_runs_in_containers_from_our_images(

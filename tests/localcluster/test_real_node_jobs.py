@@ -1,6 +1,8 @@
 """DDPJobs whose ranks run in containers on the local cluster's real node: the faults only a container
 runtime produces (an image that cannot be pulled, a missing Secret, an OOM kill by the memory limit),
-each said on the job in the kubelet's words. Select with `pytest -m node`."""
+each said on the job in the kubelet's words; what only a kubelet applies (shmSize, the template's
+securityContext, env from a Secret), seen from inside a rank with `kubectl logs` and `kubectl exec`.
+Select with `pytest -m node`."""
 
 from __future__ import annotations
 
@@ -9,20 +11,16 @@ from typing import Any
 
 import pytest
 
-from ddp_contract import api
 from ddp_operator import constants as c
-from kube import Jobs
-from realnode import IMAGE
+from kube import Jobs, wait_until
+from realnode import IMAGE, create_job
 
 pytestmark = pytest.mark.node
 
 
 def create(jobs: Jobs, name: str, image: str, script: str, **spec: Any) -> None:
-    """A job of `sh -c script` ranks as a user would write it: no node steering, so its pods go to the
-    real node (kwok's fake nodes are tainted)."""
-    body = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": name},
-            "spec": {"worldSize": 2, "gpusPerRank": 0, "image": image, "command": ["sh", "-c", script], **spec}}
-    jobs.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, jobs.namespace, api.PLURAL, body)
+    """A job of `sh -c script` ranks on the real node."""
+    create_job(jobs, name, image=image, command=["sh", "-c", script], **spec)
 
 
 def test_an_image_that_cannot_be_pulled_is_said_by_rank_and_fails_the_job_at_the_startup_deadline(
@@ -55,3 +53,31 @@ def test_a_rank_over_its_memory_limit_is_oom_killed_and_the_gang_restarts_on_the
     assert (failed["rank"], failed["exitCode"], failed["signal"], failed["oomKilled"]) == (1, 137, "SIGKILL", True)
     assert failed["reason"] == "OOMKilled" and failed["kind"] == c.KIND_PROGRAM and failed["node"] == real_node.metadata.name
     assert status["reason"] == c.REASON_BACKOFF_LIMIT and status["programRestarts"] == 1
+
+
+def test_shm_size_the_templates_security_context_and_secret_env_reach_the_ranks_with_logs_and_exec(
+        jobs: Jobs, busybox_image: str, kubectl) -> None:
+    jobs.core.create_namespaced_secret(jobs.namespace, {"metadata": {"name": "team-token"},
+                                                        "stringData": {"token": "s3cr3t-42"}})
+    # Each rank says what it runs as, then waits until the test has looked inside it.
+    script = ('echo "uid=$(id -u) gid=$(id -g) groups=$(id -G) token=$TEAM_TOKEN"; '
+              'grep NoNewPrivs /proc/self/status; while [ ! -f /tmp/done ]; do sleep 0.2; done')
+    template = {"spec": {
+        "securityContext": {"runAsUser": 1234, "runAsGroup": 2345, "supplementalGroups": [3456]},
+        "containers": [{"name": "trainer", "securityContext": {"allowPrivilegeEscalation": False}}],
+    }}
+    create(jobs, "inside", IMAGE, script, shmSize="96Mi", template=template,
+           env=[{"name": "TEAM_TOKEN", "valueFrom": {"secretKeyRef": {"name": "team-token", "key": "token"}}}])
+    jobs.wait_phase("inside", c.PHASE_RUNNING, timeout=120)
+    for rank in (0, 1):
+        pod = f"inside-{rank}"
+        said = wait_until(lambda p=pod: "NoNewPrivs" in (out := kubectl("logs", p, "-n", jobs.namespace).stdout) and out,
+                          60, f"{pod} to say what it runs as")
+        assert "uid=1234 gid=2345 groups=2345 3456 token=s3cr3t-42" in said, said  # type: ignore[operator]
+        assert re.search(r"NoNewPrivs:\s+1", said), said  # type: ignore[arg-type]
+        # df -k: the memory-backed /dev/shm is shmSize (96 MiB = 98304 KiB), not the runtime's 64 MiB.
+        shm = kubectl("exec", pod, "-n", jobs.namespace, "-c", "trainer", "--", "df", "-k", "/dev/shm").stdout
+        assert re.search(r"^\S+\s+98304\s+\d+\s+\d+\s+\d+%\s+/dev/shm$", shm, re.MULTILINE), shm
+        kubectl("exec", pod, "-n", jobs.namespace, "--", "touch", "/tmp/done")
+    status = jobs.wait_phase("inside", c.PHASE_SUCCEEDED, timeout=60)
+    assert status["restarts"] == 0

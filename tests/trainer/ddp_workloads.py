@@ -1,14 +1,17 @@
 """Training functions the tests run in every rank through `python -m ddp_trainer run`.
 
 Configured by WL_* environment variables so the same code serves several tests; also holds the
-single-process reference training used to check DDP equivalence.
+single-process reference training used to check DDP equivalence. The real-node tests mount this file
+into trainer containers (a ConfigMap), so it needs nothing but the runtime and torch.
 """
 
 from __future__ import annotations
 
 import atexit
+import io
 import os
 import signal
+import time
 from typing import Any
 
 import torch
@@ -56,6 +59,8 @@ def train(ctx: RankContext) -> None:
 
     batch, epochs = _int("WL_BATCH", 4), _int("WL_EPOCHS", 2)
     every, crash_at = _int("WL_CKPT_EVERY", 0), _int("WL_CRASH_AT_STEP", -1)
+    pace = float(os.environ.get("WL_STEP_SECONDS", "0"))  # slower steps, for faults from outside
+    balloon_at = _int("WL_OOM_AFTER_STEPS", -1) if os.environ.get("WL_OOM_ON_ATTEMPT") == os.environ.get("DDP_ATTEMPT") else -1
     device = ctx.device  # cuda:LOCAL_RANK under nccl, else the CPU
     net = model().to(device)
     opt = optimizer(net)
@@ -73,6 +78,7 @@ def train(ctx: RankContext) -> None:
             step = latest.step
             print(f"rank {ctx.rank} resumed from step {step}", flush=True)
     loss_fn = nn.MSELoss()
+    first_step = step
     for epoch in range(data_sampler.epoch, epochs):
         data_sampler.set_epoch(epoch)
         for x, y in loader:
@@ -89,15 +95,24 @@ def train(ctx: RankContext) -> None:
                 checkpoints.save(step, training_state(ddp, opt, data_sampler))
             if step == crash_at and ctx.rank == 0:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if step - first_step == balloon_at and ctx.rank == 1:
+                print(f"rank 1 fills 2 GiB at step {step}", flush=True)
+                torch.ones(512 * 1024 * 1024)  # past the container's memory limit: the kernel kills it
+            time.sleep(pace)
     progress.flush()
     if checkpoints is not None:
         checkpoints.close()
     if results is not None:
         results.close()
     if ctx.rank == 0:
-        torch.save({name: value.cpu() for name, value in net.state_dict().items()}, os.environ["WL_OUT"])
+        params = {name: value.cpu() for name, value in net.state_dict().items()}
+        if os.environ.get("WL_OUT"):
+            torch.save(params, os.environ["WL_OUT"])
         if results is not None:
             results.submit_result("final.txt", f"steps={step}")
+            buffer = io.BytesIO()
+            torch.save(params, buffer)
+            results.submit_result("params.pt", buffer.getvalue())
 
 
 def reference(world_size: int, batch: int, epochs: int) -> dict[str, torch.Tensor]:

@@ -1,0 +1,142 @@
+"""DDP training in trainer-image containers on the local cluster's real node: two jobs on the same
+masterPort at once, one of them interrupted three ways (its rank's process killed inside the
+container, a rank's pod deleted, a rank OOM-killed by its memory limit), which resumes from its last
+checkpoint each time and ends with exactly the parameters of the uninterrupted one.
+Select with `pytest -m node`."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import re
+import signal
+import sys
+from collections.abc import Iterator
+
+import pytest
+import torch
+from kubernetes import client
+
+from ddp_contract import labels
+from ddp_operator import constants as c
+from e2e.test_main_job import rank_pid
+from kube import REPO, Jobs, wait_until
+from realnode import create_job, node_address, trainer_image
+
+pytestmark = [pytest.mark.node, pytest.mark.images, pytest.mark.timeout(900)]
+
+WORKLOADS = REPO / "tests" / "trainer" / "ddp_workloads.py"
+sys.path.insert(0, str(WORKLOADS.parent))
+import ddp_workloads  # noqa: E402 - what the ranks run, and the single-process run the DDP gangs must match
+
+BUCKET = "ddp-node"
+ACCESS_KEY, SECRET_KEY = "node-access-key", "node-secret-key"
+EPOCHS, BATCH, EVERY = 6, 4, 5
+
+
+@pytest.fixture(scope="module")
+def s3_on_the_bridge(real_node: client.V1Node) -> Iterator[str]:
+    """A moto S3 server on the node's bridge address, where the ranks' containers reach it."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    server = ThreadedMotoServer(ip_address=node_address(real_node), port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    s3(endpoint).create_bucket(Bucket=BUCKET)
+    yield endpoint
+    server.stop()
+
+
+def s3(endpoint: str):
+    import boto3
+
+    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=ACCESS_KEY,
+                        aws_secret_access_key=SECRET_KEY, region_name="us-east-1")
+
+
+def keys(endpoint: str, prefix: str) -> list[str]:
+    return [item["Key"] for item in s3(endpoint).list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])]
+
+
+def checkpoint_steps(endpoint: str, namespace: str, job: str) -> list[int]:
+    """Steps of the job's committed checkpoints (a MANIFEST.json is written last)."""
+    prefix = f"results/{namespace}/{job}/checkpoints/"
+    return sorted(int(k.removeprefix(prefix).split("/")[0].removeprefix("step-"))
+                  for k in keys(endpoint, prefix) if k.endswith("/MANIFEST.json"))
+
+
+def final_params(endpoint: str, namespace: str, job: str) -> dict[str, torch.Tensor]:
+    body = s3(endpoint).get_object(Bucket=BUCKET, Key=f"results/{namespace}/{job}/results/params.pt")["Body"].read()
+    return torch.load(io.BytesIO(body))
+
+
+def training_job(jobs: Jobs, name: str, endpoint: str, **env: str) -> None:
+    """ddp_workloads.train (from a ConfigMap, on the image's PYTHONPATH) on masterPort 29500, paced so
+    faults can land between checkpoints."""
+    settings = {"WL_BATCH": str(BATCH), "WL_EPOCHS": str(EPOCHS), "WL_CKPT_EVERY": str(EVERY),
+                "WL_STEP_SECONDS": "0.25", **env}
+    mount = {"name": "workloads", "mountPath": "/opt/ddp/examples/ddp_workloads.py", "subPath": WORKLOADS.name}
+    create_job(jobs, name, image=trainer_image(), entrypoint="ddp_workloads:train", masterPort=29500,
+               env=[{"name": k, "value": v} for k, v in settings.items()],
+               resources={"limits": {"memory": "1536Mi"}}, backoffLimit=2,
+               s3={"endpoint": endpoint, "region": "us-east-1", "credentialsSecret": "s3-credentials",
+                   "results": f"s3://{BUCKET}/results"},
+               template={"spec": {"volumes": [{"name": "workloads", "configMap": {"name": "workloads"}}],
+                                  "containers": [{"name": labels.CONTAINER_NAME, "volumeMounts": [mount]}]}})
+
+
+def running_attempt(jobs: Jobs, name: str, attempt: int) -> bool:
+    status = jobs.status(name)
+    return status.get("phase") == c.PHASE_RUNNING and status.get("attempt") == attempt
+
+
+def test_a_job_killed_three_ways_resumes_to_the_parameters_of_an_uninterrupted_one_on_the_same_master_port(
+        jobs: Jobs, kube_api, real_node, images_on_the_node: None, s3_on_the_bridge: str, kubectl) -> None:
+    endpoint, ns = s3_on_the_bridge, jobs.namespace
+    jobs.core.create_namespaced_config_map(ns, {"metadata": {"name": "workloads"},
+                                                "data": {WORKLOADS.name: WORKLOADS.read_text()}})
+    jobs.core.create_namespaced_secret(ns, {"metadata": {"name": "s3-credentials"}, "stringData": {
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}})
+    training_job(jobs, "steady", endpoint)
+    # Rank 1 fills 2 GiB in its 1.5 GiB container three steps into attempt 2.
+    training_job(jobs, "bumpy", endpoint, WL_OOM_ON_ATTEMPT="2", WL_OOM_AFTER_STEPS="3")
+
+    # Both gangs up at once on one node, each with its rank 0 on port 29500 of its own pod address.
+    wait_until(lambda: running_attempt(jobs, "steady", 0) and running_attempt(jobs, "bumpy", 0), 300,
+               "both jobs Running at the same time")
+
+    # Attempt 0: once a checkpoint is committed, rank 1's process is killed inside its container.
+    wait_until(lambda: checkpoint_steps(endpoint, ns, "bumpy"), 120, "bumpy's first checkpoint")
+    pid = wait_until(lambda: rank_pid(ns, "bumpy", 1), 30, "rank 1's process in its container")
+    os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]
+    killed_after = max(checkpoint_steps(endpoint, ns, "bumpy"))
+    wait_until(lambda: running_attempt(jobs, "bumpy", 1), 180, "bumpy Running again (attempt 1)")
+    assert jobs.status("bumpy")["failedRank"]["exitCode"] == 137
+
+    # Attempt 1: after a checkpoint of its own, rank 0's pod is deleted.
+    wait_until(lambda: max(checkpoint_steps(endpoint, ns, "bumpy")) > killed_after, 120, "a checkpoint of attempt 1")
+    jobs.core.delete_namespaced_pod("bumpy-0", ns)
+    wait_until(lambda: running_attempt(jobs, "bumpy", 2), 180, "bumpy Running again (attempt 2)")
+
+    # Attempt 2 ends with the OOM kill; attempt 3 finishes.
+    bumpy = jobs.wait_phase("bumpy", c.PHASE_SUCCEEDED, timeout=300)
+    steady = jobs.wait_phase("steady", c.PHASE_SUCCEEDED, timeout=120)
+    assert steady["restarts"] == 0
+    assert (bumpy["restarts"], bumpy["programRestarts"], bumpy["infrastructureRestarts"]) == (3, 1, 2), bumpy
+    oom = bumpy["failedRank"]
+    assert (oom["rank"], oom["attempt"], oom["oomKilled"], oom["kind"]) == (1, 2, True, c.KIND_PROGRAM), oom
+    said = kubectl("logs", "bumpy-0", "-n", ns).stdout
+    resumed = re.search(r"rank 0 resumed from step (\d+)", said)
+    assert resumed and int(resumed.group(1)) > killed_after and int(resumed.group(1)) % EVERY == 0, said[-3000:]
+
+    # Every resumption continued exactly where the checkpoint left off.
+    interrupted, uninterrupted = final_params(endpoint, ns, "bumpy"), final_params(endpoint, ns, "steady")
+    assert interrupted.keys() == uninterrupted.keys()
+    for name in uninterrupted:
+        assert torch.equal(interrupted[name], uninterrupted[name]), name
+    reference = ddp_workloads.reference(2, BATCH, EPOCHS)
+    for name in uninterrupted:
+        assert torch.allclose(uninterrupted[name], reference[name], rtol=1e-5, atol=1e-6), name
