@@ -56,12 +56,10 @@ REPO = Path(__file__).resolve().parent.parent
 # The benchmark runs from the source tree, like the tests; these imports need the paths first.
 sys.path[:0] = [str(REPO / "contract"), str(REPO / "operator"), str(REPO / "localcluster")]
 from ddp_contract import api, kubeclient, labels  # noqa: E402
-from ddp_contract.exitcodes import ExitCode  # noqa: E402
-from ddp_contract.failures import format_line  # noqa: E402
 from ddp_operator import constants as c  # noqa: E402
 from ddp_operator.kubeapi import CONCURRENCY, discard_answer  # noqa: E402
 from fakenodes import FAKE_NODE_TOLERATION, on_fake_nodes  # noqa: E402
-from podstatus import evicted_status, pod_status  # noqa: E402
+from podstatus import evicted_status, hung_status, pod_status  # noqa: E402
 
 BENCH_CLUSTER = {
     "DDP_CLUSTER_DIR": "/tmp/ddp-bench-cluster",
@@ -421,12 +419,9 @@ def run_restarts(core, custom, tracker: Tracker, ranks: int, repeats: int, timeo
 
 # A fault, how to inject it into rank 1 (a pod status as the kubelet reports it) and the reason
 # the job must then give.
-HUNG_LINE = format_line(1, 40, ExitCode.HUNG, ExitCode.HUNG.name, True,
-                        "no progress for 300s since step 40 (hang timeout 300s); stacks in s3://b/hangs/rank-1.txt")
 FAULTS = {
     "oom": (lambda: pod_status(labels.CONTAINER_NAME, "trainer:bench", 137, "OOMKilled"), c.REASON_RANK_FAILED),
-    "hung": (lambda: pod_status(labels.CONTAINER_NAME, "trainer:bench", ExitCode.HUNG, "Error", message=HUNG_LINE),
-             c.REASON_HUNG),
+    "hung": (lambda: hung_status(labels.CONTAINER_NAME, "trainer:bench", 1, 40, "s3://b/hangs/rank-1.txt"), c.REASON_HUNG),
     "evicted": (evicted_status, c.REASON_RANK_EVICTED),
 }
 

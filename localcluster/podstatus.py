@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ddp_contract.exitcodes import ExitCode
+from ddp_contract.failures import describe_hang, format_line
 from ddp_contract.timestamps import rfc3339
 
 
@@ -40,3 +42,9 @@ def pod_status(container: str, image: str, exit_code: int | None = None, reason:
 
 def evicted_status(message: str = "The node was low on resource: memory.") -> dict[str, Any]:
     return {"phase": "Failed", "reason": "Evicted", "message": message}
+
+
+def hung_status(container: str, image: str, rank: int, step: int, dumps: str) -> dict[str, Any]:
+    """A rank that exited HUNG at `step` after 300 s without progress, with its stacks in `dumps`."""
+    line = format_line(rank, step, ExitCode.HUNG, ExitCode.HUNG.name, True, f"{describe_hang(step, 300, 300)}; stacks in {dumps}")
+    return pod_status(container, image, ExitCode.HUNG, "Error", message=line)

@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ddp_contract import api, labels
 from fakenodes import on_fake_nodes
-from podstatus import evicted_status, pod_status
+from podstatus import evicted_status, hung_status, pod_status
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER_SCRIPT = REPO / "localcluster" / "cluster.sh"
@@ -288,6 +288,11 @@ class Jobs:
     def finish(self, pod: str, exit_code: int, reason: str | None = None, message: str | None = None) -> None:
         """Plays the kubelet: the trainer container of `pod` terminated with exit_code (and a termination message)."""
         status = pod_status(labels.CONTAINER_NAME, "trainer:test", exit_code, reason, message=message)
+        self.core.patch_namespaced_pod_status(pod, self.namespace, {"status": status})
+
+    def hang(self, pod: str, rank: int, step: int, dumps: str) -> None:
+        """Plays the kubelet reporting a rank the runtime ended as hung at `step` (stacks in `dumps`)."""
+        status = hung_status(labels.CONTAINER_NAME, "trainer:test", rank, step, dumps)
         self.core.patch_namespaced_pod_status(pod, self.namespace, {"status": status})
 
     def evict(self, pod: str) -> None:

@@ -39,6 +39,11 @@ def format_line(rank: int | None, step: int | None, code: int, code_name: str, r
     return f"{PREFIX} ({where}, step {'-' if step is None else step}, exit {code} {code_name}, {kind}): {flat}"
 
 
+def describe_hang(step: int | None, stalled_s: float, timeout_s: float) -> str:
+    """What a rank whose training step stopped advancing says (before it exits HUNG)."""
+    return f"no progress for {stalled_s:.0f}s since step {step} (hang timeout {timeout_s:g}s)"
+
+
 def parse_line(text: str | None) -> FailureLine | None:
     """The runtime's failure line in a container's termination message or log tail, if there is one."""
     for line in reversed((text or "").splitlines()):

@@ -70,3 +70,18 @@ def test_exit_codes_are_distinct_and_classified() -> None:
     # Signal exits (128+N) stay distinguishable from ours; TERMINATED is SIGTERM's own on purpose.
     assert all(c > 128 + 64 for c in retryable if c is not ExitCode.TERMINATED)
     assert ExitCode.TERMINATED == 128 + signal.SIGTERM
+
+
+@pytest.mark.parametrize(
+    ("read", "name", "default"),
+    [(env.hang_timeout_s, "DDP_HANG_TIMEOUT_SECONDS", None),
+     (env.log_upload_interval_s, "DDP_LOG_UPLOAD_INTERVAL_SECONDS", env.DEFAULT_LOG_UPLOAD_INTERVAL_SECONDS)],
+)
+def test_settings_where_zero_means_off(read, name: str, default: float | None) -> None:
+    assert read({}) == default
+    assert read({name: "0"}) == 0.0 and read({name: "0.0"}) == 0.0
+    assert read({name: "12.5"}) == 12.5
+    with pytest.raises(ConfigError, match=f"{name}=-1.0 must be >= 0"):
+        read({name: "-1"})
+    with pytest.raises(ConfigError, match=f"{name}='soon' is not a number"):
+        read({name: "soon"})

@@ -39,11 +39,11 @@ from .errors import (
 )
 from .hangwatch import LINGER_SECONDS, Hang, HangWatch, enable_nccl_flight_recorder, nccl_flight_record, python_stacks, save_dump
 from .heartbeat import HEARTBEAT
+from .termination import leave_termination_message
 
 log = logging.getLogger("ddp_trainer")
 
 _RESOLVE_ATTEMPT_TIMEOUT_S = 5.0
-TERMINATION_MESSAGE_BYTES = 4096  # the kubelet keeps at most this much of it
 _RESOLVE_MAX_BACKOFF_S = 5.0
 
 
@@ -83,24 +83,30 @@ def _resolve_once(host: str, timeout_s: float) -> bool:
     return bool(result and result[0])
 
 
-def wait_for_master(host: str, timeout_s: float) -> None:
-    """Wait, with backoff, until `host` resolves; the master's DNS record can lag its pod."""
-    deadline = time.monotonic() + timeout_s
-    delay = 0.2
-    attempts = 0
+def _poll_with_backoff(try_once: Callable[[float], bool], deadline: float, delay: float) -> tuple[bool, int]:
+    """Calls `try_once(seconds left)` until it returns True or the deadline (a time.monotonic()) has
+    passed, sleeping between tries with doubling delays; returns whether it succeeded and the tries."""
+    tries = 0
     while True:
-        attempts += 1
-        remaining = deadline - time.monotonic()
-        if _resolve_once(host, min(_RESOLVE_ATTEMPT_TIMEOUT_S, max(remaining, 0.1))):
-            return
+        tries += 1
+        if try_once(max(deadline - time.monotonic(), 0.1)):
+            return True, tries
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise MasterUnresolvedError(
-                f"{names.MASTER_ADDR}={host!r} did not resolve after {attempts} attempts in {timeout_s:g}s "
-                f"(set {names.MASTER_WAIT_SECONDS} to wait longer)"
-            )
+            return False, tries
         time.sleep(min(delay, remaining))
         delay = min(delay * 2, _RESOLVE_MAX_BACKOFF_S)
+
+
+def wait_for_master(host: str, timeout_s: float) -> None:
+    """Wait, with backoff, until `host` resolves; the master's DNS record can lag its pod."""
+    resolved, tries = _poll_with_backoff(lambda left: _resolve_once(host, min(_RESOLVE_ATTEMPT_TIMEOUT_S, left)),
+                                         time.monotonic() + timeout_s, 0.2)
+    if not resolved:
+        raise MasterUnresolvedError(
+            f"{names.MASTER_ADDR}={host!r} did not resolve after {tries} attempts in {timeout_s:g}s "
+            f"(set {names.MASTER_WAIT_SECONDS} to wait longer)"
+        )
 
 
 def wait_for_port(host: str, port: int, timeout_s: float, since: float | None = None) -> float:
@@ -108,23 +114,24 @@ def wait_for_port(host: str, port: int, timeout_s: float, since: float | None = 
     rank 0 that listens), up to `timeout_s` after `since` (a time.monotonic(); default now);
     returns the seconds waited."""
     started = time.monotonic()
-    deadline = (started if since is None else since) + timeout_s
-    delay = 0.1
-    last_error: OSError | None = None
-    while True:
+    errors: list[OSError] = []
+
+    def connect(left: float) -> bool:
         try:
-            with socket.create_connection((host, port), timeout=min(5.0, max(deadline - time.monotonic(), 0.1))):
-                return time.monotonic() - started
+            with socket.create_connection((host, port), timeout=min(5.0, left)):
+                return True
         except OSError as error:
-            last_error = error
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise RendezvousError(
-                f"rank 0 at {host}:{port} did not accept connections within {timeout_s:g}s "
-                f"(last error: {last_error}); is rank 0 running, and is {names.MASTER_PORT} reachable from this node?"
-            )
-        time.sleep(min(delay, remaining))
-        delay = min(delay * 2, _RESOLVE_MAX_BACKOFF_S)
+            errors.append(error)
+            return False
+
+    accepted, _ = _poll_with_backoff(connect, (started if since is None else since) + timeout_s, 0.1)
+    if not accepted:
+        raise RendezvousError(
+            f"rank 0 at {host}:{port} did not accept connections within {timeout_s:g}s "
+            f"(last error: {errors[-1] if errors else None}); is rank 0 running, and is {names.MASTER_PORT} "
+            "reachable from this node?"
+        )
+    return time.monotonic() - started
 
 
 def gang_check(device: Any) -> float:
@@ -278,22 +285,7 @@ def _last_words(code: ExitCode, rank: int | None, error: str, before: str = "") 
     termination message, after `before` (the end of a traceback)."""
     line = format_line(rank, HEARTBEAT.step, int(code), code.name, code.retryable, error)
     print(line, file=sys.stderr, flush=True)
-    _leave_termination_message(before + line)
-
-
-def _leave_termination_message(text: str) -> None:
-    """The kubelet puts this file's content in the container's terminated state, and the operator
-    puts that in the job's status.failedRank.message (else it takes the end of the log). The kubelet
-    creates the file in the container: where there is none, this is no container of a pod."""
-    path = env.termination_message_path()
-    if not os.path.isfile(path):
-        return
-    data = text.encode()[-TERMINATION_MESSAGE_BYTES:]
-    try:
-        with open(path, "wb") as f:
-            f.write(data)
-    except OSError as error:  # read-only, or not ours: the log still has everything
-        log.debug("no termination message at %s: %s", path, error)
+    leave_termination_message(before + line)
 
 
 def _stop_on_sigterm(rank: int | None) -> None:

@@ -48,7 +48,7 @@ def _int(environ: Mapping[str, str], name: str, *, default: int | None = None, m
     return value
 
 
-def _float(environ: Mapping[str, str], name: str, default: float) -> float:
+def _float(environ: Mapping[str, str], name: str, default: float, zero_means_off: bool = False) -> float:
     raw = environ.get(name, "").strip()
     if not raw:
         return default
@@ -56,8 +56,8 @@ def _float(environ: Mapping[str, str], name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise ConfigError(f"environment variable {name}={raw!r} is not a number") from None
-    if value <= 0:
-        raise ConfigError(f"environment variable {name}={value} must be > 0")
+    if value < 0 or (value == 0 and not zero_means_off):
+        raise ConfigError(f"environment variable {name}={value} must be {'>= 0' if zero_means_off else '> 0'}")
     return value
 
 
@@ -207,10 +207,9 @@ DEFAULT_HANG_MIN_SECONDS = 300.0
 def hang_timeout_s(environ: Mapping[str, str] | None = None) -> float | None:
     """$DDP_HANG_TIMEOUT_SECONDS: None when unset (derive it), 0 for never."""
     env = os.environ if environ is None else environ
-    raw = env.get(names.HANG_TIMEOUT_SECONDS, "").strip()
-    if not raw:
+    if not env.get(names.HANG_TIMEOUT_SECONDS, "").strip():
         return None
-    return 0.0 if raw in ("0", "0.0") else _float(env, names.HANG_TIMEOUT_SECONDS, 0.0)
+    return _float(env, names.HANG_TIMEOUT_SECONDS, 0.0, zero_means_off=True)
 
 
 def hang_min_s(environ: Mapping[str, str] | None = None) -> float:
@@ -235,7 +234,4 @@ DEFAULT_LOG_UPLOAD_INTERVAL_SECONDS = 30.0
 def log_upload_interval_s(environ: Mapping[str, str] | None = None) -> float:
     """$DDP_LOG_UPLOAD_INTERVAL_SECONDS: seconds between uploads of the rank's output; 0: at exit only."""
     env = os.environ if environ is None else environ
-    raw = env.get(names.LOG_UPLOAD_INTERVAL_SECONDS, "").strip()
-    if raw in ("0", "0.0"):
-        return 0.0
-    return _float(env, names.LOG_UPLOAD_INTERVAL_SECONDS, DEFAULT_LOG_UPLOAD_INTERVAL_SECONDS)
+    return _float(env, names.LOG_UPLOAD_INTERVAL_SECONDS, DEFAULT_LOG_UPLOAD_INTERVAL_SECONDS, zero_means_off=True)

@@ -19,6 +19,8 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ddp_contract.failures import describe_hang
+
 from .heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
@@ -45,7 +47,7 @@ class Hang:
     timeout_s: float
 
     def describe(self) -> str:
-        return f"no progress for {self.stalled_s:.0f}s since step {self.step} (hang timeout {self.timeout_s:g}s)"
+        return describe_hang(self.step, self.stalled_s, self.timeout_s)
 
 
 class HangWatch:

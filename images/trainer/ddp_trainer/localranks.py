@@ -12,7 +12,6 @@ and leaves its termination message, so the operator classifies the failure as fo
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import signal
 import subprocess
@@ -28,6 +27,7 @@ from ddp_contract.exitcodes import ExitCode
 
 from . import env
 from .errors import ConfigError
+from .termination import leave_termination_message
 
 log = logging.getLogger(__name__)
 
@@ -132,16 +132,6 @@ def _outcome(ranks: list[LocalRank]) -> int:
     if not failed:
         return ExitCode.OK
     cause = min(failed, key=lambda r: (r.exit_code == ExitCode.COMMUNICATION_ERROR, r.ended_at or 0.0, r.local_rank))
-    _pass_on_message(cause.message_path)
+    if cause.message_path.exists():  # the rank wrote one: it becomes the pod's
+        leave_termination_message(cause.message_path.read_text(errors="replace"))
     return int(cause.exit_code or ExitCode.USER_ERROR)
-
-
-def _pass_on_message(path: Path) -> None:
-    """The failing rank's termination message becomes the pod's (where the kubelet made the file)."""
-    target = env.termination_message_path()
-    if not os.path.isfile(target):
-        return
-    try:
-        shutil.copyfile(path, target)
-    except OSError as error:
-        log.debug("no termination message at %s: %s", target, error)

@@ -6,7 +6,6 @@ trainer runtime leaves (its failure line, ddp_contract.failures).
 
 from __future__ import annotations
 
-from ddp_contract.exitcodes import ExitCode
 from ddp_contract.failures import format_line
 from ddp_operator import constants as c
 
@@ -35,9 +34,7 @@ def test_a_hung_rank_restarts_the_gang_with_reason_hung_on_the_infrastructure_bu
     jobs.create("stuck", worldSize=2, backoffLimit=0)
     jobs.wait_phase("stuck", c.PHASE_RUNNING)
     where = "s3://results/team/stuck/hangs/attempt-0/rank-1.txt"
-    line = format_line(1, 40, ExitCode.HUNG, "HUNG", True,
-                       f"no progress for 300s since step 40 (hang timeout 300s); stacks in {where}")
-    jobs.finish("stuck-1", ExitCode.HUNG, "Error", message=line)
+    jobs.hang("stuck-1", 1, 40, where)
     jobs.wait_pods("stuck", 2, attempt=1)
     status = jobs.wait_phase("stuck", c.PHASE_RUNNING)
     assert (status["programRestarts"], status["infrastructureRestarts"], status["restarts"]) == (0, 1, 1)
