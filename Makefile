@@ -1,6 +1,7 @@
 # Entry points; README.md says what each is for.
 SHELL := /bin/bash
 CLUSTER := localcluster/cluster.sh
+KUEUE := localcluster/kueue.sh
 PYTEST_ARGS ?=
 
 BENCH_ARGS ?=
@@ -16,7 +17,7 @@ example:
 	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $$venv/bin/python localcluster/example.py $(NAME)
 
 test:
-	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $$venv/bin/python -m pytest $(PYTEST_ARGS)
+	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $(KUEUE) build && $$venv/bin/python -m pytest $(PYTEST_ARGS)
 
 # ruff (lint, import order), mypy (types) and import-linter (the operator never imports the runtime).
 lint:
@@ -46,7 +47,7 @@ images:
 	@images/build.sh build
 
 cluster-build:
-	@$(CLUSTER) build
+	@$(CLUSTER) build && $(KUEUE) build
 
 cluster-up:
 	@$(CLUSTER) up

@@ -121,17 +121,26 @@ go_build() {
 # and the next, which made gang restarts of 64+ ranks thrash for minutes. The wrapper module is
 # built against a patched copy of the kwok module (go/kwok/*.patch).
 build_kwok() {
-  [ -d "$BIN_KWOK" ] && return 0
-  local work="$BIN_KWOK.src.$$" src
+  build_patched kwok sigs.k8s.io/kwok "$BIN_KWOK" "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" \
+    "${KWOK_PATCHES[@]}"
+}
+
+# build_patched NAME MODULE OUT LDFLAGS PATCH...: MODULE's cmd/NAME, built into OUT through the wrapper
+# module go/NAME against a copy of MODULE (the version go/NAME/go.mod pins) with the patches applied.
+build_patched() {
+  local name=$1 module=$2 out=$3 ldflags=$4 work src p
+  shift 4
+  [ -d "$out" ] && return 0
+  work="$out.src.$$"
   rm -rf "$work" && mkdir -p "$work"
-  src=$(cd "$HERE/go/kwok" && go mod download sigs.k8s.io/kwok && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)
-  cp -r "$src" "$work/kwok" && chmod -R u+w "$work/kwok"
-  for p in "${KWOK_PATCHES[@]}"; do
-    patch -s -d "$work/kwok" -p1 <"$p" || die "$p does not apply to kwok $KWOK_VERSION"
+  src=$(cd "$HERE/go/$name" && go mod download "$module" && go list -m -f '{{.Dir}}' "$module")
+  cp -r "$src" "$work/$name" && chmod -R u+w "$work/$name"
+  for p in "$@"; do
+    patch -s -d "$work/$name" -p1 <"$p" || die "$p does not apply to $module"
   done
-  cp "$HERE/go/kwok/go.mod" "$HERE/go/kwok/go.sum" "$work/"
-  (cd "$work" && go mod edit -replace "sigs.k8s.io/kwok=$work/kwok")
-  go_build "$work" "$BIN_KWOK" "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
+  cp "$HERE/go/$name/go.mod" "$HERE/go/$name/go.sum" "$work/"
+  (cd "$work" && go mod edit -replace "$module=$work/$name")
+  go_build "$work" "$out" "$ldflags" "$module/cmd/$name"
   rm -rf "$work"
 }
 
@@ -538,5 +547,7 @@ case "${1:-}" in
   image-import) shift; cmd_image_import "$@" ;;
   helm) shift; KUBECONFIG=$KUBECONFIG_FILE "$BIN_HELM/helm" "$@" ;;
   bindir) echo "$BIN_K8S:$BIN_HELM" ;;
+  sign) shift; sign "$@" ;;  # NAME SUBJECT [SAN]: a key and certificate from the cluster CA in $PKI
+  build-patched) shift; build_patched "$@" ;;  # NAME MODULE OUT LDFLAGS PATCH... (kueue.sh's build)
   *) echo "usage: $0 build|up|down|status|env|kubectl ARGS|helm ARGS|ctr ARGS|image-import ROOTFS REF [CONFIG]" >&2; exit 2 ;;
 esac

@@ -11,6 +11,7 @@ import pytest
 
 from ddp_operator import constants as c
 from kube import REPO, Cluster, Jobs, OperatorProcess, cluster_script, install_crd, open_cluster, wait_until
+from kueue import Queues, start_kueue, stop_kueue
 from testnodes import NodeMaker
 
 # Every namespace this test session creates starts with this, and its operator serves only those: test
@@ -114,6 +115,25 @@ def own_nodes(kube_api) -> Iterator[NodeMaker]:
     maker = NodeMaker(kube_api)
     yield maker
     maker.cleanup()
+
+
+@pytest.fixture(scope="session")
+def kueue(cluster: Cluster) -> Iterator[None]:
+    """Kueue on the local control plane (localcluster/kueue.sh), stopped at the end if started here."""
+    if not cluster.local:
+        pytest.skip("Kueue is started on the local control plane only")
+    started = start_kueue()
+    yield
+    if started:
+        stop_kueue()
+
+
+@pytest.fixture
+def queues(kube_api, namespace: str, kueue: None, jobs: Jobs) -> Iterator[Queues]:
+    """The test's Kueue queues; deleted, with its jobs' Workloads, while Kueue still runs."""
+    made = Queues(kube_api, namespace)
+    yield made
+    made.cleanup(jobs)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -207,14 +207,14 @@ class Jobs:
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
 
-    def create(self, name: str, **spec: Any) -> dict[str, Any]:
+    def create(self, name: str, job_labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
         """Creates a DDPJob whose ranks land on kwok's fake nodes (the tests play their kubelet)."""
         template = spec.get("template", {})
         spec["template"] = {**template, "spec": on_fake_nodes(template.get("spec", {}))}
         body = {
             "apiVersion": api.API_VERSION,
             "kind": api.KIND,
-            "metadata": {"name": name},
+            "metadata": {"name": name, **({"labels": job_labels} if job_labels else {})},
             "spec": {"image": "trainer:test", "command": ["python", "train.py"], "gpusPerRank": 0, **spec},
         }
         return self.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, self.namespace, api.PLURAL, body)
@@ -315,6 +315,29 @@ def another_operator_acts(kube_api: Any, namespace: str, within: float = 5.0) ->
     finally:
         jobs.delete("canary")
     return True
+
+
+def client_as(kube_api: client.ApiClient, namespace: str, account: str) -> client.ApiClient:
+    """An API client holding a token of namespace/account, as a rank's pod would."""
+    core = client.CoreV1Api(kube_api)
+    token = core.create_namespaced_service_account_token(account, namespace, {"spec": {"expirationSeconds": 600}})
+    configuration = client.Configuration()
+    configuration.host = kube_api.configuration.host
+    configuration.ssl_ca_cert = kube_api.configuration.ssl_ca_cert
+    configuration.api_key = {"authorization": f"Bearer {token.status.token}"}
+    return client.ApiClient(configuration)
+
+
+def kubeconfig_of(kube_api: client.ApiClient, account: str, namespace: str, admin: str, tmp_path: Path) -> Path:
+    """A kubeconfig that acts as the ServiceAccount (a token for an hour)."""
+    token = client.CoreV1Api(kube_api).create_namespaced_service_account_token(
+        account, namespace, {"spec": {"expirationSeconds": 3600}}).status.token
+    config = yaml.safe_load(Path(admin).read_text())
+    config["users"] = [{"name": "operator", "user": {"token": token}}]
+    config["contexts"][0]["context"]["user"] = "operator"
+    path = tmp_path / f"{account}.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
 def env_of(pod: client.V1Pod) -> dict[str, str]:

@@ -14,6 +14,7 @@ from ddp_operator.deadlines import deadline_exceeded, startup_remaining
 from ddp_operator.manifests import pod_name
 from ddp_operator.podsummary import PodSummary, RankFailure
 from ddp_operator.policy import BUDGET_FIELDS, RESTART_COUNTERS, budget, is_retryable, repeats_previous
+from ddp_operator.queueing import Gate, QueueState
 from ddp_operator.spec import JobSpec
 
 
@@ -24,6 +25,7 @@ class Action(enum.StrEnum):
     FAIL = "Fail"
     SUCCEED = "Succeed"
     SUSPEND = "Suspend"
+    QUEUE = "Queue"  # wait for Kueue to admit the gang, without pods
 
 
 @dataclass(frozen=True)
@@ -38,9 +40,13 @@ class Decision:
     recheck_after: float | None = None  # seconds until the decision should be taken again
 
 
-def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: datetime) -> Decision:
+def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: datetime,
+           queue: QueueState | None = None) -> Decision:
     """What to do next. Success means every rank's trainer exited 0 (not just rank 0): a rank still
-    running may be writing results. Any failed rank ends the attempt for the whole gang."""
+    running may be writing results. Any failed rank ends the attempt for the whole gang.
+
+    queue: for a job in a Kueue queue, what its Workload allows; a gang not admitted (or evicted)
+    has no pods, and its pods going is no failure."""
     attempt = summary.attempt
     phase = status.get("phase")
     if phase in c.TERMINAL_PHASES:
@@ -57,6 +63,9 @@ def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: d
         )
     if summary.succeeded == spec.pods:
         return Decision(Action.SUCCEED, attempt, c.REASON_SUCCEEDED, f"all {spec.world_size} ranks exited 0")
+    if queue is not None and queue.gate != Gate.ADMITTED:
+        action = Action.SUSPEND if queue.gate == Gate.EVICTED else Action.QUEUE
+        return Decision(action, attempt, queue.reason, queue.message, delete_pods=_whole_gang(summary))
     failure = summary.failure or _lost_rank(spec, status, summary)
     if failure is not None:
         wait = _echo_wait(failure, now)

@@ -23,6 +23,7 @@ from ddp_operator.leader import LeaderElector
 from ddp_operator.nodewatch import NodeCache
 from ddp_operator.podwatch import PodCache
 from ddp_operator.reconciler import JobStore, Reconciler
+from ddp_operator.workloadwatch import WorkloadCache
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +36,14 @@ class Runtime:
         self.jobs = JobStore()
         self.kube = KubeApi(make_api_client(os.environ.get("KUBECONFIG")))
         self.loop = asyncio.get_running_loop()
-        self.pods = PodCache(self.kube.api, self._pods_changed, namespaces=namespaces)
+        self.pods = PodCache(self.kube.api, self._job_changed, namespaces=namespaces)
         self.nodes = NodeCache(self.kube.api, self._nodes_changed)
-        self.reconciler = Reconciler(self.kube, self.jobs, self.pods, self.nodes.snapshot)
+        # Started by the first job that names a Kueue queue; the same namespaces as the pods.
+        self.workloads = WorkloadCache(self.kube.api, self._job_changed, namespaces=namespaces)
+        self.reconciler = Reconciler(self.kube, self.jobs, self.pods, self.nodes.snapshot, workloads=self.workloads)
         self.collector = metrics.JobCollector(self.jobs.all)
 
-    def _pods_changed(self, key: tuple[str, str]) -> None:
+    def _job_changed(self, key: tuple[str, str]) -> None:
         # Called on the pod-watch thread, which may outlive the loop by a moment at shutdown.
         if not self.loop.is_closed():
             self.reconciler.add_threadsafe(self.loop, key)
@@ -49,7 +52,7 @@ class Runtime:
         """News of nodes concerns the jobs with pods on them (a node lost) and those with pods waiting
         for one (whether the gang fits at all)."""
         for key in self.pods.jobs_with(lambda pod: pod["spec"].get("nodeName") in names or not pod["spec"].get("nodeName")):
-            self._pods_changed(key)
+            self._job_changed(key)
 
 
 @kopf.on.startup()
@@ -99,6 +102,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     if runtime is not None:
         runtime.pods.stop()
         runtime.nodes.stop()
+        runtime.workloads.stop()
         await runtime.reconciler.stop()
         REGISTRY.unregister(runtime.collector)
         runtime.kube.close()

@@ -14,6 +14,8 @@ from kubernetes.watch.watch import iter_resp_lines
 
 log = logging.getLogger(__name__)
 FORBIDDEN_RETRY = 60.0
+# A resource not served (404: its CRD not installed yet) is looked for again this often.
+NOT_SERVED_RETRY = 5.0
 
 
 class ListWatch(ABC):
@@ -24,6 +26,7 @@ class ListWatch(ABC):
         self._what = what
         self._watch_timeout = watch_timeout
         self.synced = threading.Event()
+        self.last_error: ApiException | None = None  # the last failure of the list or watch, until a list succeeds
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -58,9 +61,10 @@ class ListWatch(ABC):
                     version = self._watch(version)
             except ApiException as error:
                 if error.status != 410:  # 410 Gone: the resource version expired; relist
+                    self.last_error = error
                     log.warning("%s watch failed (%s); relisting", self._what, error.reason)
                     # Forbidden (a ClusterRole from an older chart) will not pass by itself soon.
-                    self._stop.wait(FORBIDDEN_RETRY if error.status == 403 else 1.0)
+                    self._stop.wait({403: FORBIDDEN_RETRY, 404: NOT_SERVED_RETRY}.get(error.status, 1.0))
             except Exception:  # a dropped connection must not end the watch for good
                 log.exception("%s watch broke; relisting", self._what)
                 self._stop.wait(1.0)
@@ -68,6 +72,7 @@ class ListWatch(ABC):
     def _relist(self) -> str:
         listing = json.loads(self._call(_preload_content=False).data)
         self._replace(listing.get("items", []))
+        self.last_error = None
         self.synced.set()
         return str(listing["metadata"]["resourceVersion"])
 

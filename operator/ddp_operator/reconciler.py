@@ -10,6 +10,8 @@ A status pass (`reconcile`), run for a job whenever it or one of its pods change
     delete decision.delete_pods, each by the uid the summary saw
     force-delete summary.lost_pods (Terminating on a lost node: no kubelet will finish them)
     hand the job to the creation queue when the decision is Create
+    for a job in a Kueue queue: create its Workload, hand its quota back once an evicted (or
+      suspended) gang's pods are gone, mark it Finished with the job        queueing.py
 A creation pass (`create_children`) decides again from what the cluster holds now and creates the
 Service, the progress identity and the free ranks' pods, only for the attempt status records; it runs
 on its own queue, so a job whose gang just became Running never waits behind other jobs' creations.
@@ -28,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from kubernetes.client.rest import ApiException
 
@@ -43,6 +45,19 @@ from ddp_operator.manifests import build_pod, build_progress_access, build_servi
 from ddp_operator.nodes import NodeInfo, Nodes, lost_nodes, seconds_until_lost
 from ddp_operator.podsummary import InTheWay, PodSummary, RankProblem, summarize_pods
 from ddp_operator.podwatch import JobKey, PodCache
+from ddp_operator.queueing import (
+    PRIORITY_CLASS_LABEL,
+    QueueState,
+    activation_patch,
+    belongs_to,
+    build_workload,
+    can_judge,
+    finish_patch,
+    priority_class,
+    queue_name,
+    queue_state,
+    release_patch,
+)
 from ddp_operator.spec import InvalidSpec, JobSpec, parse_spec, validate_job_name
 from ddp_operator.statuspatch import (
     changed_fields,
@@ -51,6 +66,7 @@ from ddp_operator.statuspatch import (
     invalid_spec_status,
     only_counts_changed,
 )
+from ddp_operator.workloadwatch import WorkloadCache
 from ddp_operator.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -62,6 +78,10 @@ COUNTS_INTERVAL = 1.0
 DELETE_REISSUE_AFTER = 30.0
 # Seconds between looks at objects holding a job's names, which no watch of ours reports.
 IN_THE_WAY_RECHECK = 5.0
+# Seconds between tries to create a Workload the API refused (a missing WorkloadPriorityClass).
+WORKLOAD_RETRY = 10.0
+# Seconds between passes for a queued job while the Workload watch has not listed them yet.
+WORKLOADS_UNSYNCED_RECHECK = 1.0
 # The work queues' names in the metrics.
 STATUS_QUEUE = "status"
 CREATION_QUEUE = "creation"
@@ -110,11 +130,13 @@ class Reconciler:
     """Two keyed queues drive it: `queue` runs status passes, `creations` runs creation passes."""
 
     def __init__(self, kube: KubeApi, jobs: JobStore, pods: PodCache, nodes: Callable[[], Nodes] = Nodes,
-                 workers: int = 32) -> None:
+                 workers: int = 32, workloads: WorkloadCache | None = None) -> None:
         self.kube = kube
         self.jobs = jobs
         self.pods = pods
         self.nodes = nodes
+        self.workloads = workloads
+        self._workload_problems: dict[JobKey, str] = {}  # why a job's Workload could not be created
         self._patched_at: dict[JobKey, float] = {}  # monotonic time of each job's last status patch
         self._deleting: dict[tuple[str, bool], float] = {}  # (uid, forced) -> monotonic time its delete was issued
         self._in_the_way: dict[JobKey, InTheWay] = {}  # what the last creation pass found holding our names
@@ -143,6 +165,7 @@ class Reconciler:
         self._patched_at.pop(key, None)
         self._in_the_way.pop(key, None)
         self._fit.pop(key, None)
+        self._workload_problems.pop(key, None)
 
     async def reconcile(self, key: JobKey) -> float | None:
         """The status pass: decide, record status, delete, and hand pod creation to `creations`."""
@@ -169,7 +192,10 @@ class Reconciler:
         if current is None:
             return
         job, spec, status, now = current
-        decision = decide(spec, status, self._summary(job, status, spec, now), now)
+        queue = self._queue(job, spec, status)
+        if queue is False:
+            return
+        decision = decide(spec, status, self._summary(job, status, spec, now), now, queue or None)
         # Status first: until the status pass has recorded this attempt, it is not ours to create.
         if decision.action != Action.CREATE or decision.attempt != int(status.get("attempt", 0)):
             return
@@ -233,8 +259,11 @@ class Reconciler:
 
     async def _reconcile(self, job: dict[str, Any], spec: JobSpec, status: Mapping[str, Any], now: datetime) -> float | None:
         name = job["metadata"]["name"]
+        queue = self._queue(job, spec, status)
+        if queue is False:  # not known yet whether Kueue admits it: nothing is done until it is
+            return WORKLOADS_UNSYNCED_RECHECK
         summary = self._summary(job, status, spec, now)
-        decision = decide(spec, status, summary, now)
+        decision = decide(spec, status, summary, now, queue or None)
         log.debug("%s/%s: %s", job["metadata"]["namespace"], name, decision)
         # Status first: if an action below fails, the next pass repeats it from the recorded
         # attempt instead of counting the same restart twice.
@@ -245,17 +274,88 @@ class Reconciler:
             await self._record(job, patch)
         await self._delete(job, decision.delete_pods, summary.uids)
         await self._delete(job, summary.lost_pods, summary.uids, force=True)
+        if queue_name(job) is not None and self.workloads is not None and self.workloads.synced_in(key[0]):
+            await self._sync_workload(job, spec, {**status, **patch}, now)
         if decision.action == Action.CREATE:
             # Not awaited here: a pass that waited on pod creation would hold its worker while
             # other jobs' status (a gang that just became Running) waits in the queue.
             self.creations.add(key)
         # Objects in the way are not watched (they are not ours): look again in a while.
         recheck = IN_THE_WAY_RECHECK if self._in_the_way.get(key) else None
+        if key in self._workload_problems:
+            recheck = min(recheck or WORKLOAD_RETRY, WORKLOAD_RETRY)
         # A node NotReady under a rank is lost once the grace has passed: look again then.
         lost_in = seconds_until_lost(summary.nodes, self.nodes(), spec.node_lost_grace_seconds, now)
         due = [t for t in (wait, recheck, lost_in, decision.recheck_after, requeue_after({**status, **patch}, spec, now))
                if t is not None]
         return min(due) if due else None
+
+    def _queue(self, job: Mapping[str, Any], spec: JobSpec, status: Mapping[str, Any]
+               ) -> QueueState | None | Literal[False]:
+        """For a job in a Kueue queue, what its Workload allows; None for any other job (or a finished
+        one), False while the Workload watch has not listed yet: a running gang is not judged (and
+        stopped) on a view that is merely empty."""
+        if queue_name(job) is None or self.workloads is None:
+            return None
+        self.workloads.ensure_started()  # a finished job's Workload is still to be marked Finished
+        if status.get("phase") in c.TERMINAL_PHASES:
+            return None
+        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        unavailable = self.workloads.unavailable(key[0])
+        error = self.workloads.error_in(key[0])
+        if not can_judge(unavailable, error.status if error is not None else None):
+            return False
+        return queue_state(job, spec, self._workload(job), unavailable or self._workload_problems.get(key))
+
+    def _workload(self, job: Mapping[str, Any]) -> dict[str, Any] | None:
+        if self.workloads is None:
+            return None
+        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        return next((w for w in self.workloads.workloads(key) if belongs_to(w, job)), None)
+
+    async def _sync_workload(self, job: dict[str, Any], spec: JobSpec, status: Mapping[str, Any],
+                             now: datetime) -> None:
+        """Carries out the Workload's part of the pass: create it; deactivate it while the job is
+        suspended; once an evicted gang's pods are gone, hand its quota back; when the job has
+        finished, mark it Finished."""
+        assert self.workloads is not None
+        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        workload = self._workload(job)
+        phase = status.get("phase")
+        try:
+            if phase in c.TERMINAL_PHASES:
+                patch = workload and finish_patch(workload, phase == c.PHASE_SUCCEEDED, str(status.get("message", "")),
+                                                  now)
+            elif workload is None:
+                await self._create_workload(job, spec, int(status.get("attempt", 0)))
+                return
+            else:
+                active = activation_patch(workload, spec)
+                if active:
+                    await self.kube.patch_workload(key[0], workload["metadata"]["name"], active)
+                patch = None if self.pods.pods(key) else release_patch(workload, now)
+            if workload and patch:
+                await self.kube.patch_workload_status(key[0], workload["metadata"]["name"], patch)
+        except ApiException as error:
+            if error.status in (404, 409):  # gone, or changed since it was read: the next pass sees it
+                return
+            if error.status not in (400, 403, 422):
+                raise
+            self._workload_problems[key] = f"its Workload was refused: {api_message(error)}"
+
+    async def _create_workload(self, job: dict[str, Any], spec: JobSpec, attempt: int) -> None:
+        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        priority = None
+        name = priority_class(job)
+        if name:
+            priority = await self.kube.workload_priority(name)
+            if priority is None:
+                self._workload_problems[key] = (f"WorkloadPriorityClass {name} (label {PRIORITY_CLASS_LABEL}) does not "
+                                                "exist: create it or change the label")
+                return
+        pod_spec = build_pod(job, spec, 0, attempt)["spec"]
+        await self.kube.ensure(adopt(build_workload(job, spec, pod_spec, priority), job))
+        self._workload_problems.pop(key, None)
 
     def _counts_wait(self, key: JobKey, status: Mapping[str, Any], patch: Mapping[str, Any]) -> float | None:
         """Seconds to hold back a patch that only moves rank counts; None to patch now."""

@@ -11,6 +11,7 @@ from typing import Any
 
 from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
+from ddp_operator.conditions import get_condition, set_condition
 from ddp_operator.decision import Action, Decision
 from ddp_operator.podsummary import PodSummary
 from ddp_operator.policy import RESTART_COUNTERS
@@ -29,6 +30,7 @@ DECISION_PHASE = {
     Action.FAIL: c.PHASE_FAILED,
     Action.SUCCEED: c.PHASE_SUCCEEDED,
     Action.SUSPEND: c.PHASE_SUSPENDED,
+    Action.QUEUE: c.PHASE_PENDING,
 }
 
 
@@ -75,7 +77,7 @@ def compute_status(
         "ready": f"{summary.ready * spec.ranks_per_pod}/{spec.world_size}",
         "reason": reason,
         "message": message,
-        "startTime": _start_time(status, phase, stamp),
+        "startTime": _start_time(status, phase, stamp, decision),
         "completionTime": status.get("completionTime") or (stamp if phase in c.TERMINAL_PHASES else None),
         "conditions": _conditions(status, phase, reason, message, summary, decision, now, generation),
     }
@@ -144,41 +146,6 @@ def invalid_spec_status(
     return patch
 
 
-def set_condition(
-    conditions: Iterable[Mapping[str, Any]],
-    type_: str,
-    status: bool | str,
-    reason: str,
-    message: str,
-    now: datetime,
-    generation: int | None = None,
-) -> list[dict[str, Any]]:
-    """A new list with the condition `type_` set; lastTransitionTime moves only when status flips."""
-    value = ("True" if status else "False") if isinstance(status, bool) else status
-    result = [dict(cond) for cond in conditions]
-    current = next((cond for cond in result if cond.get("type") == type_), None)
-    updated: dict[str, Any] = {
-        "type": type_,
-        "status": value,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": rfc3339(now),
-    }
-    if generation is not None:
-        updated["observedGeneration"] = generation
-    if current is None:
-        return [*result, updated]
-    if current.get("status") == value and current.get("lastTransitionTime"):
-        updated["lastTransitionTime"] = current["lastTransitionTime"]
-    current.clear()
-    current.update(updated)
-    return result
-
-
-def get_condition(conditions: Iterable[Mapping[str, Any]], type_: str) -> Mapping[str, Any] | None:
-    return next((cond for cond in conditions if cond.get("type") == type_), None)
-
-
 def _conditions(
     status: Mapping[str, Any],
     phase: str,
@@ -226,9 +193,10 @@ def _reason_message(
     return (cause, f"{waiting}; {detail}") if cause else (c.REASON_WAITING, waiting)
 
 
-def _start_time(status: Mapping[str, Any], phase: str, stamp: str) -> str | None:
-    """Set when the job first runs unsuspended; cleared by suspension so the deadline restarts."""
-    if phase == c.PHASE_SUSPENDED:
+def _start_time(status: Mapping[str, Any], phase: str, stamp: str, decision: Decision) -> str | None:
+    """Set when the job first runs unsuspended (and admitted, in a Kueue queue); cleared by
+    suspension and by waiting in the queue, so the deadline restarts."""
+    if phase == c.PHASE_SUSPENDED or decision.action == Action.QUEUE:
         return None
     return status.get("startTime") or stamp
 

@@ -15,32 +15,19 @@ from kubernetes import client
 
 from ddp_contract import api
 from ddp_operator import constants as c
-from fakenodes import FAKE_NODE_SELECTOR, FAKE_NODE_TOLERATION
-from kube import REPO, Cluster, cluster_script, wait_until
+from ddp_operator.queueing import KUEUE_GROUP
+from helmchart import CHART, ON_FAKE_NODES, env_of, helm_for, installed
+from kube import REPO, Cluster, kubeconfig_of, wait_until
 
-CHART = REPO / "charts"
+WORKLOADS = f"workloads.{KUEUE_GROUP}"
 SYNC = Path("scripts") / "sync-crds.sh"
 CHART_CRD = Path("charts") / "crds" / "ddpjob.yaml"
 KINDS = ["ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding", "ServiceAccount"]
 
 
-
-# The release's own operator pod goes to kwok's fake nodes, which fake it Running: on the real node,
-# with the operator image loaded there, it would really run and act (and take the Lease) beside the
-# operator process each test runs itself.
-ON_FAKE_NODES = ("--set-json", f"nodeSelector={json.dumps(FAKE_NODE_SELECTOR)}",
-                 "--set-json", f"tolerations={json.dumps([FAKE_NODE_TOLERATION])}")
-
-
 @pytest.fixture(scope="module")
 def helm(cluster: Cluster):
-    binary = cluster_script("bindir").stdout.strip().split(":")[1] + "/helm" if cluster.local else "helm"
-
-    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run([binary, "--kubeconfig", cluster.kubeconfig, *args], capture_output=True, text=True,
-                              check=check)
-
-    return run
+    return helm_for(cluster)
 
 
 def render(helm, *args: str, namespace: str = "ops") -> dict[str, dict[str, Any]]:
@@ -51,11 +38,6 @@ def render(helm, *args: str, namespace: str = "ops") -> dict[str, dict[str, Any]
 def render_all(helm, *args: str, namespace: str = "ops") -> list[dict[str, Any]]:
     docs = yaml.safe_load_all(helm("template", "rel", str(CHART), "-n", namespace, *args).stdout)
     return [doc for doc in docs if doc]
-
-
-def env_of(container: dict[str, Any]) -> dict[str, Any]:
-    """The container's env: plain values, and the field path of those from the downward API."""
-    return {e["name"]: e.get("value", e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")) for e in container["env"]}
 
 
 def sync(root: Path, *args: str) -> subprocess.CompletedProcess:
@@ -184,12 +166,6 @@ def can_i(kubectl, account: str, *args: str) -> bool:
     return result.stdout.strip() == "yes"
 
 
-def installed(helm, release: str, namespace: str) -> dict[str, dict[str, Any]]:
-    """The release's objects by kind, as Helm recorded them."""
-    docs = yaml.safe_load_all(helm("get", "manifest", release, "-n", namespace).stdout)
-    return {doc["kind"]: doc for doc in docs if doc}
-
-
 def live(kube_api, kind: str, name: str, namespace: str) -> Any:
     """The object as the API server has it, or None."""
     rbac, core, apps = client.RbacAuthorizationV1Api(kube_api), client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
@@ -231,10 +207,12 @@ def test_install_grants_the_operator_what_it_needs_and_uninstall_removes_it(
         allowed = [["create", "pods"], ["delete", "pods"], ["watch", "pods"], ["list", job], ["delete", job],
                    ["patch", job, status], ["get", job, status], ["create", "services"],
                    ["create", "serviceaccounts"], ["create", "roles"], ["create", "rolebindings"],
-                   ["create", "events"], ["watch", "nodes"], ["list", "nodes"]]
+                   ["create", "events"], ["watch", "nodes"], ["list", "nodes"],
+                   ["create", WORKLOADS], ["watch", WORKLOADS], ["patch", WORKLOADS], ["patch", WORKLOADS, status]]
         for verb_and_resource in allowed:
             assert can_i(kubectl, account, *verb_and_resource, *elsewhere), verb_and_resource
         assert can_i(kubectl, account, "watch", "customresourcedefinitions.apiextensions.k8s.io")
+        assert can_i(kubectl, account, "get", f"workloadpriorityclasses.{KUEUE_GROUP}")
         for verb in ("get", "create", "update"):  # the Lease, in the release's namespace only
             assert can_i(kubectl, account, verb, "leases.coordination.k8s.io", "-n", namespace), verb
             assert not can_i(kubectl, account, verb, "leases.coordination.k8s.io", *elsewhere), verb
@@ -259,18 +237,6 @@ def run_and_restart(jobs, name: str) -> None:
     jobs.finish(f"{name}-1", 137)
     jobs.wait_pods(name, 2, attempt=1)
     assert jobs.wait_phase(name, c.PHASE_RUNNING)["restarts"] == 1
-
-
-def kubeconfig_of(kube_api, account: str, namespace: str, admin: str, tmp_path: Path) -> Path:
-    """A kubeconfig that acts as the ServiceAccount (a token for an hour)."""
-    token = client.CoreV1Api(kube_api).create_namespaced_service_account_token(
-        account, namespace, {"spec": {"expirationSeconds": 3600}}).status.token
-    config = yaml.safe_load(Path(admin).read_text())
-    config["users"] = [{"name": "operator", "user": {"token": token}}]
-    config["contexts"][0]["context"]["user"] = "operator"
-    path = tmp_path / f"{account}.kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 def test_operator_runs_under_the_charts_rbac(helm, kube_api, namespace, operator, jobs, tmp_path) -> None:
@@ -308,9 +274,10 @@ def test_watch_namespaces_narrow_rbac_to_roles_in_each(helm) -> None:
     docs = render_all(helm, "--set", "watchNamespaces={team-a,team-b}")
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     assert env_of(deployment["spec"]["template"]["spec"]["containers"][0])[c.ENV_NAMESPACES] == "team-a,team-b"
-    # Cluster-wide, only what is not namespaced: nodes (read) and CRDs (for kopf).
+    # Cluster-wide, only what is not namespaced: nodes (read), Kueue's priority classes (read) and CRDs (for kopf).
     cluster_role = next(d for d in docs if d["kind"] == "ClusterRole")
-    assert [rule["resources"] for rule in cluster_role["rules"]] == [["nodes"], ["customresourcedefinitions"]]
+    assert [rule["resources"] for rule in cluster_role["rules"]] == [
+        ["nodes"], ["workloadpriorityclasses"], ["customresourcedefinitions"]]
     # Each namespace gets the rest of the cluster-wide rules, bound to the operator's account.
     roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role" and "leader" not in d["metadata"]["name"]}
     bindings = {d["metadata"]["namespace"]: d for d in docs
@@ -374,7 +341,8 @@ def test_a_release_for_one_namespace_runs_the_operator_there_only_with_its_lease
         account_name = objects["ServiceAccount"]["metadata"]["name"]
         account = f"system:serviceaccount:{namespace}:{account_name}"
         job, here, elsewhere = f"{api.PLURAL}.{api.GROUP}", ["-n", namespace], ["-n", "any-namespace"]
-        for verb_and_resource in (["create", "pods"], ["watch", "pods"], ["watch", job], ["create", "roles"]):
+        for verb_and_resource in (["create", "pods"], ["watch", "pods"], ["watch", job], ["create", "roles"],
+                                  ["watch", WORKLOADS], ["patch", WORKLOADS, "--subresource=status"]):
             assert can_i(kubectl, account, *verb_and_resource, *here), verb_and_resource
             assert not can_i(kubectl, account, *verb_and_resource, *elsewhere), verb_and_resource
         assert can_i(kubectl, account, "watch", "nodes") and not can_i(kubectl, account, "list", "pods", "-A")

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -18,6 +16,7 @@ from kubernetes.client.rest import ApiException
 from ddp_contract import kubeclient
 from fakenodes import on_fake_nodes
 from kube import Cluster, cluster_script, local_kubeconfig, script_setting, wait_until
+from procs import alive, ip_of, is_loopback, listening_addresses
 
 
 def gpu_pod(name: str, gpus: int) -> dict:
@@ -135,40 +134,6 @@ def test_service_account_is_refused_without_permission_and_allowed_with_it(kube_
 # --- the local control plane itself ------------------------------------------------------------
 
 
-def listening_addresses(pids: list[int]) -> list[str]:
-    """The local addresses (hex ip:port as in /proc/net/{tcp,udp}*) on which these processes listen
-    (TCP) or take datagrams (UDP)."""
-    inodes: set[str] = set()
-    for pid in pids:
-        fd_dir = Path(f"/proc/{pid}/fd")
-        for fd in fd_dir.iterdir():
-            try:
-                target = os.readlink(fd)
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    found = []
-    # 0A: a listening TCP socket; 07: an unconnected UDP one (a server's)
-    for table, state in (("tcp", "0A"), ("tcp6", "0A"), ("udp", "07"), ("udp6", "07")):
-        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] == state and fields[9] in inodes:
-                found.append(fields[1])
-    return found
-
-
-def ip_of(hex_address: str) -> str:
-    ip_hex = hex_address.split(":")[0]
-    if len(ip_hex) == 8:
-        return socket.inet_ntoa(bytes.fromhex(ip_hex)[::-1])
-    return "::1" if ip_hex == "00000000000000000000000001000000" else ip_hex
-
-
-def is_loopback(hex_address: str) -> bool:
-    return ip_of(hex_address).startswith("127.") or ip_of(hex_address) == "::1"
-
-
 def real_node_addresses(kube_api) -> set[str]:
     """The InternalIP of each real node (kubelet with containerd): its pod bridge's gateway."""
     return {a.address for n in client.CoreV1Api(kube_api).list_node().items
@@ -197,14 +162,6 @@ CONTROL_PLANE = script_setting("CONTROL_PLANE").strip("()").split()
 def cluster_pids(kubeconfig: str) -> dict[str, int]:
     pid_dir = Path(kubeconfig).parent / "pids"
     return {f.stem: int(f.read_text()) for f in pid_dir.glob("*.pid")}
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
 
 
 def test_local_cluster_listens_on_loopback_and_the_pod_bridge_only(cluster: Cluster, kube_api) -> None:

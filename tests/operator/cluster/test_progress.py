@@ -11,18 +11,7 @@ from ddp_operator import constants as c
 from ddp_operator.manifests import progress_service_account
 from ddp_trainer.jobstatus import JobStatusSink, last_checkpoint
 from ddp_trainer.progress import ProgressReporter
-from kube import env_of, wait_until
-
-
-def client_as(kube_api: client.ApiClient, namespace: str, account: str) -> client.ApiClient:
-    """An API client holding a token of namespace/account, as a rank's pod would."""
-    core = client.CoreV1Api(kube_api)
-    token = core.create_namespaced_service_account_token(account, namespace, {"spec": {"expirationSeconds": 600}})
-    configuration = client.Configuration()
-    configuration.host = kube_api.configuration.host
-    configuration.ssl_ca_cert = kube_api.configuration.ssl_ca_cert
-    configuration.api_key = {"authorization": f"Bearer {token.status.token}"}
-    return client.ApiClient(configuration)
+from kube import client_as, env_of, wait_until
 
 
 def test_rank_identity_can_write_its_own_jobs_progress_and_nothing_else(jobs, kube_api, kubectl) -> None:

@@ -23,7 +23,7 @@ def cache(*namespaces: str) -> tuple[PodCache, list[tuple[str, str]]]:
 
 def test_named_namespaces_get_a_watch_each_and_a_relist_of_one_leaves_the_others() -> None:
     pods, seen = cache("team-a", "team-b")
-    assert [w._namespace for w in pods._watches] == ["team-a", "team-b"]
+    assert [w.namespace for w in pods._watches] == ["team-a", "team-b"]
     pods.replace("team-a", [in_namespace("team-a", 0), in_namespace("team-a", 1)])
     pods.replace("team-b", [in_namespace("team-b", 0)])
     pods.replace("team-a", [in_namespace("team-a", 1)])
@@ -34,7 +34,7 @@ def test_named_namespaces_get_a_watch_each_and_a_relist_of_one_leaves_the_others
 
 def test_everywhere_is_one_cluster_wide_watch_whose_relist_replaces_all() -> None:
     pods, _ = cache()
-    assert [w._namespace for w in pods._watches] == [None]
+    assert [w.namespace for w in pods._watches] == [None]
     pods.replace(None, [in_namespace("team-a", 0), in_namespace("team-b", 0)])
     pods.replace(None, [in_namespace("team-b", 0)])
     assert pods.pods(("team-a", JOB)) == [] and len(pods.pods(("team-b", JOB))) == 1
@@ -42,7 +42,7 @@ def test_everywhere_is_one_cluster_wide_watch_whose_relist_replaces_all() -> Non
 
 def test_globs_watch_the_cluster_and_keep_the_matching_namespaces_pods() -> None:
     pods, seen = cache("t-12ab-*")
-    assert [w._namespace for w in pods._watches] == [None]
+    assert [w.namespace for w in pods._watches] == [None]
     pods.replace(None, [in_namespace("t-12ab-one", 0), in_namespace("t-99zz-two", 0)])
     pods.apply("ADDED", in_namespace("t-99zz-two", 1))
     pods.apply("ADDED", in_namespace("t-12ab-one", 1))

@@ -1,0 +1,215 @@
+"""Kueue: a DDPJob labelled with a LocalQueue runs only while Kueue admits its whole gang.
+
+The operator integrates the way Kueue's own job integrations do, from outside Kueue: for a queued
+job it creates a Workload (one pod set: the job's pods, each with rank 0's pod spec, so its
+resources, nodeSelector, tolerations and affinity) owned by the job, and keeps the job without pods
+until Kueue admits that Workload. When Kueue evicts it (preemption by a higher priority, a stopped
+queue) the pods are deleted and, once they are gone, the quota is handed back (the Workload's
+admission cleared, as Kueue's job reconciler does), so Kueue queues it again; on re-admission the
+gang is created afresh and resumes from status.lastCheckpoint. A finished job marks its Workload
+Finished, which frees the quota. A suspended job's Workload is deactivated (spec.active false), so
+Kueue evicts it if admitted and admits it no more until the job is resumed.
+
+Everything here is pure: what the Workload looks like, what its status means for the job, and the
+status patches the operator writes to it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from ddp_operator import constants as c
+from ddp_operator.conditions import get_condition, set_condition
+from ddp_operator.manifests import job_labels
+from ddp_operator.spec import JobSpec
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
+KUEUE_GROUP = "kueue.x-k8s.io"
+# v1beta1: the version Kueue stores, served by every Kueue release since 0.3, and read without
+# Kueue's conversion webhook.
+KUEUE_VERSION = "v1beta1"
+WORKLOADS = "workloads"
+PRIORITY_CLASSES = "workloadpriorityclasses"
+PRIORITY_CLASS_SOURCE = "kueue.x-k8s.io/workloadpriorityclass"
+POD_SET = "ranks"
+# Workload condition types and reasons, as Kueue writes them.
+COND_QUOTA_RESERVED = "QuotaReserved"
+COND_ADMITTED = "Admitted"
+COND_EVICTED = "Evicted"
+COND_REQUEUED = "Requeued"
+COND_FINISHED = "Finished"
+# Evictions after which Kueue's own integrations mark the Workload Requeued=True.
+REQUEUED_EVICTIONS = frozenset({"Preempted", "NodeFailures"})
+
+
+class Gate(enum.StrEnum):
+    ADMITTED = "Admitted"  # the gang may run
+    QUEUED = "Queued"  # waiting for admission: no pods
+    EVICTED = "Evicted"  # admitted, then evicted: the pods go, then the quota is handed back
+
+
+@dataclass(frozen=True)
+class QueueState:
+    gate: Gate
+    reason: str = ""  # the job's status reason while the gate is closed
+    message: str = ""
+
+
+ADMITTED = QueueState(Gate.ADMITTED)
+
+
+def queue_name(job: Mapping[str, Any]) -> str | None:
+    """The LocalQueue the job names, if any: only such jobs wait for Kueue."""
+    value = ((job.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL)
+    return str(value) if value else None
+
+
+def priority_class(job: Mapping[str, Any]) -> str | None:
+    value = ((job.get("metadata") or {}).get("labels") or {}).get(PRIORITY_CLASS_LABEL)
+    return str(value) if value else None
+
+
+def workload_name(job: Mapping[str, Any]) -> str:
+    """'ddpjob-<job>-<uid prefix>': a job deleted and created again under its name gets a new Workload."""
+    meta = job["metadata"]
+    return f"ddpjob-{meta['name']}-{str(meta.get('uid', ''))[:5]}"
+
+
+def build_workload(job: Mapping[str, Any], spec: JobSpec, pod_spec: Mapping[str, Any],
+                   priority: int | None = None) -> dict[str, Any]:
+    """The job's Workload: one pod set of spec.pods pods, each with the given (rank 0's) pod spec.
+
+    ownerReferences are added by the caller; the Workload goes with its job.
+    """
+    meta = job["metadata"]
+    workload_spec: dict[str, Any] = {
+        "active": not spec.suspend,
+        "queueName": queue_name(job),
+        "podSets": [{"name": POD_SET, "count": spec.pods, "template": {"spec": dict(pod_spec)}}],
+    }
+    name = priority_class(job)
+    if name:
+        workload_spec.update(priorityClassName=name, priorityClassSource=PRIORITY_CLASS_SOURCE, priority=priority or 0)
+    return {
+        "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+        "kind": "Workload",
+        "metadata": {"name": workload_name(job), "namespace": meta["namespace"], "labels": job_labels(meta["name"])},
+        "spec": workload_spec,
+    }
+
+
+def belongs_to(workload: Mapping[str, Any], job: Mapping[str, Any]) -> bool:
+    """Whether the job (this uid) controls the Workload."""
+    uid = job["metadata"].get("uid")
+    refs = (workload.get("metadata") or {}).get("ownerReferences") or []
+    return any(ref.get("controller") and ref.get("uid") == uid for ref in refs)
+
+
+def _true(conditions: Iterable[Mapping[str, Any]], type_: str) -> Mapping[str, Any] | None:
+    found = get_condition(conditions, type_)
+    return found if found is not None and found.get("status") == "True" else None
+
+
+def queue_state(job: Mapping[str, Any], spec: JobSpec, workload: Mapping[str, Any] | None,
+                unavailable: str | None = None) -> QueueState:
+    """What the job's Workload (None: not created yet) says the gang may do.
+
+    unavailable: why the operator cannot see Workloads at all (Kueue not installed), if so.
+    """
+    queue = queue_name(job)
+    waiting = f"waiting in LocalQueue {queue} for Kueue to admit the gang ({spec.pods} pods)"
+    if unavailable:
+        return QueueState(Gate.QUEUED, c.REASON_QUEUED, f"{waiting}; {unavailable}")
+    if workload is None:
+        return QueueState(Gate.QUEUED, c.REASON_QUEUED, f"{waiting}; creating its Workload {workload_name(job)}")
+    conditions = (workload.get("status") or {}).get("conditions") or []
+    evicted = _true(conditions, COND_EVICTED)
+    reserved = _true(conditions, COND_QUOTA_RESERVED)
+    if evicted is not None and reserved is not None:
+        why = evicted.get("reason") or "Evicted"
+        return QueueState(Gate.EVICTED, c.REASON_EVICTED,
+                          f"Kueue evicted the gang ({why}: {evicted.get('message', '')}); its pods are deleted "
+                          f"and it waits in LocalQueue {queue} to be admitted again")
+    if _true(conditions, COND_ADMITTED) is not None:
+        return ADMITTED
+    if reserved is not None:
+        return QueueState(Gate.QUEUED, c.REASON_QUEUED,
+                          f"{waiting}; quota is reserved, its admission checks are pending")
+    pending = get_condition(conditions, COND_QUOTA_RESERVED)
+    said = (pending or {}).get("message") or "not considered yet"
+    return QueueState(Gate.QUEUED, c.REASON_QUEUED, f"{waiting}; Kueue: {said}")
+
+
+def can_judge(unavailable: str | None, error_status: int | None) -> bool:
+    """Whether a queued job may be judged on the Workload watch's view of its namespace: once the
+    watch has listed, or when Kueue's API is not served at all (404: the job waits, its status saying
+    so). Not while the watch is still listing, or refused: a running gang is not stopped on a view
+    that is merely empty."""
+    return not unavailable or error_status == 404
+
+
+def holds_quota(workload: Mapping[str, Any] | None) -> bool:
+    conditions = ((workload or {}).get("status") or {}).get("conditions") or []
+    return _true(conditions, COND_QUOTA_RESERVED) is not None
+
+
+def is_finished(workload: Mapping[str, Any] | None) -> bool:
+    conditions = ((workload or {}).get("status") or {}).get("conditions") or []
+    return _true(conditions, COND_FINISHED) is not None
+
+
+def is_active(workload: Mapping[str, Any]) -> bool:
+    return bool((workload.get("spec") or {}).get("active", True))
+
+
+def activation_patch(workload: Mapping[str, Any], spec: JobSpec) -> dict[str, Any] | None:
+    """The Workload spec patch that deactivates it while the job is suspended, and activates it
+    again on resume; None when it is as it should be."""
+    active = not spec.suspend
+    return None if is_active(workload) == active else {"spec": {"active": active}}
+
+
+def release_patch(workload: Mapping[str, Any], now: datetime) -> dict[str, Any] | None:
+    """The Workload status patch that hands its quota back once an evicted gang's pods are gone, as
+    Kueue's job integrations do (Requeued as they set it); Kueue then queues it again. None when it
+    holds no quota or was not evicted."""
+    status = workload.get("status") or {}
+    conditions = status.get("conditions") or []
+    evicted = _true(conditions, COND_EVICTED)
+    if not holds_quota(workload) or evicted is None:
+        return None
+    reason, message = str(evicted.get("reason") or "Evicted"), str(evicted.get("message") or "")
+    generation = (workload.get("metadata") or {}).get("generation")
+    conditions = set_condition(conditions, COND_REQUEUED, reason in REQUEUED_EVICTIONS, reason, message, now,
+                               generation)
+    return _without_quota(workload, conditions, "Pending", message, now)
+
+
+def finish_patch(workload: Mapping[str, Any], succeeded: bool, message: str, now: datetime) -> dict[str, Any] | None:
+    """The Workload status patch for a finished job (Finished; the quota handed back); None if it is marked so."""
+    if is_finished(workload):
+        return None
+    generation = (workload.get("metadata") or {}).get("generation")
+    conditions = set_condition((workload.get("status") or {}).get("conditions") or [], COND_FINISHED, True,
+                               "Succeeded" if succeeded else "Failed", message, now, generation)
+    return _without_quota(workload, conditions, COND_FINISHED, "Workload has finished", now)
+
+
+def _without_quota(workload: Mapping[str, Any], conditions: list[dict[str, Any]], reason: str, message: str,
+                   now: datetime) -> dict[str, Any]:
+    """A merge patch: no admission, QuotaReserved and Admitted False; conditional on the Workload's
+    resourceVersion, so a change Kueue made meanwhile makes it fail (409) instead of being overwritten."""
+    meta = workload.get("metadata") or {}
+    generation = meta.get("generation")
+    conditions = set_condition(conditions, COND_QUOTA_RESERVED, False, reason, message, now, generation)
+    admitted_reason = COND_FINISHED if reason == COND_FINISHED else "NoReservation"
+    admitted_message = message if reason == COND_FINISHED else "The workload has no reservation"
+    if get_condition(conditions, COND_ADMITTED) is not None:
+        conditions = set_condition(conditions, COND_ADMITTED, False, admitted_reason, admitted_message, now, generation)
+    return {"metadata": {"resourceVersion": meta.get("resourceVersion")},
+            "status": {"admission": None, "conditions": conditions}}

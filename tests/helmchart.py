@@ -1,0 +1,44 @@
+"""The Helm chart for the tests that install it: Helm against the test cluster, and what a release holds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+
+from fakenodes import FAKE_NODE_SELECTOR, FAKE_NODE_TOLERATION
+from kube import REPO, Cluster, cluster_script
+
+CHART = REPO / "charts"
+Helm = Callable[..., subprocess.CompletedProcess]
+
+# The release's own operator pod goes to kwok's fake nodes, which fake it Running: on the real node,
+# with the operator image loaded there, it would really run and act (and take the Lease) beside the
+# operator process each test runs itself.
+ON_FAKE_NODES = ("--set-json", f"nodeSelector={json.dumps(FAKE_NODE_SELECTOR)}",
+                 "--set-json", f"tolerations={json.dumps([FAKE_NODE_TOLERATION])}")
+
+
+def helm_for(cluster: Cluster) -> Helm:
+    """helm(*args, check=True): the cluster's Helm (the local control plane's build, else helm on PATH)."""
+    binary = cluster_script("bindir").stdout.strip().split(":")[1] + "/helm" if cluster.local else "helm"
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run([binary, "--kubeconfig", cluster.kubeconfig, *args], capture_output=True, text=True,
+                              check=check)
+
+    return run
+
+
+def installed(helm: Helm, release: str, namespace: str) -> dict[str, dict[str, Any]]:
+    """The release's objects by kind, as Helm recorded them."""
+    docs = yaml.safe_load_all(helm("get", "manifest", release, "-n", namespace).stdout)
+    return {doc["kind"]: doc for doc in docs if doc}
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    """The container's env: plain values, and the field path of those from the downward API."""
+    return {e["name"]: e.get("value", e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")) for e in container["env"]}

@@ -1,0 +1,135 @@
+"""Kueue for the tests: started on the local control plane by localcluster/kueue.sh, and the queues a
+test needs (a ResourceFlavor, a ClusterQueue for the test's namespace alone, a LocalQueue in it),
+deleted again while Kueue still runs to remove its finalizers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from ddp_contract import api
+from ddp_operator.queueing import KUEUE_GROUP, KUEUE_VERSION, PRIORITY_CLASSES, WORKLOADS
+from kube import REPO, wait_until
+
+KUEUE_SCRIPT = REPO / "localcluster" / "kueue.sh"
+LOCAL_QUEUE = "team"
+
+
+def kueue_script(*args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(KUEUE_SCRIPT), *args], env={**os.environ, **(env or {})}, check=check,
+                          capture_output=True, text=True)
+
+
+def start_kueue() -> bool:
+    """Starts Kueue unless it runs; True if it was started here (and is to be stopped by the caller)."""
+    if kueue_script("status", check=False).returncode == 0:
+        return False
+    # The watchdog stops Kueue if this test process dies without doing so.
+    result = kueue_script("up", env={"DDP_KUEUE_OWNER_PID": str(os.getpid())}, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"Kueue failed to start:\n{result.stderr}")
+    return True
+
+
+def stop_kueue() -> None:
+    result = kueue_script("down", check=False)
+    assert result.returncode == 0, result.stderr
+
+
+class Queues:
+    """Kueue objects of one test: a ResourceFlavor and ClusterQueue named after its namespace."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.namespace = namespace
+        self.suffix = uuid.uuid4().hex[:6]
+        self.cluster_queue = f"cq-{self.suffix}"
+        self.flavor = f"rf-{self.suffix}"
+        self._cluster_scoped: list[tuple[str, str]] = []
+
+    def create(self, cpu: str, preemption: str = "Never") -> str:
+        """A LocalQueue backed by a ClusterQueue with `cpu` of quota, for this namespace only; its name."""
+        self._create_cluster("resourceflavors", {"metadata": {"name": self.flavor}, "spec": {}})
+        self._create_cluster("clusterqueues", {
+            "metadata": {"name": self.cluster_queue},
+            "spec": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": self.namespace}},
+                "preemption": {"withinClusterQueue": preemption},
+                "resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
+                    {"name": self.flavor, "resources": [{"name": "cpu", "nominalQuota": cpu}]}]}],
+            },
+        })
+        self.custom.create_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, self.namespace, "localqueues", {
+            "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}", "kind": "LocalQueue",
+            "metadata": {"name": LOCAL_QUEUE}, "spec": {"clusterQueue": self.cluster_queue}})
+        wait_until(self._active, 30, f"ClusterQueue {self.cluster_queue} to be active")
+        return LOCAL_QUEUE
+
+    def set_quota(self, cpu: str) -> None:
+        queue = self.custom.get_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", self.cluster_queue)
+        queue["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"] = cpu
+        self.custom.replace_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", self.cluster_queue,
+                                                  queue)
+
+    def priority_class(self, name: str, value: int) -> str:
+        """A WorkloadPriorityClass (cluster-scoped: named with this test's suffix); its name."""
+        full = f"{name}-{self.suffix}"
+        self._create_cluster(PRIORITY_CLASSES, {"metadata": {"name": full}, "value": value})
+        return full
+
+    def workloads(self) -> list[dict[str, Any]]:
+        return self.custom.list_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, self.namespace,
+                                                         WORKLOADS)["items"]
+
+    def workload_of(self, job: str) -> dict[str, Any] | None:
+        return next((w for w in self.workloads() if w["metadata"]["name"].startswith(f"ddpjob-{job}-")), None)
+
+    def cleanup(self, jobs: Any) -> None:
+        """Deletes the test's jobs (their Workloads go with them), then its queues, and waits until
+        all are gone: Kueue removes its finalizers only while it runs."""
+        for job in jobs.custom.list_namespaced_custom_object(api.GROUP, api.VERSION, self.namespace, api.PLURAL)["items"]:
+            jobs.delete(job["metadata"]["name"])
+        wait_until(lambda: not self.workloads(), 60, f"the Workloads in {self.namespace} to be deleted")
+        self._delete(lambda: self.custom.delete_namespaced_custom_object(
+            KUEUE_GROUP, KUEUE_VERSION, self.namespace, "localqueues", LOCAL_QUEUE))
+        for plural, name in reversed(self._cluster_scoped):
+            self._delete(lambda p=plural, n=name: self.custom.delete_cluster_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, p, n))
+        for plural, name in self._cluster_scoped:
+            wait_until(lambda p=plural, n=name: not self._exists(p, n), 60, f"{plural} {name} to be deleted")
+
+    def _create_cluster(self, plural: str, body: Mapping[str, Any]) -> None:
+        kind = {"resourceflavors": "ResourceFlavor", "clusterqueues": "ClusterQueue",
+                PRIORITY_CLASSES: "WorkloadPriorityClass"}[plural]
+        self.custom.create_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, plural, {
+            "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}", "kind": kind, **body})
+        self._cluster_scoped.append((plural, body["metadata"]["name"]))
+
+    def _active(self) -> bool:
+        queue = self.custom.get_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", self.cluster_queue)
+        return any(cond["type"] == "Active" and cond["status"] == "True"
+                   for cond in (queue.get("status") or {}).get("conditions") or [])
+
+    def _exists(self, plural: str, name: str) -> bool:
+        try:
+            self.custom.get_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, plural, name)
+            return True
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+
+    @staticmethod
+    def _delete(call: Any) -> None:
+        try:
+            call()
+        except ApiException as error:
+            if error.status != 404:
+                raise
+

@@ -1,0 +1,49 @@
+"""Processes of the local control plane as the kernel sees them: alive, and where they listen."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+
+def listening_addresses(pids: list[int]) -> list[str]:
+    """The local addresses (hex ip:port as in /proc/net/{tcp,udp}*) on which these processes listen
+    (TCP) or take datagrams (UDP)."""
+    inodes: set[str] = set()
+    for pid in pids:
+        fd_dir = Path(f"/proc/{pid}/fd")
+        for fd in fd_dir.iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = []
+    # 0A: a listening TCP socket; 07: an unconnected UDP one (a server's)
+    for table, state in (("tcp", "0A"), ("tcp6", "0A"), ("udp", "07"), ("udp6", "07")):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == state and fields[9] in inodes:
+                found.append(fields[1])
+    return found
+
+
+def ip_of(hex_address: str) -> str:
+    ip_hex = hex_address.split(":")[0]
+    if len(ip_hex) == 8:
+        return socket.inet_ntoa(bytes.fromhex(ip_hex)[::-1])
+    return "::1" if ip_hex == "00000000000000000000000001000000" else ip_hex
+
+
+def is_loopback(hex_address: str) -> bool:
+    return ip_of(hex_address).startswith("127.") or ip_of(hex_address) == "::1"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
