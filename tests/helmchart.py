@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from ddp_operator import constants as c
 from fakenodes import FAKE_NODE_SELECTOR, FAKE_NODE_TOLERATION
 from kube import REPO, Cluster, cluster_script
 
@@ -42,3 +43,12 @@ def installed(helm: Helm, release: str, namespace: str) -> dict[str, dict[str, A
 def env_of(container: dict[str, Any]) -> dict[str, Any]:
     """The container's env: plain values, and the field path of those from the downward API."""
     return {e["name"]: e.get("value", e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")) for e in container["env"]}
+
+
+def operator_settings(objects: dict[str, dict[str, Any]], identity: str = "test") -> dict[str, str]:
+    """The release's operator settings for the test's own operator process: the Deployment's, but for
+    where /metrics listens (the process keeps loopback and a free port: 8080 may be another test's) and
+    the identity (the pod's name there)."""
+    container = objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    settings = {k: v for k, v in env_of(container).items() if k not in (c.ENV_METRICS_ADDRESS, c.ENV_METRICS_PORT)}
+    return {**settings, c.ENV_IDENTITY: identity}

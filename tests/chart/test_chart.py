@@ -16,7 +16,7 @@ from kubernetes import client
 from ddp_contract import api
 from ddp_operator import constants as c
 from ddp_operator.queueing import KUEUE_GROUP
-from helmchart import CHART, ON_FAKE_NODES, env_of, helm_for, installed
+from helmchart import CHART, ON_FAKE_NODES, env_of, helm_for, installed, operator_settings
 from kube import REPO, Cluster, kubeconfig_of, wait_until
 
 WORKLOADS = f"workloads.{KUEUE_GROUP}"
@@ -349,12 +349,10 @@ def test_a_release_for_one_namespace_runs_the_operator_there_only_with_its_lease
         assert not can_i(kubectl, account, "list", "namespaces")
         assert can_i(kubectl, account, "update", "leases.coordination.k8s.io", *here)
 
-        deployment = objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]
-        settings = {e["name"]: e["value"] for e in deployment["env"] if "value" in e}
+        settings = operator_settings(objects)
         admin, session = operator.kubeconfig, operator.env
         operator.restart(kubeconfig=str(kubeconfig_of(kube_api, account_name, namespace, admin, tmp_path)),
-                         env={**{k: v for k, v in settings.items() if k != c.ENV_METRICS_ADDRESS},
-                              c.ENV_IDENTITY: "test"})
+                         env=settings)
         try:
             run_and_restart(jobs, "scoped")
             lease = client.CoordinationV1Api(kube_api).read_namespaced_lease(settings[c.ENV_LEASE_NAME], namespace)

@@ -16,8 +16,7 @@ from ddp_operator import constants as c
 from ddp_operator.manifests import progress_service_account
 from ddp_operator.queueing import PRIORITY_CLASS_LABEL, QUEUE_LABEL
 from ddp_trainer.jobstatus import JobStatusSink, last_checkpoint
-from helmchart import CHART, ON_FAKE_NODES, helm_for, installed
-from helmchart import env_of as container_env
+from helmchart import CHART, ON_FAKE_NODES, helm_for, installed, operator_settings
 from kube import Cluster, Jobs, OperatorProcess, PodLives, client_as, env_of, kubeconfig_of, wait_until
 from kueue import Queues
 
@@ -135,10 +134,8 @@ def test_queued_jobs_run_under_the_charts_rbac(jobs, queues: Queues, operator: O
     try:
         objects = installed(helm, release, namespace)
         account = objects["ServiceAccount"]["metadata"]["name"]
-        settings = container_env(objects["Deployment"]["spec"]["template"]["spec"]["containers"][0])
         # cluster: as the chart installs it (every namespace, no lease needed here); namespace: its settings.
-        env = {} if scope == "cluster" else {**{k: v for k, v in settings.items() if k != c.ENV_METRICS_ADDRESS},
-                                             c.ENV_IDENTITY: "test"}
+        env = {} if scope == "cluster" else operator_settings(objects)
         admin, session = operator.kubeconfig, operator.env
         operator.restart(kubeconfig=str(kubeconfig_of(kube_api, account, namespace, admin, tmp_path)), env=env)
         try:

@@ -6,7 +6,7 @@ from typing import Any
 
 from kubernetes import client
 
-from ddp_operator.podwatch import PodCache
+from ddp_operator.podwatch import PodCache, watch_scopes
 from podfixtures import JOB, pod
 
 
@@ -48,3 +48,9 @@ def test_globs_watch_the_cluster_and_keep_the_matching_namespaces_pods() -> None
     pods.apply("ADDED", in_namespace("t-12ab-one", 1))
     assert len(pods.pods(("t-12ab-one", JOB))) == 2 and pods.pods(("t-99zz-two", JOB)) == []
     assert ("t-99zz-two", JOB) not in seen
+
+
+def test_watch_scopes_name_each_exact_namespace_else_the_whole_cluster_with_its_globs() -> None:
+    assert watch_scopes(()) == ((None,), ())
+    assert watch_scopes(("team-a", "team-b")) == (("team-a", "team-b"), ())
+    assert watch_scopes(("team-a", "t-*")) == ((None,), ("team-a", "t-*"))
