@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 
 BENCH_ARGS ?=
 
-.PHONY: demo example images bench-data bench-operator chart-check crds lint test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
+.PHONY: demo example images bench-data bench-operator bench-real-node chart-check crds lint test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
 
 demo:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/demo.py
@@ -32,6 +32,10 @@ bench-data:
 
 bench-operator:
 	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $$venv/bin/python benchmarks/bench_operator.py $(BENCH_ARGS)
+
+# Set-up, apply-to-first-step and gang restarts in containers on the local cluster's real node (BENCH_ARGS=--node-setup).
+bench-real-node:
+	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $$venv/bin/python benchmarks/bench_real_node.py $(BENCH_ARGS)
 
 chart-check:
 	@scripts/sync-crds.sh --check && $$($(CLUSTER) bindir | cut -d: -f2)/helm lint --strict charts/

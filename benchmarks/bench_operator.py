@@ -175,7 +175,7 @@ def watch_pods(core: client.CoreV1Api, tracker: Tracker, stop: threading.Event) 
         pod, now = event["object"], time.monotonic()
         name = pod["metadata"]["name"]
         with tracker.lock:
-            track_life(tracker, event["type"], pod, now)
+            track_life(tracker.lives, event["type"], pod, now)
             if event["type"] == "DELETED":
                 tracker.live.discard(name)
                 continue
@@ -193,9 +193,10 @@ def watch_pods(core: client.CoreV1Api, tracker: Tracker, stop: threading.Event) 
                 times.ready = now
 
 
-def track_life(tracker: Tracker, kind: str, pod: dict, now: float) -> None:
+def track_life(lives: dict[str, PodLife], kind: str, pod: dict, now: float) -> None:
+    """The pod's life by uid in `lives` (a new PodLife unless there is one) after a watch event."""
     meta = pod["metadata"]
-    life = tracker.lives.setdefault(meta["uid"], PodLife(meta["name"], (meta.get("labels") or {}).get(labels.LABEL_ATTEMPT),
+    life = lives.setdefault(meta["uid"], PodLife(meta["name"], (meta.get("labels") or {}).get(labels.LABEL_ATTEMPT),
                                                          now))
     if kind == "DELETED":
         life.gone = life.gone or now
@@ -536,6 +537,35 @@ def run(cmd: list[str], env: dict[str, str], **kwargs) -> subprocess.CompletedPr
     return subprocess.run(cmd, env={**os.environ, **env}, check=True, **kwargs)
 
 
+def start_operator(kubeconfig: str, log: Path, **settings: str) -> subprocess.Popen:
+    """The operator from the source tree, its output in `log`, once it says it started; `settings`
+    are its environment variables (e.g. DDP_OPERATOR_NAMESPACES)."""
+    env = {**os.environ, "KUBECONFIG": kubeconfig, "DDP_OPERATOR_METRICS_PORT": "0",  # any free port
+           "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("contract", "operator")), **settings}
+    operator = subprocess.Popen([sys.executable, "-m", "ddp_operator"], env=env, stdout=log.open("w"),
+                                stderr=subprocess.STDOUT)
+    try:
+        wait(lambda: "ddp-operator started" in log.read_text() or operator.poll() is not None, 60,
+             "the operator to start", interval=0.1, needs_operator=False)
+    except TimeoutError:
+        operator.kill()
+        raise
+    if operator.poll() is not None:
+        raise RuntimeError(f"the operator exited ({operator.returncode}); its log: {log}")
+    return operator
+
+
+def stop_operator(operator: subprocess.Popen | None) -> None:
+    """SIGTERM, and SIGKILL if it has not exited 20 s later."""
+    if operator is not None:
+        operator.terminate()
+        try:
+            operator.wait(20)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+            operator.wait()
+
+
 def start_cluster(env: dict[str, str]) -> str:
     script = str(REPO / "localcluster" / "cluster.sh")
     run(["bash", script, "up"], env)
@@ -710,13 +740,8 @@ def main() -> int:
             print(f"added fake nodes for capacity: {', '.join(bench_nodes)}", flush=True)
 
         log = Path(os.environ.get("TMPDIR", "/tmp")) / "ddp-bench-operator.log"
-        env = {**os.environ, "KUBECONFIG": kubeconfig, "DDP_OPERATOR_METRICS_PORT": "0",  # any free port
-               "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("contract", "operator"))}
-        operator = subprocess.Popen([sys.executable, "-m", "ddp_operator"], env=env, stdout=log.open("w"),
-                                    stderr=subprocess.STDOUT)
-        OPERATOR = operator
+        operator = OPERATOR = start_operator(kubeconfig, log)
         print(f"operator pid {operator.pid}, log {log}", flush=True)
-        wait(lambda: "ddp-operator started" in log.read_text(), 60, "the operator to start", interval=0.1)
         sampler = RssSampler(operator.pid)
         sampler.start()
         for target, api_obj in ((watch_pods, core), (watch_jobs, custom)):
@@ -750,12 +775,7 @@ def main() -> int:
     finally:
         stop.set()
         OPERATOR = None
-        if operator is not None:
-            operator.terminate()
-            try:
-                operator.wait(20)
-            except subprocess.TimeoutExpired:
-                operator.kill()
+        stop_operator(operator)
         if own_cluster:
             run(["bash", str(REPO / "localcluster" / "cluster.sh"), "down"], BENCH_CLUSTER)
         elif kubeconfig:

@@ -1,17 +1,27 @@
-"""`make demo`: the main job, a real DDPJob on the local control plane, end to end.
+"""`make demo`: the main job end to end, as a user sees it, in containers on the local cluster's real node.
 
-1. an S3 server on 127.0.0.1:19000 (moto) with a small generated image dataset;
-2. the DDPJob CRD, the operator, and the pod runner (ranks run as local processes);
-3. examples/ddpjob-demo.yaml applied; its `kubectl get ddpjob` row is shown until it finishes;
-4. what the job left in S3: metrics, checkpoints, the model.
+1. the local control plane (a no-op when it is up) and `make images` (both images built if their
+   sources changed, and loaded into the real node's containerd);
+2. an S3 server (moto) on the real node's bridge gateway, where the pods reach it, with a small
+   generated image dataset, and the `ddp-demo` namespace with the S3 credentials Secret;
+3. `helm install` of charts/ into that namespace, serving it only: the operator runs as the chart's
+   pod, from its image, under the chart's RBAC;
+4. `kubectl apply -f` examples/ddpjob-demo.yaml with only its S3 endpoint replaced: its ranks run in
+   trainer-image containers and reach rank 0 as `shapes-0.shapes.ddp-demo.svc`; the job's
+   `kubectl get ddpjobs` row is shown as it changes, then `kubectl logs shapes-0` (the loss per epoch,
+   the held-out accuracy) and what the job left in S3 (metrics, checkpoints, the model);
+5. `helm uninstall` and the S3 server stopped. The control plane stays up (`make cluster-down`), and
+   so does the namespace with the finished job and its pods, for `kubectl` to look at.
 
-Everything this starts stops when it ends; the control plane stays up (`make cluster-down`).
+The helpers below the demo's own steps (`operator_and_runner`, `run_job`, ...) run jobs with the
+operator and the pod runner as local processes: `make example` and the end-to-end tests use them.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -32,6 +42,8 @@ NAMESPACE = "ddp-demo"
 S3_PORT = 19000
 ACCESS_KEY, SECRET_KEY = "demo-access-key", "demo-secret-key"
 CLASSES = ("circle", "square", "cross")
+RUNNER_TAINT = "ddpoperator.io/local-runner"  # podrunner.py's node label and taint
+RELEASE = "ddp-operator"
 
 
 class Background:
@@ -106,6 +118,15 @@ def wait_for_node(node: str, timeout_s: float = 60) -> None:
         time.sleep(0.5)
 
 
+def on_local_runner(job: dict) -> dict:
+    """`job` with its ranks steered to a pod runner's node (its label and taint), where they run as
+    local processes: the demo job itself goes to any node, on the local cluster its real one."""
+    template = job["spec"].setdefault("template", {}).setdefault("spec", {})
+    template.setdefault("nodeSelector", {})[RUNNER_TAINT] = "true"
+    template.setdefault("tolerations", []).append({"key": RUNNER_TAINT, "operator": "Exists", "effect": "NoSchedule"})
+    return job
+
+
 def pin_to_node(job: dict, node: str) -> dict:
     """`job` with its ranks bound to `node` (by hostname) on top of the local-runner selector it has, so
     that no other pod runner on a shared control plane takes them."""
@@ -115,7 +136,7 @@ def pin_to_node(job: dict, node: str) -> dict:
 
 
 def job_rows(name: str, namespace: str, timeout_s: float) -> Iterator[str]:
-    """The job's `kubectl get` row each time it changes, until the job finishes."""
+    """The job's `kubectl get` row each time it changes (but for its AGE), until the job finishes."""
     deadline, last = time.monotonic() + timeout_s, ""
     while time.monotonic() < deadline:
         try:
@@ -124,7 +145,7 @@ def job_rows(name: str, namespace: str, timeout_s: float) -> Iterator[str]:
             print(f"[demo] kubectl get ddpjob failed: {error.stderr.strip()}", flush=True)
             time.sleep(2)
             continue
-        if row != last:
+        if row.split()[:-1] != last.split()[:-1]:
             last = row
             yield row.rstrip()
         if row.split()[1:2] in (["Succeeded"], ["Failed"]):
@@ -149,14 +170,14 @@ def start_control_plane() -> None:
 
 
 @contextmanager
-def s3_server(port: int = S3_PORT, buckets: tuple[str, ...] = ()) -> Iterator[str]:
-    """A moto S3 server on 127.0.0.1:`port` (0: any free port) with `buckets`; yields its endpoint."""
+def s3_server(port: int = S3_PORT, buckets: tuple[str, ...] = (), host: str = "127.0.0.1") -> Iterator[str]:
+    """A moto S3 server on `host`:`port` (0: any free port) with `buckets`; yields its endpoint."""
     import logging
 
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per S3 request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
     server.start()
     try:
         host, bound = server.get_host_and_port()
@@ -181,6 +202,11 @@ def run_job(job: dict, namespace: str, timeout_s: float = 900) -> str:
     """Applies `job`, prints its `kubectl get ddpjobs` row as it changes, then its events; returns its phase."""
     name = job["metadata"]["name"]
     kubectl("-n", namespace, "apply", "-f", "-", input=yaml.safe_dump(job))
+    return watch_job(name, namespace, timeout_s)
+
+
+def watch_job(name: str, namespace: str, timeout_s: float = 900) -> str:
+    """Prints the job's `kubectl get ddpjobs` row as it changes, then its events; returns its phase."""
     print(f"[{name}] kubectl get ddpjobs -n {namespace}")
     print(kubectl("get", "ddpjob", "-n", namespace).splitlines()[0])
     for row in job_rows(name, namespace, timeout_s):
@@ -195,25 +221,65 @@ def print_objects(s3, bucket: str, prefix: str) -> None:
         print(f"  {item['Key']}  ({item['Size']} bytes)")
 
 
+def real_node() -> tuple[str, str]:
+    """The real node's name and address (its bridge's gateway, where its pods reach the host):
+    the node whose kubelet reports containerd (kwok's fake nodes report none)."""
+    for node in yaml.safe_load(kubectl("get", "nodes", "-o", "yaml"))["items"]:
+        if node["status"].get("nodeInfo", {}).get("containerRuntimeVersion", "").startswith("containerd://"):
+            address = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
+            return node["metadata"]["name"], address
+    raise RuntimeError("the local cluster has no real node (DDP_REAL_NODE=0?): `make demo` runs its ranks there")
+
+
+def with_endpoint(manifest: str, endpoint: str) -> str:
+    """The job file as written, but for its S3 endpoint."""
+    replaced, count = re.subn(r"(?m)^(\s+endpoint:\s*)\S+", lambda m: m.group(1) + endpoint, manifest)
+    if count != 1:
+        raise ValueError(f"expected one s3 endpoint line in the job file, found {count}")
+    return replaced
+
+
+def user_command(*argv: str) -> str:
+    """Runs `kubectl ...` or `helm ...` as a user types it (cluster.sh supplies the binary and the
+    kubeconfig), after printing it; returns its output."""
+    print(f"$ {' '.join(argv)}", flush=True)
+    return cluster(*argv)
+
+
+def show_rank_log(pod: str, namespace: str, lines: int = 20) -> None:
+    """The rank's `kubectl logs` tail (the loss per epoch and the held-out accuracy), and how it found rank 0."""
+    env = yaml.safe_load(kubectl("get", "pod", pod, "-n", namespace, "-o", "yaml"))["spec"]["containers"][0]["env"]
+    master = {e["name"]: e.get("value") for e in env}
+    print(f"[demo] {pod} meets rank 0 at {master.get('MASTER_ADDR')}:{master.get('MASTER_PORT')}")
+    print(user_command("kubectl", "logs", pod, "-n", namespace, f"--tail={lines}").rstrip())
+
+
 def main() -> int:
     log_dir = log_directory("demo")
     print(f"[demo] logs in {log_dir}")
     start_control_plane()
-    children: list[Background] = []
-    with s3_server(S3_PORT, buckets=("ddp-demo",)) as endpoint:
+    subprocess.run(["bash", str(REPO / "images" / "build.sh"), "build"], check=True)  # `make images`
+    node, gateway = real_node()
+    with s3_server(0, buckets=("ddp-demo",), host=gateway) as endpoint:
+        s3 = s3_client(endpoint)
+        images = upload_dataset(s3, "ddp-demo", "shapes/train", per_class=96)
+        print(f"[demo] S3 server at {endpoint} (node {node}'s gateway): {images} images in s3://ddp-demo/shapes/train")
+        fresh_namespace(NAMESPACE)
+        user_command("helm", "install", RELEASE, str(REPO / "charts"), "-n", NAMESPACE,
+                     "--set", f"watchNamespaces={{{NAMESPACE}}}", "--wait", "--timeout", "180s")
         try:
-            s3 = s3_client(endpoint)
-            images = upload_dataset(s3, "ddp-demo", "shapes/train", per_class=64)
-            print(f"[demo] S3 server at {endpoint}: {images} images in s3://ddp-demo/shapes/train")
-            children = operator_and_runner(log_dir)
-            fresh_namespace(NAMESPACE)
-            phase = run_job(yaml.safe_load(JOB_FILE.read_text()), NAMESPACE)
+            job_file = log_dir / JOB_FILE.name
+            job_file.write_text(with_endpoint(JOB_FILE.read_text(), endpoint))
+            name = yaml.safe_load(job_file.read_text())["metadata"]["name"]
+            print(user_command("kubectl", "apply", "-n", NAMESPACE, "-f", str(job_file)).rstrip())
+            phase = watch_job(name, NAMESPACE, timeout_s=600)
+            print(user_command("kubectl", "get", "pods", "-n", NAMESPACE, "-o", "wide").rstrip())
+            show_rank_log(f"{name}-0", NAMESPACE)
             print_objects(s3, "ddp-demo", "results/")
-            print(f"[demo] {phase}; rank logs in {log_dir / 'pods'}")
+            print(f"[demo] {phase}")
             return 0 if phase == "Succeeded" else 1
         finally:
-            for child in children:
-                child.stop()
+            print(user_command("helm", "uninstall", RELEASE, "-n", NAMESPACE).rstrip())
 
 
 if __name__ == "__main__":

@@ -65,9 +65,9 @@ def kubectl_ddp(cluster: Cluster, tmp_path: Path) -> Callable[..., subprocess.Co
 
 
 def local_spec(**spec: object) -> dict:
-    """The demo job's template (ranks on the pod runner's node, which runs them as local processes) and
+    """A template that puts the ranks on the pod runner's node (which runs them as local processes) and
     a free rendezvous port: every rank of every job on this machine listens on it."""
-    template = yaml.safe_load((REPO / "examples" / "ddpjob-demo.yaml").read_text())["spec"]["template"]
+    template = demo.on_local_runner({"spec": {}})["spec"]["template"]
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
