@@ -250,11 +250,19 @@ def show_rank_log(pod: str, namespace: str, lines: int = 20) -> None:
     """The rank's `kubectl logs` tail (the loss per epoch and the held-out accuracy), and how it found rank 0."""
     env = yaml.safe_load(kubectl("get", "pod", pod, "-n", namespace, "-o", "yaml"))["spec"]["containers"][0]["env"]
     master = {e["name"]: e.get("value") for e in env}
-    print(f"[demo] {pod} meets rank 0 at {master.get('MASTER_ADDR')}:{master.get('MASTER_PORT')}")
+    print(f"[demo] the ranks meet rank 0 at MASTER_ADDR={master.get('MASTER_ADDR')} MASTER_PORT={master.get('MASTER_PORT')}")
     print(user_command("kubectl", "logs", pod, "-n", namespace, f"--tail={lines}").rstrip())
 
 
+def helm_uninstall(namespace: str) -> None:
+    try:
+        print(user_command("helm", "uninstall", RELEASE, "-n", namespace, "--wait").rstrip())
+    except subprocess.CalledProcessError as error:  # e.g. the install failed before it made a release
+        print(f"[demo] helm uninstall: {error.stderr.strip()}")
+
+
 def main() -> int:
+    started = time.monotonic()
     log_dir = log_directory("demo")
     print(f"[demo] logs in {log_dir}")
     start_control_plane()
@@ -265,9 +273,9 @@ def main() -> int:
         images = upload_dataset(s3, "ddp-demo", "shapes/train", per_class=96)
         print(f"[demo] S3 server at {endpoint} (node {node}'s gateway): {images} images in s3://ddp-demo/shapes/train")
         fresh_namespace(NAMESPACE)
-        user_command("helm", "install", RELEASE, str(REPO / "charts"), "-n", NAMESPACE,
-                     "--set", f"watchNamespaces={{{NAMESPACE}}}", "--wait", "--timeout", "180s")
         try:
+            user_command("helm", "install", RELEASE, os.path.relpath(REPO / "charts") + "/", "-n", NAMESPACE,
+                         "--set", f"watchNamespaces={{{NAMESPACE}}}", "--wait", "--timeout", "180s")
             job_file = log_dir / JOB_FILE.name
             job_file.write_text(with_endpoint(JOB_FILE.read_text(), endpoint))
             name = yaml.safe_load(job_file.read_text())["metadata"]["name"]
@@ -276,10 +284,10 @@ def main() -> int:
             print(user_command("kubectl", "get", "pods", "-n", NAMESPACE, "-o", "wide").rstrip())
             show_rank_log(f"{name}-0", NAMESPACE)
             print_objects(s3, "ddp-demo", "results/")
-            print(f"[demo] {phase}")
-            return 0 if phase == "Succeeded" else 1
         finally:
-            print(user_command("helm", "uninstall", RELEASE, "-n", NAMESPACE).rstrip())
+            helm_uninstall(NAMESPACE)
+    print(f"[demo] {phase} in {time.monotonic() - started:.0f} s; the job and its pods stay in namespace {NAMESPACE}")
+    return 0 if phase == "Succeeded" else 1
 
 
 if __name__ == "__main__":
