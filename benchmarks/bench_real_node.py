@@ -203,7 +203,10 @@ def gang_restarts(custom, seen: Seen, namespace: str, ranks: int, repeats: int, 
             wait(lambda: (name, attempt) in seen.rendezvous, timeout, f"attempt {a} formed")
             with seen.lock:
                 formed, formed_s = seen.rendezvous[(name, attempt)]
-            out.append({"failure seen": round(failed - t0, 2), "running": round(running - failed, 2),
+            gone = max(x.gone or 0.0 for x in seen.of(lambda x, p=previous: x.name.startswith(f"{name}-") and x.attempt == p))
+            created = max(x.added for x in seen.of(lambda x: x.name.startswith(f"{name}-") and x.attempt == a))
+            out.append({"failure seen": round(failed - t0, 2), "old pods gone": round(gone - failed, 2),
+                        "created": round(created - failed, 2), "running": round(running - failed, 2),
                         "ready": round(ready - failed, 2), "runtime": round(formed - formed_s - failed, 2),
                         "formed": round(formed - failed, 2)})
     finally:
@@ -219,7 +222,7 @@ def bare_pod(name: str, image: str) -> dict:
                                      "command": ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]}]}}
 
 
-def bare_restarts(core, seen: Seen, namespace: str, image: str, count: int, repeats: int, timeout: float) -> list[float]:
+def bare_restarts(core, seen: Seen, namespace: str, image: str, count: int, repeats: int, timeout: float) -> list[dict]:
     names = [f"bare-{i}" for i in range(count)]
     for name in names:
         core.create_namespaced_pod(namespace, bare_pod(name, image))
@@ -240,8 +243,9 @@ def bare_restarts(core, seen: Seen, namespace: str, image: str, count: int, repe
                 if time.monotonic() - t0 > timeout:
                     raise TimeoutError("the bare pods were not deleted")
                 time.sleep(0.02)
-            times.append(round(wait(lambda: all_up(seen, "bare-", None, count, "running"), timeout,
-                                    "the bare pods running again") - t0, 2))
+            gone = time.monotonic()
+            running = wait(lambda: all_up(seen, "bare-", None, count, "running"), timeout, "the bare pods running again")
+            times.append({"gone": round(gone - t0, 2), "running": round(running - t0, 2)})
     finally:
         core.delete_collection_namespaced_pod(namespace, label_selector="figures/bare=1", grace_period_seconds=0)
     return times
@@ -350,12 +354,13 @@ def print_tables(figures: dict, ranks: int) -> None:
         print(f"{i:<3} " + " ".join(f"{row[s]:>11.2f}" for s in stages))
     print()
     print(f"Gang restart of {ranks} ranks (rank 1 SIGTERMed), seconds from the failure seen (first column: from the"
-          " exec call) to every rank of the next attempt running, Ready, its runtime started (rank 0) and the gang formed:")
-    print("   " + " ".join(f"{s:>12}" for s in figures["gang restart"][0]))
+          " exec call) to the old pods gone, the new ones created, all running, Ready, rank 0's runtime started and"
+          " the gang formed:")
+    print("   " + " ".join(f"{s:>13}" for s in figures["gang restart"][0]))
     for row in figures["gang restart"]:
-        print("   " + " ".join(f"{v:>12.2f}" for v in row.values()))
-    print(f"{ranks} bare busybox pods deleted and recreated, seconds to all Running: "
-          + ", ".join(f"{x:.2f}" for x in figures["bare pods"]))
+        print("   " + " ".join(f"{v:>13.2f}" for v in row.values()))
+    print(f"{ranks} bare busybox pods deleted and recreated, seconds from the delete calls to all gone, and to all"
+          " running again: " + ", ".join(f"{x['gone']:.2f} / {x['running']:.2f}" for x in figures["bare pods"]))
 
 
 if __name__ == "__main__":
