@@ -254,6 +254,25 @@ def show_rank_log(pod: str, namespace: str, lines: int = 20) -> None:
     print(user_command("kubectl", "logs", pod, "-n", namespace, f"--tail={lines}").rstrip())
 
 
+def build_images() -> None:
+    """`make images`: both images built if their sources changed, and loaded into the real node."""
+    subprocess.run(["bash", str(REPO / "images" / "build.sh"), "build"], check=True)
+
+
+def helm_install(namespace: str) -> None:
+    """The chart as a user installs it, its operator serving `namespace` alone (the control plane may be shared)."""
+    user_command("helm", "install", RELEASE, os.path.relpath(REPO / "charts") + "/", "-n", namespace,
+                 "--set", f"watchNamespaces={{{namespace}}}", "--wait", "--timeout", "180s")
+
+
+def apply_job_file(path: Path, endpoint: str, namespace: str, log_dir: Path) -> str:
+    """`kubectl apply -f` of the job file as written but for its S3 endpoint (a copy in log_dir); its name."""
+    written = log_dir / path.name
+    written.write_text(with_endpoint(path.read_text(), endpoint))
+    print(user_command("kubectl", "apply", "-n", namespace, "-f", str(written)).rstrip())
+    return yaml.safe_load(written.read_text())["metadata"]["name"]
+
+
 def helm_uninstall(namespace: str) -> None:
     try:
         print(user_command("helm", "uninstall", RELEASE, "-n", namespace, "--wait").rstrip())
@@ -266,7 +285,7 @@ def main() -> int:
     log_dir = log_directory("demo")
     print(f"[demo] logs in {log_dir}")
     start_control_plane()
-    subprocess.run(["bash", str(REPO / "images" / "build.sh"), "build"], check=True)  # `make images`
+    build_images()
     node, gateway = real_node()
     with s3_server(0, buckets=("ddp-demo",), host=gateway) as endpoint:
         s3 = s3_client(endpoint)
@@ -274,12 +293,8 @@ def main() -> int:
         print(f"[demo] S3 server at {endpoint} (node {node}'s gateway): {images} images in s3://ddp-demo/shapes/train")
         fresh_namespace(NAMESPACE)
         try:
-            user_command("helm", "install", RELEASE, os.path.relpath(REPO / "charts") + "/", "-n", NAMESPACE,
-                         "--set", f"watchNamespaces={{{NAMESPACE}}}", "--wait", "--timeout", "180s")
-            job_file = log_dir / JOB_FILE.name
-            job_file.write_text(with_endpoint(JOB_FILE.read_text(), endpoint))
-            name = yaml.safe_load(job_file.read_text())["metadata"]["name"]
-            print(user_command("kubectl", "apply", "-n", NAMESPACE, "-f", str(job_file)).rstrip())
+            helm_install(NAMESPACE)
+            name = apply_job_file(JOB_FILE, endpoint, NAMESPACE, log_dir)
             phase = watch_job(name, NAMESPACE, timeout_s=600)
             print(user_command("kubectl", "get", "pods", "-n", NAMESPACE, "-o", "wide").rstrip())
             show_rank_log(f"{name}-0", NAMESPACE)

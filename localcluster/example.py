@@ -1,16 +1,18 @@
-"""`make example NAME=<name>`: one of examples/<name>/ end to end on the local control plane.
+"""`make example NAME=<name>`: one of examples/<name>/ end to end, in containers on the local
+cluster's real node, as `make demo` runs the main job.
 
-1. an S3 server on the endpoint the example's DDPJob names (moto on 127.0.0.1:19000) with the
-   buckets its `s3.dataset` and `s3.results` name;
-2. the example's data step, as a user runs it: `python examples/<name>/data.py <s3.dataset>`;
-3. the operator and a pod runner (ranks run as local processes) with a node of its own, so that
-   other pod runners on a shared control plane never take these ranks;
-4. examples/<name>/ddpjob.yaml applied in namespace ddp-example-<name>, as written but for its ranks
-   pinned to that node (kubernetes.io/hostname); its row shown until it ends;
+1. the local control plane and `make images` (the examples' trainers are in the trainer image);
+2. an S3 server (moto) on the real node's bridge gateway with the buckets the example's
+   `s3.dataset` and `s3.results` name;
+3. the example's data step, as a user runs it: `python examples/<name>/data.py <s3.dataset>`;
+4. `helm install` of charts/ into namespace ddp-example-<name>, serving it only, and
+   examples/<name>/ddpjob.yaml applied there as written but for its S3 endpoint; its row shown
+   until it ends, then rank 0's `kubectl logs`;
 5. the outcome: the loss at the start and the end (the ranks' metrics in S3) and the small
-   results (names.json, eval.json) printed.
+   results (names.json, eval.json) printed; `helm uninstall`.
 
-Everything this starts stops when it ends; the control plane stays up (`make cluster-down`).
+The S3 server stops when it ends; the control plane stays up (`make cluster-down`), and so does the
+namespace with the finished job.
 """
 
 from __future__ import annotations
@@ -126,27 +128,25 @@ def main(argv: list[str]) -> int:
     log_dir = demo.log_directory(f"example-{name}")
     print(f"[example] {name}: logs in {log_dir}")
     demo.start_control_plane()
-    port = urlparse(job["spec"]["s3"]["endpoint"]).port or 80
-    children: list[demo.Background] = []
-    with demo.s3_server(port, buckets=buckets(job)) as endpoint:
+    demo.build_images()
+    _, gateway = demo.real_node()
+    with demo.s3_server(0, buckets=buckets(job), host=gateway) as endpoint:
+        started = time.monotonic()
+        print(f"[example] data step: python examples/{name}/data.py {job['spec']['s3']['dataset']}")
+        print(run_data_step(name, job, endpoint).rstrip())
+        print(f"[example] data ready in {time.monotonic() - started:.0f}s")
+        demo.fresh_namespace(namespace)
         try:
+            demo.helm_install(namespace)
             started = time.monotonic()
-            print(f"[example] data step: python examples/{name}/data.py {job['spec']['s3']['dataset']}")
-            print(run_data_step(name, job, endpoint).rstrip())
-            print(f"[example] data ready in {time.monotonic() - started:.0f}s")
-            node = f"local-runner-{name}-{os.getpid()}"  # a runner of its own: the control plane may be shared
-            children = demo.operator_and_runner(log_dir, node)
-            demo.fresh_namespace(namespace)
-            demo.wait_for_node(node)
-            started = time.monotonic()
-            phase = demo.run_job(demo.pin_to_node(job, node), namespace)
-            print(f"[example] {name}: {phase} in {time.monotonic() - started:.0f}s; rank logs in {log_dir / 'pods'}")
-            s3 = demo.s3_client(endpoint)
-            print_outcome(s3, *job_prefix(job, namespace))
-            return 0 if phase == "Succeeded" else 1
+            job_name = demo.apply_job_file(job_file(name), endpoint, namespace, log_dir)
+            phase = demo.watch_job(job_name, namespace)
+            print(f"[example] {name}: {phase} in {time.monotonic() - started:.0f}s")
+            demo.show_rank_log(f"{job_name}-0", namespace, lines=8)
+            print_outcome(demo.s3_client(endpoint), *job_prefix(job, namespace))
         finally:
-            for child in children:
-                child.stop()
+            demo.helm_uninstall(namespace)
+    return 0 if phase == "Succeeded" else 1
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import pytest
 from ddp_operator import constants as c
 from kube import REPO, Cluster, Jobs, OperatorProcess, cluster_script, install_crd, open_cluster, wait_until
 from kueue import Queues, start_kueue, stop_kueue
+from realnode import import_busybox, the_real_node
 from testnodes import NodeMaker
 
 # Every namespace this test session creates starts with this, and its operator serves only those: test
@@ -93,6 +94,19 @@ def images_on_the_node(cluster: Cluster) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     listed = cluster_script("ctr", "images", "ls", "-q").stdout
     assert "docker.io/ddp-operator/operator:" in listed and "docker.io/ddp-operator/trainer:" in listed, listed
+
+
+@pytest.fixture(scope="session")
+def real_node(cluster: Cluster, kube_api):
+    """The local cluster's node with a kubelet and containerd, where pods run in real containers."""
+    if not cluster.local:
+        pytest.fail("these tests import their image into the local cluster's node; unset DDP_TEST_KUBECONFIG")
+    return the_real_node(kube_api)
+
+
+@pytest.fixture(scope="session")
+def busybox_image(real_node, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return import_busybox(tmp_path_factory.mktemp("busybox-rootfs"))
 
 
 @pytest.fixture

@@ -1,15 +1,14 @@
 """The four examples (examples/<name>/) end to end, as `make example NAME=<name>` runs them: the data
-step into S3, the DDPJob as written (the S3 endpoint aside) through the operator and the pod runner,
-and proof that the model learned: the loss clearly lower at the end than at the start (every rank's
-metrics in S3), the names generated, the held-out accuracy well above chance.
+step into S3 (on the real node's bridge), the DDPJob as written (the S3 endpoint aside) with its ranks
+in trainer-image containers on the local cluster's real node, and proof that the model learned: the
+loss clearly lower at the end than at the start (every rank's metrics in S3), the names generated,
+the held-out accuracy well above chance.
 
 Select them with `-m examples`; each takes about a minute on two busy cores.
 """
 
 from __future__ import annotations
 
-import sys
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,30 +18,20 @@ import demo
 import example
 from ddp_contract import api
 from ddp_operator import constants as c
-from kube import REPO, Jobs
+from kube import Jobs
+from realnode import node_address
 
-pytestmark = pytest.mark.examples
+pytestmark = [pytest.mark.examples, pytest.mark.node, pytest.mark.images]
 
 
 @pytest.fixture(scope="module")
-def examples_s3() -> Iterator[str]:
-    with demo.s3_server(0, buckets=("ddp-examples",)) as endpoint:
+def examples_s3(real_node, images_on_the_node: None) -> Iterator[str]:
+    """The examples' buckets on the real node's bridge, where their ranks' containers reach them."""
+    with demo.s3_server(0, buckets=("ddp-examples",), host=node_address(real_node)) as endpoint:
         yield endpoint
 
 
-@pytest.fixture(scope="module")
-def runner_node(cluster, operator, tmp_path_factory) -> Iterator[str]:
-    """A pod runner with a node of its own: other runners on a shared control plane never take these ranks."""
-    node = f"local-runner-examples-{uuid.uuid4().hex[:6]}"
-    log_dir = tmp_path_factory.mktemp("example-pods")
-    runner = demo.Background("podrunner", [sys.executable, str(REPO / "localcluster" / "podrunner.py"),
-                                           "--kubeconfig", cluster.kubeconfig, "--log-dir", str(log_dir),
-                                           "--node", node], log_dir)
-    yield node
-    runner.stop()
-
-
-def run_example(jobs: Jobs, name: str, endpoint: str, node: str) -> tuple[dict[str, Any], Any, str, str]:
+def run_example(jobs: Jobs, name: str, endpoint: str) -> tuple[dict[str, Any], Any, str, str]:
     """Data step, then the example's DDPJob to Succeeded; (status, S3 client, bucket, job prefix)."""
     job = example.load_job(name, endpoint)
     example.run_data_step(name, job, endpoint)
@@ -50,8 +39,7 @@ def run_example(jobs: Jobs, name: str, endpoint: str, node: str) -> tuple[dict[s
         "metadata": {"name": job["spec"]["s3"]["credentialsSecret"]},
         "stringData": {"AWS_ACCESS_KEY_ID": demo.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": demo.SECRET_KEY},
     })
-    jobs.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, jobs.namespace, api.PLURAL,
-                                                demo.pin_to_node(job, node))
+    jobs.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, jobs.namespace, api.PLURAL, job)
     status = jobs.wait_phase(job["metadata"]["name"], c.PHASE_SUCCEEDED, timeout=420)
     bucket, prefix = example.job_prefix(job, jobs.namespace)
     return status, demo.s3_client(endpoint), bucket, prefix
@@ -72,8 +60,8 @@ def assert_above_chance(s3: Any, bucket: str, prefix: str, name: str) -> dict[st
     return evaluation
 
 
-def test_petnames_learns_and_stores_generated_names(jobs, examples_s3, runner_node) -> None:
-    status, s3, bucket, prefix = run_example(jobs, "petnames", examples_s3, runner_node)
+def test_petnames_learns_and_stores_generated_names(jobs, examples_s3) -> None:
+    status, s3, bucket, prefix = run_example(jobs, "petnames", examples_s3)
     assert status["restarts"] == 0 and status["progress"]["loss"] is not None
     assert_learned(s3, bucket, prefix, "petnames")
     names = example.result_json(s3, bucket, prefix, "names.json")["names"]
@@ -81,21 +69,21 @@ def test_petnames_learns_and_stores_generated_names(jobs, examples_s3, runner_no
     assert len(names) == 50 and all(name.strip() for name in names), names
 
 
-def test_transfer_trains_resnet18_from_scratch_with_checkpoints(jobs, examples_s3, runner_node) -> None:
-    status, s3, bucket, prefix = run_example(jobs, "transfer", examples_s3, runner_node)
+def test_transfer_trains_resnet18_from_scratch_with_checkpoints(jobs, examples_s3) -> None:
+    status, s3, bucket, prefix = run_example(jobs, "transfer", examples_s3)
     assert_learned(s3, bucket, prefix, "transfer")
     evaluation = assert_above_chance(s3, bucket, prefix, "transfer")
     assert evaluation["initial_weights"] is False  # nothing at <dataset>/weights/resnet18.pth
     assert status["lastCheckpoint"]["uri"].startswith(f"s3://{bucket}/{prefix}checkpoints/step-"), status
 
 
-def test_shards_trains_a_small_resnet_on_make_shards_output(jobs, examples_s3, runner_node) -> None:
-    _, s3, bucket, prefix = run_example(jobs, "shards", examples_s3, runner_node)
+def test_shards_trains_a_small_resnet_on_make_shards_output(jobs, examples_s3) -> None:
+    _, s3, bucket, prefix = run_example(jobs, "shards", examples_s3)
     assert_learned(s3, bucket, prefix, "shards")
     assert assert_above_chance(s3, bucket, prefix, "shards")["dataset"] == "map"
 
 
-def test_fashion_learns_with_dataloader_workers_preprocessing(jobs, examples_s3, runner_node) -> None:
-    _, s3, bucket, prefix = run_example(jobs, "fashion", examples_s3, runner_node)
+def test_fashion_learns_with_dataloader_workers_preprocessing(jobs, examples_s3) -> None:
+    _, s3, bucket, prefix = run_example(jobs, "fashion", examples_s3)
     assert_learned(s3, bucket, prefix, "fashion")
     assert assert_above_chance(s3, bucket, prefix, "fashion")["workers"] == 2

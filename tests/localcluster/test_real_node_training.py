@@ -7,7 +7,6 @@ Select with `pytest -m node`."""
 from __future__ import annotations
 
 import io
-import logging
 import os
 import re
 import signal
@@ -18,6 +17,7 @@ import pytest
 import torch
 from kubernetes import client
 
+import demo
 from ddp_contract import labels
 from ddp_operator import constants as c
 from e2e.test_main_job import rank_pid
@@ -31,34 +31,18 @@ sys.path.insert(0, str(WORKLOADS.parent))
 import ddp_workloads  # noqa: E402 - what the ranks run, and the single-process run the DDP gangs must match
 
 BUCKET = "ddp-node"
-ACCESS_KEY, SECRET_KEY = "node-access-key", "node-secret-key"
 EPOCHS, BATCH, EVERY = 6, 4, 5
 
 
 @pytest.fixture(scope="module")
 def s3_on_the_bridge(real_node: client.V1Node) -> Iterator[str]:
     """A moto S3 server on the node's bridge address, where the ranks' containers reach it."""
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    server = ThreadedMotoServer(ip_address=node_address(real_node), port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    s3(endpoint).create_bucket(Bucket=BUCKET)
-    yield endpoint
-    server.stop()
-
-
-def s3(endpoint: str):
-    import boto3
-
-    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=ACCESS_KEY,
-                        aws_secret_access_key=SECRET_KEY, region_name="us-east-1")
+    with demo.s3_server(0, buckets=(BUCKET,), host=node_address(real_node)) as endpoint:
+        yield endpoint
 
 
 def keys(endpoint: str, prefix: str) -> list[str]:
-    return [item["Key"] for item in s3(endpoint).list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])]
+    return [item["Key"] for item in demo.s3_client(endpoint).list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])]
 
 
 def checkpoint_steps(endpoint: str, namespace: str, job: str) -> list[int]:
@@ -69,7 +53,7 @@ def checkpoint_steps(endpoint: str, namespace: str, job: str) -> list[int]:
 
 
 def final_params(endpoint: str, namespace: str, job: str) -> dict[str, torch.Tensor]:
-    body = s3(endpoint).get_object(Bucket=BUCKET, Key=f"results/{namespace}/{job}/results/params.pt")["Body"].read()
+    body = demo.s3_client(endpoint).get_object(Bucket=BUCKET, Key=f"results/{namespace}/{job}/results/params.pt")["Body"].read()
     return torch.load(io.BytesIO(body))
 
 
@@ -99,7 +83,7 @@ def test_a_job_killed_three_ways_resumes_to_the_parameters_of_an_uninterrupted_o
     jobs.core.create_namespaced_config_map(ns, {"metadata": {"name": "workloads"},
                                                 "data": {WORKLOADS.name: WORKLOADS.read_text()}})
     jobs.core.create_namespaced_secret(ns, {"metadata": {"name": "s3-credentials"}, "stringData": {
-        "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}})
+        "AWS_ACCESS_KEY_ID": demo.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": demo.SECRET_KEY}})
     training_job(jobs, "steady", endpoint)
     # Rank 1 fills 2 GiB in its 1.5 GiB container three steps into attempt 2.
     training_job(jobs, "bumpy", endpoint, WL_OOM_ON_ATTEMPT="2", WL_OOM_AFTER_STEPS="3")
