@@ -1,7 +1,7 @@
 # Entry points; README.md says what each is for.
 SHELL := /bin/bash
 CLUSTER := localcluster/cluster.sh
-KUEUE := localcluster/kueue.sh
+KUEUE := bash localcluster/kueue.sh
 PYTEST_ARGS ?=
 
 BENCH_ARGS ?=

@@ -145,12 +145,13 @@ def queue_state(job: Mapping[str, Any], spec: JobSpec, workload: Mapping[str, An
     return QueueState(Gate.QUEUED, c.REASON_QUEUED, f"{waiting}; Kueue: {said}")
 
 
-def can_judge(unavailable: str | None, error_status: int | None) -> bool:
+def can_judge(unavailable: str | None, error_status: int | None, started: bool) -> bool:
     """Whether a queued job may be judged on the Workload watch's view of its namespace: once the
     watch has listed, or when Kueue's API is not served at all (404: the job waits, its status saying
-    so). Not while the watch is still listing, or refused: a running gang is not stopped on a view
-    that is merely empty."""
-    return not unavailable or error_status == 404
+    so). Not while the watch is still listing, nor when refused for a job that has started: a running
+    gang is not stopped on a view that is merely empty. A job that never started has nothing to stop:
+    refused, it waits and says why."""
+    return not unavailable or error_status == 404 or (error_status is not None and not started)
 
 
 def holds_quota(workload: Mapping[str, Any] | None) -> bool:

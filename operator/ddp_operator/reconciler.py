@@ -303,7 +303,7 @@ class Reconciler:
         key = (job["metadata"]["namespace"], job["metadata"]["name"])
         unavailable = self.workloads.unavailable(key[0])
         error = self.workloads.error_in(key[0])
-        if not can_judge(unavailable, error.status if error is not None else None):
+        if not can_judge(unavailable, error.status if error is not None else None, "startTime" in status):
             return False
         return queue_state(job, spec, self._workload(job), unavailable or self._workload_problems.get(key))
 

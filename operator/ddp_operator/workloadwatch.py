@@ -42,7 +42,11 @@ def unavailable_reason(synced: bool, error: ApiException | None) -> str | None:
     if error.status == 404:
         return (f"Kueue's Workload API ({WORKLOADS}.{KUEUE_GROUP}/{KUEUE_VERSION}) is not served: "
                 "install Kueue, or remove the label")
-    return f"Kueue's Workloads cannot be listed: {error.status} {error.reason}"
+    said = f"Kueue's Workloads cannot be listed: {error.status} {error.reason}"
+    if error.status in (401, 403):
+        return (f"{said}; the operator's ServiceAccount needs get, list, watch, create and patch on "
+                f"{WORKLOADS}.{KUEUE_GROUP} (the chart's RBAC grants them)")
+    return said
 
 
 class WorkloadCache(JobObjects):

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from ddp_contract import envnames
 from ddp_operator import constants as c
@@ -150,6 +151,39 @@ def test_queued_jobs_run_under_the_charts_rbac(jobs, queues: Queues, operator: O
             jobs.wait_phase("modest", c.PHASE_RUNNING)
             log = operator.log_path.read_text().split("--- restart ---")[-1]
             assert "Forbidden" not in log and "refused" not in log and "Not enough permissions" not in log, log[-3000:]
+        finally:
+            operator.restart(kubeconfig=admin, env=session)
+    finally:
+        helm("uninstall", release, "-n", namespace, check=False)
+
+
+def test_a_queued_job_says_why_when_the_operator_may_not_see_workloads(
+        jobs, queues: Queues, operator: OperatorProcess, cluster: Cluster, kube_api, tmp_path: Path) -> None:
+    """The chart's Role for the namespace without its Kueue rules (as an older chart installed it): the
+    queued job creates no pod and says what the operator lacks."""
+    helm, release, namespace = helm_for(cluster), f"ddp-{uuid.uuid4().hex[:6]}", jobs.namespace
+    helm("install", release, str(CHART), "-n", namespace, "--skip-crds", *ON_FAKE_NODES,
+         "--set", f"watchNamespaces={{{namespace}}}")
+    try:
+        objects = installed(helm, release, namespace)
+        rbac = client.RbacAuthorizationV1Api(jobs.core.api_client)
+        role = next(r for r in rbac.list_namespaced_role(namespace).items
+                    if any("kueue.x-k8s.io" in (rule.api_groups or []) for rule in r.rules))
+        kept = [rule for rule in rbac.api_client.sanitize_for_serialization(role.rules)
+                if "kueue.x-k8s.io" not in rule.get("apiGroups", [])]
+        rbac.patch_namespaced_role(role.metadata.name, namespace, [{"op": "replace", "path": "/rules", "value": kept}])
+        admin, session = operator.kubeconfig, operator.env
+        account = objects["ServiceAccount"]["metadata"]["name"]
+        operator.restart(kubeconfig=str(kubeconfig_of(kube_api, account, namespace, admin, tmp_path)),
+                         env=operator_settings(objects))
+        try:
+            queue = queues.create(cpu="2")
+            with PodLives(jobs, "blind") as lives:
+                queued(jobs, "blind", queue)
+                status = waiting(jobs, "blind", "403 Forbidden")
+                assert "needs get, list, watch, create and patch on workloads.kueue.x-k8s.io" in status["message"]
+                jobs.observed("blind")
+                assert lives.created() == {}, "a job the operator cannot see admitted creates no pod"
         finally:
             operator.restart(kubeconfig=admin, env=session)
     finally:

@@ -130,10 +130,13 @@ def test_a_kueue_that_is_not_there_is_said_so() -> None:
 
 
 def test_a_job_is_judged_once_its_namespaces_workloads_are_listed_or_kueue_is_not_there() -> None:
-    assert can_judge(None, None)
-    assert can_judge("Kueue's Workload API is not served", 404)  # waits, saying so
-    assert not can_judge("listing Kueue's Workloads", None)  # a view merely empty so far stops nothing
-    assert not can_judge("Kueue's Workloads cannot be listed: 403 Forbidden", 403)
+    for started in (False, True):
+        assert can_judge(None, None, started)
+        assert can_judge("Kueue's Workload API is not served", 404, started)  # waits, saying so
+        assert not can_judge("listing Kueue's Workloads", None, started)  # a view merely empty so far stops nothing
+    refused = "Kueue's Workloads cannot be listed: 403 Forbidden"
+    assert not can_judge(refused, 403, started=True)  # a running gang is not stopped on an empty view
+    assert can_judge(refused, 403, started=False)  # a job that never ran waits, saying why
 
 
 def test_release_after_eviction_clears_the_admission_and_requeues() -> None:

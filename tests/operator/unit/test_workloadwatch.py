@@ -72,7 +72,7 @@ def test_each_namespace_is_seen_once_its_own_watch_has_listed_and_an_error_is_to
     first.synced.set()
     assert workloads.synced_in("team-a") and workloads.unavailable("team-a") is None
     assert not workloads.synced_in("team-b")
-    assert workloads.unavailable("team-b") == "Kueue's Workloads cannot be listed: 403 Forbidden"
+    assert str(workloads.unavailable("team-b")).startswith("Kueue's Workloads cannot be listed: 403 Forbidden; ")
     second.last_error = None
     second.synced.set()
     assert workloads.unavailable("team-b") is None
@@ -89,6 +89,9 @@ def test_one_cluster_wide_watch_answers_for_every_namespace() -> None:
 def test_unavailable_reason() -> None:
     assert unavailable_reason(False, None) == "listing Kueue's Workloads"
     assert "is not served: install Kueue" in str(unavailable_reason(False, ApiException(status=404, reason="Not Found")))
-    assert unavailable_reason(False, ApiException(status=403, reason="Forbidden")) == \
-        "Kueue's Workloads cannot be listed: 403 Forbidden"
+    refused = unavailable_reason(False, ApiException(status=403, reason="Forbidden"))
+    assert refused == ("Kueue's Workloads cannot be listed: 403 Forbidden; the operator's ServiceAccount needs get, list, "
+                       "watch, create and patch on workloads.kueue.x-k8s.io (the chart's RBAC grants them)")
+    assert unavailable_reason(False, ApiException(status=500, reason="Internal Server Error")) == \
+        "Kueue's Workloads cannot be listed: 500 Internal Server Error"
     assert unavailable_reason(True, ApiException(status=403, reason="Forbidden")) is None
