@@ -246,11 +246,11 @@ def user_command(*argv: str) -> str:
     return cluster(*argv)
 
 
-def show_rank_log(pod: str, namespace: str, lines: int = 20) -> None:
+def show_rank_log(pod: str, namespace: str, lines: int = 20, tag: str = "demo") -> None:
     """The rank's `kubectl logs` tail (the loss per epoch and the held-out accuracy), and how it found rank 0."""
     env = yaml.safe_load(kubectl("get", "pod", pod, "-n", namespace, "-o", "yaml"))["spec"]["containers"][0]["env"]
     master = {e["name"]: e.get("value") for e in env}
-    print(f"[demo] the ranks meet rank 0 at MASTER_ADDR={master.get('MASTER_ADDR')} MASTER_PORT={master.get('MASTER_PORT')}")
+    print(f"[{tag}] the ranks meet rank 0 at MASTER_ADDR={master.get('MASTER_ADDR')} MASTER_PORT={master.get('MASTER_PORT')}")
     print(user_command("kubectl", "logs", pod, "-n", namespace, f"--tail={lines}").rstrip())
 
 

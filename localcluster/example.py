@@ -142,7 +142,7 @@ def main(argv: list[str]) -> int:
             job_name = demo.apply_job_file(job_file(name), endpoint, namespace, log_dir)
             phase = demo.watch_job(job_name, namespace)
             print(f"[example] {name}: {phase} in {time.monotonic() - started:.0f}s")
-            demo.show_rank_log(f"{job_name}-0", namespace, lines=8)
+            demo.show_rank_log(f"{job_name}-0", namespace, lines=8, tag="example")
             print_outcome(demo.s3_client(endpoint), *job_prefix(job, namespace))
         finally:
             demo.helm_uninstall(namespace)
