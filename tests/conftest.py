@@ -88,12 +88,15 @@ def jobs(kube_api, namespace: str, operator: OperatorProcess) -> Jobs:
 
 
 @pytest.fixture(scope="session")
-def images_on_the_node(cluster: Cluster) -> None:
-    """`make images`: builds what changed and loads both images into the real node's containerd."""
+def images_on_the_node(cluster: Cluster, real_node) -> None:
+    """`make images`: builds what changed and loads both images into the real node's containerd (once
+    it answers: a cluster just started may not have it up yet, and the build then only makes tarballs)."""
+    wait_until(lambda: cluster_script("ctr", "version", check=False).returncode == 0, 120, "the node's containerd")
     result = subprocess.run(["bash", str(REPO / "images" / "build.sh"), "build"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     listed = cluster_script("ctr", "images", "ls", "-q").stdout
-    assert "docker.io/ddp-operator/operator:" in listed and "docker.io/ddp-operator/trainer:" in listed, listed
+    assert "docker.io/ddp-operator/operator:" in listed and "docker.io/ddp-operator/trainer:" in listed, \
+        f"{listed}\n{result.stderr[-3000:]}"
 
 
 @pytest.fixture(scope="session")

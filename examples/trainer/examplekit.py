@@ -93,6 +93,17 @@ def submit_evaluation(results: S3ResultsHandler, accuracy: float, samples: int, 
     print(f"held-out accuracy {accuracy:.3f} on {samples} samples (chance {1 / classes:.3f})", flush=True)
 
 
+def evaluate_and_submit(ctx: RankContext, log: StepLog, ddp: nn.Module, model: nn.Module,
+                        held_out: Iterable[tuple[torch.Tensor, torch.Tensor]], classes: int, **extra: Any) -> None:
+    """How every classifier example ends: the held-out accuracy over all ranks, the step log closed,
+    and from rank 0 `results/eval.json` (with `extra`) and `results/model.pt`."""
+    accuracy, samples = gang_accuracy(ddp, held_out, ctx.device)
+    log.close()
+    if ctx.rank == 0:
+        submit_evaluation(log.results, accuracy, samples, classes, **extra)
+        log.results.submit_result("model.pt", state_bytes(model.state_dict()))
+
+
 def state_bytes(state: Mapping[str, Any]) -> bytes:
     """A state dict as `torch.save` bytes, for `submit_result`."""
     buffer = io.BytesIO()

@@ -27,7 +27,7 @@ from torchvision import transforms
 
 from ddp_trainer import RankContext, urls
 from ddp_trainer.env import dataset_uri
-from examplekit import StepLog, arguments, distributed, gang_accuracy, state_bytes, submit_evaluation
+from examplekit import StepLog, arguments, distributed, evaluate_and_submit
 
 CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 # FashionMNIST's pixel mean and standard deviation (of the real training set).
@@ -121,8 +121,5 @@ def main(ctx: RankContext) -> None:
             print(f"epoch {epoch}: step {log.step}, loss {mean:.4f}, {time.monotonic() - started:.1f}s "
                   f"({waited:.1f}s waiting for preprocessed batches)", flush=True)
 
-    accuracy, samples = gang_accuracy(ddp, loader(test, 100, args.workers, shuffle=False), ctx.device)
-    log.close()
-    if ctx.rank == 0:
-        submit_evaluation(log.results, accuracy, samples, len(CLASSES), workers=args.workers)
-        log.results.submit_result("model.pt", state_bytes(net.state_dict()))
+    evaluate_and_submit(ctx, log, ddp, net, loader(test, 100, args.workers, shuffle=False), len(CLASSES),
+                        workers=args.workers)

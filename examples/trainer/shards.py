@@ -31,7 +31,7 @@ from ddp_trainer import (
     load_index,
 )
 from ddp_trainer.env import dataset_uri
-from examplekit import StepLog, arguments, distributed, gang_accuracy, state_bytes, submit_evaluation
+from examplekit import StepLog, arguments, distributed, evaluate_and_submit
 
 TO_TENSOR = transforms.Compose([transforms.ToTensor(), transforms.Normalize([0.5] * 3, [0.5] * 3)])
 AUGMENT = transforms.Compose([transforms.RandomHorizontalFlip(), TO_TENSOR])
@@ -115,8 +115,5 @@ def main(ctx: RankContext) -> None:
         if ctx.rank == 0:
             print(f"epoch {epoch}: step {log.step}, loss {mean:.4f}", flush=True)
 
-    accuracy, samples = gang_accuracy(ddp, DataLoader(val, batch_size=64), ctx.device)
-    log.close()
-    if ctx.rank == 0:
-        submit_evaluation(log.results, accuracy, samples, len(classes), dataset="stream" if args.stream else "map")
-        log.results.submit_result("model.pt", state_bytes(model.state_dict()))
+    evaluate_and_submit(ctx, log, ddp, model, DataLoader(val, batch_size=64), len(classes),
+                        dataset="stream" if args.stream else "map")

@@ -31,6 +31,7 @@ from ddp_trainer import (
     open_dataset,
     training_state,
 )
+from examplekit import state_bytes
 
 TRANSFORM = transforms.Compose([transforms.Resize((32, 32)), transforms.ToTensor()])
 
@@ -116,7 +117,7 @@ def main(ctx: RankContext) -> None:
     progress.flush()
     results.close()
     if ctx.rank == 0:
-        results.submit_result("model.pt", _bytes(model.state_dict()))
+        results.submit_result("model.pt", state_bytes(model.state_dict()))
 
 
 def say(ctx: RankContext, line: str) -> None:
@@ -139,11 +140,3 @@ def gang_ratio(numerator: float, denominator: float, ctx: RankContext) -> float:
     both = torch.tensor([numerator, denominator], dtype=torch.float64, device=ctx.device)
     dist.all_reduce(both)
     return both[0].item() / max(both[1].item(), 1.0)
-
-
-def _bytes(state: dict[str, Any]) -> bytes:
-    import io
-
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    return buffer.getvalue()

@@ -36,7 +36,7 @@ from ddp_trainer import (
 )
 from ddp_trainer.env import dataset_uri
 from ddp_trainer.errors import ObjectNotFoundError
-from examplekit import StepLog, arguments, distributed, gang_accuracy, state_bytes, submit_evaluation
+from examplekit import StepLog, arguments, distributed, evaluate_and_submit
 
 WEIGHTS_KEY = "weights/resnet18.pth"
 # ImageNet's statistics: what pretrained torchvision weights expect their input to be normalised with.
@@ -112,8 +112,4 @@ def main(ctx: RankContext) -> None:
             print(f"epoch {epoch}: step {log.step}, loss {mean:.4f}", flush=True)
     checkpoints.close()
 
-    accuracy, samples = gang_accuracy(ddp, val_loader, ctx.device)
-    log.close()
-    if ctx.rank == 0:
-        submit_evaluation(log.results, accuracy, samples, len(train.classes), initial_weights=weights is not None)
-        log.results.submit_result("model.pt", state_bytes(model.state_dict()))
+    evaluate_and_submit(ctx, log, ddp, model, val_loader, len(train.classes), initial_weights=weights is not None)
