@@ -34,7 +34,10 @@ class ResultFile:
 
 
 class Job:
-    """One DDPJob, by name, through a Kubernetes API client; S3 settings from the job unless given."""
+    """One DDPJob, by name, through a Kubernetes API client. S3 settings for its results, logs and
+    metrics: `s3_access` where given, else $DDP_S3_ENDPOINT, $DDP_S3_REGION/$AWS_REGION,
+    $AWS_ACCESS_KEY_ID and $AWS_SECRET_ACCESS_KEY where set, else the job's own (spec.s3's endpoint
+    and region, its credentials Secret read through the API)."""
 
     def __init__(self, name: str, namespace: str, api_client: Any, s3_access: S3Access | None = None,
                  results_uri: str | None = None) -> None:
@@ -45,7 +48,7 @@ class Job:
         self.api_client = api_client
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
-        self.s3_access = s3_access or S3Access()
+        self.s3_access = S3Access.from_env() if s3_access is None else s3_access
         self.results_uri = results_uri  # spec.s3.results, for a job already deleted (ttlSecondsAfterFinished)
         self._store: JobStore | None = None
 

@@ -52,6 +52,21 @@ def load_job(job: Mapping[str, Any] | str | Path) -> dict[str, Any]:
     return body
 
 
+def place_job(body: Mapping[str, Any], *, name: str | None = None, namespace: str | None = None,
+              spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A whole DDPJob as `submit` creates it: `name` and `spec` fields override its own, and it goes in
+    `namespace` (its metadata.namespace follows)."""
+    placed = copy.deepcopy(dict(body))
+    meta = placed["metadata"] = dict(placed.get("metadata") or {})
+    if name:
+        meta["name"] = name
+    if namespace:
+        meta["namespace"] = namespace
+    if spec:
+        placed["spec"] = {**(placed.get("spec") or {}), **copy.deepcopy(dict(spec))}
+    return placed
+
+
 def job_name_for(target: str) -> str:
     """A job name from a script or module name: `train_resnet.py` -> `train-resnet`."""
     stem = Path(target).stem if is_script(target) else target.partition(":")[0].rsplit(".", 1)[-1]

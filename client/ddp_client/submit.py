@@ -9,7 +9,7 @@ from typing import Any
 from ddp_contract import api, kubeclient
 
 from .job import Job
-from .jobspec import S3, build_job, is_script, job_name_for, load_job, script_configmap, script_configmap_name
+from .jobspec import S3, build_job, is_script, job_name_for, load_job, place_job, script_configmap, script_configmap_name
 from .store import S3Access
 
 DEFAULT_NAMESPACE = "default"
@@ -53,15 +53,19 @@ def submit(
     """Run `target` as a DDPJob and return its handle.
 
     `target`: `module:function` (in the image), a local script (sent to every rank in a ConfigMap,
-    no image to build), or a whole DDPJob (a dict, YAML text or a .yaml path; the other arguments
-    but namespace are then ignored). `spec` adds or overrides spec fields (template, resources,
-    backoffLimit, ...).
+    no image to build), or a whole DDPJob (a dict, YAML text or a .yaml path; `name`, `namespace`
+    and `spec` then override its own, the other arguments are ignored, and without `namespace` it
+    goes in its own metadata.namespace, else the kubeconfig context's). `spec` adds or overrides
+    spec fields (template, resources, backoffLimit, ...).
     """
-    job = Job("", namespace or default_namespace(kubeconfig), api_client or kubeclient.api_client(kubeconfig),
-              s3_access)
+    whole = isinstance(target, Mapping) or str(target).endswith((".yaml", ".yml")) or "\n" in str(target)
+    loaded = load_job(target if isinstance(target, Mapping) else str(target)) if whole else None
+    own_namespace = (loaded or {}).get("metadata", {}).get("namespace")
+    job = Job("", namespace or own_namespace or default_namespace(kubeconfig),
+              api_client or kubeclient.api_client(kubeconfig), s3_access)
     script: Path | None = None
-    if isinstance(target, Mapping) or str(target).endswith((".yaml", ".yml")) or "\n" in str(target):
-        body = load_job(target if isinstance(target, Mapping) else str(target))
+    if loaded is not None:
+        body = place_job(loaded, name=name, namespace=job.namespace, spec=spec)
     else:
         if image is None:
             raise ValueError("submit needs image= (the trainer image the ranks run) for a script or module:function")

@@ -15,6 +15,7 @@ SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/names
 GLOB_CHARS = frozenset("*?")
 REFUSED_CHARS = frozenset("!,[]")  # kopf's exclusions and lists, fnmatch's sets: not supported
 N = TypeVar("N", int, float)
+FALSE_WORDS = frozenset({"", "0", "false", "no", "off"})
 
 
 class ConfigError(ValueError):
@@ -48,9 +49,14 @@ def from_env(env: Mapping[str, str], own_namespace: str | None = None, identity:
         metrics_port=_number(env, c.ENV_METRICS_PORT, c.DEFAULT_METRICS_PORT, int, upper=65535),
         namespaces=namespaces(env.get(c.ENV_NAMESPACES, "")),
         lease=_lease(env, own_namespace, identity),
-        verbose=bool(env.get(c.ENV_VERBOSE)),
+        verbose=_flag(env.get(c.ENV_VERBOSE)),
         liveness=env.get(c.ENV_LIVENESS) or None,
     )
+
+
+def _flag(value: str | None) -> bool:
+    """On for any value but empty, 0, false, no and off (so `DDP_OPERATOR_VERBOSE=false` means off)."""
+    return (value or "").strip().lower() not in FALSE_WORDS
 
 
 def namespaces(value: str) -> tuple[str, ...]:

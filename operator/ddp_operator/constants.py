@@ -154,7 +154,7 @@ WAITING_REASONS: Final = {
 WAITING_NORMALLY: Final = frozenset({"ContainerCreating", "PodInitializing"})
 
 # --- the operator process's settings: environment variables (config.py reads them) -------------------------------
-ENV_VERBOSE: Final = "DDP_OPERATOR_VERBOSE"  # any value: log every decision at debug level
+ENV_VERBOSE: Final = "DDP_OPERATOR_VERBOSE"  # log every decision at debug level; empty, 0, false, no, off: not
 ENV_LIVENESS: Final = "DDP_OPERATOR_LIVENESS"  # kopf's own liveness endpoint, e.g. http://0.0.0.0:8081/healthz
 ENV_METRICS_ADDRESS: Final = "DDP_OPERATOR_METRICS_ADDRESS"  # where /metrics and /healthz listen
 ENV_METRICS_PORT: Final = "DDP_OPERATOR_METRICS_PORT"  # 0: any free port (the log says which)

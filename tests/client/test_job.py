@@ -57,3 +57,31 @@ def test_without_pods_the_newest_kept_attempt_or_the_one_asked_for() -> None:
     assert job.log_texts(attempt=0, rank=1) == (0, {1: "old 1\n"})
     assert job.log_texts(attempt=7) == (7, {})
     assert job.logs(attempt=0) == "[rank 0] old 0\n[rank 1] old 1\n"  # rank 1 failed attempt 1, not 0
+
+
+class SpecOnlyJob(Job):
+    """A Job whose spec is given and whose credentials Secret must not be needed."""
+
+    def get(self) -> dict[str, Any]:
+        return {"spec": {"s3": {"results": "s3://b/r", "endpoint": "http://job-s3:9000", "credentialsSecret": "creds"}}}
+
+    def _credentials_secret(self, name: str) -> dict[str, Any]:
+        raise AssertionError(f"read the Secret {name} although the environment gives credentials")
+
+
+def test_from_python_the_environment_s_s3_settings_win_over_the_job_s(monkeypatch: Any) -> None:
+    """README: the job's S3 settings unless given as s3_access= or in DDP_S3_ENDPOINT, AWS_ACCESS_KEY_ID,
+    AWS_SECRET_ACCESS_KEY (as `kubectl ddp` does), without a Secret read."""
+    from kubernetes import client
+
+    from ddp_client.store import S3Access
+
+    for name, value in {"DDP_S3_ENDPOINT": "http://env-s3:9000", "AWS_ACCESS_KEY_ID": "i",
+                        "AWS_SECRET_ACCESS_KEY": "k"}.items():
+        monkeypatch.setenv(name, value)
+    job = SpecOnlyJob("j", "ns", client.ApiClient())
+    store = job.store()
+    assert (store._access.endpoint, store._access.access_key_id, store._access.secret_access_key) == (
+        "http://env-s3:9000", "i", "k")
+    given = SpecOnlyJob("j", "ns", client.ApiClient(), s3_access=S3Access(access_key_id="a", secret_access_key="b"))
+    assert given.store()._access.endpoint == "http://job-s3:9000"

@@ -44,3 +44,9 @@ def test_a_bad_setting_is_refused_naming_it(env: dict[str, str], named: str) -> 
 def test_globs_are_told_from_exact_names() -> None:
     assert exact(("team-a", "team-b")) and exact(())
     assert not exact(("team-a", "t-1234-*")) and not exact(("team-?",))
+
+
+@pytest.mark.parametrize("value, verbose", [("1", True), ("true", True), ("yes", True), ("", False), ("0", False),
+                                            ("false", False), ("False", False), ("no", False), ("off", False)])
+def test_verbose_is_off_when_the_variable_says_so(value: str, verbose: bool) -> None:
+    assert from_env({c.ENV_VERBOSE: value}).verbose is verbose
