@@ -147,6 +147,23 @@ def fail_then_abort_at_exit(ctx: RankContext) -> None:
     raise RuntimeError("the user's code failed")
 
 
+def succeed_then_abort_in_teardown(ctx: RankContext) -> None:
+    """Succeeds, leaving behind what aborts the process once the interpreter has finished (a C exit
+    handler calling abort(), as a backend's C++ thread destructor may after a clean run: "terminate
+    called without an active exception"), a non-daemon thread and an atexit handler that a clean exit
+    still waits for and runs."""
+    import ctypes
+    import threading
+    import time
+
+    libc = ctypes.CDLL(None)
+    getattr(libc, "__cxa_atexit")(ctypes.cast(libc.abort, ctypes.c_void_p), None, None)  # atexit(abort) in C
+    out = os.environ["WL_OUT"]
+    threading.Thread(target=lambda: (time.sleep(0.5), open(out, "a").write("thread\n"))).start()
+    atexit.register(lambda: open(out, "a").write("atexit\n"))
+    print(f"rank {ctx.rank} done", flush=True)
+
+
 def use_collective(ctx: RankContext) -> None:
     """Rank 1 dies; rank 0 then fails in an all-reduce, which is an infrastructure error."""
     import time

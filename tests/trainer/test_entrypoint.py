@@ -169,6 +169,15 @@ def test_a_failure_exits_with_the_runtimes_code_even_if_teardown_would_abort(how
     assert "the user's code failed" in result.stderr
 
 
+def test_a_clean_run_exits_0_even_if_teardown_would_abort_after_its_threads_and_atexit_handlers(
+        tmp_path: Path) -> None:
+    out = tmp_path / "left.txt"
+    (result,) = launch("ddp_workloads:succeed_then_abort_in_teardown", 1, {"WL_OUT": str(out)})
+    assert result.returncode == ExitCode.OK, (result.returncode, result.stderr[-2000:])
+    assert "rank 0 done" in result.stdout
+    assert out.read_text() == "thread\natexit\n", "a clean exit waits for the user's threads, then runs atexit"
+
+
 def test_a_rank_that_stops_calling_the_collective_is_caught_and_every_rank_dumps_its_stacks(
         s3_env, bucket, tmp_path: Path) -> None:
     env = {**s3_env, "DDP_RESULTS_URI": f"s3://{bucket}/runs", "DDP_JOB_NAME": "stuck", "DDP_JOB_NAMESPACE": "team-a",
