@@ -104,9 +104,8 @@ class Trainer:
         self.model = getattr(torchvision.models, args.model)(num_classes=CLASSES).to(device, memory_format=torch.channels_last)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
         self.loss = nn.CrossEntropyLoss()
-        mean = torch.tensor([0.485, 0.456, 0.406], device=device).view(1, 3, 1, 1) * 255
-        std = torch.tensor([0.229, 0.224, 0.225], device=device).view(1, 3, 1, 1) * 255
-        self.mean, self.std = mean, std
+        self.mean = torch.tensor([0.485, 0.456, 0.406], device=device).view(1, 3, 1, 1) * 255
+        self.std = torch.tensor([0.229, 0.224, 0.225], device=device).view(1, 3, 1, 1) * 255
 
     def step(self, images: torch.Tensor, labels: torch.Tensor) -> None:
         images = images.to(self.device, non_blocking=True)

@@ -8,12 +8,15 @@ from collections.abc import Callable
 from typing import Any
 
 import yaml
+from kubernetes import client
 
 from ddp_operator import constants as c
 from fakenodes import FAKE_NODE_SELECTOR, FAKE_NODE_TOLERATION
-from kube import REPO, Cluster, cluster_script
+from kube import REPO, Cluster, Jobs, cluster_script
 
 CHART = REPO / "charts"
+# The release's operator pods (the Deployment's pod template labels).
+OPERATOR_PODS = "app.kubernetes.io/name=ddp-operator"
 Helm = Callable[..., subprocess.CompletedProcess]
 
 # The release's own operator pod goes to kwok's fake nodes, which fake it Running: on the real node,
@@ -52,3 +55,10 @@ def operator_settings(objects: dict[str, dict[str, Any]], identity: str = "test"
     container = objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]
     settings = {k: v for k, v in env_of(container).items() if k not in (c.ENV_METRICS_ADDRESS, c.ENV_METRICS_PORT)}
     return {**settings, c.ENV_IDENTITY: identity}
+
+
+def ready_operators(jobs: Jobs) -> list[client.V1Pod]:
+    """The release's operator pods in the jobs' namespace that run, are Ready and are not going away."""
+    return [p for p in jobs.core.list_namespaced_pod(jobs.namespace, label_selector=OPERATOR_PODS).items
+            if p.metadata.deletion_timestamp is None and p.status.phase == "Running"
+            and all(s.ready for s in p.status.container_statuses or [])]

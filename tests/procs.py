@@ -47,3 +47,19 @@ def alive(pid: int) -> bool:
         return True
     except ProcessLookupError:
         return False
+
+
+def rank_pid(namespace: str, job: str, rank: int) -> int | None:
+    """The process of this machine running `rank` of the job, found by its environment: a pod runner's
+    rank, or a rank in a container on the real node (the host sees its processes)."""
+    wanted = {f"DDP_JOB_NAMESPACE={namespace}", f"DDP_JOB_NAME={job}", f"RANK={rank}"}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = set((proc / "environ").read_bytes().decode(errors="replace").split("\0"))
+        except OSError:
+            continue
+        if wanted <= environ:
+            return int(proc.name)
+    return None

@@ -15,6 +15,7 @@ from kubernetes import client
 
 from ddp_operator import constants as c
 from e2e.test_quickstart import COLUMNS, quick_start_commands, user_shell
+from helmchart import OPERATOR_PODS, ready_operators
 from kube import REPO, Cluster, Jobs, wait_until
 
 pytestmark = [pytest.mark.node, pytest.mark.images, pytest.mark.timeout(3600)]
@@ -34,11 +35,7 @@ def test_the_quick_start_runs_in_containers_from_our_images(
     # The release serves its own namespace only, so it never acts on other tests' jobs.
     run(f"{install} -n {own_namespace} --set 'watchNamespaces={{{own_namespace}}}'")
     try:
-        def ready_operator() -> list[client.V1Pod]:
-            return [p for p in jobs.core.list_namespaced_pod(own_namespace).items
-                    if p.status.phase == "Running" and all(s.ready for s in p.status.container_statuses or [])]
-
-        operator = wait_until(ready_operator, 180, "the operator's pod to be Ready")[0]  # type: ignore[index]
+        operator = wait_until(lambda: ready_operators(jobs), 180, "the operator's pod to be Ready")[0]  # type: ignore[index]
         assert operator.spec.containers[0].image.startswith("ddp-operator/operator:")
         assert run(apply).strip() == "ddpjob.ddpoperator.io/quickstart created"
         status = jobs.wait_phase("quickstart", c.PHASE_SUCCEEDED, timeout=600)
@@ -57,8 +54,7 @@ def test_the_quick_start_runs_in_containers_from_our_images(
         assert accuracy > 0.9, said[-2000:]
     finally:
         run(f"helm uninstall ddp-operator -n {own_namespace}")
-    selector = "app.kubernetes.io/name=ddp-operator"
-    wait_until(lambda: not jobs.core.list_namespaced_pod(own_namespace, label_selector=selector).items,
+    wait_until(lambda: not jobs.core.list_namespaced_pod(own_namespace, label_selector=OPERATOR_PODS).items,
                120, "helm uninstall to remove the operator")
     roles = client.RbacAuthorizationV1Api(kube_api).list_namespaced_role(own_namespace).items
     left = [r.metadata.name for r in roles if r.metadata.name.startswith("ddp-operator")]

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import sys
-from pathlib import Path
 
 import yaml
 
@@ -14,6 +13,7 @@ from ddp_contract import api, labels
 from ddp_operator import constants as c
 from e2ehelp import BUCKET
 from kube import REPO, Jobs, wait_until
+from procs import rank_pid
 
 sys.path.insert(0, str(REPO / "localcluster"))
 import demo
@@ -42,21 +42,6 @@ def workload_job(endpoint: str, name: str, entrypoint: str, **spec: object) -> d
     path = os.pathsep.join(str(REPO / p) for p in ("contract", "images/trainer", "tests/trainer"))
     job["spec"].update(entrypoint=entrypoint, env=[{"name": "PYTHONPATH", "value": path}], **spec)
     return job
-
-
-def rank_pid(namespace: str, job: str, rank: int) -> int | None:
-    """The local process running `rank` of the job (the pod runner starts ranks as processes)."""
-    wanted = {f"DDP_JOB_NAMESPACE={namespace}", f"DDP_JOB_NAME={job}", f"RANK={rank}"}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            environ = set((proc / "environ").read_bytes().decode(errors="replace").split("\0"))
-        except OSError:
-            continue
-        if wanted <= environ:
-            return int(proc.name)
-    return None
 
 
 def s3_keys(endpoint: str, prefix: str) -> list[str]:

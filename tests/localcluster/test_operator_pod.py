@@ -8,24 +8,17 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from kubernetes import client
 
 from ddp_operator import constants as c
 from e2e.test_quickstart import quick_start_commands, user_shell
+from helmchart import ready_operators
 from kube import REPO, Cluster, Jobs, PodLives, wait_until
 from realnode import create_job
 
 pytestmark = [pytest.mark.node, pytest.mark.images, pytest.mark.timeout(600)]
 
-OPERATOR_PODS = "app.kubernetes.io/name=ddp-operator"
 # A rank waits for the test: /tmp/done ends it, /tmp/fail fails it.
 WAIT_FOR_THE_TEST = "while [ ! -f /tmp/done ]; do [ -f /tmp/fail ] && exit 3; sleep 0.2; done"
-
-
-def ready_operators(jobs: Jobs) -> list[client.V1Pod]:
-    return [p for p in jobs.core.list_namespaced_pod(jobs.namespace, label_selector=OPERATOR_PODS).items
-            if p.metadata.deletion_timestamp is None and p.status.phase == "Running"
-            and all(s.ready for s in p.status.container_statuses or [])]
 
 
 def test_killing_the_operator_pod_mid_job_creates_no_duplicate_pods(

@@ -20,8 +20,8 @@ from kubernetes import client
 import demo
 from ddp_contract import labels
 from ddp_operator import constants as c
-from e2e.test_main_job import rank_pid
 from kube import REPO, Jobs, wait_until
+from procs import rank_pid
 from realnode import create_job, node_address, trainer_image
 
 pytestmark = [pytest.mark.node, pytest.mark.images, pytest.mark.timeout(900)]
