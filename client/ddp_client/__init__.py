@@ -14,8 +14,8 @@ or the trainer runtime.
 
 from __future__ import annotations
 
-from .job import Job, JobFailed, process_results
+from .job import Job, JobDeleted, JobFailed, process_results
 from .jobspec import S3
 from .submit import attach, submit
 
-__all__ = ["Job", "JobFailed", "S3", "attach", "process_results", "submit"]
+__all__ = ["Job", "JobDeleted", "JobFailed", "S3", "attach", "process_results", "submit"]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 
 from kubernetes.client.rest import ApiException
 from kubernetes.config import ConfigException
+from urllib3.exceptions import HTTPError
 
 from .job import Job
 from .store import S3Access, StoreError
@@ -71,6 +73,8 @@ def run(job: Job, args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    logging.getLogger("urllib3").setLevel(logging.ERROR)  # its retries' warnings: the one line below says it
+    job: Job | None = None
     try:
         job = attach(args.job, args.namespace, args.kubeconfig, s3_access=s3_access(args), results_uri=args.results)
         return run(job, args)
@@ -83,6 +87,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ApiException as error:
         print(f"kubectl ddp {args.command}: the Kubernetes API answered {error.status} {error.reason}: "
               f"{(error.body or '')[:500]}", file=sys.stderr)
+        return 1
+    except HTTPError as error:
+        where = f" at {job.api_client.configuration.host}" if job is not None else ""
+        print(f"kubectl ddp {args.command}: cannot reach the Kubernetes API{where}: {getattr(error, 'reason', None) or error}",
+              file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as error:
+        print(f"kubectl ddp {args.command}: needs {error.name}, which comes with the client's extras: "
+              "pip install 'ddp-operator[client]'", file=sys.stderr)
         return 1
 
 

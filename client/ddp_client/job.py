@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, overload
@@ -17,6 +17,12 @@ from . import summary
 from .store import JobStore, S3Access, StoreError, job_access
 
 POLL_SECONDS = 2.0
+WATCH_SECONDS = 30  # a watch is renewed this often (and at wait()'s deadline)
+LINE_SECONDS = 30.0  # outside a terminal or notebook, progress alone prints a line this often
+
+
+class JobDeleted(LookupError):
+    """The job was deleted before it finished (its S3 results, metrics and logs stay)."""
 
 
 class JobFailed(RuntimeError):
@@ -51,6 +57,7 @@ class Job:
         self.s3_access = S3Access.from_env() if s3_access is None else s3_access
         self.results_uri = results_uri  # spec.s3.results, for a job already deleted (ttlSecondsAfterFinished)
         self._store: JobStore | None = None
+        self._seen: dict[str, Any] | None = None  # the job as last read: what is known once it is deleted
 
     def __repr__(self) -> str:
         return f"Job({self.namespace}/{self.name})"
@@ -67,19 +74,26 @@ class Job:
             if error.status == 404:
                 raise LookupError(f"{api.KIND} {self.namespace}/{self.name} does not exist") from None
             raise
+        self._seen = body
         return body
 
     def status(self) -> dict[str, Any]:
         return dict(self.get().get("status") or {})
 
-    def _status_or_none(self) -> dict[str, Any]:
-        """The status, or nothing for a deleted job whose results URI was given."""
+    def _last_known(self) -> dict[str, Any]:
+        """The job now, else (deleted) as this handle last saw it, else only its results URI if given."""
         try:
-            return self.status()
+            return self.get()
         except LookupError:
+            if self._seen is not None:
+                return self._seen
             if self.results_uri is None:
                 raise
-            return {}
+            return {"spec": {"s3": {"results": self.results_uri}}}
+
+    def _status_or_none(self) -> dict[str, Any]:
+        """The status, or for a deleted job the last seen (nothing if never seen and its results URI was given)."""
+        return dict(self._last_known().get("status") or {})
 
     def pods(self) -> list[dict[str, Any]]:
         found = self.core.list_namespaced_pod(self.namespace, label_selector=f"{labels.LABEL_JOB_NAME}={self.name}")
@@ -92,27 +106,65 @@ class Job:
     def wait(self, timeout: float | None = None, out: IO[str] | None = sys.stderr, raise_on_failure: bool = True,
              poll_s: float = POLL_SECONDS) -> dict[str, Any]:
         """Until the job Succeeded or Failed, a progress line (epoch, step, loss, samples/s) on `out`;
-        then the outcome, and on failure the reason and the failed rank's last output (JobFailed)."""
+        then the outcome, and on failure the reason and the failed rank's last output (JobFailed).
+        Every change of the job is seen (a watch), so a job deleted at once when it finishes
+        (ttlSecondsAfterFinished: 0) still ends with its outcome; one deleted before it finished
+        raises JobDeleted."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        shown = ""
-        while True:
-            status = self.status()
-            line = summary.progress_line(self.name, status)
-            if out is not None and line != shown:
-                _overwrite(out, line, shown)
-                shown = line
+        display = ProgressDisplay(out)
+        status: dict[str, Any] = {}
+        for body in self._changes(deadline, poll_s):
+            status = dict(body.get("status") or {})
+            display.show(summary.progress_line(self.name, status), status)
             if status.get("phase") in summary.FINISHED:
                 break
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"{self.name} is still {status.get('phase') or 'Pending'} after {timeout}s")
-            time.sleep(poll_s)
+        else:
+            raise TimeoutError(f"{self.name} is still {status.get('phase') or 'Pending'} after {timeout}s")
         outcome = summary.outcome_text(self.name, status)
-        if out is not None:
-            _overwrite(out, "", shown)
-            print(outcome, file=out, flush=True)
+        display.end(outcome)
         if raise_on_failure and status.get("phase") == "Failed":
             raise JobFailed(outcome, status)
         return status
+
+    def _changes(self, deadline: float | None, poll_s: float) -> Iterator[dict[str, Any]]:
+        """The job now, then each change to it, until `deadline` (then the iteration ends); JobDeleted
+        if it goes. A watch from the version read, read again where the API server ends the watch."""
+        from kubernetes import watch
+        from kubernetes.client.rest import ApiException
+
+        version: str | None = None
+        while True:
+            if version is None:
+                body = self.get()
+                version = str(body["metadata"]["resourceVersion"])
+                yield body
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return
+            window = max(1, int(min(WATCH_SECONDS, remaining if remaining is not None else WATCH_SECONDS)))
+            try:
+                for event in watch.Watch().stream(
+                        self.custom.list_namespaced_custom_object, api.GROUP, api.VERSION, self.namespace, api.PLURAL,
+                        field_selector=f"metadata.name={self.name}", resource_version=version,
+                        timeout_seconds=window, allow_watch_bookmarks=False):
+                    body = event["object"]
+                    if event["type"] == "ERROR":  # older clients hand the watch's error over as an event
+                        version = None
+                        break
+                    version = str(body["metadata"]["resourceVersion"])
+                    if event["type"] == "DELETED":
+                        phase = (self._seen or {}).get("status", {}).get("phase") or "Pending"
+                        raise JobDeleted(f"{api.KIND} {self.namespace}/{self.name} was deleted while {phase}; "
+                                         "what its ranks kept in S3 (results, metrics, logs) stays")
+                    self._seen = body
+                    yield body
+            except ApiException as error:
+                if error.status != 410:  # 410: the version read is too old to watch from: read the job again
+                    raise
+                version = None
+            except (ConnectionError, OSError):  # the connection dropped mid-watch: read again after a pause
+                time.sleep(poll_s)
+                version = None
 
     def delete(self) -> None:
         """Delete the job; its pods, Service and script ConfigMap go with it (owned by it). Its S3
@@ -195,16 +247,21 @@ class Job:
 
     def kept_attempts(self) -> dict[int, dict[int, list[str]]]:
         """Log parts kept in S3: attempt -> rank -> the parts' keys, in order."""
-        attempts: dict[int, dict[int, list[str]]] = {}
-        for key, _ in self.store().list(layout.LOGS):
+        return {attempt: {rank: [key for key, _ in parts] for rank, parts in by_rank.items()}
+                for attempt, by_rank in self._kept_parts().items()}
+
+    def _kept_parts(self) -> dict[int, dict[int, list[tuple[str, int]]]]:
+        attempts: dict[int, dict[int, list[tuple[str, int]]]] = {}
+        for key, size in self.store().list(layout.LOGS):
             part = layout.parse_log_part(key)
             if part is not None:
-                attempts.setdefault(part.attempt, {}).setdefault(part.rank, []).append(key)
+                attempts.setdefault(part.attempt, {}).setdefault(part.rank, []).append((key, size))
         return attempts
 
     def log_texts(self, attempt: int | None = None, rank: int | None = None) -> tuple[int | None, dict[int, str]]:
         """(attempt, rank -> output): from the pods while they exist and their logs can be read, else
-        from what the ranks kept in S3. Default attempt: the pods' (else the newest kept)."""
+        from what the ranks kept in S3; the kept copy where it holds more than the pod's log (the
+        kubelet rotates long logs away). Default attempt: the pods' (else the newest kept)."""
         pods = [p for p in self.pods() if not (p.get("metadata") or {}).get("deletionTimestamp")]
         pod_attempts = {int(p["metadata"]["labels"][labels.LABEL_ATTEMPT]) for p in pods}
         if attempt is None and pod_attempts:
@@ -220,24 +277,20 @@ class Job:
         kept = self._kept(attempt)
         if kept is not None:
             attempt, by_rank = kept
-            for kept_rank, keys in by_rank.items():
-                if rank in (None, kept_rank) and kept_rank not in texts:
-                    texts[kept_rank] = "".join(self.store().get(key).decode(errors="replace") for key in keys)
+            for kept_rank, parts in by_rank.items():
+                live = texts.get(kept_rank)
+                if rank in (None, kept_rank) and (live is None or sum(size for _, size in parts) > len(live.encode())):
+                    texts[kept_rank] = "".join(self.store().get(key).decode(errors="replace") for key, _ in parts)
         return attempt, texts
 
     def _spec_s3(self) -> dict[str, Any]:
-        """spec.s3, or for a deleted job the results URI given to the handle (credentials from it or the env)."""
-        try:
-            return dict((self.get().get("spec") or {}).get("s3") or {})
-        except LookupError:
-            if self.results_uri is None:
-                raise
-            return {"results": self.results_uri}
+        """spec.s3; for a deleted job, as last seen or the results URI given to the handle."""
+        return dict((self._last_known().get("spec") or {}).get("s3") or {})
 
-    def _kept(self, attempt: int | None) -> tuple[int, dict[int, list[str]]] | None:
+    def _kept(self, attempt: int | None) -> tuple[int, dict[int, list[tuple[str, int]]]] | None:
         if not self._spec_s3().get("results"):
             return None
-        attempts = self.kept_attempts()
+        attempts = self._kept_parts()
         if attempt is None:
             return (max(attempts), attempts[max(attempts)]) if attempts else None
         return (attempt, attempts[attempt]) if attempt in attempts else None
@@ -272,8 +325,13 @@ class Job:
                 written.append(text)
 
         while True:
-            status = self.status()
-            finished = status.get("phase") in summary.FINISHED
+            try:
+                status = self.status()
+                finished = status.get("phase") in summary.FINISHED
+            except LookupError:  # deleted (ttlSecondsAfterFinished): what is left is in S3
+                if self._seen is None and self.results_uri is None:
+                    raise
+                status, finished = self._status_or_none(), True
             current, texts = self.log_texts(attempt, rank)
             if current != shown and shown is not None:
                 emit(f"--- attempt {current} ---\n")
@@ -293,18 +351,54 @@ def failed_rank(status: dict[str, Any], attempt: int | None) -> int | None:
     return int(failed["rank"])
 
 
-def _overwrite(out: IO[str], line: str, previous: str) -> None:
-    """Rewrite the progress line in place on a terminal; one line per change elsewhere (a notebook, a file)."""
-    if out.isatty():
-        out.write("\r" + line.ljust(len(previous)) + ("" if line else "\r"))
-    elif line:
-        out.write(line + "\n")
-    out.flush()
+def in_notebook() -> bool:
+    """Output goes to a Jupyter kernel, whose output area rewrites a line after a carriage return."""
+    return "ipykernel" in sys.modules
+
+
+class ProgressDisplay:
+    """wait()'s progress line: rewritten in place on a terminal and in a notebook; elsewhere (a file,
+    a CI log) a line when the phase, readiness, restarts or reason change and at the first progress,
+    then progress at most every LINE_SECONDS."""
+
+    def __init__(self, out: IO[str] | None) -> None:
+        self.out = out
+        self.in_place = out is not None and (out.isatty() or in_notebook())
+        self.shown = ""
+        self.state: tuple[Any, ...] | None = None
+        self.printed_at = 0.0
+
+    def show(self, line: str, status: Mapping[str, Any]) -> None:
+        if self.out is None or line == self.shown:
+            return
+        if self.in_place:
+            self.out.write("\r" + line.ljust(len(self.shown)))
+        else:
+            state = (status.get("phase"), status.get("ready"), status.get("restarts"), status.get("reason"),
+                     bool(status.get("progress")))
+            if state == self.state and time.monotonic() - self.printed_at < LINE_SECONDS:
+                return
+            self.out.write(line + "\n")
+            self.state, self.printed_at = state, time.monotonic()
+        self.shown = line
+        self.out.flush()
+
+    def end(self, outcome: str) -> None:
+        if self.out is None:
+            return
+        if self.in_place and self.shown:
+            self.out.write("\r" + " " * len(self.shown) + "\r")
+        print(outcome, file=self.out, flush=True)
 
 
 def process_results(job: Job, prefix: str | Path, raise_errors: bool = True,
                     wait: Callable[..., dict[str, Any]] | None = None) -> list[Path]:
     """dask-pytorch-ddp's `rh.process_results(prefix, futures, raise_errors)` for a DDPJob: hold until
-    the job finishes, then download everything the ranks submitted under `prefix`."""
-    (wait or job.wait)(raise_on_failure=raise_errors)
+    the job finishes, then download everything the ranks submitted under `prefix` (from a failed
+    job too, before JobFailed is raised)."""
+    try:
+        (wait or job.wait)(raise_on_failure=raise_errors)
+    except JobFailed:
+        job.results(download=prefix)
+        raise
     return job.results(download=prefix)

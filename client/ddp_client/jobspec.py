@@ -17,6 +17,7 @@ from ddp_contract import api, labels
 SCRIPT_DIR = "/opt/ddp-client/code"
 SCRIPT_VOLUME = "ddp-client-code"
 ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+SCRIPT_FUNCTION_RE = re.compile(r"^(?P<script>.+\.py):(?P<function>[A-Za-z_]\w*)$")
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 CONFIGMAP_LIMIT = 1024 * 1024  # the API server refuses larger objects (etcd's value limit is about this)
 
@@ -69,7 +70,7 @@ def place_job(body: Mapping[str, Any], *, name: str | None = None, namespace: st
 
 def job_name_for(target: str) -> str:
     """A job name from a script or module name: `train_resnet.py` -> `train-resnet`."""
-    stem = Path(target).stem if is_script(target) else target.partition(":")[0].rsplit(".", 1)[-1]
+    stem = Path(script_of(target)).stem if is_script(target) else target.partition(":")[0].rsplit(".", 1)[-1]
     name = re.sub(r"[^a-z0-9-]+", "-", stem.lower()).strip("-")[:40].strip("-")
     return name or "ddpjob"
 
@@ -87,7 +88,21 @@ def _env(env: Mapping[str, str] | Sequence[Mapping[str, Any]] | None) -> list[di
 
 
 def is_script(target: str) -> bool:
-    return target.endswith(".py") or "/" in target
+    """A local script (`train.py`, `dir/train`) or a function in one (`train.py:train`)."""
+    return bool(SCRIPT_FUNCTION_RE.match(target)) or target.endswith(".py") or "/" in target
+
+
+def script_of(target: str) -> str:
+    """The script's path in a script target (without `:function`)."""
+    match = SCRIPT_FUNCTION_RE.match(target)
+    return match["script"] if match else target
+
+
+def _script_target(target: str) -> str:
+    """How the ranks name a script target: its file in SCRIPT_DIR, with `:function` where given."""
+    match = SCRIPT_FUNCTION_RE.match(target)
+    name = Path(script_of(target)).name
+    return f"{SCRIPT_DIR}/{name}" + (f":{match['function']}" if match else "")
 
 
 def build_job(
@@ -102,20 +117,21 @@ def build_job(
     args: Sequence[str] = (),
     spec: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The DDPJob for `module:function` or a local script (mounted from the ConfigMap `<name>-code`
-    and run as `python -m ddp_trainer run <mount>/<script> -- ARGS`); `spec` adds or overrides fields."""
+    """The DDPJob for `module:function`, a local script or a function in one (mounted with the files
+    beside it from the ConfigMap `<name>-code` and run as `python -m ddp_trainer run
+    <mount>/<script>[:function] -- ARGS`); `spec` adds or overrides fields."""
     if not NAME_RE.match(name) or len(name) > 52:
         raise ValueError(f"job name {name!r} must be a DNS label (a-z, 0-9, '-') of at most 52 characters")
     body: dict[str, Any] = {"worldSize": int(world_size), "gpusPerRank": int(gpus), "image": image}
     extra = dict(spec or {})
     if is_script(target):
-        script = Path(target).name
-        body["command"] = ["python", "-m", "ddp_trainer", "run", f"{SCRIPT_DIR}/{script}", "--"]
+        body["command"] = ["python", "-m", "ddp_trainer", "run", _script_target(target), "--"]
         body["template"] = with_script_volume(extra.pop("template", None) or {}, script_configmap_name(name))
     elif ENTRYPOINT_RE.match(target):
         body["entrypoint"] = target
     else:
-        raise ValueError(f"{target!r} is neither module:function nor a local script (a path ending in .py)")
+        raise ValueError(f"{target!r} is neither module:function nor a local script (a path ending in .py, "
+                         "or script.py:function)")
     if args:
         body["args"] = [str(a) for a in args]
     if s3 is not None and s3.spec():
@@ -142,12 +158,18 @@ def with_script_volume(template: Mapping[str, Any], configmap: str) -> dict[str,
     return merged
 
 
-def script_configmap(job: str, script: Path) -> dict[str, Any]:
-    """The ConfigMap carrying a local script to the ranks (one key: the script's file name)."""
-    text = script.read_text()
-    if len(text.encode()) > CONFIGMAP_LIMIT - 4096:
-        raise ValueError(f"{script} is {len(text.encode())} bytes: too large for a ConfigMap (about 1 MiB); "
-                         "put it in the image or in S3")
+def script_configmap(job: str, script: Path, files: Sequence[Path] = ()) -> dict[str, Any]:
+    """The ConfigMap carrying a local script, and the files that go beside it (its own modules), to
+    the ranks: one key per file, its name."""
+    data: dict[str, str] = {}
+    for path in (script, *files):
+        if path.name in data:
+            raise ValueError(f"two files named {path.name} to send beside {script.name}: names must differ")
+        data[path.name] = path.read_text()
+    size = sum(len(text.encode()) for text in data.values())
+    if size > CONFIGMAP_LIMIT - 4096:
+        raise ValueError(f"{', '.join(data)}: {size} bytes, too large for a ConfigMap (about 1 MiB); "
+                         "put them in the image or in S3")
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": script_configmap_name(job), "labels": {labels.LABEL_JOB_NAME: job}},
-            "data": {script.name: text}}
+            "data": data}

@@ -9,7 +9,17 @@ from typing import Any
 from ddp_contract import api, kubeclient
 
 from .job import Job
-from .jobspec import S3, build_job, is_script, job_name_for, load_job, place_job, script_configmap, script_configmap_name
+from .jobspec import (
+    S3,
+    build_job,
+    is_script,
+    job_name_for,
+    load_job,
+    place_job,
+    script_configmap,
+    script_configmap_name,
+    script_of,
+)
 from .store import S3Access
 
 DEFAULT_NAMESPACE = "default"
@@ -43,6 +53,7 @@ def submit(
     s3: S3 | None = None,
     env: Mapping[str, str] | Sequence[Mapping[str, Any]] | None = None,
     args: Sequence[str] = (),
+    files: Sequence[str | Path] = (),
     name: str | None = None,
     namespace: str | None = None,
     spec: Mapping[str, Any] | None = None,
@@ -52,8 +63,9 @@ def submit(
 ) -> Job:
     """Run `target` as a DDPJob and return its handle.
 
-    `target`: `module:function` (in the image), a local script (sent to every rank in a ConfigMap,
-    no image to build), or a whole DDPJob (a dict, YAML text or a .yaml path; `name`, `namespace`
+    `target`: `module:function` (in the image), a local script or `script.py:function` (sent to
+    every rank in a ConfigMap with `files`, your modules it imports, beside it: no image to build;
+    the function may take the RankContext), or a whole DDPJob (a dict, YAML text or a .yaml path; `name`, `namespace`
     and `spec` then override its own, the other arguments are ignored, and without `namespace` it
     goes in its own metadata.namespace, else the kubeconfig context's). `spec` adds or overrides
     spec fields (template, resources, backoffLimit, ...).
@@ -64,6 +76,7 @@ def submit(
     job = Job("", namespace or own_namespace or default_namespace(kubeconfig),
               api_client or kubeclient.api_client(kubeconfig), s3_access)
     script: Path | None = None
+    extra_files = [Path(f) for f in files]
     if loaded is not None:
         body = place_job(loaded, name=name, namespace=job.namespace, spec=spec)
     else:
@@ -71,9 +84,12 @@ def submit(
             raise ValueError("submit needs image= (the trainer image the ranks run) for a script or module:function")
         text = str(target)
         if is_script(text):
-            script = Path(text)
-            if not script.is_file():
-                raise FileNotFoundError(f"the script {script} does not exist")
+            script = Path(script_of(text))
+            for path in (script, *extra_files):
+                if not path.is_file():
+                    raise FileNotFoundError(f"the file {path} does not exist")
+        elif extra_files:
+            raise ValueError("files= go beside a local script; module:function comes from the image")
         body = build_job(text, name=name or job_name_for(text), image=image, world_size=world_size, gpus=gpus,
                          s3=s3, env=env, args=args, spec=spec)
     job.name = body["metadata"]["name"]
@@ -81,7 +97,7 @@ def submit(
         raise ValueError(f"{api.KIND} {job.namespace}/{job.name} already exists: delete it (job.delete(), "
                          f"kubectl delete {api.SINGULAR} {job.name}) or submit with another name=")
     if script is not None:
-        _create_script_configmap(job, script)
+        _create_script_configmap(job, script, extra_files)
     created = job.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, job.namespace, api.PLURAL, body)
     if script is not None:
         _owned_by(job, created)
@@ -96,10 +112,10 @@ def _exists(job: Job) -> bool:
     return True
 
 
-def _create_script_configmap(job: Job, script: Path) -> None:
+def _create_script_configmap(job: Job, script: Path, files: Sequence[Path]) -> None:
     from kubernetes.client.rest import ApiException
 
-    configmap = script_configmap(job.name, script)
+    configmap = script_configmap(job.name, script, files)
     try:
         job.core.create_namespaced_config_map(job.namespace, configmap)
     except ApiException as error:

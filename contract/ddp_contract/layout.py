@@ -3,7 +3,7 @@
 The runtime writes there and the client (`ddp_client`, `kubectl ddp`) reads it back:
 
     results/<path>                                   S3ResultsHandler.submit_result(path, data)
-    metrics/rank-<RRRRR>-<session>.jsonl             log_metrics(...)
+    metrics/rank-<RRRRR>-<session>-<ppppp>.jsonl     log_metrics(...)
     checkpoints/step-<012d>/...                      CheckpointManager
     hangs/attempt-<n>/rank-<r>.txt                   a hung rank's stacks
     logs/attempt-<n>/rank-<r>/part-<ppppp>.log       every rank's output, per gang attempt

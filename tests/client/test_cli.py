@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ddp_client.cli import main, parser, s3_access
 from ddp_client.store import S3Access
@@ -29,3 +31,19 @@ def test_a_missing_kubeconfig_is_said_in_one_line(tmp_path: Path, capsys: pytest
 def test_plot_needs_an_output() -> None:
     with pytest.raises(SystemExit):
         parser().parse_args(["plot", "j"])
+
+
+def test_an_unreachable_api_server_is_said_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as closed:  # a loopback port nothing listens on once this socket is closed
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u", "namespace": "ns"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}]}))
+    assert main(["status", "j", "--kubeconfig", str(kubeconfig)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("kubectl ddp status: cannot reach the Kubernetes API") and f"127.0.0.1:{port}" in err
+    assert "Traceback" not in err and err.count("\n") == 1

@@ -37,6 +37,20 @@ def test_module_function_is_the_entrypoint_and_anything_else_is_refused() -> Non
         build_job("a:b", name="Bad_Name", image="img:1")
 
 
+def test_a_function_in_a_local_script_is_shipped_as_the_script_and_named_to_the_runtime(tmp_path: Path) -> None:
+    """`submit("train.py:train")`: not taken for a module named `train.py` (which no rank could import)."""
+    job = build_job("train.py:train", name=job_name_for("train.py:train"), image="img:1")
+    assert job["metadata"]["name"] == "train" and "entrypoint" not in job["spec"]
+    assert job["spec"]["command"] == ["python", "-m", "ddp_trainer", "run", f"{SCRIPT_DIR}/train.py:train", "--"]
+    script, helper = tmp_path / "train.py", tmp_path / "lib" / "helpers.py"
+    helper.parent.mkdir()
+    script.write_text("import helpers\n")
+    helper.write_text("X = 1\n")
+    assert script_configmap("j", script, [helper])["data"] == {"train.py": "import helpers\n", "helpers.py": "X = 1\n"}
+    with pytest.raises(ValueError, match="two files named train.py"):
+        script_configmap("j", script, [script])
+
+
 def test_whole_jobs_load_from_yaml_text_or_a_file_and_other_kinds_are_refused(tmp_path: Path) -> None:
     text = f"apiVersion: {api.API_VERSION}\nkind: {api.KIND}\nmetadata: {{name: j}}\nspec: {{worldSize: 1}}\n"
     (tmp_path / "job.yaml").write_text(text)

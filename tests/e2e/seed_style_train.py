@@ -4,7 +4,7 @@
     - from dask_pytorch_ddp.data import S3ImageFolder
     - from dask_pytorch_ddp.results import DaskResultsHandler
     + from ddp_trainer import S3ImageFolder
-    + from ddp_trainer import S3ResultsHandler as DaskResultsHandler
+    + from ddp_trainer import DaskResultsHandler
 
 `dispatch.run(client, train)` becomes `ddp_client.submit("seed_style_train.py", ...)` (the runtime has
 initialised the process group when the script runs) and `rh.process_results(prefix, futures)`
@@ -18,6 +18,7 @@ import datetime
 import json
 import pickle
 import sys
+import uuid
 
 import torch
 import torch.distributed as dist
@@ -27,11 +28,11 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 from torchvision import transforms
 
-from ddp_trainer import S3ImageFolder, default_reporter
-from ddp_trainer import S3ResultsHandler as DaskResultsHandler
+from ddp_trainer import DaskResultsHandler, S3ImageFolder, default_reporter
 
 transform = transforms.Compose([transforms.Resize(32), transforms.ToTensor()])
-rh = DaskResultsHandler()
+key = uuid.uuid4().hex
+rh = DaskResultsHandler(key)
 
 
 def train(bucket: str, prefix: str, n_epochs: int, batch_size: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -273,3 +274,41 @@ def test_one_local_rank_failing_fails_its_pod_with_that_ranks_code_and_message(t
     assert pods[0].returncode == ExitCode.USER_ERROR, pods[0].stderr[-3000:]
     line = parse_line(message.read_text())
     assert line is not None and line.rank == 1 and line.step == 3 and "a bug that fires at step 3" in line.error
+
+
+def test_a_script_s_function_runs_with_the_modules_beside_it_and_the_context(tmp_path: Path) -> None:
+    """`script.py:function` (what ddp_client.submit("train.py:train") ships): the script is imported,
+    not run as __main__, the modules beside it import, and a one-argument function gets the context."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "helpers.py").write_text("def double(x):\n    return 2 * x\n")
+    (code / "train.py").write_text(
+        "import torch.distributed as dist\nimport helpers\n\n"
+        "print('imported as', __name__)\n\n"
+        "def train(ctx):\n"
+        "    t = __import__('torch').tensor([float(helpers.double(ctx.rank + 1))])\n"
+        "    dist.all_reduce(t)\n"
+        "    print('sum', int(t.item()), 'rank', ctx.rank, flush=True)\n")
+    results = launch(f"{code}/train.py:train", 2)
+    assert [r.returncode for r in results] == [0, 0], _describe(results)
+    for result in results:
+        assert "imported as train" in result.stdout and f"sum 6 rank {result.rank}" in result.stdout
+    (missing,) = launch(f"{code}/train.py:nope", 1)
+    assert missing.returncode == ExitCode.CONFIG_ERROR
+    assert f"script '{code}/train.py' has no function 'nope'" in missing.stderr
+
+
+def test_the_last_step_reported_reaches_the_progress_sinks_when_the_function_returns(tmp_path: Path) -> None:
+    """Reports come at most every DDP_PROGRESS_INTERVAL_SECONDS; the one held back at the end is not lost."""
+    script = tmp_path / "quick.py"
+    script.write_text(
+        "from ddp_trainer import default_reporter\n\n"
+        "def train():\n"
+        "    progress = default_reporter()\n"
+        "    for step in range(1, 6):\n"
+        "        progress.report(epoch=0, step=step, loss=1.0 / step, samples=4)\n")
+    progress_file = tmp_path / "progress.json"
+    (result,) = launch(f"{script}:train", 1, {"DDP_PROGRESS_FILE": str(progress_file),
+                                               "DDP_PROGRESS_INTERVAL_SECONDS": "3600"})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(progress_file.read_text())["step"] == 5

@@ -148,6 +148,10 @@ def test_dask_pytorch_ddp_keywords_and_unsigned_access_to_a_public_bucket(
     assert seeds.samples == ours.samples and seeds.classes == ours.classes  # ... anonymous ones none
     image, target = seeds[3]
     assert target == ours.targets[3] and torch.equal(image, expected)
+    assert (seeds.s3_bucket, seeds.s3_prefix) == (bucket, "data/train")
+    assert seeds.all_files == [key for key, _ in ours.samples]
+    both = seeds + ours  # a torch Dataset: concatenation as with any other
+    assert isinstance(seeds, torch.utils.data.Dataset) and len(both) == 2 * len(ours)
 
 
 def test_the_bucket_is_named_once() -> None:

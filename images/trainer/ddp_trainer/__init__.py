@@ -21,6 +21,7 @@ _EXPORTS = {
     "load_index": "shardindex",
     "DistributedChunkedSampler": "sampler",
     "S3ResultsHandler": "results",
+    "DaskResultsHandler": "results",
     "CheckpointManager": "checkpoint",
     "training_state": "checkpoint",
     "restore_training_state": "checkpoint",

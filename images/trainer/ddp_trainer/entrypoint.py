@@ -14,6 +14,7 @@ import importlib.util
 import inspect
 import logging
 import os
+import re
 import runpy
 import signal
 import socket
@@ -21,6 +22,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -30,7 +32,7 @@ from ddp_contract import envnames as names
 from ddp_contract.backend import NCCL, resolve_backend
 from ddp_contract.failures import format_line
 
-from . import env, jobstatus, localranks, logkeeper
+from . import env, jobstatus, localranks, logkeeper, progress
 from .errors import (
     ConfigError,
     ExitCode,
@@ -192,15 +194,24 @@ def init_distributed(settings: env.DistSettings) -> tuple[str, Any]:
     return backend, device
 
 
+SCRIPT_FUNCTION_RE = re.compile(r"^(?P<script>.+\.py):(?P<function>[A-Za-z_]\w*)$")
+
+
 def load_target(target: str) -> Callable[[RankContext], Any]:
-    """Turn `module:function`, `module` or `script.py` into a callable taking the context."""
+    """Turn `module:function`, `module`, `script.py` or `script.py:function` into a callable taking
+    the context. A script's folder goes first on sys.path, as `python script.py` puts it, so the
+    modules beside it import."""
+    script_function = SCRIPT_FUNCTION_RE.match(target)
+    if script_function:
+        script = _script_on_path(script_function["script"], target)
+        module = _import_script(script)
+        return _context_callable(getattr(module, script_function["function"], None), target, f"script {script!r}")
     if target.endswith(".py") or os.sep in target:
-        if not os.path.isfile(target):
-            raise ConfigError(f"entrypoint script {target!r} does not exist")
-        return lambda ctx: runpy.run_path(target, run_name="__main__")
+        script = _script_on_path(target, target)
+        return lambda ctx: runpy.run_path(script, run_name="__main__")
     module_name, _, func_name = target.partition(":")
     if not module_name:
-        raise ConfigError(f"entrypoint {target!r} is not `module:function`, `module` or a script path")
+        raise ConfigError(f"entrypoint {target!r} is not `module:function`, `module`, a script path or `script.py:function`")
     if not func_name:
         if importlib.util.find_spec(module_name) is None:
             raise ConfigError(f"entrypoint module {module_name!r} cannot be found on sys.path")
@@ -211,9 +222,34 @@ def load_target(target: str) -> Callable[[RankContext], Any]:
         if exc.name and module_name.startswith(exc.name):
             raise ConfigError(f"entrypoint module {module_name!r} cannot be found on sys.path") from exc
         raise
-    func = getattr(module, func_name, None)
+    return _context_callable(getattr(module, func_name, None), target, f"module {module_name!r}")
+
+
+def _script_on_path(script: str, target: str) -> str:
+    if not os.path.isfile(script):
+        raise ConfigError(f"entrypoint script {script!r} (of {target!r}) does not exist")
+    folder = os.path.dirname(os.path.abspath(script))
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return script
+
+
+def _import_script(script: str) -> types.ModuleType:
+    """The script imported as the module named by its file (registered, so that what it defines can
+    be pickled by name, e.g. into spawned DataLoader workers, which find it on sys.path too)."""
+    name = os.path.splitext(os.path.basename(script))[0]
+    spec = importlib.util.spec_from_file_location(name, script)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"entrypoint script {script!r} cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _context_callable(func: Any, target: str, where: str) -> Callable[[RankContext], Any]:
     if not callable(func):
-        raise ConfigError(f"entrypoint {target!r}: module {module_name!r} has no function {func_name!r}")
+        raise ConfigError(f"entrypoint {target!r}: {where} has no function {target.rpartition(':')[2]!r}")
     positional = [
         p
         for p in inspect.signature(func).parameters.values()
@@ -379,6 +415,7 @@ def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None 
     finally:
         hang_watch.stop()
         _context = None
+        progress.flush_reporters()  # the last step reported, however soon after the one before it
         destroy_process_group()
 
 

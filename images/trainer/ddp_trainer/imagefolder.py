@@ -13,6 +13,8 @@ import posixpath
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from torch.utils.data import Dataset
+
 from . import s3
 from .errors import ConfigError, CorruptDataError
 
@@ -83,12 +85,13 @@ def _one_of(ours: str | None, seeds: str | None, name: str, seed_name: str) -> s
     return ours if ours is not None else str(seeds)
 
 
-class S3ImageFolder:
+class S3ImageFolder(Dataset[tuple[Any, Any]]):
     """Map-style dataset: `dataset[i] -> (transform(image), target_transform(class index))`.
 
     `samples` holds (key, class index) pairs; keys are full object keys in `bucket`. dask-pytorch-ddp's
     keywords work too: `S3ImageFolder(s3_bucket=..., s3_prefix=..., transform=..., anon=True)`;
-    `anon`: unsigned requests, for public buckets.
+    `anon`: unsigned requests, for public buckets. Its attributes `s3_bucket`, `s3_prefix` and
+    `all_files` (every sample's key) are here as well.
     """
 
     def __init__(
@@ -121,6 +124,18 @@ class S3ImageFolder:
             raise ConfigError(str(exc).replace(repr(self.prefix), where)) from None
         self.targets = [target for _, target in self.samples]
         self.imgs = self.samples
+
+    @property
+    def s3_bucket(self) -> str:
+        return self.bucket
+
+    @property
+    def s3_prefix(self) -> str:
+        return self.prefix
+
+    @property
+    def all_files(self) -> list[str]:
+        return [key for key, _ in self.samples]
 
     @classmethod
     def from_uri(cls, uri: str, **kwargs: Any) -> S3ImageFolder:

@@ -78,7 +78,8 @@ class ProgressReporter:
 
     samplesPerSecond is measured over the samples reported since the previous emitted record, and stepSeconds
     (mean wall-clock seconds per step) over the reports since then.
-    `flush()` emits the latest state regardless of the rate limit (call it at the end).
+    `flush()` emits the latest state regardless of the rate limit; the runtime flushes every
+    reporter `default_reporter()` made when the user's function ends.
     """
 
     def __init__(
@@ -147,6 +148,18 @@ def _float(value: Any) -> float | None:
     return float(f"{value:.4g}") if math.isfinite(value) else None
 
 
+_made: list[ProgressReporter] = []  # held here: the user's own reference ends with their function
+
+
+def flush_reporters() -> None:
+    """Emit what each reporter made by default_reporter() holds back (the runtime's last act for the user)."""
+    for reporter in list(_made):
+        try:
+            reporter.flush()
+        except Exception as exc:  # noqa: BLE001 - progress is best effort, as its sinks are
+            log.warning("flushing progress failed: %s", exc)
+
+
 def default_reporter(rank: int | None = None) -> ProgressReporter:
     """Rank 0: file ($DDP_PROGRESS_FILE), log line and, under the operator, the DDPJob's status,
     every $DDP_PROGRESS_INTERVAL_SECONDS.
@@ -170,4 +183,6 @@ def default_reporter(rank: int | None = None) -> ProgressReporter:
         job_status = None
     if job_status is not None:
         sinks.append(job_status)
-    return ProgressReporter(fanout(sinks), interval)
+    reporter = ProgressReporter(fanout(sinks), interval)
+    _made.append(reporter)
+    return reporter

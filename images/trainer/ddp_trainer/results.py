@@ -3,13 +3,15 @@
 Layout (``<results>`` is $DDP_RESULTS_URI, e.g. ``s3://bucket/runs``)::
 
     <results>/<namespace>/<job name>/results/<name>                   submit_result()
-    <results>/<namespace>/<job name>/metrics/rank-<RRRRR>-<session>.jsonl   log_metrics()
+    <results>/<namespace>/<job name>/metrics/rank-<RRRRR>-<session>-<ppppp>.jsonl   log_metrics()
     <results>/<namespace>/<job name>/checkpoints/...                  checkpoint.py
 
 The job prefix survives gang restarts (same name), which is what lets a restarted job resume.
 S3 cannot append, so each rank buffers its metrics and rewrites its own JSON-lines object at
-most every `flush_interval_s`; `session` (start time + pid) keeps a restarted rank from
-overwriting the lines its previous incarnation wrote.
+most every `flush_interval_s`; once that object holds PART_BYTES the next lines start a new part
+(`ppppp`), so a long job neither holds all its metrics in memory nor uploads them again and again.
+`session` (start time + pid) keeps a restarted rank from overwriting the lines its previous
+incarnation wrote.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from ddp_contract import layout
 from . import env, s3
 from .errors import ConfigError
 from .values import to_number
+
+PART_BYTES = 4 * 1024 * 1024  # a metrics object this large is left as it is; later lines go to the next part
 
 
 def job_prefix(results_uri: str | None = None, job: env.JobInfo | None = None) -> s3.S3Url:
@@ -60,13 +64,15 @@ class S3ResultsHandler:
         self.flush_interval_s = flush_interval_s
         self.session = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}"
         self._lines: list[str] = []
+        self._bytes = 0
+        self._part = 0
         self._dirty = False
         self._last_flush = time.monotonic()
         self._lock = threading.Lock()
 
     @property
     def metrics_url(self) -> s3.S3Url:
-        return self.prefix.join(layout.METRICS, f"rank-{self.rank:05d}-{self.session}.jsonl")
+        return self.prefix.join(layout.METRICS, f"rank-{self.rank:05d}-{self.session}-{self._part:05d}.jsonl")
 
     def result_url(self, path: str) -> s3.S3Url:
         return self.prefix.join(layout.RESULTS, _check_name(path))
@@ -88,8 +94,10 @@ class S3ResultsHandler:
         record: dict[str, Any] = {"step": int(step), "epoch": epoch, "loss": to_number(loss), "time": time.time()}
         record["rank"] = self.rank
         record.update({k: to_number(v) for k, v in extra.items()})
+        line = json.dumps(record, default=str)
         with self._lock:
-            self._lines.append(json.dumps(record, default=str))
+            self._lines.append(line)
+            self._bytes += len(line) + 1
             self._dirty = True
             due = time.monotonic() - self._last_flush >= self.flush_interval_s
         if due:
@@ -100,9 +108,13 @@ class S3ResultsHandler:
             if not self._dirty:
                 return
             body = ("\n".join(self._lines) + "\n").encode()
+            url = self.metrics_url
             self._dirty = False
             self._last_flush = time.monotonic()
-        s3.put_bytes(self.metrics_url, body, content_type="application/x-ndjson")
+            if self._bytes >= PART_BYTES:  # this part is complete once written
+                self._lines, self._bytes = [], 0
+                self._part += 1
+        s3.put_bytes(url, body, content_type="application/x-ndjson")
 
     def close(self) -> None:
         self.flush()
@@ -112,6 +124,17 @@ class S3ResultsHandler:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class DaskResultsHandler(S3ResultsHandler):
+    """dask-pytorch-ddp's `DaskResultsHandler(key)` for code ported by its import: the key (a Dask
+    pub-sub topic there) is not needed here, where the job's name keeps its results apart, and is
+    ignored. The handler is an S3ResultsHandler under the job's prefix."""
+
+    def __init__(self, pub_sub_key: str | None = None, *, rank: int | None = None,
+                 flush_interval_s: float = 30.0) -> None:
+        super().__init__(None, rank=rank, flush_interval_s=flush_interval_s)
+        self.pub_sub_key = pub_sub_key
 
 
 def read_metrics(prefix: s3.S3Url) -> list[Mapping[str, Any]]:

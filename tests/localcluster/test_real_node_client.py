@@ -1,0 +1,84 @@
+"""The Python client and `kubectl ddp` with ranks in trainer-image containers on the real node: a
+function in a local script, with a module of the user's beside it, shipped in a ConfigMap the kubelet
+mounts; the job deleted the moment it finishes (ttlSecondsAfterFinished: 0), and still its outcome,
+followed logs, results and metrics come back. Select with `pytest -m node`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+import ddp_client
+import demo
+from kube import REPO, Cluster, Jobs, wait_until
+from realnode import node_address, trainer_image
+
+pytestmark = [pytest.mark.node, pytest.mark.images, pytest.mark.timeout(600)]
+
+BUCKET = "ddp-client"
+CODE = Path(__file__).resolve().parent / "clientcode"
+STEPS = 12
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint_on_the_bridge(real_node: client.V1Node) -> Iterator[str]:
+    with demo.s3_server(0, buckets=(BUCKET,), host=node_address(real_node)) as endpoint:
+        yield endpoint
+
+
+def kubectl_ddp(cluster: Cluster, *args: str) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "DDP_"))}
+    env["PYTHONPATH"] = os.pathsep.join(str(REPO / p) for p in ("client", "contract"))
+    return subprocess.Popen([sys.executable, "-m", "ddp_client", *args, "--kubeconfig", cluster.kubeconfig],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_script_s_function_and_its_module_run_in_containers_and_a_job_deleted_as_it_ends_still_reports(
+        jobs: Jobs, kube_api, cluster: Cluster, real_node, images_on_the_node: None,
+        s3_endpoint_on_the_bridge: str, tmp_path: Path) -> None:
+    endpoint, ns = s3_endpoint_on_the_bridge, jobs.namespace
+    jobs.core.create_namespaced_secret(ns, {"metadata": {"name": "s3-credentials"}, "stringData": {
+        "AWS_ACCESS_KEY_ID": demo.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": demo.SECRET_KEY}})
+    job = ddp_client.submit(
+        f"{CODE}/train.py:train", files=[CODE / "helpers.py"], image=trainer_image(), world_size=2, gpus=0,
+        s3=ddp_client.S3(endpoint=endpoint, region="us-east-1", credentials_secret="s3-credentials",
+                         results=f"s3://{BUCKET}/runs"),
+        env={"DDP_PROGRESS_INTERVAL_SECONDS": "0.5"}, spec={"ttlSecondsAfterFinished": 0, "backoffLimit": 0},
+        namespace=ns, api_client=kube_api)
+    assert job.name == "train"
+    follower = kubectl_ddp(cluster, "logs", job.name, "-n", ns, "-f")  # S3 settings: the job's own
+
+    shown = (tmp_path / "wait.txt").open("w")
+    status = job.wait(timeout=300, out=shown)  # the job is deleted as soon as it finishes
+    shown.close()
+    lines = (tmp_path / "wait.txt").read_text().splitlines()
+    assert status["phase"] == "Succeeded", lines
+    assert lines[-1].startswith(f"train: Succeeded at epoch 0, step {STEPS}, loss "), lines
+    wait_until(lambda: jobs.get(job.name) is None, 60, "ttlSecondsAfterFinished: 0 to delete the job")
+
+    # Followed to the end although the job went: every step of both ranks, as the ranks printed them.
+    out, err = follower.communicate(timeout=120)
+    assert follower.returncode == 0, err
+    for rank in (0, 1):
+        steps = [json.loads(line.removeprefix(f"[rank {rank}] "))["step"] for line in out.splitlines()
+                 if line.startswith(f"[rank {rank}] {{\"step\"")]
+        assert steps == list(range(1, STEPS + 1)), out
+
+    # The handle still knows where the deleted job kept its output.
+    merged = job.logs()
+    assert sorted(line for line in merged.splitlines() if '"step"' in line) == \
+        sorted(line for line in out.splitlines() if '"step"' in line)
+    downloaded = ddp_client.process_results(job, tmp_path / "results", wait=lambda **_: status)
+    assert [p.name for p in downloaded] == ["weights.json"]
+    assert len(json.loads(downloaded[0].read_text())[0]) == 3
+    records = job.metrics()
+    assert sorted((r["rank"], r["step"]) for r in records) == [(rank, s) for rank in (0, 1) for s in range(1, STEPS + 1)]
+    losses = [r["loss"] for r in sorted(records, key=lambda r: r["step"]) if r["rank"] == 0]
+    assert losses[-1] < losses[0] / 2, losses  # it learned
