@@ -157,3 +157,36 @@ def test_a_missing_local_shard_is_named(wds_shards, tmp_path: Path) -> None:
     with pytest.raises(ObjectNotFoundError, match=f"shard {local / 'part-002.tar'} does not exist"):
         dataset[12]
     assert dataset[0]["__key__"] == "s00000" and not (tmp_path / "unused-cache").exists()  # read in place
+
+
+def _png_and_class(sample: dict) -> tuple[tuple[int, int], int]:
+    return sample[".png"].size, sample[".cls"]
+
+
+def _plus_one(pair: tuple[tuple[int, int], int]) -> tuple[tuple[int, int], int]:
+    return pair[0], pair[1] + 1
+
+
+def test_wids_shard_list_dataset_by_its_import(wds_shards, tmp_path: Path) -> None:
+    """The wids seed's `wids.ShardListDataset(url, cache_dir=..., keep=True).add_transform(make_sample)`,
+    with its dotted keys, in DataLoader workers with the chunked sampler."""
+    from ddp_trainer import ShardListDataset
+
+    _, bucket, written = wds_shards
+    dataset = ShardListDataset(f"s3://{bucket}/sets/wds/index.json", cache_dir=str(tmp_path / "cache"), keep=True)
+    raw = dataset[5]
+    assert {".png", ".cls", ".json", ".txt", ".npy", "__key__"} <= raw.keys()
+    assert raw[".cls"] == written[5]["cls"] and raw[".txt"] == written[5]["txt"]
+    assert dataset.add_transform(_png_and_class).add_transform(_plus_one) is dataset
+    sampler = DistributedChunkedSampler(dataset, num_replicas=1, rank=0, chunksize=7, shuffle=True)
+    loader = DataLoader(dataset, batch_size=None, sampler=sampler, num_workers=2)
+    got = sorted((list(size), cls) for size, cls in loader)
+    assert got == sorted(([*written[i]["png"].size], written[i]["cls"] + 1) for i in range(len(written)))
+
+    def broken(pair: tuple) -> None:
+        raise KeyError(".jpg")
+
+    dataset.add_transform(broken)
+    with pytest.raises(KeyError) as failed:
+        dataset[3]
+    assert f"in sample {written[3]['__key__']!r} of shard" in "".join(failed.value.__notes__)

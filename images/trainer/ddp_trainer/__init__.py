@@ -16,6 +16,7 @@ _EXPORTS = {
     "context": "entrypoint",
     "S3ImageFolder": "imagefolder",
     "ShardedDataset": "mapdataset",
+    "ShardListDataset": "mapdataset",
     "ShardStream": "shardstream",
     "ShardCache": "shardcache",
     "load_index": "shardindex",

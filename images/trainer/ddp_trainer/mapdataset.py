@@ -237,6 +237,35 @@ class ShardedDataset(Dataset[Any]):
         return PrefetchingSampler(sampler, self, shards_ahead)
 
 
+class ShardListDataset(ShardedDataset):
+    """wids' `ShardListDataset` for code ported by its import: `ShardListDataset(index_url,
+    cache_dir=..., keep=...)` and `.add_transform(f)` (each transform gets what the one before it
+    returned), with samples keyed as wids keys them, by extension with its dot (`sample[".jpg"]`,
+    `sample[".cls"]`), decoded as ShardedDataset decodes (images as PIL RGB, class numbers as int).
+    Shards are kept in `cache_dir` as with `keep=True`, up to `cache_limit_bytes` (least recently
+    used out first)."""
+
+    def __init__(self, shards: str | ShardIndex, cache_dir: str | None = None, keep: bool = True,
+                 cache_limit_bytes: int | None = None) -> None:
+        super().__init__(shards, cache_dir, cache_limit_bytes)
+        self.keep = keep
+        self.transforms: list[Callable[[Any], Any]] = []
+
+    def add_transform(self, transform: Callable[[Any], Any]) -> ShardListDataset:
+        self.transforms.append(transform)
+        return self
+
+    def __getitem__(self, index: int) -> Any:
+        sample = {(field if field.startswith("__") else f".{field}"): value
+                  for field, value in decode(self.raw(index)).items()}
+        return transformed(self._transform_all, sample)
+
+    def _transform_all(self, sample: Any) -> Any:
+        for transform in self.transforms:
+            sample = transform(sample)
+        return sample
+
+
 class PrefetchingSampler(Sampler[int]):
     """Yields `sampler`'s indices unchanged while `shards_ahead` threads download the shards of
     the indices coming next into the dataset's cache.
