@@ -793,8 +793,8 @@ def main() -> int:
 
 def cleanup_shared(kubeconfig: str, bench_nodes: list[str]) -> None:
     """On a cluster we did not start: remove our namespace (jobs, pods) and our fake nodes."""
-    api = kubeclient.api_client(kubeconfig)
-    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    api_client = kubeclient.api_client(kubeconfig)
+    core, custom = client.CoreV1Api(api_client), client.CustomObjectsApi(api_client)
     try:
         for job in custom.list_namespaced_custom_object(api.GROUP, api.VERSION, NAMESPACE, api.PLURAL)["items"]:
             delete_jobs(custom, [job["metadata"]["name"]], 0)

@@ -37,6 +37,9 @@ DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT: Final = 10
 # A rank whose collective failed (its peer died) is acted on only after this long, unless the peer's
 # own failure shows up first: that one is the cause, and decides the restart's budget.
 ECHO_GRACE_SECONDS: Final = 3.0
+# Rank 0's rendezvous timing out waits longer for the rank that could not join: that rank's own wait
+# for rank 0's port ends on its own clock (it may have started later), and names it with its node.
+RENDEZVOUS_ECHO_GRACE_SECONDS: Final = 60.0
 DEFAULT_STARTUP_DEADLINE_SECONDS: Final = 900
 DEFAULT_NODE_LOST_GRACE_SECONDS: Final = 60
 DEFAULT_GPUS_PER_RANK: Final = 1

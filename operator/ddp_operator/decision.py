@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from ddp_contract.exitcodes import ExitCode
 from ddp_contract.timestamps import parse_rfc3339
 from ddp_operator import constants as c
 from ddp_operator.deadlines import deadline_exceeded, startup_remaining
@@ -113,7 +114,8 @@ def _echo_wait(failure: RankFailure, now: datetime) -> float | None:
     finished = parse_rfc3339(failure.finished_at)
     if not failure.is_echo or finished is None:
         return None
-    left = c.ECHO_GRACE_SECONDS - (now - finished).total_seconds()
+    grace = c.RENDEZVOUS_ECHO_GRACE_SECONDS if failure.exit_code == ExitCode.RENDEZVOUS_FAILED else c.ECHO_GRACE_SECONDS
+    left = grace - (now - finished).total_seconds()
     return left if left > 0 else None
 
 

@@ -42,8 +42,11 @@ class RankFailure:
 
     @property
     def is_echo(self) -> bool:
-        """A collective that failed (COMMUNICATION_ERROR): most often because another rank died."""
-        return self.exit_code == ExitCode.COMMUNICATION_ERROR
+        """A failure most often caused by another rank: a collective that broke (COMMUNICATION_ERROR),
+        or rank 0's rendezvous timing out (RENDEZVOUS_FAILED: rank 0 holds the store the others join,
+        so it times out because one of them could not join, and that rank is the one to name)."""
+        return self.exit_code == ExitCode.COMMUNICATION_ERROR or (
+            self.exit_code == ExitCode.RENDEZVOUS_FAILED and self.rank == 0)
 
     @property
     def kind(self) -> str:

@@ -38,6 +38,8 @@ def slim_pod(pod: dict) -> dict:
             "uid": meta.get("uid"),
             "labels": meta.get("labels", {}),
             "deletionTimestamp": meta.get("deletionTimestamp"),
+            "ownerReferences": [{"uid": ref.get("uid"), "controller": ref.get("controller")}
+                                for ref in meta.get("ownerReferences") or [] if ref.get("controller")],
         },
         "spec": {"nodeName": pod.get("spec", {}).get("nodeName")},
         "status": {

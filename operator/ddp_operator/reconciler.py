@@ -229,9 +229,16 @@ class Reconciler:
             return None
         return job, spec, status, now
 
+    def _own_pods(self, job: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The job's pods by owner, not by label alone: a pod with its labels that it does not control
+        (orphaned from a predecessor of the same name, made by hand) is never counted, adopted or
+        deleted; where it holds a rank's name, creating that rank says so (NameInUse)."""
+        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        return [pod for pod in self.pods.pods(key) if is_controlled_by(pod["metadata"], job)]
+
     def _summary(self, job: Mapping[str, Any], status: Mapping[str, Any], spec: JobSpec, now: datetime) -> PodSummary:
         key = (job["metadata"]["namespace"], job["metadata"]["name"])
-        pods = self.pods.pods(key)
+        pods = self._own_pods(job)
         nodes = self.nodes()
         bound = {pod["spec"]["nodeName"] for pod in pods if pod["spec"].get("nodeName")}
         lost = lost_nodes(bound, nodes, spec.node_lost_grace_seconds, now)
@@ -333,7 +340,7 @@ class Reconciler:
                 active = activation_patch(workload, spec)
                 if active:
                     await self.kube.patch_workload(key[0], workload["metadata"]["name"], active)
-                patch = None if self.pods.pods(key) else release_patch(workload, now)
+                patch = None if self._own_pods(job) else release_patch(workload, now)
             if workload and patch:
                 await self.kube.patch_workload_status(key[0], workload["metadata"]["name"], patch)
         except ApiException as error:

@@ -170,6 +170,8 @@ def _conditions(
     active = PHASE_CONDITION.get(phase)
     for type_ in PHASE_CONDITION.values():
         if type_ == active:
+            if phase == c.PHASE_RESTARTING and decision.action != Action.RESTART:
+                continue  # it keeps why the gang restarted; status.reason may say what holds the new gang up
             conditions = set_condition(conditions, type_, True, reason, message, now, generation)
         elif get_condition(conditions, type_) is not None:
             conditions = set_condition(conditions, type_, False, reason, message, now, generation)
@@ -186,11 +188,14 @@ def _reason_message(
     if phase == c.PHASE_RUNNING:
         per_pod = spec.ranks_per_pod
         return c.REASON_ALL_READY, f"{summary.ready * per_pod} ranks ready, {summary.succeeded * per_pod} finished"
-    if phase == c.PHASE_RESTARTING:
-        return status.get("reason", ""), status.get("message", "")
     waiting = f"{summary.ready * spec.ranks_per_pod}/{spec.world_size} ranks ready, {summary.total} pods exist"
     cause, detail = summary.held_up
-    return (cause, f"{waiting}; {detail}") if cause else (c.REASON_WAITING, waiting)
+    if cause:
+        return cause, f"{waiting}; {detail}"
+    if phase == c.PHASE_RESTARTING:  # why the gang restarted, as its condition keeps it
+        restarted = get_condition(status.get("conditions") or [], c.COND_RESTARTING) or status
+        return restarted.get("reason", ""), restarted.get("message", "")
+    return c.REASON_WAITING, waiting
 
 
 def _start_time(status: Mapping[str, Any], phase: str, stamp: str, decision: Decision) -> str | None:

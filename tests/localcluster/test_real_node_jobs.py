@@ -46,13 +46,17 @@ def test_a_missing_secret_holds_the_ranks_with_the_kubelets_words(jobs: Jobs, bu
 def test_a_rank_over_its_memory_limit_is_oom_killed_and_the_gang_restarts_on_the_program_budget(
         jobs: Jobs, busybox_image: str, real_node) -> None:
     # Rank 1 fills a 64 MiB buffer in a 32 MiB container; rank 0 waits for it.
-    script = 'if [ "$RANK" = 1 ]; then exec dd if=/dev/zero of=/dev/null bs=64M count=1; fi; exec sleep 60'
+    # Its last words reach failedRank through the container's log: busybox leaves no termination
+    # message, and the trainer container falls back to its log on error.
+    script = ('if [ "$RANK" = 1 ]; then echo "rank 1 fills 64 MiB now"; exec dd if=/dev/zero of=/dev/null bs=64M count=1; fi; '
+              'exec sleep 60')
     create(jobs, "greedy", IMAGE, script, backoffLimit=1, resources={"limits": {"memory": "32Mi"}})
     status = jobs.wait_phase("greedy", c.PHASE_FAILED, timeout=180)
     failed = status["failedRank"]
     assert (failed["rank"], failed["exitCode"], failed["signal"], failed["oomKilled"]) == (1, 137, "SIGKILL", True)
     assert failed["reason"] == "OOMKilled" and failed["kind"] == c.KIND_PROGRAM and failed["node"] == real_node.metadata.name
     assert status["reason"] == c.REASON_BACKOFF_LIMIT and status["programRestarts"] == 1
+    assert "rank 1 fills 64 MiB now" in failed["message"], failed
 
 
 def test_shm_size_the_templates_security_context_and_secret_env_reach_the_ranks_with_logs_and_exec(

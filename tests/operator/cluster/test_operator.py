@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pytest
+
 from ddp_contract import api, labels
 from ddp_operator import constants as c
 from fakenodes import on_fake_nodes
@@ -260,10 +262,11 @@ def test_ranks_held_up_past_the_startup_deadline_fail_the_job_and_free_the_rest(
     wait_until(lambda: jobs.pods("stranded") == [], 30, "the held-up gang's pods to be deleted")
 
 
-def stranger(jobs, kind: str, name: str) -> Any:
-    """An object the job needs the name of, made by someone else (no owner, no labels)."""
+def stranger(jobs, kind: str, name: str, pod_labels: dict[str, str] | None = None) -> Any:
+    """An object the job needs the name of, made by someone else (no owner; no labels unless given)."""
     if kind == "Pod":
-        body = {"metadata": {"name": name}, "spec": on_fake_nodes({"containers": [{"name": "app", "image": "app:1"}]})}
+        body = {"metadata": {"name": name, "labels": pod_labels or {}},
+                "spec": on_fake_nodes({"containers": [{"name": "app", "image": "app:1"}]})}
         return jobs.core.create_namespaced_pod(jobs.namespace, body)
     body = {"metadata": {"name": name}, "spec": {"selector": {"app": "other"}, "ports": [{"port": 80}]}}
     return jobs.core.create_namespaced_service(jobs.namespace, body)
@@ -288,6 +291,30 @@ def test_a_pod_name_held_by_a_stranger_is_reported_and_left_alone(jobs) -> None:
     status = jobs.wait_phase("crowded", c.PHASE_RUNNING, timeout=30)  # no watch tells us: the recheck does
     blocked = next(x for x in status["conditions"] if x["type"] == c.COND_RANKS_BLOCKED)
     assert blocked["status"] == "False"
+
+
+@pytest.mark.parametrize("attempt", [0, 7])
+def test_a_stranger_pod_with_the_job_s_labels_is_neither_counted_nor_deleted(jobs, attempt: int) -> None:
+    """Orphaned from a predecessor of the same name (kubectl delete --cascade=orphan), or made by hand:
+    labelled as this attempt's rank 1 it must not pass for a ready rank, labelled as an old attempt's
+    it must not be deleted as one."""
+    name = f"orphaned-{attempt}"
+    theirs = stranger(jobs, "Pod", f"{name}-1", {labels.LABEL_JOB_NAME: name, labels.LABEL_RANK: "1",
+                                                   labels.LABEL_ATTEMPT: str(attempt)})
+    wait_until(lambda: jobs.core.read_namespaced_pod(f"{name}-1", jobs.namespace).status.phase == "Running", 30,
+               "the stranger pod Running (kwok runs it)")
+    jobs.create(name, worldSize=2)
+
+    def says_why() -> dict | None:
+        status = jobs.status(name)
+        return status if status.get("reason") == c.REASON_NAME_IN_USE else None
+
+    status = wait_until(says_why, 30, "the job to say what holds rank 1's name")
+    assert f"rank 1 (NameInUse): pod {name}-1 exists and is not this job's" in status["message"], status
+    assert status.get("phase") != c.PHASE_RUNNING and status.get("ready") != "2/2", status
+    held = jobs.core.read_namespaced_pod(f"{name}-1", jobs.namespace)
+    assert held.metadata.uid == theirs.metadata.uid and held.metadata.deletion_timestamp is None
+    assert not held.metadata.owner_references
 
 
 def test_a_service_name_held_by_a_stranger_stops_the_job_before_any_pod(jobs) -> None:

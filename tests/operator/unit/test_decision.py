@@ -257,3 +257,21 @@ def test_a_broken_collective_waits_briefly_for_the_peer_whose_death_caused_it() 
     late = decide(job_spec(), {"phase": "Running"}, summary_of(echo, pod(1)), NOW + timedelta(seconds=4))
     assert late.action == Action.RESTART and late.failure is not None and late.failure.rank == 0
     assert late.failure.kind == c.KIND_INFRASTRUCTURE
+
+
+def test_rank_0_s_rendezvous_timeout_waits_for_the_rank_that_could_not_join_and_names_it() -> None:
+    """Rank 0 holds the store: its rendezvous times out because another rank could not join, and
+    that rank (whose own wait for rank 0's port ends a little later, on its own clock) is named."""
+    finished = rfc3339(NOW)
+    server = pod(0, "failed", exit_code=ExitCode.RENDEZVOUS_FAILED, finished_at=finished, node="gpu-1")
+    alone = decide(job_spec(), {"phase": "Starting"}, summary_of(server, pod(1)), NOW + timedelta(seconds=10))
+    assert alone.action == Action.WAIT and alone.recheck_after == pytest.approx(c.RENDEZVOUS_ECHO_GRACE_SECONDS - 10)
+    later = rfc3339(NOW + timedelta(seconds=20))
+    cut_off = pod(1, "failed", exit_code=ExitCode.RENDEZVOUS_FAILED, finished_at=later, node="gpu-7")
+    both = decide(job_spec(), {"phase": "Starting"}, summary_of(server, cut_off), NOW + timedelta(seconds=21))
+    assert both.action == Action.RESTART and both.failure is not None
+    assert (both.failure.rank, both.failure.node) == (1, "gpu-7")
+    # No other rank ever fails (it never started): rank 0's timeout is acted on.
+    late = decide(job_spec(), {"phase": "Starting"}, summary_of(server, pod(1, "pending")),
+                  NOW + timedelta(seconds=c.RENDEZVOUS_ECHO_GRACE_SECONDS + 1))
+    assert late.action == Action.RESTART and late.failure is not None and late.failure.rank == 0

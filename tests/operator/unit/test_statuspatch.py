@@ -201,6 +201,26 @@ def test_a_held_up_gang_says_why_by_rank_in_reason_message_and_condition() -> No
     assert events_for(patch, cleared) == [("Normal", c.REASON_ALL_READY, "2 ranks ready, 0 finished")]
 
 
+def test_after_a_gang_restart_what_holds_the_new_gang_up_is_the_reason_and_the_restart_s_cause_is_kept() -> None:
+    """A gang restarted for a failure, whose new ranks then cannot be scheduled (as after a lost node):
+    `kubectl get ddpjobs` shows Unschedulable, not the old failure; the Restarting condition keeps it."""
+    spec = job_spec()
+    running = {**status_after(spec, {}, summary_of(pod(0), pod(1)))}
+    restarted = {**running, **status_after(spec, running, summary_of(pod(0), pod(1, "failed", exit_code=137)))}
+    assert restarted["phase"] == c.PHASE_RESTARTING and restarted["attempt"] == 1
+    why = get_condition(restarted["conditions"], c.COND_RESTARTING)
+    assert why["status"] == "True" and why["reason"] == restarted["reason"] != "Unschedulable"
+    held = summary_of(pod(0, "pending", attempt=1, unschedulable="0/8 nodes are available: 8 Insufficient nvidia.com/gpu."),
+                      pod(1, "pending", attempt=1, unschedulable="0/8 nodes are available: 8 Insufficient nvidia.com/gpu."),
+                      attempt=1)
+    waiting = {**restarted, **status_after(spec, restarted, held)}
+    assert waiting["phase"] == c.PHASE_RESTARTING and waiting["reason"] == "Unschedulable"
+    assert "ranks 0-1 (Unschedulable): 0/8 nodes are available" in waiting["message"]
+    assert get_condition(waiting["conditions"], c.COND_RESTARTING) == why
+    freed = status_after(spec, waiting, summary_of(pod(0, "pending", attempt=1), pod(1, "pending", attempt=1), attempt=1))
+    assert (freed["phase"], freed["reason"], freed["message"]) == (c.PHASE_RESTARTING, why["reason"], why["message"])
+
+
 def test_next_phase_without_a_decision_reason() -> None:
     decision = Decision(Action.WAIT, 0)
     assert next_phase({}, summary_of(pod(0), pod(1)), decision, job_spec()) == c.PHASE_RUNNING
