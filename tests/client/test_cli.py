@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import re
 import socket
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -47,3 +52,16 @@ def test_an_unreachable_api_server_is_said_in_one_line(tmp_path: Path, capsys: p
     err = capsys.readouterr().err
     assert err.startswith("kubectl ddp status: cannot reach the Kubernetes API") and f"127.0.0.1:{port}" in err
     assert "Traceback" not in err and err.count("\n") == 1
+
+
+def test_the_package_installs_kubectl_ddp_with_what_it_needs() -> None:
+    """pyproject's console script is this CLI, and the `client` extra brings what the client imports."""
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    module, function = project["scripts"]["kubectl-ddp"].split(":")
+    code = f"import sys; sys.argv[0] = 'kubectl-ddp'; from {module} import {function}; {function}()"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    shown = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True, env=env, check=True)
+    assert shown.stdout.startswith("usage: kubectl ddp") and all(
+        command in shown.stdout for command in ("logs", "results", "plot", "status"))
+    extra = {re.split(r"[<>=\[]", requirement)[0].lower() for requirement in project["optional-dependencies"]["client"]}
+    assert {"kubernetes", "boto3", "pyyaml", "matplotlib"} <= extra

@@ -84,3 +84,23 @@ def test_the_demo_job_learns_visibly(tmp_path: Path, bucket: str, s3_env: dict[s
     before, after = (float(line.split(":")[1].split()[0]) for line in said.splitlines() if line.startswith("accuracy"))
     assert before < 0.5 and after > 0.9, said
     assert "accuracy" not in results[1].stdout, "rank 0 alone prints"
+
+
+def test_transfer_takes_its_initial_weights_from_s3_when_they_are_there(bucket: str) -> None:
+    """The transfer example's `<dataset>/weights/resnet18.pth`: absent, it trains from scratch;
+    present in S3, every layer but the classifier starts from it."""
+    import io
+
+    import torch
+
+    import transfer
+
+    uri = f"s3://{bucket}/shapes/weights/resnet18.pth"
+    assert transfer.initial_weights(uri) is None
+    pretrained = transfer.build_model(1000, None).state_dict()
+    buffer = io.BytesIO()
+    torch.save(pretrained, buffer)
+    s3.put_bytes(s3.parse_uri(uri), buffer.getvalue())
+    model = transfer.build_model(3, transfer.initial_weights(uri))
+    assert torch.equal(model.state_dict()["layer4.1.conv2.weight"], pretrained["layer4.1.conv2.weight"])
+    assert model.fc.out_features == 3
