@@ -58,6 +58,7 @@ class Job:
         self.results_uri = results_uri  # spec.s3.results, for a job already deleted (ttlSecondsAfterFinished)
         self._store: JobStore | None = None
         self._seen: dict[str, Any] | None = None  # the job as last read: what is known once it is deleted
+        self._parts: dict[str, tuple[int, str]] = {}  # kept log parts read so far: key -> (size, text)
 
     def __repr__(self) -> str:
         return f"Job({self.namespace}/{self.name})"
@@ -280,12 +281,19 @@ class Job:
             for kept_rank, parts in by_rank.items():
                 live = texts.get(kept_rank)
                 if rank in (None, kept_rank) and (live is None or sum(size for _, size in parts) > len(live.encode())):
-                    texts[kept_rank] = "".join(self.store().get(key).decode(errors="replace") for key, _ in parts)
+                    texts[kept_rank] = "".join(self._part_text(key, size) for key, size in parts)
         return attempt, texts
 
     def _spec_s3(self) -> dict[str, Any]:
         """spec.s3; for a deleted job, as last seen or the results URI given to the handle."""
         return dict((self._last_known().get("spec") or {}).get("s3") or {})
+
+    def _part_text(self, key: str, size: int) -> str:
+        """A kept log part, downloaded again only when it grew (following reads every part each poll)."""
+        cached = self._parts.get(key)
+        if cached is None or cached[0] != size:
+            cached = self._parts[key] = (size, self.store().get(key).decode(errors="replace"))
+        return cached[1]
 
     def _kept(self, attempt: int | None) -> tuple[int, dict[int, list[tuple[str, int]]]] | None:
         if not self._spec_s3().get("results"):

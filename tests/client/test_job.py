@@ -19,6 +19,7 @@ class FakeStore:
         return sorted((k, len(v)) for k, v in self.objects.items() if k.startswith(under + "/"))
 
     def get(self, relative: str) -> bytes:
+        self.gets = getattr(self, "gets", 0) + 1
         return self.objects[relative].encode()
 
 
@@ -29,6 +30,7 @@ class OfflineJob(Job):
         self.name, self.namespace, self.results_uri = "j", "ns", None
         self._pods, self._pod_logs = pods, pod_logs
         self._store = FakeStore(kept)  # type: ignore[assignment]
+        self._parts = {}
 
     def get(self) -> dict[str, Any]:
         return {"spec": {"s3": {"results": "s3://b/r"}}, "status": {"failedRank": {"rank": 1, "attempt": 1}}}
@@ -53,6 +55,16 @@ def test_a_readable_pod_log_wins_and_the_others_come_from_s3_in_part_order() -> 
     job = OfflineJob([pod(0, 1), pod(1, 1)], {"j-0": live}, KEPT)
     assert job.log_texts() == (1, {0: live, 1: "kept 1\n"})
     assert job.logs() == "[rank 1] kept 1\n" + "".join(f"[rank 0] {line}\n" for line in live.splitlines())
+
+
+def test_a_kept_part_is_downloaded_again_only_when_it_grew() -> None:
+    job = OfflineJob([], {}, dict(KEPT))
+    store = job._store
+    job.log_texts()
+    first = store.gets
+    assert job.log_texts() == (1, {0: "kept 0 a\nkept 0 b\n", 1: "kept 1\n"}) and store.gets == first
+    store.objects[layout.log_part(1, 1, 0)] = "kept 1\nmore\n"
+    assert job.log_texts()[1][1] == "kept 1\nmore\n" and store.gets == first + 1
 
 
 def test_the_kept_copy_wins_where_it_holds_more_than_a_rotated_pod_log() -> None:
