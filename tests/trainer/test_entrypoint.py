@@ -19,7 +19,7 @@ from trainerhelp import describe as _describe
 from ddp_contract.failures import parse_line
 from ddp_trainer import s3
 from ddp_trainer.checkpoint import CheckpointManager
-from ddp_trainer.errors import ExitCode
+from ddp_trainer.errors import ExitCode, ObjectNotFoundError
 from ddp_trainer.results import read_metrics
 
 WORLD = 2
@@ -312,3 +312,33 @@ def test_the_last_step_reported_reaches_the_progress_sinks_when_the_function_ret
                                                "DDP_PROGRESS_INTERVAL_SECONDS": "3600"})
     assert result.returncode == 0, result.stderr
     assert json.loads(progress_file.read_text())["step"] == 5
+
+
+def test_a_stalled_rank_saves_its_stacks_before_its_timeout_in_case_a_peer_s_ends_the_gang_first(
+        s3_env, bucket, tmp_path: Path) -> None:
+    """Halfway to its hang timeout a stalled rank saves its stacks without exiting; the pod deleted by
+    a restart another rank's hang caused (here: SIGKILL) leaves them behind."""
+    env = {**s3_env, "DDP_RESULTS_URI": f"s3://{bucket}/runs", "DDP_JOB_NAME": "stalled", "DDP_JOB_NAMESPACE": "team-a",
+           "DDP_HANG_TIMEOUT_SECONDS": "30", "DDP_PROGRESS_FILE": str(tmp_path / "progress.json")}
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-m", "ddp_trainer", "run", "ddp_workloads:hang"], cwd=ROOT,
+                              env=rank_env(env, rank, WORLD, port), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True) for rank in range(WORLD)]
+    dump = s3.S3Url(bucket, "runs/team-a/stalled/hangs/attempt-0/rank-1.txt")
+    try:
+        started = time.monotonic()
+        while time.monotonic() - started < 60 and all(p.poll() is None for p in procs):
+            try:
+                saved = s3.get_bytes(dump).decode()
+                break
+            except ObjectNotFoundError:
+                time.sleep(0.5)
+        else:
+            pytest.fail(f"no early dump of rank 1: {[p.poll() for p in procs]}")
+        assert all(p.poll() is None for p in procs)  # saved ahead, not at the timeout: both still run
+        assert "time.sleep(3600)" in saved and "in hang" in saved
+    finally:
+        for proc in procs:
+            proc.kill()
+        errors = [proc.communicate()[1] for proc in procs]
+    assert "stacks saved ahead to s3://" in errors[1], errors[1][-2000:]

@@ -43,3 +43,25 @@ def test_the_clock_starts_at_the_first_step_and_restarts_with_each_new_one() -> 
 def test_a_watch_with_timeout_zero_never_starts() -> None:
     watch = HangWatch(Heartbeat(), 0.0, 5.0, lambda hang: None).start()
     assert not watch._thread.is_alive()
+
+
+def test_a_stalled_rank_saves_its_stacks_ahead_at_half_its_timeout_once_per_stalled_step() -> None:
+    """With a derived timeout a peer may fire first and the restart take this rank's pod before its
+    own timeout: its stacks are saved at half of it, once per step it stalls on."""
+    clock = Clock()
+    beat = Heartbeat(clock)
+    stalls: list[Hang] = []
+    hangs: list[Hang] = []
+    watch = HangWatch(beat, 20.0, 5.0, hangs.append, on_stall=stalls.append)
+    beat.beat(1)
+    clock.now = 9.0
+    assert not watch.poll() and stalls == []
+    clock.now = 10.5
+    assert not watch.poll() and [(s.step, s.stalled_s) for s in stalls] == [(1, 10.5)]
+    clock.now = 15.0
+    assert not watch.poll() and len(stalls) == 1  # once for this step
+    beat.beat(2)
+    clock.now = 26.0
+    assert not watch.poll() and [s.step for s in stalls] == [1, 2]  # a new stall, a new dump
+    clock.now = 35.5
+    assert watch.poll() and hangs[0].step == 2 and watch.fired.is_set()

@@ -339,6 +339,15 @@ def _stop_on_sigterm(rank: int | None) -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
+def _on_stall(rank: int, attempt: int) -> Callable[[Hang], None]:
+    def dump_ahead(stall: Hang) -> None:
+        where = save_dump(rank, attempt, python_stacks(), nccl_flight_record())
+        log.warning("rank %d: no progress for %.0fs since step %s (hang timeout %.0fs): stacks saved ahead to %s",
+                    rank, stall.stalled_s, stall.step, stall.timeout_s, where)
+
+    return dump_ahead
+
+
 def _on_hang(rank: int, attempt: int) -> Callable[[Hang], None]:
     def dump_and_exit(hang: Hang) -> None:
         stacks = python_stacks()
@@ -373,7 +382,8 @@ def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None 
         _stop_on_sigterm(rank)
         func = load_target(target)
         job = env.JobInfo.from_env(environ)
-        hang_watch = HangWatch(HEARTBEAT, env.hang_timeout_s(environ), env.hang_min_s(environ), _on_hang(rank, job.attempt))
+        hang_watch = HangWatch(HEARTBEAT, env.hang_timeout_s(environ), env.hang_min_s(environ), _on_hang(rank, job.attempt),
+                               on_stall=_on_stall(rank, job.attempt))
         started = time.monotonic()
         wait_for_master(settings.master_addr, settings.master_wait_s)
         if rank != 0:

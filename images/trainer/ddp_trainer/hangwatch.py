@@ -4,7 +4,10 @@ loader) would otherwise hold the whole gang until the backend's timeout, or fore
 A watch thread looks at the heartbeat; once the step has not advanced for the hang timeout, the
 rank dumps every thread's Python stack (and NCCL's flight recorder where nccl runs) to
 `<results>/<namespace>/<job>/hangs/attempt-<n>/rank-<r>.txt`, leaves a termination message saying
-where, and exits HUNG. Every rank of a hung gang stalls, so every rank dumps its own stacks.
+where, and exits HUNG. Every rank of a hung gang stalls, so every rank dumps its own stacks: at
+half its timeout a stalled rank already saves them (without exiting), because with a derived timeout
+its peers judge by their own steps, and one of them may fire, and the gang restart take this rank's
+pod, before this rank's own timeout comes.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ POLL_SECONDS = 0.5
 # A rank that found the gang hung waits this long after its dump before it exits: its peers stalled
 # at the same moment and are dumping too, and its exit would break their collective before they do.
 LINGER_SECONDS = 3.0
+# A rank stalled this fraction of its timeout saves its stacks ahead (once per stalled step).
+EARLY_DUMP_FRACTION = 0.5
 
 
 def hang_timeout(configured: float | None, slowest_step_s: float, floor_s: float) -> float | None:
@@ -51,17 +56,21 @@ class Hang:
 
 
 class HangWatch:
-    """Calls `on_hang` once, from its own thread, when the heartbeat stalls past the timeout."""
+    """Calls `on_hang` once, from its own thread, when the heartbeat stalls past the timeout, and
+    `on_stall` once per stalled step when it has stalled EARLY_DUMP_FRACTION of it."""
 
     def __init__(self, heartbeat: Heartbeat, configured: float | None, floor_s: float,
-                 on_hang: Callable[[Hang], None], poll_s: float = POLL_SECONDS) -> None:
+                 on_hang: Callable[[Hang], None], poll_s: float = POLL_SECONDS,
+                 on_stall: Callable[[Hang], None] | None = None) -> None:
         self.heartbeat = heartbeat
         self.configured = configured
         self.floor_s = floor_s
         self.on_hang = on_hang
+        self.on_stall = on_stall
         self.poll_s = poll_s
         self._stop = threading.Event()
         self.fired = threading.Event()
+        self._stalled_step: int | None = None  # the step on_stall was called for
         self._thread = threading.Thread(target=self._run, name="ddp-hang-watch", daemon=True)
 
     def start(self) -> HangWatch:
@@ -78,20 +87,31 @@ class HangWatch:
         if self.fired.is_set():
             self._thread.join()
 
-    def check(self) -> Hang | None:
-        """The hang, if the step has stalled past the timeout now (the clock starts at the first step)."""
+    def check(self, fraction: float = 1.0) -> Hang | None:
+        """The hang, if the step has stalled past `fraction` of the timeout now (the clock starts at
+        the first step)."""
         stalled = self.heartbeat.stalled_for()
         limit = hang_timeout(self.configured, self.heartbeat.slowest_step_s, self.floor_s)
-        if stalled is None or limit is None or stalled < limit:
+        if stalled is None or limit is None or stalled < limit * fraction:
             return None
         return Hang(self.heartbeat.step, stalled, limit)
 
+    def poll(self) -> bool:
+        """One look: on_stall or on_hang as due; True once the hang is declared."""
+        hang = self.check()
+        if hang is not None:
+            self.fired.set()
+            self.on_hang(hang)
+            return True
+        stall = self.check(EARLY_DUMP_FRACTION) if self.on_stall is not None else None
+        if stall is not None and self.on_stall is not None and stall.step != self._stalled_step:
+            self._stalled_step = stall.step
+            self.on_stall(stall)
+        return False
+
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
-            hang = self.check()
-            if hang is not None:
-                self.fired.set()
-                self.on_hang(hang)
+            if self.poll():
                 return
 
 
