@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections import defaultdict, namedtuple
 
 import pytest
 import torch
@@ -119,20 +120,45 @@ def test_async_save_does_not_stall_and_snapshots_state(bucket: str) -> None:
     assert returned_after < 2.0
 
 
+Pair = namedtuple("Pair", "first second")  # at module level, where pickle (and so torch.save) finds it
+
+
 def test_async_and_sync_saves_load_back_identically(bucket: str) -> None:
-    """A state dict keeps its type and its `_metadata` (module versions, read by load_state_dict hooks)."""
+    """What a synchronous save keeps, an asynchronous one keeps: a state dict's type and `_metadata`
+    (module versions, read by load_state_dict hooks), namedtuples, defaultdicts, Parameters, and
+    tensors shared under two names or viewing one storage."""
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    weight = torch.nn.Parameter(torch.arange(6.0).reshape(2, 3))
+    base = torch.arange(10.0)
+    state = {
+        "model": model.state_dict(),
+        "pair": Pair(weight, 3),
+        "tied": [weight, weight],
+        "frozen": torch.nn.Parameter(torch.ones(2), requires_grad=False),
+        "leaf": torch.zeros(2, requires_grad=True),
+        "counts": defaultdict(list, {"a": [1]}),
+        "base": base,
+        "window": base[2:5],
+    }
     loaded = {}
     for mode in (False, True):
         manager = CheckpointManager(s3.S3Url(bucket, f"meta-{mode}"), async_save=mode, rank=0)
-        manager.save(1, {"model": model.state_dict()})
+        manager.save(1, state)
         manager.close()
-        loaded[mode] = manager.load_latest().state["model"]
-    sync, asynchronous = loaded[False], loaded[True]
-    assert type(asynchronous) is type(sync) is type(model.state_dict())
-    assert asynchronous._metadata == sync._metadata == model.state_dict()._metadata
-    assert asynchronous._metadata["1"]["version"] == 2  # BatchNorm's version, which its loading hook reads
-    assert all(torch.equal(asynchronous[k], sync[k]) for k in sync)
+        loaded[mode] = manager.load_latest(weights_only=False).state  # Pair is not on weights_only's list
+    for got in loaded.values():
+        assert type(got["model"]) is type(model.state_dict()) and got["model"]._metadata == model.state_dict()._metadata
+        assert got["model"]._metadata["1"]["version"] == 2  # BatchNorm's version, which its loading hook reads
+        assert all(torch.equal(got["model"][k], v) for k, v in model.state_dict().items())
+        assert type(got["pair"]) is Pair and got["pair"].first is got["tied"][0] is got["tied"][1]
+        assert type(got["tied"][0]) is torch.nn.Parameter and got["tied"][0].requires_grad
+        assert torch.equal(got["tied"][0], weight)
+        assert type(got["frozen"]) is torch.nn.Parameter and not got["frozen"].requires_grad
+        assert type(got["leaf"]) is torch.Tensor and got["leaf"].requires_grad
+        assert type(got["counts"]) is defaultdict and got["counts"].default_factory is list
+        assert got["counts"] == {"a": [1]} and got["counts"]["new"] == []
+        got["base"][3] = 42  # the window still views the base's storage
+        assert got["window"].tolist() == [2.0, 42.0, 4.0]
 
 
 def test_async_save_error_surfaces(s3_env) -> None:

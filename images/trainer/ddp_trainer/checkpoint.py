@@ -12,7 +12,6 @@ new one is committed. `load_latest` takes the newest checkpoint whose manifest m
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import io
 import json
@@ -20,7 +19,6 @@ import logging
 import re
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -45,25 +43,51 @@ class Checkpoint:
 
 
 def snapshot(value: Any) -> Any:
-    """Deep copy with every tensor detached and copied to CPU, so training may go on mutating it.
+    """A copy of `value` with every tensor's data copied to CPU, so training may go on mutating it,
+    that loads back as a synchronous save of `value` would.
 
-    A state dict loads back as a synchronous save would: the same mapping type, and its `_metadata`
-    (module versions, which `load_state_dict` hooks read) kept.
+    It is pickled and unpickled in memory as torch.save pickles it, each storage copied to CPU once
+    on the way, so what torch.save keeps is kept: container types (namedtuples, defaultdicts, state
+    dicts with their `_metadata`), Parameters and requires_grad, and one tensor under two names or
+    views of one storage still share their data.
     """
+    import pickle
+
     import torch
 
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, Mapping):
-        items = {k: snapshot(v) for k, v in value.items()}
-        copied = OrderedDict(items) if isinstance(value, OrderedDict) else items
-        metadata = getattr(value, "_metadata", None)
-        if metadata is not None:
-            copied._metadata = copy.deepcopy(metadata)  # type: ignore[attr-defined]
-        return copied
-    if isinstance(value, (list, tuple)):
-        return type(value)(snapshot(v) for v in value)
-    return value
+    copies: dict[int, Any] = {}  # the CPU copy of each storage, by its C pointer as torch.save keys them
+
+    class StoragesToCpu(pickle.Pickler):
+        def persistent_id(self, obj: Any) -> tuple[int, Any] | None:
+            if isinstance(obj, torch.storage.TypedStorage):
+                storage, dtype = obj._untyped_storage, obj.dtype
+            elif isinstance(obj, torch.UntypedStorage):
+                storage, dtype = obj, None
+            else:
+                return None
+            if storage._cdata not in copies:
+                copies[storage._cdata] = _cpu_copy(storage)
+            return storage._cdata, dtype
+
+    class StoragesFromCopies(pickle.Unpickler):
+        def persistent_load(self, pid: tuple[int, Any]) -> Any:
+            key, dtype = pid
+            if dtype is None:
+                return copies[key]
+            return torch.storage.TypedStorage(wrap_storage=copies[key], dtype=dtype, _internal=True)
+
+    buffer = io.BytesIO()
+    StoragesToCpu(buffer, protocol=torch.serialization.DEFAULT_PROTOCOL).dump(value)
+    buffer.seek(0)
+    return StoragesFromCopies(buffer).load()
+
+
+def _cpu_copy(storage: Any) -> Any:
+    import torch
+
+    if storage.device.type == "meta":
+        return storage  # no data to copy
+    return torch.UntypedStorage(storage.nbytes()).copy_(storage)
 
 
 def unwrap(model: Any) -> Any:
