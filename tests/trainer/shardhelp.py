@@ -103,6 +103,25 @@ def tar_bytes(fmt: int, members: list[tuple[str, bytes | None]], compress: str =
     return buffer.getvalue()
 
 
+def wds_shard_bytes(samples: list[dict]) -> bytes:
+    """A shard written by webdataset's TarWriter (which ends it with tar's end-of-archive marker)."""
+    import webdataset as wds
+
+    buffer = io.BytesIO()
+    with wds.TarWriter(buffer) as sink:
+        for sample in samples:
+            sink.write(sample)
+    return buffer.getvalue()
+
+
+def s3_shard_index(bucket: str, name: str, shard: bytes, nsamples: int) -> str:
+    """`shard` at s3://bucket/<name>/shard.tar with a one-shard index beside it; the index's URL."""
+    s3.put_bytes(s3.S3Url(bucket, f"{name}/shard.tar"), shard)
+    index = f"s3://{bucket}/{name}/index.json"
+    write_index(index, [("shard.tar", nsamples)])
+    return index
+
+
 def index_for(directory: Path, name: str, nsamples: int) -> ShardIndex:
     """A one-shard index beside the shard `directory/name`."""
     write_index(str(directory / "index.json"), [(name, nsamples)])

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import tarfile
 from pathlib import Path
 
 import pytest
-from shardhelp import index_for, tar_bytes
+from shardhelp import index_for, s3_shard_index, tar_bytes, wds_shard_bytes
 
 from ddp_trainer.errors import CorruptDataError
 from ddp_trainer.mapdataset import ShardedDataset
-from ddp_trainer.shardstream import iter_shard
+from ddp_trainer.shardstream import ShardStream, iter_shard
 
 
 @pytest.mark.parametrize("fmt_name", ["USTAR_FORMAT", "GNU_FORMAT", "PAX_FORMAT"])
@@ -47,15 +48,16 @@ def test_tar_reader_rejects_damage(tmp_path: Path) -> None:
     good = tar_bytes(tarfile.USTAR_FORMAT, [(f"s{i}.bin", bytes(1000)) for i in range(4)])
     cases = {
         # members take 3 blocks each: a header and 1000 bytes of data
-        "flipped": good[: 512 * 3 + 5] + b"X" + good[512 * 3 + 6 :],  # name byte of the second header
-        "cut-in-data": good[: 512 * 4 + 100],
-        "cut-in-header": good[: 512 * 3 + 100],
+        "flipped": (good[: 512 * 3 + 5] + b"X" + good[512 * 3 + 6 :], "bad header checksum at byte 1536"),
+        "cut-in-data": (good[: 512 * 4 + 100], "unexpected end of data at byte 2148 in sample 's1' (member 's1.bin')"),
+        "cut-in-header": (good[: 512 * 3 + 100], "truncated header at byte 1536 after sample 's0' (member 's0.bin')"),
     }
-    for label, data in cases.items():
+    for label, (data, error) in cases.items():
         path = tmp_path / f"{label}.tar"
         path.write_bytes(data)
-        with pytest.raises(CorruptDataError, match=f"shard {path}"):
+        with pytest.raises(CorruptDataError) as damaged:
             list(iter_shard(str(path), 4))
+        assert str(damaged.value) == f"shard {path} is not a readable tar: {error}"
     (tmp_path / "whole.tar").write_bytes(good[: 512 * 3])  # ends at a member boundary: fewer samples
     with pytest.raises(CorruptDataError, match="holds 1 samples but the index says 4"):
         list(iter_shard(str(tmp_path / "whole.tar"), 4))
@@ -64,3 +66,17 @@ def test_tar_reader_rejects_damage(tmp_path: Path) -> None:
     dataset = ShardedDataset(index_for(tmp_path, "gz.tar", 1), cache_dir=str(tmp_path / "c"), decode=False)
     with pytest.raises(CorruptDataError, match="gz.tar is not a readable uncompressed tar: gzip-compressed"):
         dataset[0]
+
+
+def test_a_shard_cut_inside_a_member_names_the_sample_both_ways(bucket: str, tmp_path: Path) -> None:
+    shard = wds_shard_bytes([{"__key__": f"s{i:05d}", "bin": bytes([i]) * 1500, "cls": i} for i in range(4)])
+    with tarfile.open(fileobj=io.BytesIO(shard)) as tar:
+        cut_at = tar.getmember("s00002.bin").offset_data + 700
+    index = s3_shard_index(bucket, "cut", shard[:cut_at], 4)
+    error = f"unexpected end of data at byte {cut_at} in sample 's00002' (member 's00002.bin')"
+    with pytest.raises(CorruptDataError) as streamed:
+        list(ShardStream(index, rank=0, world_size=1, shuffle=False, decode=False))
+    assert str(streamed.value) == f"shard s3://{bucket}/cut/shard.tar is not a readable tar: {error}"
+    with pytest.raises(CorruptDataError) as mapped:
+        ShardedDataset(index, cache_dir=str(tmp_path / "cache"), decode=False)[0]
+    assert str(mapped.value) == f"shard s3://{bucket}/cut/shard.tar is not a readable uncompressed tar: {error}"

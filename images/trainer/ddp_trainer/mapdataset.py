@@ -22,7 +22,7 @@ from torch.utils.data import Dataset, Sampler
 
 from . import urls
 from .errors import ConfigError, CorruptDataError, ObjectNotFoundError
-from .samples import decode, group_members, transformed
+from .samples import decode, group_members, transformed, unreadable_shard
 from .shardcache import ShardCache
 from .shardindex import ShardIndex, ShardInfo, load_index
 from .tarreader import TarFormatError, tar_entries
@@ -82,7 +82,7 @@ def member_table(path: str, url: str, expected: int) -> MemberTable:
         with open(path, "rb") as f:
             members = [(name, (offset, size)) for name, _, _, size, offset in tar_entries(f)]
     except TarFormatError as exc:
-        raise CorruptDataError(f"shard {url} is not a readable uncompressed tar: {exc}") from exc
+        raise unreadable_shard(url, exc, "uncompressed tar") from exc
     table = MemberTable.of_samples(group_members(members, url))
     if len(table) != expected:
         raise CorruptDataError(f"shard {url} holds {len(table)} samples but the index says {expected}")

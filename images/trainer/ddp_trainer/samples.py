@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .errors import CorruptDataError
+from .tarreader import TarFormatError
 
 IMAGE_EXTENSIONS = {"jpg", "jpeg", "png", "ppm", "pgm", "pbm", "pnm", "bmp", "webp", "tif", "tiff", "gif"}
 INT_EXTENSIONS = {"cls", "cls2", "class", "count", "index", "inx", "id"}
@@ -68,6 +69,18 @@ def group_members(members: Iterable[tuple[str, Any]], url: str) -> Iterator[dict
             raise CorruptDataError(f"shard {url}: its last sample {key!r} ends before its {missing} member "
                                    f"(the sample before has them): the shard is cut short")
         yield current
+
+
+def unreadable_shard(url: str, error: TarFormatError, what: str = "tar") -> CorruptDataError:
+    """`shard URL is not a readable tar: ...`, naming the sample whose member was cut short (or,
+    for damage in a header, the sample read last)."""
+    name = error.member or error.after
+    if name is None:
+        return CorruptDataError(f"shard {url} is not a readable {what}: {error}")
+    parts = split_name(name)
+    key = parts[0] if parts else name
+    where = "in" if error.member else "after"
+    return CorruptDataError(f"shard {url} is not a readable {what}: {error} {where} sample {key!r} (member {name!r})")
 
 
 def transformed(transform: Callable[[Any], Any], sample: dict[str, Any]) -> Any:

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from . import urls
 from .errors import ConfigError, CorruptDataError
 from .ranks import dataloader_worker, rank_and_world_size
-from .samples import decode, group_members, transformed
+from .samples import decode, group_members, transformed, unreadable_shard
 from .shardindex import ShardIndex, ShardInfo, load_index
 from .tarreader import TarFormatError, tar_entries
 
@@ -41,7 +41,7 @@ def iter_shard(
             if count == stop:
                 return  # the rest of this shard belongs to another range
     except TarFormatError as exc:
-        raise CorruptDataError(f"shard {url} is not a readable tar: {exc}") from exc
+        raise unreadable_shard(url, exc) from exc
     finally:
         stream.close()
     if expected is not None and count != expected:

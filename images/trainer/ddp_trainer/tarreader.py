@@ -26,7 +26,12 @@ _COMPRESSED = ((b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "xz"))
 
 
 class TarFormatError(Exception):
-    pass
+    """A damaged archive. `member`: the member whose data was cut short; else `after`: the last
+    member read before the damage (if any)."""
+
+    def __init__(self, message: str, member: str | None = None, after: str | None = None) -> None:
+        super().__init__(message)
+        self.member, self.after = member, after
 
 
 def _octal(field: bytes) -> int:
@@ -134,6 +139,7 @@ def tar_entries(stream: IO[bytes], allow_compressed: bool = False) -> Iterator[t
     long_name: str | None = None
     pax: dict[str, str] = {}
     pax_global: dict[str, str] = {}
+    name = ""  # of the last regular member
 
     def refill(pos: int, need: int) -> tuple[bytes, int]:
         """(buffer starting at stream offset base + pos holding at least `need` bytes unless EOF, base)."""
@@ -158,7 +164,7 @@ def tar_entries(stream: IO[bytes], allow_compressed: bool = False) -> Iterator[t
             if len(buf) < _BLOCK:
                 if not buf:
                     return  # end of stream at a header boundary
-                raise TarFormatError(f"truncated header at byte {base}")
+                raise TarFormatError(f"truncated header at byte {base}", after=name or None)
         header = buf[pos : pos + _BLOCK]
         if header == _ZERO_BLOCK:
             return
@@ -177,15 +183,8 @@ def tar_entries(stream: IO[bytes], allow_compressed: bool = False) -> Iterator[t
             merged = {**pax_global, **pax}
             if "size" in merged:
                 size = int(merged["size"])
-        start = pos + _BLOCK
-        has_data = typeflag not in _NO_DATA
-        if has_data and start + size > len(buf):
-            buf, base = refill(start, size)
-            start = 0
-            if size > len(buf):
-                raise TarFormatError(f"unexpected end of data at byte {base + len(buf)}")
-        pos = start + ((size + _BLOCK - 1) & ~(_BLOCK - 1) if has_data else 0)
-        if typeflag in _REGULAR:
+        regular = typeflag in _REGULAR
+        if regular:  # named before its data is read, so that data cut short can say whose it is
             if long_name is not None:
                 name = long_name
             else:
@@ -194,6 +193,15 @@ def tar_entries(stream: IO[bytes], allow_compressed: bool = False) -> Iterator[t
                     name = _text(header[345:500]) + "/" + name
             if pax_global or pax:
                 name = {**pax_global, **pax}.get("path", name)
+        start = pos + _BLOCK
+        has_data = typeflag not in _NO_DATA
+        if has_data and start + size > len(buf):
+            buf, base = refill(start, size)
+            start = 0
+            if size > len(buf):
+                raise TarFormatError(f"unexpected end of data at byte {base + len(buf)}", name if regular else None)
+        pos = start + ((size + _BLOCK - 1) & ~(_BLOCK - 1) if has_data else 0)
+        if regular:
             long_name, pax = None, {}
             if typeflag == b"\0" and name.endswith("/"):
                 continue  # old-style directory
