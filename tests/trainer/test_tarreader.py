@@ -80,3 +80,27 @@ def test_a_shard_cut_inside_a_member_names_the_sample_both_ways(bucket: str, tmp
     with pytest.raises(CorruptDataError) as mapped:
         ShardedDataset(index, cache_dir=str(tmp_path / "cache"), decode=False)[0]
     assert str(mapped.value) == f"shard s3://{bucket}/cut/shard.tar is not a readable uncompressed tar: {error}"
+
+
+def test_a_whole_shard_whose_last_sample_lacks_an_optional_member_is_read_both_ways(bucket: str, tmp_path: Path) -> None:
+    """Only the end-of-archive marker tells a last sample without its caption from one cut short."""
+    samples = [{"__key__": f"s{i:05d}", "bin": bytes([i]) * 700, "cls": i} for i in range(4)]
+    for sample in samples[::2]:
+        sample["txt"] = f"caption {sample['cls']}"  # on some samples only: not on the last
+    shard = wds_shard_bytes(samples)
+    whole = s3_shard_index(bucket, "whole", shard, 4)
+    streamed = list(ShardStream(whole, rank=0, world_size=1, shuffle=False))
+    mapped = ShardedDataset(whole, cache_dir=str(tmp_path / "cache"))
+    for read in (streamed, [mapped[i] for i in range(4)]):
+        assert [{k: v for k, v in s.items() if k != "__url__"} for s in read] == samples
+
+    with tarfile.open(fileobj=io.BytesIO(shard)) as tar:
+        last = tar.getmember("s00003.cls")
+    cut = s3_shard_index(bucket, "cut", shard[: last.offset_data + 512], 4)  # the marker and padding cut off
+    error = (f"shard s3://{bucket}/cut/shard.tar: its last sample 's00003' ends before its txt member "
+             "(the sample before has them): the shard is cut short")
+    with pytest.raises(CorruptDataError) as cut_streamed:
+        list(ShardStream(cut, rank=0, world_size=1, shuffle=False))
+    with pytest.raises(CorruptDataError) as cut_mapped:
+        ShardedDataset(cut, cache_dir=str(tmp_path / "cache"))[0]
+    assert str(cut_streamed.value) == str(cut_mapped.value) == error

@@ -25,7 +25,7 @@ from .errors import ConfigError, CorruptDataError, ObjectNotFoundError
 from .samples import decode, group_members, transformed, unreadable_shard
 from .shardcache import ShardCache
 from .shardindex import ShardIndex, ShardInfo, load_index
-from .tarreader import TarFormatError, tar_entries
+from .tarreader import TarEnd, TarFormatError, tar_entries
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +78,13 @@ class MemberTable:
 
 def member_table(path: str, url: str, expected: int) -> MemberTable:
     """Parse an uncompressed tar shard's headers into its member table."""
+    end = TarEnd()
     try:
         with open(path, "rb") as f:
-            members = [(name, (offset, size)) for name, _, _, size, offset in tar_entries(f)]
+            members = [(name, (offset, size)) for name, _, _, size, offset in tar_entries(f, end=end)]
     except TarFormatError as exc:
         raise unreadable_shard(url, exc, "uncompressed tar") from exc
-    table = MemberTable.of_samples(group_members(members, url))
+    table = MemberTable.of_samples(group_members(members, url, end))
     if len(table) != expected:
         raise CorruptDataError(f"shard {url} holds {len(table)} samples but the index says {expected}")
     return table

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .errors import CorruptDataError
-from .tarreader import TarFormatError
+from .tarreader import TarEnd, TarFormatError
 
 IMAGE_EXTENSIONS = {"jpg", "jpeg", "png", "ppm", "pgm", "pbm", "pnm", "bmp", "webp", "tif", "tiff", "gif"}
 INT_EXTENSIONS = {"cls", "cls2", "class", "count", "index", "inx", "id"}
@@ -30,11 +30,13 @@ def split_name(name: str) -> tuple[str, str] | None:
     return (match.group(1), match.group(2)) if match else None
 
 
-def group_members(members: Iterable[tuple[str, Any]], url: str) -> Iterator[dict[str, Any]]:
+def group_members(members: Iterable[tuple[str, Any]], url: str, end: TarEnd | None = None) -> Iterator[dict[str, Any]]:
     """Group (member name, payload) pairs into samples by consecutive key.
 
     A sample is yielded when the next one's first member arrives (or the members end), so a
-    consumer that stops after sample n has pulled one member of sample n + 1 at most.
+    consumer that stops after sample n has pulled one member of sample n + 1 at most. `end`: how
+    the members' archive ended (filled in by tar_entries); a last sample with fewer members than the
+    one before is whole only where the archive ended with its end-of-archive marker.
     """
     current: dict[str, Any] = {}  # empty until the first member
     key: str | None = None
@@ -62,9 +64,11 @@ def group_members(members: Iterable[tuple[str, Any]], url: str) -> Iterator[dict
         current[ext] = payload
     if current:
         names = list(current)
-        if len(names) < len(previous) and previous[2:len(names)] == names[2:]:
-            # The members of the sample before, cut off part way: a shard cut between two members
-            # of its last sample, which must not reach a transform as if whole (a bare KeyError).
+        marked = end is not None and end.marked
+        if not marked and len(names) < len(previous) and previous[2:len(names)] == names[2:]:
+            # The members of the sample before, cut off part way, and no end-of-archive marker: a
+            # shard cut between two members of its last sample, which must not reach a transform as
+            # if whole (a bare KeyError). With the marker, the sample just lacks optional members.
             missing = ", ".join(previous[len(names):])
             raise CorruptDataError(f"shard {url}: its last sample {key!r} ends before its {missing} member "
                                    f"(the sample before has them): the shard is cut short")

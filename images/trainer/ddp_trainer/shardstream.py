@@ -19,7 +19,7 @@ from .errors import ConfigError, CorruptDataError
 from .ranks import dataloader_worker, rank_and_world_size
 from .samples import decode, group_members, transformed, unreadable_shard
 from .shardindex import ShardIndex, ShardInfo, load_index
-from .tarreader import TarFormatError, tar_entries
+from .tarreader import TarEnd, TarFormatError, tar_entries
 
 
 def iter_shard(
@@ -33,8 +33,10 @@ def iter_shard(
     stream = urls.open_url(url)
     count = 0  # samples read so far
     try:
-        entries = tar_entries(stream, allow_compressed=True)
-        for sample in group_members(((name, buf[start : start + size]) for name, buf, start, size, _ in entries), url):
+        end = TarEnd()
+        entries = tar_entries(stream, allow_compressed=True, end=end)
+        members = ((name, buf[start : start + size]) for name, buf, start, size, _ in entries)
+        for sample in group_members(members, url, end):
             count += 1
             if count > skip:
                 yield sample

@@ -5,7 +5,8 @@ reads, which made it the bottleneck of streaming (about 40 us per member). This 
 stream in large chunks, parses only the fields webdataset needs (name, type, size, checksum; ustar
 prefix, GNU long names, pax path/size) and slices payloads straight out of the chunk. Member
 selection matches tarfile's: regular files only, a zero block or the end of the stream at a header
-boundary ends the archive.
+boundary ends the archive. Only the zero block (the end-of-archive marker tar writers put after the
+last member) says the archive is whole: see `TarEnd`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,15 @@ class TarFormatError(Exception):
     def __init__(self, message: str, member: str | None = None, after: str | None = None) -> None:
         super().__init__(message)
         self.member, self.after = member, after
+
+
+class TarEnd:
+    """How an archive read by `tar_entries` ended: `marked` once its end-of-archive marker is read.
+
+    An archive cut off between two members reads like a whole one up to the missing marker.
+    """
+
+    marked = False
 
 
 def _octal(field: bytes) -> int:
@@ -117,12 +127,15 @@ def _read_sizes() -> Iterator[int]:
         size = min(size * 2, _READ_CHUNK)
 
 
-def tar_entries(stream: IO[bytes], allow_compressed: bool = False) -> Iterator[tuple[str, bytes, int, int, int]]:
+def tar_entries(
+    stream: IO[bytes], allow_compressed: bool = False, end: TarEnd | None = None
+) -> Iterator[tuple[str, bytes, int, int, int]]:
     """Regular members of a tar stream: (name, buffer, start, size, stream offset of the data).
 
     The payload is ``buffer[start:start + size]``; slice it before resuming the generator (the
     buffer is replaced, never mutated, so a slice taken later still works). Webdataset's top-level
-    ``__name__`` metadata members are left out. Raises TarFormatError on a damaged archive.
+    ``__name__`` metadata members are left out. Raises TarFormatError on a damaged archive. `end`,
+    if given, is marked when the archive ends with its end-of-archive marker.
     """
     read: Callable[[int], bytes] = stream.read
     sizes = _read_sizes()
@@ -167,6 +180,8 @@ def tar_entries(stream: IO[bytes], allow_compressed: bool = False) -> Iterator[t
                 raise TarFormatError(f"truncated header at byte {base}", after=name or None)
         header = buf[pos : pos + _BLOCK]
         if header == _ZERO_BLOCK:
+            if end is not None:
+                end.marked = True
             return
         try:  # plain octal digits (the usual case) parse in one call; anything else goes the long way
             checksum = int(header[148:156].rstrip(b" \0"), 8)
