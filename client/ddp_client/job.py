@@ -221,7 +221,18 @@ class Job:
         if download is None:
             return found
         root = Path(download)
+        for item in found:  # all checked before any is written
+            self._check_result_path(item.path, root)
         return [self.store().download(f"{layout.RESULTS}/{item.path}", root / item.path) for item in found]
+
+    def _check_result_path(self, path: str, root: Path) -> None:
+        """Refuse a result key that would be written outside `root` (the runtime writes none; another
+        program writing to the job's prefix might)."""
+        local = Path(path)  # on Windows, '\\' separates parts and 'C:' anchors a path too
+        if not layout.is_result_path(path) or local.anchor or ".." in local.parts:
+            raise StoreError(f"result {self.store().uri}/{layout.RESULTS}/{path} is not named as results are (a "
+                             f"relative path without empty, '.' or '..' parts): it could be written outside {root}, "
+                             "so nothing was downloaded")
 
     def metrics(self) -> list[metricdata.Record]:
         """Every rank's `log_metrics` records, from the per-rank JSON lines."""

@@ -29,6 +29,12 @@ def job_key(base: str, namespace: str, job: str) -> str:
     return "/".join(p.strip("/") for p in (base, namespace, job) if p.strip("/"))
 
 
+def is_result_path(path: str) -> bool:
+    """Whether `path` names a result as submit_result takes it: a relative path without empty, '.'
+    or '..' parts (so no leading or trailing '/' either), which stays below any folder it is joined to."""
+    return bool(path) and all(part not in ("", ".", "..") for part in path.split("/"))
+
+
 def log_part(attempt: int, rank: int, part: int) -> str:
     """A log part's key relative to the job's prefix."""
     return f"{LOGS}/attempt-{attempt}/rank-{rank}/part-{part:05d}.log"

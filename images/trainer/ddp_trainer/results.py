@@ -41,8 +41,7 @@ def job_prefix(results_uri: str | None = None, job: env.JobInfo | None = None) -
 
 def _check_name(name: str) -> str:
     """A result's name is a relative path under the job's results: refused, not rewritten, if it is not."""
-    if not name or name.startswith("/") or name.endswith("/") or any(
-            part in ("", ".", "..") for part in name.split("/")):
+    if not layout.is_result_path(name):
         raise ConfigError(f"result name {name!r} must be a relative path (no leading or trailing '/', "
                           "no empty, '.' or '..' parts)")
     return name
