@@ -12,12 +12,11 @@ from typing import Any
 import yaml
 
 from ddp_contract import api, labels
+from ddp_contract.targets import ENTRYPOINT_RE, SCRIPT_FUNCTION_RE
 
 # Where a submitted script is mounted in every rank, and the volume's name.
 SCRIPT_DIR = "/opt/ddp-client/code"
 SCRIPT_VOLUME = "ddp-client-code"
-ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-SCRIPT_FUNCTION_RE = re.compile(r"^(?P<script>.+\.py):(?P<function>[A-Za-z_]\w*)$")
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 CONFIGMAP_LIMIT = 1024 * 1024  # the API server refuses larger objects (etcd's value limit is about this)
 
@@ -101,7 +100,7 @@ def script_of(target: str) -> str:
 def _script_target(target: str) -> str:
     """How the ranks name a script target: its file in SCRIPT_DIR, with `:function` where given."""
     match = SCRIPT_FUNCTION_RE.match(target)
-    name = Path(script_of(target)).name
+    name = Path(match["script"] if match else target).name
     return f"{SCRIPT_DIR}/{name}" + (f":{match['function']}" if match else "")
 
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from ddp_contract import envnames, labels
 from ddp_contract.backend import BACKENDS, NCCL, resolve_backend
+from ddp_contract.targets import ENTRYPOINT_RE
 from ddp_operator import constants as c
 
-ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 # A Kubernetes resource quantity (k8s.io/apimachinery resource.Quantity).
 QUANTITY_RE = re.compile(r"^(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?$")
 # DNS-1035 label: what a Service name must be.

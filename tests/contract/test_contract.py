@@ -9,6 +9,7 @@ import pytest
 from ddp_contract import envnames
 from ddp_contract.backend import resolve_backend
 from ddp_contract.exitcodes import ExitCode, is_retryable_exit
+from ddp_contract.targets import ENTRYPOINT_RE, SCRIPT_FUNCTION_RE
 from ddp_contract.timestamps import parse_rfc3339, rfc3339
 
 NOW = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -74,3 +75,10 @@ def test_infrastructure_exits_are_the_runtimes_own_and_kills_from_outside() -> N
     assert is_infrastructure_exit(143) and is_infrastructure_exit(137)
     assert not is_infrastructure_exit(137, oom_killed=True)  # the program used too much memory
     assert not any(is_infrastructure_exit(code) for code in (1, 2, 134, 139))
+
+
+def test_what_a_rank_runs_entrypoints_and_functions_in_scripts() -> None:
+    assert ENTRYPOINT_RE.match("pkg.train:main") and not ENTRYPOINT_RE.match("pkg.train")
+    match = SCRIPT_FUNCTION_RE.match("/opt/ddp-client/code/train.py:train")
+    assert match is not None and (match["script"], match["function"]) == ("/opt/ddp-client/code/train.py", "train")
+    assert not SCRIPT_FUNCTION_RE.match("pkg.train:main") and not SCRIPT_FUNCTION_RE.match("train.py")

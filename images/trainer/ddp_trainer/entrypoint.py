@@ -14,7 +14,6 @@ import importlib.util
 import inspect
 import logging
 import os
-import re
 import runpy
 import signal
 import socket
@@ -31,6 +30,7 @@ from typing import Any
 from ddp_contract import envnames as names
 from ddp_contract.backend import NCCL, resolve_backend
 from ddp_contract.failures import format_line
+from ddp_contract.targets import SCRIPT_FUNCTION_RE
 
 from . import env, jobstatus, localranks, logkeeper, progress
 from .errors import (
@@ -192,9 +192,6 @@ def init_distributed(settings: env.DistSettings) -> tuple[str, Any]:
             f"timeout {settings.init_timeout_s:g}s) failed: {exc}"
         ) from exc
     return backend, device
-
-
-SCRIPT_FUNCTION_RE = re.compile(r"^(?P<script>.+\.py):(?P<function>[A-Za-z_]\w*)$")
 
 
 def load_target(target: str) -> Callable[[RankContext], Any]:
