@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ddp_contract.exitcodes import ExitCode
 from ddp_contract.timestamps import parse_rfc3339
 from ddp_operator import constants as c
 from ddp_operator.deadlines import deadline_exceeded, startup_remaining
@@ -112,9 +111,9 @@ def _echo_wait(failure: RankFailure, now: datetime) -> float | None:
     """Seconds to wait for the rank whose death broke this rank's collective to report its own
     failure (the cause, which decides the budget and a deterministic verdict); None: act now."""
     finished = parse_rfc3339(failure.finished_at)
-    if not failure.is_echo or finished is None:
+    grace = failure.echo_grace_s
+    if grace is None or finished is None:
         return None
-    grace = c.RENDEZVOUS_ECHO_GRACE_SECONDS if failure.exit_code == ExitCode.RENDEZVOUS_FAILED else c.ECHO_GRACE_SECONDS
     left = grace - (now - finished).total_seconds()
     return left if left > 0 else None
 

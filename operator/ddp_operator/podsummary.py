@@ -41,12 +41,20 @@ class RankFailure:
         return parse_line(self.output)
 
     @property
+    def echo_grace_s(self) -> float | None:
+        """For a failure most often caused by another rank, how long to wait for that rank's own: a
+        collective that broke (COMMUNICATION_ERROR), or rank 0's rendezvous timing out
+        (RENDEZVOUS_FAILED: rank 0 holds the store the others join, so it times out because one of
+        them could not join, and that rank is the one to name). None: not an echo."""
+        if self.exit_code == ExitCode.COMMUNICATION_ERROR:
+            return c.ECHO_GRACE_SECONDS
+        if self.exit_code == ExitCode.RENDEZVOUS_FAILED and self.rank == 0:
+            return c.RENDEZVOUS_ECHO_GRACE_SECONDS
+        return None
+
+    @property
     def is_echo(self) -> bool:
-        """A failure most often caused by another rank: a collective that broke (COMMUNICATION_ERROR),
-        or rank 0's rendezvous timing out (RENDEZVOUS_FAILED: rank 0 holds the store the others join,
-        so it times out because one of them could not join, and that rank is the one to name)."""
-        return self.exit_code == ExitCode.COMMUNICATION_ERROR or (
-            self.exit_code == ExitCode.RENDEZVOUS_FAILED and self.rank == 0)
+        return self.echo_grace_s is not None
 
     @property
     def kind(self) -> str:
