@@ -103,8 +103,10 @@ class HangWatch:
             self.fired.set()
             self.on_hang(hang)
             return True
-        stall = self.check(EARLY_DUMP_FRACTION) if self.on_stall is not None else None
-        if stall is not None and self.on_stall is not None and stall.step != self._stalled_step:
+        if self.on_stall is None:
+            return False
+        stall = self.check(EARLY_DUMP_FRACTION)
+        if stall is not None and stall.step != self._stalled_step:
             self._stalled_step = stall.step
             self.on_stall(stall)
         return False
