@@ -16,7 +16,7 @@ import kopf
 
 from ddp_contract import kubeclient
 from ddp_operator import handlers  # noqa: F401  (registers the handlers)
-from ddp_operator.config import ConfigError, default_identity, from_env, own_namespace
+from ddp_operator.config import ConfigError, default_identity, from_env, kopf_scope, own_namespace
 from ddp_operator.endpoints import METRICS_PATH, Endpoint, Health
 from ddp_operator.kubeapi import measured
 from ddp_operator.leader import LeaderElector
@@ -43,7 +43,6 @@ def main() -> None:
                                 on_lost=lambda: os.kill(os.getpid(), signal.SIGTERM))
         health.add("leader-election", lambda: elector.alive or elector.lost)
         elector.start()
-    scope: dict = {"namespaces": list(config.namespaces)} if config.namespaces else {"clusterwide": True}
     try:
         kopf.run(
             standalone=True,  # no kopf peering objects: the Lease decides which replica acts
@@ -53,7 +52,7 @@ def main() -> None:
             identity=config.lease.identity if config.lease else default_identity(),  # type: ignore[arg-type]
             liveness_endpoint=config.liveness,
             memo=kopf.Memo(config=config, elector=elector, health=health),
-            **scope,
+            **kopf_scope(config.namespaces),
         )
     finally:
         endpoint.stop()

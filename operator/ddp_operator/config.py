@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ddp_operator import constants as c
 
@@ -60,8 +61,8 @@ def _flag(value: str | None) -> bool:
 
 
 def namespaces(value: str) -> tuple[str, ...]:
-    """Namespace names, or globs (`*`, `?`): exact names are watched each apart and the cluster's namespaces are
-    never listed; with a glob, kopf lists and watches the namespaces and our pods are watched cluster-wide."""
+    """Namespace names, or globs (`*`, `?`): exact names are watched each apart; with a glob, jobs and pods are
+    watched cluster-wide and those of namespaces that match are served (see kopf_scope)."""
     names = tuple(dict.fromkeys(name.strip() for name in value.split(",") if name.strip()))
     refused = [name for name in names if REFUSED_CHARS & set(name)]
     if refused:
@@ -72,6 +73,20 @@ def namespaces(value: str) -> tuple[str, ...]:
 def exact(names: tuple[str, ...]) -> bool:
     """Whether every namespace is named exactly (no glob)."""
     return not any(GLOB_CHARS & set(name) for name in names)
+
+
+def served(namespace: str, namespaces: tuple[str, ...]) -> bool:
+    """Whether a job in this namespace is the operator's (namespaces empty: every one is)."""
+    return not namespaces or any(fnmatch.fnmatchcase(namespace, pattern) for pattern in namespaces)
+
+
+def kopf_scope(namespaces: tuple[str, ...]) -> dict[str, Any]:
+    """kopf.run's scope: exact names each watched apart (a Role in each is enough), else the whole cluster.
+
+    Never kopf's own globs: it lists the namespaces, then watches them from a second listing whose
+    entries it ignores, so a namespace created between the two (as one is, next to a starting
+    operator) had its jobs ignored until the namespace changed again. With a glob, job_event filters."""
+    return {"namespaces": list(namespaces)} if namespaces and exact(namespaces) else {"clusterwide": True}
 
 
 def _lease(env: Mapping[str, str], own_namespace: str | None, identity: str | None) -> LeaseConfig | None:

@@ -17,7 +17,7 @@ from prometheus_client import REGISTRY
 
 from ddp_contract import api
 from ddp_operator import metrics
-from ddp_operator.config import OperatorConfig, exact
+from ddp_operator.config import OperatorConfig, exact, served
 from ddp_operator.kubeapi import KubeApi, make_api_client
 from ddp_operator.leader import LeaderElector
 from ddp_operator.nodewatch import NodeCache
@@ -33,6 +33,7 @@ class Runtime:
 
     def __init__(self, namespaces: tuple[str, ...] = ()) -> None:
         """namespaces: the ones watched (empty: all); the nodes are watched cluster-wide either way."""
+        self.namespaces = namespaces
         self.jobs = JobStore()
         self.kube = KubeApi(make_api_client(os.environ.get("KUBECONFIG")))
         self.loop = asyncio.get_running_loop()
@@ -116,6 +117,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 async def job_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime = memo.runtime
     key = (body["metadata"]["namespace"], body["metadata"]["name"])
+    if not served(key[0], runtime.namespaces):  # kopf watches the whole cluster for a glob
+        return
     if event.get("type") == "DELETED":
         runtime.jobs.remove(key)
         runtime.reconciler.forget(key)

@@ -9,7 +9,6 @@ would all stream through the operator. This watch asks the API server for our po
 
 from __future__ import annotations
 
-import fnmatch
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -20,7 +19,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from ddp_contract.labels import LABEL_JOB_NAME
-from ddp_operator.config import exact
+from ddp_operator.config import exact, served
 from ddp_operator.listwatch import ListWatch
 
 JobKey = tuple[str, str]  # (namespace, job name)
@@ -98,7 +97,7 @@ class JobObjects(ABC):
         """The label-selected list (or, with watch=True, watch) call for one namespace (None: every one)."""
 
     def _wanted(self, key: JobKey) -> bool:
-        return not self._patterns or any(fnmatch.fnmatchcase(key[0], pattern) for pattern in self._patterns)
+        return served(key[0], self._patterns)
 
     def start(self) -> None:
         for watch in self._watches:

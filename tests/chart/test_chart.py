@@ -261,7 +261,10 @@ def run_and_restart(jobs, name: str) -> None:
     assert jobs.wait_phase(name, c.PHASE_RUNNING)["restarts"] == 1
 
 
-def test_operator_runs_under_the_charts_rbac(helm, kube_api, namespace, operator, jobs, tmp_path) -> None:
+@pytest.mark.parametrize("glob", [False, True], ids=["every-namespace", "a-glob"])
+def test_operator_runs_under_the_charts_rbac(helm, kube_api, namespace, operator, jobs, tmp_path, glob: bool) -> None:
+    """Cluster-wide, as the chart installs it; or serving a glob, which needs no more than that (no namespace
+    list or watch: the ClusterRole has none)."""
     release = f"ddp-{uuid.uuid4().hex[:6]}"
     helm("install", release, str(CHART), "-n", namespace, "--skip-crds", *ON_FAKE_NODES)
     try:
@@ -269,7 +272,7 @@ def test_operator_runs_under_the_charts_rbac(helm, kube_api, namespace, operator
         as_operator = kubeconfig_of(kube_api, account, namespace, operator.kubeconfig, tmp_path)
 
         admin, settings = operator.kubeconfig, operator.env
-        operator.restart(kubeconfig=str(as_operator), env={})  # cluster-wide, as the chart installs it
+        operator.restart(kubeconfig=str(as_operator), env={c.ENV_NAMESPACES: f"{namespace[:-1]}?"} if glob else {})
         try:
             # A job's whole life under the chart's RBAC: pods, service, progress identity, restart, events.
             run_and_restart(jobs, "least")

@@ -28,10 +28,12 @@ def session_operator_stopped(operator: OperatorProcess) -> Iterator[None]:
 
 @pytest.fixture
 def scoped(cluster: Cluster, crd: None, kube_api, namespace: str, session_operator_stopped: None,
-           tmp_path: Path) -> Iterator[OperatorProcess]:
+           tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[OperatorProcess]:
+    """Serves the test's namespace, named exactly or (param "glob") by a glob matching it alone."""
     if another_operator_acts(kube_api, namespace):
         pytest.skip("another test session's operator serves every namespace of this cluster: these counts would be shared")
-    handle = OperatorProcess(cluster.kubeconfig, tmp_path / "operator.log", env={c.ENV_NAMESPACES: namespace})
+    served = f"{namespace[:-1]}?" if getattr(request, "param", "exact") == "glob" else namespace
+    handle = OperatorProcess(cluster.kubeconfig, tmp_path / "operator.log", env={c.ENV_NAMESPACES: served})
     handle.start()
     yield handle
     handle.stop()
@@ -84,6 +86,7 @@ def test_metrics_move_as_a_job_runs_restarts_and_goes(kube_api, namespace: str, 
     assert not [key for key in scrape if key[0].startswith(P + "job_") and ("name", "metered") in key[1]], scrape
 
 
+@pytest.mark.parametrize("scoped", ["exact", "glob"], indirect=True)
 def test_an_operator_watching_one_namespace_ignores_jobs_elsewhere(
         kube_api, namespace: str, scoped: OperatorProcess) -> None:
     core = Jobs(kube_api, namespace).core

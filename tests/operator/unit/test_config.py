@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ddp_operator import constants as c
-from ddp_operator.config import ConfigError, LeaseConfig, OperatorConfig, exact, from_env
+from ddp_operator.config import ConfigError, LeaseConfig, OperatorConfig, exact, from_env, kopf_scope, served
 
 
 def test_nothing_set_means_every_namespace_no_election_and_metrics_on_loopback() -> None:
@@ -44,6 +44,16 @@ def test_a_bad_setting_is_refused_naming_it(env: dict[str, str], named: str) -> 
 def test_globs_are_told_from_exact_names() -> None:
     assert exact(("team-a", "team-b")) and exact(())
     assert not exact(("team-a", "t-1234-*")) and not exact(("team-?",))
+
+
+def test_a_glob_has_kopf_watch_the_whole_cluster_and_the_operator_pick_the_namespaces() -> None:
+    assert kopf_scope(()) == {"clusterwide": True}
+    assert kopf_scope(("team-a", "team-b")) == {"namespaces": ["team-a", "team-b"]}
+    assert kopf_scope(("team-a", "t-*")) == {"clusterwide": True}  # never kopf's namespace scanning
+    assert served("anything", ())
+    assert served("team-a", ("team-a", "t-*")) and served("t-1", ("team-a", "t-*"))
+    assert not served("team-ab", ("team-a", "t-*")) and not served("x-t-1", ("team-a", "t-*"))
+    assert served("t-abc", ("t-ab?",)) and not served("t-abcd", ("t-ab?",))
 
 
 @pytest.mark.parametrize("value, verbose", [("1", True), ("true", True), ("yes", True), ("", False), ("0", False),
