@@ -132,6 +132,7 @@ class Job:
         if it goes. A watch from the version read, read again where the API server ends the watch."""
         from kubernetes import watch
         from kubernetes.client.rest import ApiException
+        from urllib3.exceptions import HTTPError
 
         version: str | None = None
         while True:
@@ -163,7 +164,8 @@ class Job:
                 if error.status != 410:  # 410: the version read is too old to watch from: read the job again
                     raise
                 version = None
-            except (ConnectionError, OSError):  # the connection dropped mid-watch: read again after a pause
+            # The connection dropped mid-watch (urllib3 says so as a ProtocolError): read again after a pause.
+            except (ConnectionError, OSError, HTTPError):
                 time.sleep(poll_s)
                 version = None
 

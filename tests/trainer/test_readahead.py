@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +14,7 @@ from ddp_contract import envnames
 from ddp_trainer import env, s3
 from ddp_trainer.errors import ObjectNotFoundError
 from ddp_trainer.readahead import ReadAhead, object_size, open_readahead, part_ranges
+from linkproxy import LinkProxy
 
 PART = 4096
 
@@ -80,74 +80,6 @@ def test_closing_early_stops_the_fetch_threads(bucket: str) -> None:
     while any(t.name.startswith("s3-read-ahead") for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not [t.name for t in threading.enumerate() if t.name.startswith("s3-read-ahead")]
-
-
-class LinkProxy:
-    """A TCP proxy on loopback in front of the S3 server, standing in for the network: it breaks its
-    first `cuts` connections after `cut_after` response bytes (a body cut mid-stream), paces each
-    response to `rate` bytes/s (one slow connection), and counts the ranged GETs it forwards and the
-    most connections delivering responses at once."""
-
-    def __init__(self, upstream: str, cuts: int = 0, cut_after: int = 0, rate: float = 0) -> None:
-        host, port = upstream.rsplit("//", 1)[1].rsplit(":", 1)
-        self.upstream = (host, int(port))
-        self.cuts, self.cut_after, self.rate = cuts, cut_after, rate
-        self.cut_done = self.ranged_requests = self.open_responses = self.most_connections_at_once = 0
-        self.lock = threading.Lock()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return  # closed
-            with self.lock:
-                cut = self.cut_done < self.cuts
-                self.cut_done += cut
-            server = socket.create_connection(self.upstream)
-            threading.Thread(target=self._pipe, args=(client, server, None, True), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(server, client, self.cut_after if cut else None, False),
-                             daemon=True).start()
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, limit: int | None, requests: bool) -> None:
-        sent, started, counted = 0, time.monotonic(), False
-        try:
-            while True:
-                data = src.recv(16384)
-                if not data:
-                    break
-                if not requests and not counted:
-                    counted = True
-                    with self.lock:
-                        self.open_responses += 1
-                        self.most_connections_at_once = max(self.most_connections_at_once, self.open_responses)
-                if requests:
-                    with self.lock:
-                        self.ranged_requests += data.lower().count(b"\r\nrange: bytes=")
-                if limit is not None and sent + len(data) >= limit:
-                    dst.sendall(data[: limit - sent])
-                    break
-                dst.sendall(data)
-                sent += len(data)
-                if self.rate and not requests:
-                    time.sleep(max(0.0, started + sent / self.rate - time.monotonic()))
-        except OSError:
-            pass
-        if counted:
-            with self.lock:
-                self.open_responses -= 1
-        for sock in (src, dst):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            sock.close()
-
-    def close(self) -> None:
-        self.listener.close()
 
 
 @pytest.fixture
