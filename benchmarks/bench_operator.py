@@ -24,7 +24,8 @@ after all (a restart that thrashes) is counted.
 
 Faults (`--fault-sizes`): each fault injected as a kubelet would report it into a Running job's rank
 1: an OOM kill (137, OOMKilled), a hung rank (the runtime's exit code 204 and its failure line), an
-eviction; and a job whose ranks cannot be scheduled at all. Measured: from the injection (or the
+eviction, then rank 1's node deleted (the job runs on two fake nodes of its own for this); and a job
+whose ranks cannot be scheduled at all. Measured: from the injection (or the
 create call) to the job's status saying why (status.reason, and failedRank naming rank 1), and to
 the gang Running again at the next attempt.
 
@@ -76,6 +77,7 @@ NAMESPACE = "bench"
 BASELINE_LABEL = "ddp-bench/baseline"
 BENCH_NODE_PREFIX = "bench-node-"
 BENCH_NODE_PODS = 512
+FAULT_POOL_LABEL = "ddp-bench/pool"  # the fault scenario's own nodes
 OPERATOR: subprocess.Popen | None = None  # checked by every wait: a dead operator fails fast
 TARGETS = {"created_64_s": 2.0, "created_1024_s": 20.0, "lag_s": 1.0, "rss_many_mb": 250.0, "restart_vs_bare": 2.0,
            "why_s": 2.0}
@@ -437,25 +439,38 @@ def said_why(tracker: Tracker, name: str, reasons: set[str], attempt: int, faile
 
 
 def run_faults(core, custom, tracker: Tracker, ranks: int, timeout: float) -> dict:
-    """Each fault in turn into one Running job of `ranks` ranks; then a job that cannot be scheduled."""
+    """Each fault in turn into one Running job of `ranks` ranks, the last one deleting rank 1's node;
+    then a job that cannot be scheduled. The job runs on two nodes of its own, each able to take the
+    whole gang: the one deleted is never a node the cluster had."""
     tracker.reset()
     name = f"faults{ranks}"
+    pool = {FAULT_POOL_LABEL: name}
+    own_nodes = [f"{BENCH_NODE_PREFIX}{name}-{side}" for side in "ab"]
+    make_nodes(core, own_nodes, ranks + 8, pool)
     body = job_body(name, ranks)
-    body["spec"].update(backoffLimit=len(FAULTS), infrastructureBackoffLimit=len(FAULTS))
+    body["spec"]["template"]["spec"]["nodeSelector"].update(pool)
+    body["spec"].update(backoffLimit=len(FAULTS), infrastructureBackoffLimit=len(FAULTS) + 1)
     out: dict = {"scenario": name, "jobs": 1, "ranks_per_job": ranks, "pods": ranks, "faults": {}}
+
+    def inject(attempt: int, fault: str, reason: str, act) -> None:
+        act()
+        t0 = time.monotonic()
+        why = wait(lambda: said_why(tracker, name, {reason}, attempt, attempt - 1) is not None, timeout,
+                   f"{name} saying {reason}")
+        wait(lambda: gang_settled(tracker, name, ranks, attempt), timeout, f"{name} Running after {fault}")
+        with tracker.lock:
+            running = tracker.job_states[name][2]
+        said = said_why(tracker, name, {reason}, attempt, attempt - 1)
+        out["faults"][fault] = {"why_s": round((said or why) - t0, 3), "running_again_s": round(running - t0, 3)}
+
     try:
         custom.create_namespaced_custom_object(api.GROUP, api.VERSION, NAMESPACE, api.PLURAL, body)
         wait(lambda: gang_settled(tracker, name, ranks, 0), timeout, f"{name} Running")
         for attempt, (fault, (status, reason)) in enumerate(FAULTS.items(), start=1):
-            core.patch_namespaced_pod_status(f"{name}-1", NAMESPACE, {"status": status()})
-            t0 = time.monotonic()
-            why = wait(lambda a=attempt, r=reason: said_why(tracker, name, {r}, a, a - 1) is not None, timeout,
-                       f"{name} saying {reason}")
-            wait(lambda a=attempt: gang_settled(tracker, name, ranks, a), timeout, f"{name} Running after {fault}")
-            with tracker.lock:
-                running = tracker.job_states[name][2]
-            said = said_why(tracker, name, {reason}, attempt, attempt - 1)
-            out["faults"][fault] = {"why_s": round((said or why) - t0, 3), "running_again_s": round(running - t0, 3)}
+            inject(attempt, fault, reason,
+                   lambda s=status: core.patch_namespaced_pod_status(f"{name}-1", NAMESPACE, {"status": s()}))
+        node = core.read_namespaced_pod(f"{name}-1", NAMESPACE).spec.node_name
+        inject(len(FAULTS) + 1, "node-deleted", c.REASON_NODE_LOST, lambda: core.delete_node(node))
         unfit = f"unfit{ranks}"
         big = job_body(unfit, ranks)
         big["spec"]["gpusPerRank"] = 16  # more than any node has
@@ -468,6 +483,7 @@ def run_faults(core, custom, tracker: Tracker, ranks: int, timeout: float) -> di
     finally:
         delete_jobs(custom, [name, f"unfit{ranks}"], timeout)
         wait_pods_gone(tracker, timeout)
+        delete_nodes(core, own_nodes)
 
 
 def gang_settled(tracker: Tracker, name: str, ranks: int, attempt: int) -> bool:
@@ -586,13 +602,19 @@ def add_capacity(core: client.CoreV1Api, needed: int) -> list[str]:
             used = len(core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node.metadata.name}").items)
             free += int(node.status.allocatable.get("pods", "0")) - used
     names = [f"{BENCH_NODE_PREFIX}{i}" for i in range(math.ceil(max(0, needed - free) / BENCH_NODE_PODS))]
+    make_nodes(core, names, BENCH_NODE_PODS)
+    return names
+
+
+def make_nodes(core: client.CoreV1Api, names: list[str], pods: int, extra_labels: dict[str, str] | None = None) -> None:
+    """kwok fake nodes that take `pods` pods each, waited for until Ready."""
     for name in names:
-        capacity = {"cpu": "1000", "memory": "4Ti", "pods": str(BENCH_NODE_PODS)}
+        capacity = {"cpu": "1000", "memory": "4Ti", "pods": str(pods)}
         body = {"apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": name, "annotations": {"kwok.x-k8s.io/node": "fake",
                                                            "node.alpha.kubernetes.io/ttl": "0"},
                              "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-                                        "kubernetes.io/arch": "amd64", "type": "kwok"}},
+                                        "kubernetes.io/arch": "amd64", "type": "kwok", **(extra_labels or {})}},
                 "spec": {"taints": [{k: v for k, v in FAKE_NODE_TOLERATION.items() if k != "operator"}]},
                 "status": {"capacity": capacity, "allocatable": capacity}}
         try:
@@ -603,7 +625,15 @@ def add_capacity(core: client.CoreV1Api, needed: int) -> list[str]:
     if names:
         wait(lambda: all(any(x.type == "Ready" and x.status == "True" for x in core.read_node(n).status.conditions or [])
                          for n in names), 60, "the bench nodes to be Ready", interval=0.5)
-    return names
+
+
+def delete_nodes(core: client.CoreV1Api, names: list[str]) -> None:
+    for name in names:
+        try:
+            core.delete_node(name)
+        except ApiException as error:
+            if error.status != 404:
+                print(f"clean-up of node {name}: {error.status} {error.reason}", file=sys.stderr)
 
 
 def ensure_namespace(core: client.CoreV1Api) -> None:
@@ -711,7 +741,7 @@ def main() -> int:
                         help="world sizes for the gang-restart scenario, each next to bare pods deleted and recreated")
     parser.add_argument("--restart-repeats", type=int, default=3, help="gang restarts per size")
     parser.add_argument("--fault-sizes", default="8,256",
-                        help="world sizes for the fault scenario: OOM kill, hang, eviction, unschedulable")
+                        help="world sizes for the fault scenario: OOM kill, hang, eviction, node deleted, unschedulable")
     parser.add_argument("--kubeconfig", help="use this cluster instead of starting a separate local one")
     parser.add_argument("--json", type=Path, help="write the results here as JSON")
     parser.add_argument("--timeout", type=float, default=300, help="seconds each wait may take")
@@ -803,12 +833,7 @@ def cleanup_shared(kubeconfig: str, bench_nodes: list[str]) -> None:
     except ApiException as error:
         if error.status != 404:
             print(f"clean-up: {error.status} {error.reason}", file=sys.stderr)
-    for name in bench_nodes:
-        try:
-            core.delete_node(name)
-        except ApiException as error:
-            if error.status != 404:
-                print(f"clean-up of node {name}: {error.status} {error.reason}", file=sys.stderr)
+    delete_nodes(core, bench_nodes)
 
 
 if __name__ == "__main__":
