@@ -11,8 +11,8 @@ class LinkProxy:
     """A TCP proxy on loopback in front of a server (S3, the API server), standing in for the network: it
     breaks its first `cuts` connections after `cut_after` response bytes (a body cut mid-stream), paces
     each response to `rate` bytes/s (one slow connection), breaks every open connection when told
-    (`cut_open`), and counts the ranged GETs it forwards and the most connections delivering responses
-    at once."""
+    (`cut_open`), closes new ones at once while `refusing` (the server down), and counts the ranged
+    GETs it forwards and the most connections delivering responses at once."""
 
     def __init__(self, upstream: str, cuts: int = 0, cut_after: int = 0, rate: float = 0) -> None:
         host, port = upstream.rsplit("//", 1)[1].rsplit(":", 1)
@@ -21,6 +21,7 @@ class LinkProxy:
         self.cut_done = self.ranged_requests = self.open_responses = self.most_connections_at_once = 0
         self.lock = threading.Lock()
         self.open: set[socket.socket] = set()
+        self.refusing, self.refused = False, 0  # while refusing, each new connection is closed at once
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -33,6 +34,10 @@ class LinkProxy:
             except OSError:
                 return  # closed
             with self.lock:
+                if self.refusing:
+                    self.refused += 1
+                    _break(client)
+                    continue
                 cut = self.cut_done < self.cuts
                 self.cut_done += cut
             server = socket.create_connection(self.upstream)

@@ -18,6 +18,7 @@ from .store import JobStore, S3Access, StoreError, job_access
 
 POLL_SECONDS = 2.0
 WATCH_SECONDS = 30  # a watch is renewed this often (and at wait()'s deadline)
+RECONNECT_SECONDS = 120.0  # how long wait() tries to reach the API server again after a watch's connection broke
 LINE_SECONDS = 30.0  # outside a terminal or notebook, progress alone prints a line this often
 
 
@@ -31,6 +32,10 @@ class JobFailed(RuntimeError):
     def __init__(self, text: str, status: dict[str, Any]) -> None:
         super().__init__(text)
         self.status = status
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
 
 
 @dataclass(frozen=True)
@@ -110,7 +115,7 @@ class Job:
         then the outcome, and on failure the reason and the failed rank's last output (JobFailed).
         Every change of the job is seen (a watch), so a job deleted at once when it finishes
         (ttlSecondsAfterFinished: 0) still ends with its outcome; one deleted before it finished
-        raises JobDeleted."""
+        raises JobDeleted. A connection broken mid-watch is made again (for RECONNECT_SECONDS)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         display = ProgressDisplay(out)
         status: dict[str, Any] = {}
@@ -135,9 +140,19 @@ class Job:
         from urllib3.exceptions import HTTPError
 
         version: str | None = None
+        dropped: float | None = None  # when a watch's connection last broke, until the job is read again
         while True:
             if version is None:
-                body = self.get()
+                try:
+                    body = self.get()
+                except (ConnectionError, OSError, HTTPError):
+                    # Unreachable at the start: said at once. After a drop (an API server restarting, a
+                    # network blip): tried again for a while, as a watch's own reconnects would be.
+                    if dropped is None or time.monotonic() - dropped > RECONNECT_SECONDS or _past(deadline):
+                        raise
+                    time.sleep(poll_s)
+                    continue
+                dropped = None
                 version = str(body["metadata"]["resourceVersion"])
                 yield body
             remaining = None if deadline is None else deadline - time.monotonic()
@@ -168,6 +183,7 @@ class Job:
             except (ConnectionError, OSError, HTTPError):
                 time.sleep(poll_s)
                 version = None
+                dropped = time.monotonic()
 
     def delete(self) -> None:
         """Delete the job; its pods, Service and script ConfigMap go with it (owned by it). Its S3

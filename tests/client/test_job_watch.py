@@ -43,3 +43,25 @@ def test_wait_rides_out_a_watch_cut_mid_stream(jobs: Jobs, api_link: tuple[LinkP
         assert waited.result(timeout=60)["phase"] == c.PHASE_SUCCEEDED  # re-raises what wait() raised
     finally:
         pool.shutdown(wait=False)
+
+
+def test_wait_reads_the_job_again_once_the_api_server_answers_after_a_drop(
+        jobs: Jobs, api_link: tuple[LinkProxy, client.ApiClient]) -> None:
+    proxy, through = api_link
+    jobs.create("blip", worldSize=1)
+    handle = Job("blip", jobs.namespace, through)
+    pool = ThreadPoolExecutor(1)
+    waited = pool.submit(handle.wait, timeout=60, out=None, poll_s=0.2)
+    try:
+        wait_until(lambda: (handle._seen or {}).get("status", {}).get("phase") == c.PHASE_RUNNING, 30,
+                   "wait() to see the job Running")
+        proxy.refusing = True  # the API server goes away: the watch breaks and reading the job again fails
+        proxy.cut_open()
+        jobs.finish("blip-0", 0)  # while wait() cannot see it
+        wait_until(lambda: proxy.refused >= 3, 30, "wait() to try the API server again, more than once")
+        assert not waited.done(), waited.exception()
+        proxy.refusing = False
+        assert waited.result(timeout=60)["phase"] == c.PHASE_SUCCEEDED
+    finally:
+        proxy.refusing = False
+        pool.shutdown(wait=False)
