@@ -446,7 +446,6 @@ def run_faults(core, custom, tracker: Tracker, ranks: int, timeout: float) -> di
     name = f"faults{ranks}"
     pool = {FAULT_POOL_LABEL: name}
     own_nodes = [f"{BENCH_NODE_PREFIX}{name}-{side}" for side in "ab"]
-    make_nodes(core, own_nodes, ranks + 8, pool)
     body = job_body(name, ranks)
     body["spec"]["template"]["spec"]["nodeSelector"].update(pool)
     body["spec"].update(backoffLimit=len(FAULTS), infrastructureBackoffLimit=len(FAULTS) + 1)
@@ -464,6 +463,7 @@ def run_faults(core, custom, tracker: Tracker, ranks: int, timeout: float) -> di
         out["faults"][fault] = {"why_s": round((said or why) - t0, 3), "running_again_s": round(running - t0, 3)}
 
     try:
+        make_nodes(core, own_nodes, ranks + 8, pool)
         custom.create_namespaced_custom_object(api.GROUP, api.VERSION, NAMESPACE, api.PLURAL, body)
         wait(lambda: gang_settled(tracker, name, ranks, 0), timeout, f"{name} Running")
         for attempt, (fault, (status, reason)) in enumerate(FAULTS.items(), start=1):

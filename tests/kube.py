@@ -303,6 +303,11 @@ class Jobs:
         return [e for e in self.core.list_namespaced_event(self.namespace).items if e.involved_object.name == name]
 
 
+def glob_for(namespace: str) -> str:
+    """A namespace glob that matches this namespace and none that only starts with its name (`<ns>-b`)."""
+    return f"{namespace[:-1]}?"
+
+
 def another_operator_acts(kube_api: Any, namespace: str, within: float = 5.0) -> bool:
     """Whether an operator this test did not start serves `namespace` (one of another test session on a
     shared cluster, from a checkout whose operator serves every namespace): a job there gets a status."""

@@ -155,10 +155,10 @@ class Job:
                 dropped = None
                 version = str(body["metadata"]["resourceVersion"])
                 yield body
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
+            if _past(deadline):
                 return
-            window = max(1, int(min(WATCH_SECONDS, remaining if remaining is not None else WATCH_SECONDS)))
+            remaining = WATCH_SECONDS if deadline is None else deadline - time.monotonic()
+            window = max(1, int(min(WATCH_SECONDS, remaining)))
             try:
                 for event in watch.Watch().stream(
                         self.custom.list_namespaced_custom_object, api.GROUP, api.VERSION, self.namespace, api.PLURAL,

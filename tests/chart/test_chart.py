@@ -17,7 +17,7 @@ from ddp_contract import api
 from ddp_operator import constants as c
 from ddp_operator.queueing import KUEUE_GROUP
 from helmchart import CHART, ON_FAKE_NODES, env_of, helm_for, installed, operator_settings
-from kube import REPO, Cluster, kubeconfig_of, wait_until
+from kube import REPO, Cluster, glob_for, kubeconfig_of, wait_until
 
 WORKLOADS = f"workloads.{KUEUE_GROUP}"
 SYNC = Path("scripts") / "sync-crds.sh"
@@ -272,7 +272,7 @@ def test_operator_runs_under_the_charts_rbac(helm, kube_api, namespace, operator
         as_operator = kubeconfig_of(kube_api, account, namespace, operator.kubeconfig, tmp_path)
 
         admin, settings = operator.kubeconfig, operator.env
-        operator.restart(kubeconfig=str(as_operator), env={c.ENV_NAMESPACES: f"{namespace[:-1]}?"} if glob else {})
+        operator.restart(kubeconfig=str(as_operator), env={c.ENV_NAMESPACES: glob_for(namespace)} if glob else {})
         try:
             # A job's whole life under the chart's RBAC: pods, service, progress identity, restart, events.
             run_and_restart(jobs, "least")

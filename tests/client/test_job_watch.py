@@ -1,10 +1,10 @@
-"""Job.wait() against the local control plane, through a link that breaks (the API server's ranks played by kwok)."""
+"""Job.wait() against the local control plane through a link that breaks (the job's ranks played by the tests)."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 from kubernetes import client
@@ -27,34 +27,39 @@ def api_link(kube_api: client.ApiClient) -> Iterator[tuple[LinkProxy, client.Api
     proxy.close()
 
 
-def test_wait_rides_out_a_watch_cut_mid_stream(jobs: Jobs, api_link: tuple[LinkProxy, client.ApiClient]) -> None:
-    proxy, through = api_link
-    jobs.create("cut", worldSize=2)
-    handle = Job("cut", jobs.namespace, through)
+@pytest.fixture
+def waiting(jobs: Jobs, api_link: tuple[LinkProxy, client.ApiClient]) -> Iterator[Callable[..., Future]]:
+    """Creates a job and runs wait() on it (through the link) on a thread of its own, returning once
+    wait() has seen it Running: news the watch brought (the job was read before it had that phase)."""
     pool = ThreadPoolExecutor(1)
-    waited = pool.submit(handle.wait, timeout=60, out=None, poll_s=0.2)
-    # Running is news the watch brought (the job was read before the operator gave it a phase, or at Pending).
-    wait_until(lambda: (handle._seen or {}).get("status", {}).get("phase") == c.PHASE_RUNNING, 30,
-               "wait() to see the job Running")
+
+    def start(name: str, world_size: int) -> Future:
+        jobs.create(name, worldSize=world_size)
+        handle = Job(name, jobs.namespace, api_link[1])
+        waited = pool.submit(handle.wait, timeout=60, out=None, poll_s=0.2)
+        wait_until(lambda: (handle._seen or {}).get("status", {}).get("phase") == c.PHASE_RUNNING, 30,
+                   "wait() to see the job Running")
+        return waited
+
+    yield start
+    pool.shutdown(wait=False)
+
+
+def test_wait_rides_out_a_watch_cut_mid_stream(jobs: Jobs, api_link: tuple[LinkProxy, client.ApiClient],
+                                               waiting: Callable[..., Future]) -> None:
+    proxy, _ = api_link
+    waited = waiting("cut", 2)
     assert proxy.cut_open() >= 2, "the watch's connection, both ends, was open to be cut"
     jobs.finish("cut-0", 0)
     jobs.finish("cut-1", 0)
-    try:
-        assert waited.result(timeout=60)["phase"] == c.PHASE_SUCCEEDED  # re-raises what wait() raised
-    finally:
-        pool.shutdown(wait=False)
+    assert waited.result(timeout=60)["phase"] == c.PHASE_SUCCEEDED  # re-raises what wait() raised
 
 
 def test_wait_reads_the_job_again_once_the_api_server_answers_after_a_drop(
-        jobs: Jobs, api_link: tuple[LinkProxy, client.ApiClient]) -> None:
-    proxy, through = api_link
-    jobs.create("blip", worldSize=1)
-    handle = Job("blip", jobs.namespace, through)
-    pool = ThreadPoolExecutor(1)
-    waited = pool.submit(handle.wait, timeout=60, out=None, poll_s=0.2)
+        jobs: Jobs, api_link: tuple[LinkProxy, client.ApiClient], waiting: Callable[..., Future]) -> None:
+    proxy, _ = api_link
+    waited = waiting("blip", 1)
     try:
-        wait_until(lambda: (handle._seen or {}).get("status", {}).get("phase") == c.PHASE_RUNNING, 30,
-                   "wait() to see the job Running")
         proxy.refusing = True  # the API server goes away: the watch breaks and reading the job again fails
         proxy.cut_open()
         jobs.finish("blip-0", 0)  # while wait() cannot see it
@@ -64,4 +69,3 @@ def test_wait_reads_the_job_again_once_the_api_server_answers_after_a_drop(
         assert waited.result(timeout=60)["phase"] == c.PHASE_SUCCEEDED
     finally:
         proxy.refusing = False
-        pool.shutdown(wait=False)

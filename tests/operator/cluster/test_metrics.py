@@ -13,7 +13,7 @@ import pytest
 
 from ddp_contract import api
 from ddp_operator import constants as c
-from kube import Cluster, Jobs, OperatorProcess, another_operator_acts, wait_until
+from kube import Cluster, Jobs, OperatorProcess, another_operator_acts, glob_for, wait_until
 
 P = "ddp_operator_"
 
@@ -32,7 +32,7 @@ def scoped(cluster: Cluster, crd: None, kube_api, namespace: str, session_operat
     """Serves the test's namespace, named exactly or (param "glob") by a glob matching it alone."""
     if another_operator_acts(kube_api, namespace):
         pytest.skip("another test session's operator serves every namespace of this cluster: these counts would be shared")
-    served = f"{namespace[:-1]}?" if getattr(request, "param", "exact") == "glob" else namespace
+    served = glob_for(namespace) if getattr(request, "param", "exact") == "glob" else namespace
     handle = OperatorProcess(cluster.kubeconfig, tmp_path / "operator.log", env={c.ENV_NAMESPACES: served})
     handle.start()
     yield handle
