@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 
 BENCH_ARGS ?=
 
-.PHONY: demo example images bench-data bench-train bench-operator bench-real-node chart-check crds lint test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
+.PHONY: demo example images bench-data bench-learning bench-train bench-operator bench-real-node chart-check crds lint test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
 
 demo:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/demo.py
@@ -29,6 +29,10 @@ test-unit:
 
 bench-data:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python benchmarks/bench_data.py $(BENCH_ARGS)
+
+# Every learning test's workload at several seeds and thread counts, its worst outcome next to the test's bar.
+bench-learning:
+	@venv=$$(scripts/venv.sh) && $$venv/bin/python benchmarks/learning_margins.py $(BENCH_ARGS)
 
 # ResNet-50 on one GPU fed by ShardStream next to synthetic data (the CPU runs it with BENCH_ARGS="--device cpu --model resnet18 ...").
 bench-train:

@@ -37,6 +37,11 @@ EXAMPLES = REPO / "examples"
 NAMES = ("petnames", "transfer", "shards", "fashion")
 # What the ranks import, in the pod runner and in the trainer image alike (images/trainer/Dockerfile).
 RUNTIME_PATH = ("contract", "images/trainer", "examples/trainer")
+# What "it learned" means for every example (tests/e2e/test_examples.py): the loss over the last tenth
+# of the steps below this fraction of the first tenth's, and the held-out accuracy above this many
+# times chance. benchmarks/learning_margins.py shows how far every seed and thread count clears them.
+LEARNED_LOSS_RATIO = 0.75
+ABOVE_CHANCE = 2.0
 
 
 def job_file(name: str) -> Path:

@@ -16,7 +16,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.swa_utils import update_bn
 
 from ddp_trainer import RankContext, S3ResultsHandler, default_reporter
 
@@ -27,6 +29,7 @@ def arguments(prog: str, epochs: int, batch_size: int, lr: float, workers: int |
     parser.add_argument("--epochs", type=int, default=epochs)
     parser.add_argument("--batch-size", type=int, default=batch_size, help="per rank")
     parser.add_argument("--lr", type=float, default=lr)
+    parser.add_argument("--seed", type=int, default=0, help="initial weights and data order")
     if workers is not None:
         parser.add_argument("--workers", type=int, default=workers, help="DataLoader worker processes per rank")
     return parser
@@ -84,6 +87,31 @@ def gang_accuracy(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.
     return correct / max(total, 1), total
 
 
+def recalibrate_batchnorm(model: nn.Module, batches: Iterable[Any], device: torch.device) -> None:
+    """BatchNorm's running statistics recomputed for the final weights over `batches` (this rank's
+    share of the training data), then pooled over the gang; nothing for a model without BatchNorm.
+
+    During training they are an exponential average over the last ten or so batches, taken while the
+    weights were still moving (fast, at these examples' learning rates): in eval mode they can
+    describe weights that no longer exist, and the model then answers one class for every input,
+    depending on which way the CPU's rounding steered training. Recomputed, the held-out accuracy
+    measures the weights (the "precise BN" of torch.optim.swa_utils.update_bn).
+    """
+    norms = [m for m in model.modules() if isinstance(m, _BatchNorm)]
+    if not norms:
+        return
+    update_bn(batches, model, device)
+    world = dist.get_world_size()
+    for norm in norms:
+        assert norm.running_mean is not None and norm.running_var is not None
+        # Pooled over ranks: the mean of the means, and of E[x^2] = var + mean^2.
+        moments = torch.cat([norm.running_mean, norm.running_var + norm.running_mean**2])
+        dist.all_reduce(moments)
+        mean, second = (moments / world).chunk(2)
+        norm.running_mean.copy_(mean)
+        norm.running_var.copy_(second - mean**2)
+
+
 def submit_evaluation(results: S3ResultsHandler, accuracy: float, samples: int, classes: int,
                       **extra: Any) -> None:
     """`results/eval.json`: the held-out accuracy next to chance, what a reader checks first."""
@@ -94,9 +122,12 @@ def submit_evaluation(results: S3ResultsHandler, accuracy: float, samples: int, 
 
 
 def evaluate_and_submit(ctx: RankContext, log: StepLog, ddp: nn.Module, model: nn.Module,
-                        held_out: Iterable[tuple[torch.Tensor, torch.Tensor]], classes: int, **extra: Any) -> None:
-    """How every classifier example ends: the held-out accuracy over all ranks, the step log closed,
-    and from rank 0 `results/eval.json` (with `extra`) and `results/model.pt`."""
+                        held_out: Iterable[tuple[torch.Tensor, torch.Tensor]], classes: int,
+                        train_batches: Iterable[Any] = (), **extra: Any) -> None:
+    """How every classifier example ends: BatchNorm's statistics recomputed over `train_batches`, the
+    held-out accuracy over all ranks, the step log closed, and from rank 0 `results/eval.json` (with
+    `extra`) and `results/model.pt`."""
+    recalibrate_batchnorm(model, train_batches, ctx.device)
     accuracy, samples = gang_accuracy(ddp, held_out, ctx.device)
     log.close()
     if ctx.rank == 0:

@@ -82,9 +82,10 @@ def model() -> nn.Module:
     )
 
 
-def loader(dataset: IdxImages, batch_size: int, workers: int, shuffle: bool) -> DataLoader[tuple[torch.Tensor, int]]:
+def loader(dataset: IdxImages, batch_size: int, workers: int, shuffle: bool,
+           seed: int = 0) -> DataLoader[tuple[torch.Tensor, int]]:
     # Persistent workers are forked once, not every epoch; each reads its samples from the rank's copy.
-    return DataLoader(dataset, batch_size=batch_size, sampler=DistributedSampler(dataset, shuffle=shuffle, seed=0),
+    return DataLoader(dataset, batch_size=batch_size, sampler=DistributedSampler(dataset, shuffle=shuffle, seed=seed),
                       num_workers=workers, persistent_workers=workers > 0)
 
 
@@ -93,12 +94,12 @@ def main(ctx: RankContext) -> None:
     root = dataset_uri().rstrip("/")
     train = IdxImages(root, "train", TRAIN_TRANSFORM)
     test = IdxImages(root, "t10k", TEST_TRANSFORM)
-    train_loader = loader(train, args.batch_size, args.workers, shuffle=True)
+    train_loader = loader(train, args.batch_size, args.workers, shuffle=True, seed=args.seed)
     if ctx.rank == 0:
         print(f"{len(train)} training and {len(test)} test images from {root}; "
               f"{args.workers} DataLoader workers a rank preprocess them", flush=True)
 
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     net = model()
     ddp = distributed(net, ctx)
     optimizer = torch.optim.Adam(ddp.parameters(), lr=args.lr)

@@ -37,7 +37,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--hidden", type=int, default=128, help="LSTM size (the seed's 128)")
     parser.add_argument("--layers", type=int, default=2, help="LSTM layers (the seed has 4)")
     parser.add_argument("--names", type=int, default=50, help="how many names to generate at the end")
-    parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
 
 

@@ -31,6 +31,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--samples", type=int, default=4096, help="training samples, all ranks together")
     parser.add_argument("--batch-size", type=int, default=64, help="per rank")
     parser.add_argument("--lr", type=float, default=0.005)
+    parser.add_argument("--seed", type=int, default=0, help="initial weights and data order (the task stays the same)")
     return parser.parse_args(argv)
 
 
@@ -55,10 +56,10 @@ def accuracy(model: nn.Module, data: TensorDataset, device: torch.device) -> flo
 
 def main(ctx: RankContext) -> None:
     args = parse_args(sys.argv[1:])
-    torch.manual_seed(0)  # the same initial weights everywhere (DDP broadcasts rank 0's anyway)
+    torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP broadcasts rank 0's anyway)
     train, test = make_task(args.samples)
     sampler: DistributedSampler[tuple[torch.Tensor, ...]] = DistributedSampler(
-        train, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=0)
+        train, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=args.seed)
     loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
     device = torch.device(ctx.device)
     model = nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Linear(64, CLASSES)).to(device)

@@ -78,10 +78,10 @@ def training_data(index_uri: str, args: argparse.Namespace) -> tuple[DataLoader[
     """(loader, what to call set_epoch on): map-style with the chunked sampler, or the stream."""
     index = load_index(index_uri)
     if args.stream:
-        stream = ShardStream(index, shuffle_buffer=64, transform=image_and_class(augment=True))
+        stream = ShardStream(index, shuffle_buffer=64, seed=args.seed, transform=image_and_class(augment=True))
         return DataLoader(stream, batch_size=args.batch_size, num_workers=args.workers), stream
     dataset = ShardedDataset(index, transform=image_and_class(augment=True))
-    sampler = DistributedChunkedSampler(dataset, chunksize=max(s.nsamples for s in index.shards))
+    sampler = DistributedChunkedSampler(dataset, chunksize=max(s.nsamples for s in index.shards), seed=args.seed)
     # The next shards download while one is read; set_epoch stays on `sampler`.
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=dataset.prefetching(sampler), num_workers=args.workers)
     return loader, sampler
@@ -97,7 +97,7 @@ def main(ctx: RankContext) -> None:
         print(f"{'ShardStream' if args.stream else 'ShardedDataset + DistributedChunkedSampler'}: "
               f"{len(loader)} batches an epoch per rank, classes {classes}", flush=True)
 
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     model = SmallResNet(len(classes))
     ddp = distributed(model, ctx)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
@@ -115,5 +115,5 @@ def main(ctx: RankContext) -> None:
         if ctx.rank == 0:
             print(f"epoch {epoch}: step {log.step}, loss {mean:.4f}", flush=True)
 
-    evaluate_and_submit(ctx, log, ddp, model, DataLoader(val, batch_size=64), len(classes),
+    evaluate_and_submit(ctx, log, ddp, model, DataLoader(val, batch_size=64), len(classes), train_batches=loader,
                         dataset="stream" if args.stream else "map")

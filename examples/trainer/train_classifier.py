@@ -47,6 +47,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=0.001, help="Adam's learning rate")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0, help="initial weights and data order")
     parser.add_argument("--checkpoint-every", type=int, default=500, help="steps")
     parser.add_argument("--holdout-every", type=int, default=0,
                         help="image folders: every Nth image is held out of training and scored (0: none)")
@@ -67,12 +68,12 @@ def main(ctx: RankContext) -> None:
         every = args.holdout_every
         held_out = Subset(dataset, range(0, len(dataset), every))
         dataset = Subset(dataset, [i for i in range(len(dataset)) if i % every])
-    sampler = DistributedChunkedSampler(dataset, chunksize=256, seed=0)
+    sampler = DistributedChunkedSampler(dataset, chunksize=256, seed=args.seed)
     # Shards: the next ones download while this one is read (set_epoch etc. stay on `sampler`).
     drawn = dataset.prefetching(sampler) if isinstance(dataset, ShardedDataset) else sampler
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=drawn, num_workers=args.workers)
 
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     model = nn.Sequential(
         nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),

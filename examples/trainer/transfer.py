@@ -77,7 +77,7 @@ def main(ctx: RankContext) -> None:
     train = S3ImageFolder.from_uri(f"{root}/train", transform=train_tf)
     val = S3ImageFolder.from_uri(f"{root}/val", transform=transforms.Compose([transforms.ToTensor(), NORMALIZE]))
     # One chunk holds the whole folder: a full shuffle each epoch (there are no shards to keep together).
-    sampler = DistributedChunkedSampler(train, chunksize=len(train), seed=0)
+    sampler = DistributedChunkedSampler(train, chunksize=len(train), seed=args.seed)
     loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers)
     val_loader = DataLoader(val, batch_size=64, sampler=DistributedSampler(val, shuffle=False), num_workers=args.workers)
 
@@ -86,7 +86,7 @@ def main(ctx: RankContext) -> None:
     if ctx.rank == 0:
         print(f"{train}, {val}; " + (f"initial weights from {weights_uri}" if weights is not None
                                      else f"no weights at {weights_uri}: training from scratch"), flush=True)
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     model = build_model(len(train.classes), weights)
     ddp = distributed(model, ctx)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
@@ -112,4 +112,5 @@ def main(ctx: RankContext) -> None:
             print(f"epoch {epoch}: step {log.step}, loss {mean:.4f}", flush=True)
     checkpoints.close()
 
-    evaluate_and_submit(ctx, log, ddp, model, val_loader, len(train.classes), initial_weights=weights is not None)
+    evaluate_and_submit(ctx, log, ddp, model, val_loader, len(train.classes), train_batches=loader,
+                        initial_weights=weights is not None)

@@ -48,7 +48,7 @@ def run_example(jobs: Jobs, name: str, endpoint: str) -> tuple[dict[str, Any], A
 def assert_learned(s3: Any, bucket: str, prefix: str, name: str) -> tuple[float, float]:
     start, end = example.loss_ends(example.metrics(s3, bucket, prefix))
     print(f"{name}: loss {start:.3f} at the start, {end:.3f} at the end")
-    assert end < 0.75 * start, f"{name} did not learn: loss {start:.3f} at the start, {end:.3f} at the end"
+    assert end < example.LEARNED_LOSS_RATIO * start, f"{name} did not learn: loss {start:.3f} at the start, {end:.3f} at the end"
     return start, end
 
 
@@ -56,7 +56,7 @@ def assert_above_chance(s3: Any, bucket: str, prefix: str, name: str) -> dict[st
     evaluation = example.result_json(s3, bucket, prefix, "eval.json")
     print(f"{name}: held-out accuracy {evaluation['accuracy']:.3f} on {evaluation['samples']} samples "
           f"(chance {evaluation['chance']:.3f})")
-    assert evaluation["accuracy"] > 2 * evaluation["chance"], evaluation
+    assert evaluation["accuracy"] > example.ABOVE_CHANCE * evaluation["chance"], evaluation
     return evaluation
 
 

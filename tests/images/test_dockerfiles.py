@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import subprocess
@@ -64,6 +65,15 @@ def test_images_pin_the_versions_the_tests_run(dockerfile: str, needed: set[str]
     assert needed <= installs.keys(), f"{dockerfile} does not install {sorted(needed - installs.keys())}"
     for name, requirement in installs.items():
         assert requirement == pins.get(name), f"{dockerfile} installs {requirement}, requirements/test.txt has {pins.get(name)}"
+
+
+def test_torch_and_torchvision_are_pinned_to_one_release() -> None:
+    """A range (2.14.*) lets the image and the test environment resolve different releases when they are
+    built on different days, and their kernels round differently."""
+    pins = requirements((REPO / "requirements" / "test.txt").read_text())
+    for name in ("torch", "torchvision"):
+        version = pins[name].removeprefix(f"{name}==")
+        assert pins[name].startswith(f"{name}==") and re.fullmatch(r"\d+\.\d+\.\d+", version), pins[name]
 
 
 def test_trainer_cuda_base_is_the_torch_the_tests_run() -> None:

@@ -115,10 +115,14 @@ def train(ctx: RankContext) -> None:
             results.submit_result("params.pt", buffer.getvalue())
 
 
-def reference(world_size: int, batch: int, epochs: int) -> dict[str, torch.Tensor]:
-    """One process, global batch world_size*batch, visiting the same global batches as the ranks."""
-    data = dataset()
-    net = model()
+def reference(world_size: int, batch: int, epochs: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """One process replaying the gang's arithmetic: every step, each rank's batch's gradient computed
+    apart, averaged as DDP's all-reduce averages them (each divided by the world size, then summed in
+    rank order), and one SGD step. For two ranks the sum is the same in any order, so on the ranks'
+    own torch build and CPU this is the gang's result to the bit; elsewhere only rounding differs.
+    In float64 (`dtype`) it is the trajectory that float32 runs drift from by rounding."""
+    x, y = (t.to(dtype) for t in dataset().tensors)
+    net = model().to(dtype)
     opt = optimizer(net)
     loss_fn = nn.MSELoss()
     samplers = [sampler(world_size, r) for r in range(world_size)]
@@ -128,12 +132,41 @@ def reference(world_size: int, batch: int, epochs: int) -> dict[str, torch.Tenso
             s.set_epoch(epoch)
             per_rank.append(list(s))
         for start in range(0, len(per_rank[0]), batch):
-            indices = [i for rank_indices in per_rank for i in rank_indices[start : start + batch]]
-            x, y = data[indices]
-            opt.zero_grad()
-            loss_fn(net(x), y).backward()
+            grads = []
+            for indices in per_rank:
+                net.zero_grad()
+                loss_fn(net(x[indices[start : start + batch]]), y[indices[start : start + batch]]).backward()
+                grads.append([p.grad.clone() for p in net.parameters() if p.grad is not None])
+            for param, *each_rank in zip(net.parameters(), *grads, strict=True):
+                total = each_rank[0] / world_size
+                for grad in each_rank[1:]:
+                    total = total + grad / world_size
+                param.grad = total
             opt.step()
     return net.state_dict()
+
+
+# How many rounding drifts a float32 gang may end from the replay. Two float32 runs of these steps that
+# differ only in rounding (another kernel, summation order, vector width, CPU) end about one drift
+# apart: the single-batch reference that sums all eight samples' gradients at once ends 1.4 drifts from
+# the replay (AMD EPYC, torch 2.14.1). A real mistake moves the parameters by far more: one batch of
+# the 72 skipped two steps from the end, 45,000 drifts; gradients summed instead of averaged, 2e7.
+DRIFTS_ALLOWED = 10
+
+
+def assert_matches_reference(params: dict[str, torch.Tensor], world_size: int, batch: int, epochs: int) -> None:
+    """`params` (a float32 gang's) equal the replay of its arithmetic but for rounding: each within
+    DRIFTS_ALLOWED times the drift of the float32 replay from the float64 one (its largest over every
+    parameter, a few 1e-6 here), so the bound holds on any CPU, thread count or torch build."""
+    expected = reference(world_size, batch, epochs)
+    exact = reference(world_size, batch, epochs, torch.float64)
+    assert params.keys() == expected.keys()
+    drift = max((expected[n].double() - exact[n]).abs().max().item() for n in expected)
+    for name in expected:
+        off = (params[name].double().cpu() - exact[name]).abs().max().item()
+        assert off <= DRIFTS_ALLOWED * drift, (
+            f"{name}: {off:.3g} from the exact replay, more than {DRIFTS_ALLOWED} times the float32 replay's "
+            f"rounding drift ({drift:.3g})")
 
 
 def fail(ctx: RankContext) -> Any:
