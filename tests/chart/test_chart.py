@@ -10,13 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
 from ddp_contract import api
 from ddp_operator import constants as c
 from ddp_operator.queueing import KUEUE_GROUP
-from helmchart import CHART, ON_FAKE_NODES, env_of, helm_for, installed, operator_settings
+from helmchart import CHART, ON_FAKE_NODES, env_of, helm_for, installed, operator_settings, render, render_all
 from kube import REPO, Cluster, glob_for, kubeconfig_of, wait_until
 
 WORKLOADS = f"workloads.{KUEUE_GROUP}"
@@ -28,16 +27,6 @@ KINDS = ["ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding
 @pytest.fixture(scope="module")
 def helm(cluster: Cluster):
     return helm_for(cluster)
-
-
-def render(helm, *args: str, namespace: str = "ops") -> dict[str, dict[str, Any]]:
-    """The chart's objects by kind (the last of each kind)."""
-    return {doc["kind"]: doc for doc in render_all(helm, *args, namespace=namespace)}
-
-
-def render_all(helm, *args: str, namespace: str = "ops") -> list[dict[str, Any]]:
-    docs = yaml.safe_load_all(helm("template", "rel", str(CHART), "-n", namespace, *args).stdout)
-    return [doc for doc in docs if doc]
 
 
 def sync(root: Path, *args: str) -> subprocess.CompletedProcess:
