@@ -43,6 +43,17 @@ def installed(helm: Helm, release: str, namespace: str) -> dict[str, dict[str, A
     return {doc["kind"]: doc for doc in docs if doc}
 
 
+def render_all(helm: Helm, *args: str, namespace: str = "ops") -> list[dict[str, Any]]:
+    """`helm template rel charts/ -n NAMESPACE ARGS...`: the chart's objects."""
+    docs = yaml.safe_load_all(helm("template", "rel", str(CHART), "-n", namespace, *args).stdout)
+    return [doc for doc in docs if doc]
+
+
+def render(helm: Helm, *args: str, namespace: str = "ops") -> dict[str, dict[str, Any]]:
+    """The chart's objects by kind (the last of each kind)."""
+    return {doc["kind"]: doc for doc in render_all(helm, *args, namespace=namespace)}
+
+
 def env_of(container: dict[str, Any]) -> dict[str, Any]:
     """The container's env: plain values, and the field path of those from the downward API."""
     return {e["name"]: e.get("value", e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")) for e in container["env"]}

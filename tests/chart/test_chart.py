@@ -10,34 +10,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
 from ddp_contract import api
 from ddp_operator import constants as c
 from ddp_operator.queueing import KUEUE_GROUP
-from helmchart import CHART, ON_FAKE_NODES, env_of, helm_for, installed, operator_settings
+from helmchart import CHART, ON_FAKE_NODES, env_of, helm_for, installed, operator_settings, render, render_all
 from kube import REPO, Cluster, glob_for, kubeconfig_of, wait_until
 
 WORKLOADS = f"workloads.{KUEUE_GROUP}"
 SYNC = Path("scripts") / "sync-crds.sh"
 CHART_CRD = Path("charts") / "crds" / "ddpjob.yaml"
-KINDS = ["ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding", "ServiceAccount"]
+KINDS = ["ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding", "ServiceAccount",
+         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
 
 
 @pytest.fixture(scope="module")
 def helm(cluster: Cluster):
     return helm_for(cluster)
-
-
-def render(helm, *args: str, namespace: str = "ops") -> dict[str, dict[str, Any]]:
-    """The chart's objects by kind (the last of each kind)."""
-    return {doc["kind"]: doc for doc in render_all(helm, *args, namespace=namespace)}
-
-
-def render_all(helm, *args: str, namespace: str = "ops") -> list[dict[str, Any]]:
-    docs = yaml.safe_load_all(helm("template", "rel", str(CHART), "-n", namespace, *args).stdout)
-    return [doc for doc in docs if doc]
 
 
 def sync(root: Path, *args: str) -> subprocess.CompletedProcess:
@@ -156,7 +146,7 @@ def test_schema_refuses_unknown_and_bad_values(helm, setting: str, named: str) -
 
 
 def test_cluster_scoped_names_differ_between_namespaces(helm) -> None:
-    for kind in ("ClusterRole", "ClusterRoleBinding"):
+    for kind in ("ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
         names = {render(helm, namespace=ns)[kind]["metadata"]["name"] for ns in ("team-a", "team-b")}
         assert len(names) == 2 and all("team-" in name for name in names), names
 
@@ -191,6 +181,7 @@ def can_i(kube_api, account: str, verb: str, resource: str, *flags: str) -> bool
 def live(kube_api, kind: str, name: str, namespace: str) -> Any:
     """The object as the API server has it, or None."""
     rbac, core, apps = client.RbacAuthorizationV1Api(kube_api), client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
+    admission = client.AdmissionregistrationV1Api(kube_api)
     read = {
         "ClusterRole": lambda: rbac.read_cluster_role(name),
         "ClusterRoleBinding": lambda: rbac.read_cluster_role_binding(name),
@@ -198,6 +189,8 @@ def live(kube_api, kind: str, name: str, namespace: str) -> Any:
         "RoleBinding": lambda: rbac.read_namespaced_role_binding(name, namespace),
         "Deployment": lambda: apps.read_namespaced_deployment(name, namespace),
         "ServiceAccount": lambda: core.read_namespaced_service_account(name, namespace),
+        "ValidatingAdmissionPolicy": lambda: admission.read_validating_admission_policy(name),
+        "ValidatingAdmissionPolicyBinding": lambda: admission.read_validating_admission_policy_binding(name),
     }[kind]
     try:
         return read()
@@ -242,7 +235,9 @@ def test_install_grants_the_operator_what_it_needs_and_uninstall_removes_it(
                    ["create", "pods", "--subresource=exec"], ["get", "secrets"]]
         for verb_and_resource in refused:
             assert not can_i(kube_api, account, *verb_and_resource, *elsewhere), verb_and_resource
-        for cluster_wide in (["delete", "nodes"], ["list", "secrets", "-A"], ["create", "clusterroles"]):
+        admission_policies = "validatingadmissionpolicies.admissionregistration.k8s.io"
+        for cluster_wide in (["delete", "nodes"], ["list", "secrets", "-A"], ["create", "clusterroles"],
+                             ["delete", admission_policies], ["create", admission_policies]):
             assert not can_i(kube_api, account, *cluster_wide), cluster_wide
     finally:
         helm("uninstall", release, "-n", namespace, "--wait", check=False)
@@ -350,6 +345,8 @@ def test_metrics_service_and_service_monitor_are_off_by_default_and_render_when_
     ("metrics.port=70000", "port"),
     ("metrics.service.type=Headless", "type"),
     ("leaderElection.leaseDuration=fifteen", "leaseDuration"),
+    ("admissionPolicy.enabled=maybe", "enabled"),
+    ("admissionPolicy.bogus=1", "'bogus' not allowed"),
 ])
 def test_schema_refuses_bad_new_values(helm, setting: str, named: str) -> None:
     refused = helm("template", "rel", str(CHART), "--set", setting, check=False)
