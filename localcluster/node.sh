@@ -76,6 +76,10 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.opt",
 
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "overlayfs"
+  # Per-registry settings (a CA, a mirror) as <host:port>/hosts.toml, read at each pull: a registry
+  # is added while the node runs.
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = "$NODE_DIR/certs.d"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = "$PAUSE_IMAGE"
 
@@ -211,7 +215,7 @@ node_ready() { [ "$(node_field '{.status.conditions[?(@.type=="Ready")].status}'
 
 node_up() {
   local started=$SECONDS
-  mkdir -p "$NODE_DIR/cni/net.d" "$NODE_DIR/cni/ipam" "$NODE_DIR/kubelet" "$NODE_DIR/pod-logs" "$CONTAINERD_ROOT"
+  mkdir -p "$NODE_DIR/certs.d" "$NODE_DIR/cni/net.d" "$NODE_DIR/cni/ipam" "$NODE_DIR/kubelet" "$NODE_DIR/pod-logs" "$CONTAINERD_ROOT"
   node_network
   node_cgroups
   write_containerd_config

@@ -12,6 +12,7 @@ from typing import Any
 from ddp_contract import api, envnames, labels
 from ddp_operator import constants as c
 from ddp_operator.nodes import Taint, tolerates
+from ddp_operator.podsecurity import with_restricted_defaults
 from ddp_operator.spec import JobSpec
 
 
@@ -105,7 +106,7 @@ def build_pod(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) ->
             },
             "annotations": {**spec.template_annotations, labels.ANNOTATION_WORLD_SIZE: str(spec.world_size)},
         },
-        "spec": pod_spec,
+        "spec": with_restricted_defaults(pod_spec),
     }
 
 
