@@ -204,6 +204,7 @@ class Jobs:
 
     def __init__(self, api: client.ApiClient, namespace: str) -> None:
         self.namespace = namespace
+        self.api = api
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
 

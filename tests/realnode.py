@@ -49,6 +49,9 @@ def create_job(jobs: Jobs, name: str, **spec: Any) -> None:
     jobs.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, jobs.namespace, api.PLURAL, body)
 
 
+BUSYBOX_UID = 65534  # nobody
+
+
 def import_busybox(root: Path) -> str:
     """A one-layer image of busybox with all its applets, built in `root` and loaded into the node."""
     (root / "bin").mkdir()
@@ -58,9 +61,11 @@ def import_busybox(root: Path) -> str:
         if applet != "busybox":
             (root / "bin" / applet).symlink_to("busybox")
     (root / "etc").mkdir()
-    (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
-    (root / "etc" / "group").write_text("root:x:0:\n")
+    (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/tmp:/bin/sh\n")
+    (root / "etc" / "group").write_text("root:x:0:\nnogroup:x:65534:\n")
     (root / "tmp").mkdir()
     (root / "tmp").chmod(0o1777)
-    cluster_script("image-import", str(root), IMAGE, json.dumps({"Env": ["PATH=/bin"], "Cmd": ["sh"]}))
+    # Non-root, as rank pods run unless their template says otherwise (the restricted Pod Security profile).
+    config = {"Env": ["PATH=/bin"], "Cmd": ["sh"], "User": f"{BUSYBOX_UID}:{BUSYBOX_UID}"}
+    cluster_script("image-import", str(root), IMAGE, json.dumps(config))
     return IMAGE

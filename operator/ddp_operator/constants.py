@@ -104,6 +104,21 @@ REASON_DEADLINE: Final = "DeadlineExceeded"
 REASON_INVALID_SPEC: Final = "InvalidSpec"
 REASON_HUNG: Final = "Hung"
 REASON_DETERMINISTIC: Final = "DeterministicFailure"
+# The API server refused an object the job needs (admission.py): by who refused. A quota may free up;
+# the others refuse until someone changes the cluster or the spec, so the job fails at once.
+REASON_POD_SECURITY: Final = "PodSecurity"
+REASON_QUOTA_EXCEEDED: Final = "QuotaExceeded"
+REASON_QUOTA_NEEDS_RESOURCES: Final = "QuotaRequiresResources"
+REASON_LIMIT_RANGE: Final = "LimitRange"
+REASON_ADMISSION_DENIED: Final = "AdmissionDenied"
+REASON_FORBIDDEN: Final = "Forbidden"
+# The kubelet will not start a root image in a pod that asks for a non-root user (podsecurity.py).
+REASON_IMAGE_RUNS_AS_ROOT: Final = "ImageRunsAsRoot"
+# Ranks held up for one of these fail the job at once: waiting cannot help.
+FAIL_AT_ONCE_REASONS: Final = frozenset({
+    REASON_POD_SECURITY, REASON_QUOTA_NEEDS_RESOURCES, REASON_LIMIT_RANGE, REASON_ADMISSION_DENIED, REASON_FORBIDDEN,
+    REASON_INVALID_SPEC, REASON_IMAGE_RUNS_AS_ROOT,
+})
 
 # Whose fault a failure is; each kind has its own restart budget.
 KIND_PROGRAM: Final = "Program"

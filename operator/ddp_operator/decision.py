@@ -12,7 +12,7 @@ from ddp_contract.timestamps import parse_rfc3339
 from ddp_operator import constants as c
 from ddp_operator.deadlines import deadline_exceeded, startup_remaining
 from ddp_operator.manifests import pod_name
-from ddp_operator.podsummary import PodSummary, RankFailure
+from ddp_operator.podsummary import PodSummary, RankFailure, describe_problems
 from ddp_operator.policy import BUDGET_FIELDS, RESTART_COUNTERS, budget, is_retryable, repeats_previous
 from ddp_operator.queueing import Gate, QueueState
 from ddp_operator.spec import JobSpec
@@ -72,11 +72,19 @@ def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: d
         if wait is not None:
             return Decision(Action.WAIT, attempt, delete_pods=summary.stale_pods, recheck_after=wait)
         return _on_failure(spec, status, summary, failure)
+    at_once = [problem for problem in summary.problems if problem.reason in c.FAIL_AT_ONCE_REASONS]
+    if at_once:
+        # Refused by the cluster's rules (Pod Security, a LimitRange, a policy, ...): waiting cannot help.
+        return _fail(summary, *describe_problems(at_once, "rank" if spec.ranks_per_pod == 1 else "pod"))
     remaining = startup_remaining(status, spec, now) if summary.problems else None
     if remaining is not None and remaining <= 0:
         # Held up past the startup deadline: fail with the cause, so the other ranks free what they hold.
         cause, detail = summary.held_up
         return _fail(summary, cause, f"{detail}; still so after startupDeadlineSeconds={spec.startup_deadline_seconds}")
+    if summary.active_pods and any(problem.reason == c.REASON_QUOTA_EXCEEDED for problem in summary.problems):
+        # Part of the gang was created before a quota refused the rest: its pods hold what the others
+        # need and cannot train alone, so they go; the whole gang is created once the quota has room.
+        return Decision(Action.WAIT, attempt, delete_pods=_whole_gang(summary))
     free = tuple(r for r in range(spec.pods) if r not in summary.occupied_ranks)
     action = Action.CREATE if free else Action.WAIT
     return Decision(action, attempt, delete_pods=summary.stale_pods, create_ranks=free)

@@ -142,6 +142,14 @@ class KubeApi:
         metadata: Mapping[str, Any] = json.loads(response.data).get("metadata") or {}
         return metadata
 
+    async def list_objects(self, kind: str, namespace: str) -> list[dict[str, Any]]:
+        """A namespace's ResourceQuotas or LimitRanges, as the API server's JSON (camelCase keys)."""
+        listing = {"ResourceQuota": self.core.list_namespaced_resource_quota,
+                   "LimitRange": self.core.list_namespaced_limit_range}[kind]
+        response = await self.call(listing, namespace, _preload_content=False)
+        items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
+        return items
+
     async def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
         return await self.call_status(
             self.custom.patch_namespaced_custom_object_status,

@@ -16,6 +16,12 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 RUNTIME_DEFAULT_SECCOMP = {"type": "RuntimeDefault"}
+# What the kubelet says (CreateContainerConfigError) of an image it will not start under runAsNonRoot.
+ROOT_IMAGE_MARKS = ("runAsNonRoot and image will run as root", "image has non-numeric user")
+ROOT_IMAGE_ADVICE = ("rank pods run as a non-root user unless their template says otherwise (the restricted Pod "
+                     "Security profile): build the image with a numeric non-root USER (the trainer image's is "
+                     "1000), or set spec.template.spec.securityContext.runAsUser (e.g. 1000), or runAsNonRoot: false "
+                     "where the namespace allows root")
 
 
 def with_restricted_defaults(pod_spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -53,3 +59,10 @@ def _asks_for_root(pod: Mapping[str, Any], containers: list[dict[str, Any]]) -> 
     runAsNonRoot is added, which the kubelet would refuse as a contradiction."""
     contexts = [pod, *((c.get("securityContext") or {}) for c in containers)]
     return any(ctx.get("runAsUser") == 0 or ctx.get("runAsNonRoot") is False for ctx in contexts)
+
+
+def root_image_problem(kubelet_message: str) -> str | None:
+    """The kubelet refusing to start a root image because of runAsNonRoot, with what to do; None otherwise."""
+    if not any(mark in kubelet_message for mark in ROOT_IMAGE_MARKS):
+        return None
+    return f"{kubelet_message.strip()}: {ROOT_IMAGE_ADVICE}"

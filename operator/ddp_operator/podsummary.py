@@ -16,6 +16,7 @@ from ddp_contract import labels
 from ddp_contract.exitcodes import ExitCode, is_infrastructure_exit
 from ddp_contract.failures import FailureLine, parse_line
 from ddp_operator import constants as c
+from ddp_operator.podsecurity import root_image_problem
 
 # How much of a failed rank's output its status and Event keep.
 OUTPUT_LINES = 20
@@ -337,7 +338,11 @@ def rank_problem(pod: Mapping[str, Any], rank: int) -> RankProblem | None:
     reason = str(waiting.get("reason") or "")
     if not reason or reason in c.WAITING_NORMALLY:
         return None
-    return RankProblem(rank, c.WAITING_REASONS.get(reason, reason), str(waiting.get("message") or reason).strip())
+    said = str(waiting.get("message") or reason).strip()
+    as_root = root_image_problem(said) if reason == "CreateContainerConfigError" else None
+    if as_root is not None:
+        return RankProblem(rank, c.REASON_IMAGE_RUNS_AS_ROOT, as_root)
+    return RankProblem(rank, c.WAITING_REASONS.get(reason, reason), said)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -36,6 +36,7 @@ from kubernetes.client.rest import ApiException
 
 from ddp_operator import constants as c
 from ddp_operator import metrics
+from ddp_operator.admission import Refusal, Refused, classify, refused
 from ddp_operator.capacity import gang_too_large
 from ddp_operator.deadlines import requeue_after, ttl_expired
 from ddp_operator.decision import Action, decide
@@ -58,6 +59,7 @@ from ddp_operator.queueing import (
     queue_state,
     release_patch,
 )
+from ddp_operator.quota import Shortfall, gang_shortfall
 from ddp_operator.spec import InvalidSpec, JobSpec, parse_spec, validate_job_name
 from ddp_operator.statuspatch import (
     changed_fields,
@@ -141,6 +143,8 @@ class Reconciler:
         self._deleting: dict[tuple[str, bool], float] = {}  # (uid, forced) -> monotonic time its delete was issued
         self._in_the_way: dict[JobKey, InTheWay] = {}  # what the last creation pass found holding our names
         self._fit: dict[JobKey, tuple[Mapping[str, NodeInfo], Any, str | None]] = {}  # nodes, generation, verdict
+        self._refused: dict[JobKey, Refused] = {}  # what the API server (or a quota) refused the last creation pass
+        self._unreadable_quotas: set[str] = set()  # namespaces whose ResourceQuotas we may not list (said once)
         self.queue = WorkQueue(self.reconcile, workers=workers, name=STATUS_QUEUE)
         self.creations = WorkQueue(self.create_children, workers=workers, name=CREATION_QUEUE)
 
@@ -166,6 +170,7 @@ class Reconciler:
         self._in_the_way.pop(key, None)
         self._fit.pop(key, None)
         self._workload_problems.pop(key, None)
+        self._refused.pop(key, None)
 
     async def reconcile(self, key: JobKey) -> float | None:
         """The status pass: decide, record status, delete, and hand pod creation to `creations`."""
@@ -202,15 +207,8 @@ class Reconciler:
         try:
             await self._create(job, spec, decision.create_ranks, decision.attempt)
         except ApiException as error:
-            if is_going_away(error):
-                return
-            if error.status not in (400, 422):
+            if not is_going_away(error):
                 raise
-            # The API refused the pod itself: a template mistake the schema cannot see.
-            invalid = InvalidSpec("template", f"the pod for this job was refused: {api_message(error)}")
-            failed = self.jobs.get(key) or job
-            await self._record(failed, invalid_spec_status(invalid, failed.get("status") or {}, now,
-                                                           job["metadata"].get("generation")))
 
     async def _current(self, key: JobKey, record_invalid: bool
                        ) -> tuple[dict[str, Any], JobSpec, Mapping[str, Any], datetime] | None:
@@ -245,6 +243,9 @@ class Reconciler:
         summary = summarize_pods(pods, int(status.get("attempt", 0)), key[1], lost, spec.ranks_per_pod)
         in_the_way = self._in_the_way.get(key)
         held = in_the_way.problems(spec.pods, summary.live_ranks) if in_the_way else ()
+        refusal = self._refused.get(key)
+        if refusal is not None:
+            held += refusal.problems(summary.attempt, summary.live_ranks)
         too_large = self._too_large(job, spec, nodes) if summary.unscheduled_ranks else None
         if too_large:
             held += tuple(RankProblem(rank, c.REASON_GANG_TOO_LARGE, too_large) for rank in summary.unscheduled_ranks)
@@ -283,7 +284,8 @@ class Reconciler:
         await self._delete(job, summary.lost_pods, summary.uids, force=True)
         if queue_name(job) is not None and self.workloads is not None and self.workloads.synced_in(key[0]):
             await self._sync_workload(job, spec, {**status, **patch}, now)
-        if decision.action == Action.CREATE:
+        quota_wait = self._quota_wait(key, decision.attempt) if decision.action == Action.CREATE else None
+        if decision.action == Action.CREATE and quota_wait is None:
             # Not awaited here: a pass that waited on pod creation would hold its worker while
             # other jobs' status (a gang that just became Running) waits in the queue.
             self.creations.add(key)
@@ -293,8 +295,8 @@ class Reconciler:
             recheck = min(recheck or WORKLOAD_RETRY, WORKLOAD_RETRY)
         # A node NotReady under a rank is lost once the grace has passed: look again then.
         lost_in = seconds_until_lost(summary.nodes, self.nodes(), spec.node_lost_grace_seconds, now)
-        due = [t for t in (wait, recheck, lost_in, decision.recheck_after, requeue_after({**status, **patch}, spec, now))
-               if t is not None]
+        due = [t for t in (wait, recheck, lost_in, quota_wait, decision.recheck_after,
+                           requeue_after({**status, **patch}, spec, now)) if t is not None]
         return min(due) if due else None
 
     def _queue(self, job: Mapping[str, Any], spec: JobSpec, status: Mapping[str, Any]
@@ -364,6 +366,14 @@ class Reconciler:
         await self.kube.ensure(adopt(build_workload(job, spec, pod_spec, priority), job))
         self._workload_problems.pop(key, None)
 
+    def _quota_wait(self, key: JobKey, attempt: int) -> float | None:
+        """Seconds until the next try to create a gang a quota refused; None to try now."""
+        known = self._refused.get(key)
+        if known is None or not known.refusal.waits or known.attempt != attempt:
+            return None
+        left = known.retry_at - time.monotonic()
+        return left if left > 0 else None
+
     def _counts_wait(self, key: JobKey, status: Mapping[str, Any], patch: Mapping[str, Any]) -> float | None:
         """Seconds to hold back a patch that only moves rank counts; None to patch now."""
         if not only_counts_changed(status, patch):
@@ -372,24 +382,78 @@ class Reconciler:
         return COUNTS_INTERVAL - elapsed if elapsed < COUNTS_INTERVAL else None
 
     async def _create(self, job: dict[str, Any], spec: JobSpec, ranks: tuple[int, ...], attempt: int) -> None:
+        """Creates the job's Service and progress identity, then the ranks' pods: all of them or, when a
+        namespace quota could not hold the whole gang, none. What is refused is noted for the status
+        pass (`_note_refused`), which says it and decides; this pass writes no status."""
+        key = (job["metadata"]["namespace"], job["metadata"]["name"])
         # In order: a RoleBinding is refused (404) while its Role does not exist yet, unless the
         # caller may bind anything (an admin may; the operator's own ClusterRole may not).
         objects: list[str] = []
         for child in (build_service(job, spec), *build_progress_access(job, spec)):
-            holder = await self.kube.ensure(adopt(child, job))
+            try:
+                holder = await self.kube.ensure(adopt(child, job))
+            except ApiException as error:
+                self._note_refused(key, attempt, ranks, self._refusal(error), child["kind"])
+                return
             if holder is not None and not is_controlled_by(holder, job):
                 objects.append(f"{child['kind']} {child['metadata']['name']}")
         pods: list[tuple[int, str]] = []
         if not objects:  # without its Service (or its identity) no rank could start as it should
             built = [adopt(build_pod(job, spec, rank, attempt), job) for rank in ranks]
+            # A Kueue-managed job's quota is Kueue's to judge: it admitted the gang as a whole.
+            shortfall = None if queue_name(job) is not None else await self._quota_shortfall(key[0], built)
+            if shortfall is not None:
+                self._note_refused(key, attempt, ranks, Refusal(shortfall.reason, shortfall.message))
+                return
             results = await asyncio.gather(*(self.kube.ensure(pod) for pod in built), return_exceptions=True)
-            errors = [r for r in results if isinstance(r, BaseException)]
-            if errors:
-                raise errors[0]
+            refusals: dict[int, Refusal] = {}
+            for rank, result in zip(ranks, results, strict=True):
+                if isinstance(result, ApiException):
+                    refusals[rank] = self._refusal(result)
+                elif isinstance(result, BaseException):
+                    raise result
+            if refusals:
+                first = refusals[min(refusals)]
+                self._note_refused(key, attempt, [r for r, said in refusals.items() if said == first], first, "pod")
+                return
             pods = [(rank, pod["metadata"]["name"]) for rank, pod, holder in zip(ranks, built, results, strict=True)
                     if holder is not None and not is_controlled_by(holder, job)]  # type: ignore[arg-type]
-        self._note_in_the_way((job["metadata"]["namespace"], job["metadata"]["name"]),
-                              InTheWay(tuple(objects), tuple(pods)))
+        if self._refused.pop(key, None) is not None:
+            self.add(key)  # the status pass stops saying so
+        self._note_in_the_way(key, InTheWay(tuple(objects), tuple(pods)))
+
+    @staticmethod
+    def _refusal(error: ApiException) -> Refusal:
+        """The API server's refusal in `error`; any other error (a conflict, the namespace going away, a
+        server error) is raised again, for the work queue to retry or drop as before."""
+        refusal = None if is_going_away(error) else classify(error.status, api_message(error))
+        if refusal is None:
+            raise error
+        return refusal
+
+    async def _quota_shortfall(self, namespace: str, pods: list[dict[str, Any]]) -> Shortfall | None:
+        """quota.gang_shortfall for the pods about to be created, from the namespace's ResourceQuotas
+        and LimitRanges; None where there are none, or we may not read them (the API server judges)."""
+        try:
+            quotas = await self.kube.list_objects("ResourceQuota", namespace)
+            ranges = await self.kube.list_objects("LimitRange", namespace) if quotas else []
+        except ApiException as error:
+            if error.status != 403:
+                raise
+            if namespace not in self._unreadable_quotas:
+                self._unreadable_quotas.add(namespace)
+                log.warning("may not list ResourceQuotas or LimitRanges in %s, so a gang is not checked against its "
+                            "quotas before its pods are created: %s", namespace, api_message(error))
+            return None
+        return gang_shortfall(pods, quotas, ranges)
+
+    def _note_refused(self, key: JobKey, attempt: int, ranks: Iterable[int], refusal: Refusal, kind: str = "") -> None:
+        """Keeps what was refused for the status pass, and asks for one."""
+        said = Refusal(refusal.reason, refusal.said_of(kind)) if kind else refusal
+        known, now = self._refused.get(key), time.monotonic()
+        self._refused[key] = known.again(attempt, ranks, said, now) if known else refused(attempt, ranks, said, now)
+        log.info("%s/%s: creation refused (%s): %s", *key, said.reason, said.message)
+        self.add(key)
 
     def _note_in_the_way(self, key: JobKey, found: InTheWay) -> None:
         if found == self._in_the_way.get(key, InTheWay()):

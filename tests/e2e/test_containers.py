@@ -1,5 +1,6 @@
-"""The quick start as a user runs it on a real cluster: the chart's operator pod from its image, the
-quick-start DDPJob's ranks in trainer-image containers on the local cluster's real node, rank 0 found
+"""The quick start as a user runs it on a real cluster, in a namespace that enforces the `restricted` Pod
+Security Standard: the chart's operator pod from its image, the quick-start DDPJob's ranks (unchanged,
+non-root by default) in trainer-image containers on the local cluster's real node, rank 0 found
 through the headless Service and cluster DNS, progress written from the pod, `kubectl logs` on a
 rank, and `helm uninstall` removing what it installed. Select with `pytest -m node`."""
 
@@ -32,6 +33,7 @@ def test_the_quick_start_runs_in_containers_from_our_images(
         return result.stdout
 
     jobs = Jobs(kube_api, own_namespace)
+    jobs.core.patch_namespace(own_namespace, {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
     # The release serves its own namespace only, so it never acts on other tests' jobs.
     run(f"{install} -n {own_namespace} --set 'watchNamespaces={{{own_namespace}}}'")
     try:
@@ -49,6 +51,7 @@ def test_the_quick_start_runs_in_containers_from_our_images(
             pod = jobs.core.read_namespaced_pod(f"quickstart-{rank}", own_namespace)
             assert pod.spec.node_name == operator.spec.node_name and ip_address(pod.status.pod_ip) in subnet
             assert pod.spec.containers[0].image.startswith("ddp-operator/trainer:")
+            assert pod.spec.security_context.run_as_non_root is True  # the image's uid 1000 trained
         said = run(f"kubectl logs quickstart-0 -n {own_namespace}")
         accuracy = float(re.search(r"accuracy after training ([0-9.]+)", said).group(1))  # type: ignore[union-attr]
         assert accuracy > 0.9, said[-2000:]

@@ -214,3 +214,11 @@ def test_pods_of_several_ranks_are_named_by_their_ranks() -> None:
     held = summarize_pods([pod(0, "pending", unschedulable="0/4 nodes are available"), pod(1, "pending",
                            unschedulable="0/4 nodes are available")], 0, ranks_per_pod=4)
     assert held.held_up == (c.REASON_UNSCHEDULABLE, "pods 0-1 (Unschedulable): 0/4 nodes are available")
+
+
+def test_a_root_image_under_run_as_non_root_is_said_with_what_to_do() -> None:
+    said = 'container has runAsNonRoot and image will run as root (pod: "train-0_ns(uid)", container: trainer)'
+    summary = summary_of(pod(0, "pending", waiting="CreateContainerConfigError", waiting_message=said))
+    (problem,) = summary.problems
+    assert problem.reason == c.REASON_IMAGE_RUNS_AS_ROOT and problem.reason in c.FAIL_AT_ONCE_REASONS
+    assert problem.message.startswith(said) and "runAsUser" in problem.message and "USER" in problem.message
