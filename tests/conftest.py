@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ddp_operator import constants as c
+from ddp_operator.config import ENV_NAMESPACES
 from kube import REPO, Cluster, Jobs, OperatorProcess, cluster_script, install_crd, open_cluster, wait_until
 from kueue import Queues, start_kueue, stop_kueue
 from realnode import import_busybox, the_real_node
@@ -75,7 +75,7 @@ def crd(kube_api) -> None:
 @pytest.fixture(scope="session")
 def operator(cluster: Cluster, crd: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     handle = OperatorProcess(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log",
-                             env={c.ENV_NAMESPACES: f"{SESSION_PREFIX}*"})
+                             env={ENV_NAMESPACES: f"{SESSION_PREFIX}*"})
     handle.start()
     yield handle
     handle.stop()

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from ddp_operator import constants as c
+from ddp_operator.config import ENV_IDENTITY, ENV_METRICS_ADDRESS, ENV_METRICS_PORT
 from fakenodes import FAKE_NODE_SELECTOR, FAKE_NODE_TOLERATION
 from kube import REPO, Cluster, Jobs, cluster_script
 
@@ -64,8 +64,8 @@ def operator_settings(objects: dict[str, dict[str, Any]], identity: str = "test"
     where /metrics listens (the process keeps loopback and a free port: 8080 may be another test's) and
     the identity (the pod's name there)."""
     container = objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]
-    settings = {k: v for k, v in env_of(container).items() if k not in (c.ENV_METRICS_ADDRESS, c.ENV_METRICS_PORT)}
-    return {**settings, c.ENV_IDENTITY: identity}
+    settings = {k: v for k, v in env_of(container).items() if k not in (ENV_METRICS_ADDRESS, ENV_METRICS_PORT)}
+    return {**settings, ENV_IDENTITY: identity}
 
 
 def ready_operators(jobs: Jobs) -> list[client.V1Pod]:

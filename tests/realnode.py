@@ -16,6 +16,7 @@ from ddp_contract import api
 from kube import REPO, Jobs, cluster_script
 
 IMAGE = "docker.io/library/busybox:ddp-test"
+ROOT_IMAGE = "docker.io/library/busybox:ddp-test-root"  # the same, run as root
 BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static, which cluster.sh build installs
 
 
@@ -52,8 +53,9 @@ def create_job(jobs: Jobs, name: str, **spec: Any) -> None:
 BUSYBOX_UID = 65534  # nobody
 
 
-def import_busybox(root: Path) -> str:
-    """A one-layer image of busybox with all its applets, built in `root` and loaded into the node."""
+def import_busybox(root: Path, image: str = IMAGE, uid: int = BUSYBOX_UID) -> str:
+    """A one-layer image of busybox with all its applets, running as `uid`, built in `root` and loaded
+    into the node as `image`."""
     (root / "bin").mkdir()
     shutil.copy2(BUSYBOX, root / "bin" / "busybox")
     applets = subprocess.run([str(BUSYBOX), "--list"], capture_output=True, text=True, check=True).stdout.split()
@@ -66,6 +68,6 @@ def import_busybox(root: Path) -> str:
     (root / "tmp").mkdir()
     (root / "tmp").chmod(0o1777)
     # Non-root, as rank pods run unless their template says otherwise (the restricted Pod Security profile).
-    config = {"Env": ["PATH=/bin"], "Cmd": ["sh"], "User": f"{BUSYBOX_UID}:{BUSYBOX_UID}"}
-    cluster_script("image-import", str(root), IMAGE, json.dumps(config))
-    return IMAGE
+    config = {"Env": ["PATH=/bin"], "Cmd": ["sh"], "User": f"{uid}:{uid}"}
+    cluster_script("image-import", str(root), image, json.dumps(config))
+    return image

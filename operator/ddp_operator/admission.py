@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ddp_operator import constants as c
-from ddp_operator.podsummary import RankProblem
+from ddp_operator.failures import RankProblem
 
 # `pods "train-3" is forbidden: ` and the like: the object's name, which differs from rank to rank.
 _NAMED = re.compile(r'^[a-z][a-z0-9.]* "[^"]*" is (?:forbidden|invalid): ')

@@ -1,20 +1,26 @@
-"""Whether a gang can fit on the cluster at all: its ranks' requests against the allocatable of the
-nodes they could be scheduled on, whatever else runs there.
+"""What keeps a gang from its places, other than the scheduler's and the kubelet's own words: a gang
+too large for the cluster, and names it needs that others hold.
 
-Two ways not to fit: one rank needs more of a resource than any one such node has, or the gang needs
-more in all than those nodes have together. Either way no amount of waiting helps until nodes are
-added, so the job says so while its ranks are pending (reason GangTooLarge).
+Too large: its ranks' requests against the allocatable of the nodes they could be scheduled on,
+whatever else runs there. Two ways not to fit: one rank needs more of a resource than any one such
+node has, or the gang needs more in all than those nodes have together. Either way no amount of
+waiting helps until nodes are added, so the job says so while its ranks are pending (GangTooLarge).
+
+In the way (`InTheWay`): a pod, Service or progress identity of the job's name that the job does not
+control; the operator never adopts, changes or deletes it, and says so (NameInUse).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from ddp_contract import labels
 from ddp_operator import constants as c
+from ddp_operator.failures import RankProblem
 from ddp_operator.manifests import node_lost_tolerations
 from ddp_operator.nodes import NodeInfo, schedulable_for
 from ddp_operator.spec import JobSpec
@@ -84,3 +90,28 @@ def _amount(resource: str, value: Decimal) -> str:
     if resource == "memory":
         return f"{float(value) / 2**30:g}Gi"
     return f"{float(value):g}"
+
+
+@dataclass(frozen=True)
+class InTheWay:
+    """Names the job needs that objects it does not control hold: job-wide ones ("Service mnist")
+    and ranks' pods (rank -> pod name). The operator never adopts, changes or deletes them."""
+
+    objects: tuple[str, ...] = ()
+    pods: tuple[tuple[int, str], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.objects or self.pods)
+
+    def problems(self, world_size: int, live_ranks: Iterable[int]) -> tuple[RankProblem, ...]:
+        """The ranks they hold up: every rank not yet created for a job-wide one, the rank for a pod."""
+        advice = "; the operator never adopts, changes or deletes it: delete it, or rename the job"
+        found: list[RankProblem] = []
+        if self.objects:
+            held = ", ".join(self.objects)
+            live = set(live_ranks)
+            found += [RankProblem(r, c.REASON_NAME_IN_USE, f"{held} exists and is not this job's{advice}")
+                      for r in range(world_size) if r not in live]
+        found += [RankProblem(rank, c.REASON_NAME_IN_USE, f"pod {pod} exists and is not this job's{advice}")
+                  for rank, pod in self.pods]
+        return tuple(found)

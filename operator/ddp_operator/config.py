@@ -1,4 +1,4 @@
-"""The operator process's settings, read once from its environment (names in constants.py)."""
+"""The operator process's settings: their environment variables and defaults, read once at its start."""
 
 from __future__ import annotations
 
@@ -7,9 +7,26 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
-from ddp_operator import constants as c
+# --- the settings' environment variables and defaults ---------------------------------------------------------------
+ENV_VERBOSE: Final = "DDP_OPERATOR_VERBOSE"  # log every decision at debug level; empty, 0, false, no, off: not
+ENV_LIVENESS: Final = "DDP_OPERATOR_LIVENESS"  # kopf's own liveness endpoint, e.g. http://0.0.0.0:8081/healthz
+ENV_METRICS_ADDRESS: Final = "DDP_OPERATOR_METRICS_ADDRESS"  # where /metrics and /healthz listen
+ENV_METRICS_PORT: Final = "DDP_OPERATOR_METRICS_PORT"  # 0: any free port (the log says which)
+ENV_NAMESPACES: Final = "DDP_OPERATOR_NAMESPACES"  # comma-separated; empty: the whole cluster
+ENV_LEASE_NAME: Final = "DDP_OPERATOR_LEASE_NAME"  # a coordination.k8s.io Lease; empty: no leader election
+ENV_LEASE_NAMESPACE: Final = "DDP_OPERATOR_LEASE_NAMESPACE"
+ENV_LEASE_DURATION: Final = "DDP_OPERATOR_LEASE_DURATION"  # seconds a standby waits after the last renewal it saw
+ENV_LEASE_RENEW_DEADLINE: Final = "DDP_OPERATOR_LEASE_RENEW_DEADLINE"  # a leader unable to renew this long stops
+ENV_LEASE_RETRY_PERIOD: Final = "DDP_OPERATOR_LEASE_RETRY_PERIOD"  # seconds between tries (renewals, takeovers)
+ENV_IDENTITY: Final = "DDP_OPERATOR_IDENTITY"  # the lease holder's name (the chart: the pod's); else host-pid
+DEFAULT_METRICS_ADDRESS: Final = "127.0.0.1"
+DEFAULT_METRICS_PORT: Final = 8080
+# client-go's defaults for controllers' leader election.
+DEFAULT_LEASE_DURATION: Final = 15.0
+DEFAULT_LEASE_RENEW_DEADLINE: Final = 10.0
+DEFAULT_LEASE_RETRY_PERIOD: Final = 2.0
 
 # Where a pod finds its own namespace (the lease's default namespace in a cluster).
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -28,15 +45,15 @@ class LeaseConfig:
     name: str
     namespace: str
     identity: str
-    duration: float = c.DEFAULT_LEASE_DURATION
-    renew_deadline: float = c.DEFAULT_LEASE_RENEW_DEADLINE
-    retry_period: float = c.DEFAULT_LEASE_RETRY_PERIOD
+    duration: float = DEFAULT_LEASE_DURATION
+    renew_deadline: float = DEFAULT_LEASE_RENEW_DEADLINE
+    retry_period: float = DEFAULT_LEASE_RETRY_PERIOD
 
 
 @dataclass(frozen=True)
 class OperatorConfig:
-    metrics_address: str = c.DEFAULT_METRICS_ADDRESS
-    metrics_port: int = c.DEFAULT_METRICS_PORT
+    metrics_address: str = DEFAULT_METRICS_ADDRESS
+    metrics_port: int = DEFAULT_METRICS_PORT
     namespaces: tuple[str, ...] = ()  # empty: every namespace
     lease: LeaseConfig | None = None  # None: no election, this process acts at once
     verbose: bool = False
@@ -46,12 +63,12 @@ class OperatorConfig:
 def from_env(env: Mapping[str, str], own_namespace: str | None = None, identity: str | None = None) -> OperatorConfig:
     """own_namespace: the pod's (the lease's default); identity: the default holder name."""
     return OperatorConfig(
-        metrics_address=env.get(c.ENV_METRICS_ADDRESS) or c.DEFAULT_METRICS_ADDRESS,
-        metrics_port=_number(env, c.ENV_METRICS_PORT, c.DEFAULT_METRICS_PORT, int, upper=65535),
-        namespaces=namespaces(env.get(c.ENV_NAMESPACES, "")),
+        metrics_address=env.get(ENV_METRICS_ADDRESS) or DEFAULT_METRICS_ADDRESS,
+        metrics_port=_number(env, ENV_METRICS_PORT, DEFAULT_METRICS_PORT, int, upper=65535),
+        namespaces=namespaces(env.get(ENV_NAMESPACES, "")),
         lease=_lease(env, own_namespace, identity),
-        verbose=_flag(env.get(c.ENV_VERBOSE)),
-        liveness=env.get(c.ENV_LIVENESS) or None,
+        verbose=_flag(env.get(ENV_VERBOSE)),
+        liveness=env.get(ENV_LIVENESS) or None,
     )
 
 
@@ -66,7 +83,7 @@ def namespaces(value: str) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(name.strip() for name in value.split(",") if name.strip()))
     refused = [name for name in names if REFUSED_CHARS & set(name)]
     if refused:
-        raise ConfigError(f"{c.ENV_NAMESPACES}: names or globs with * and ? only: {', '.join(refused)}")
+        raise ConfigError(f"{ENV_NAMESPACES}: names or globs with * and ? only: {', '.join(refused)}")
     return names
 
 
@@ -90,21 +107,21 @@ def kopf_scope(namespaces: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _lease(env: Mapping[str, str], own_namespace: str | None, identity: str | None) -> LeaseConfig | None:
-    name = env.get(c.ENV_LEASE_NAME)
+    name = env.get(ENV_LEASE_NAME)
     if not name:
         return None
-    namespace = env.get(c.ENV_LEASE_NAMESPACE) or own_namespace
+    namespace = env.get(ENV_LEASE_NAMESPACE) or own_namespace
     if not namespace:
-        raise ConfigError(f"{c.ENV_LEASE_NAMESPACE} is needed outside a pod (the lease's namespace)")
+        raise ConfigError(f"{ENV_LEASE_NAMESPACE} is needed outside a pod (the lease's namespace)")
     lease = LeaseConfig(
-        name=name, namespace=namespace, identity=env.get(c.ENV_IDENTITY) or identity or default_identity(),
-        duration=_number(env, c.ENV_LEASE_DURATION, c.DEFAULT_LEASE_DURATION, float),
-        renew_deadline=_number(env, c.ENV_LEASE_RENEW_DEADLINE, c.DEFAULT_LEASE_RENEW_DEADLINE, float),
-        retry_period=_number(env, c.ENV_LEASE_RETRY_PERIOD, c.DEFAULT_LEASE_RETRY_PERIOD, float),
+        name=name, namespace=namespace, identity=env.get(ENV_IDENTITY) or identity or default_identity(),
+        duration=_number(env, ENV_LEASE_DURATION, DEFAULT_LEASE_DURATION, float),
+        renew_deadline=_number(env, ENV_LEASE_RENEW_DEADLINE, DEFAULT_LEASE_RENEW_DEADLINE, float),
+        retry_period=_number(env, ENV_LEASE_RETRY_PERIOD, DEFAULT_LEASE_RETRY_PERIOD, float),
     )
     # As client-go requires: a leader gives up before a standby may take over, and tries more than once.
     if not lease.retry_period < lease.renew_deadline < lease.duration:
-        raise ConfigError(f"{c.ENV_LEASE_RETRY_PERIOD} < {c.ENV_LEASE_RENEW_DEADLINE} < {c.ENV_LEASE_DURATION} "
+        raise ConfigError(f"{ENV_LEASE_RETRY_PERIOD} < {ENV_LEASE_RENEW_DEADLINE} < {ENV_LEASE_DURATION} "
                           f"does not hold: {lease.retry_period} < {lease.renew_deadline} < {lease.duration}")
     return lease
 

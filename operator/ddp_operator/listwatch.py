@@ -1,16 +1,28 @@
 """A list, then a watch from the list's resourceVersion, on a thread of its own: the loop under the
-operator's pod and node caches. Any break (410 Gone, a dropped connection) lists again."""
+operator's pod, node and Workload caches. Any break (410 Gone, a dropped connection) lists again.
+
+`JobObjects` keeps one kind of a job's children (pods, Kueue Workloads) by job, fed by one such
+loop per namespace served (`ScopeListWatch`), and tells the reconciler which job changed.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import threading
+import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
+
+from ddp_contract.labels import LABEL_JOB_NAME
+from ddp_operator.config import exact, served
+
+JobKey = tuple[str, str]  # (namespace, job name)
+OnChange = Callable[[JobKey], None]
 
 log = logging.getLogger(__name__)
 FORBIDDEN_RETRY = 60.0
@@ -93,3 +105,134 @@ class ListWatch(ABC):
         finally:
             response.release_conn()
         return version
+
+
+def job_key(obj: dict) -> JobKey | None:
+    """(namespace, job name) of one of a job's children, by its job-name label."""
+    meta = obj.get("metadata", {})
+    job = meta.get("labels", {}).get(LABEL_JOB_NAME)
+    return (meta.get("namespace"), job) if job else None
+
+
+def watch_scopes(namespaces: tuple[str, ...]) -> tuple[tuple[str | None, ...], tuple[str, ...]]:
+    """(the namespaces to list and watch, each apart; None: the whole cluster) and the globs a cluster-wide
+    watch's objects must match to be kept (empty: all). Exact names get a watch each, so the operator needs
+    only a Role in each; a glob or no namespace at all needs one cluster-wide watch."""
+    patterns = () if exact(namespaces) else namespaces
+    return (namespaces if namespaces and not patterns else (None,)), patterns
+
+
+class JobObjects(ABC):
+    """One kind of a job's children, kept slim by job (the job-name label) and name, fed by one
+    list+watch per namespace watched when they are named exactly, else one for the whole cluster,
+    keeping the objects of the namespaces that match (namespaces empty: all of them); every change is
+    news for its job."""
+
+    def __init__(self, what: str, on_change: OnChange, watch_timeout: int = 300,
+                 namespaces: tuple[str, ...] = ()) -> None:
+        self._on_change = on_change
+        self._lock = threading.Lock()
+        self._by_job: dict[JobKey, dict[str, dict]] = {}
+        scopes, self._patterns = watch_scopes(namespaces)
+        self._watches = [ScopeListWatch(self, what, namespace, watch_timeout) for namespace in scopes]
+
+    @abstractmethod
+    def _slim(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """What is kept of one object."""
+
+    @abstractmethod
+    def list_call(self, namespace: str | None, **kwargs: Any) -> Any:
+        """The label-selected list (or, with watch=True, watch) call for one namespace (None: every one)."""
+
+    def _wanted(self, key: JobKey) -> bool:
+        return served(key[0], self._patterns)
+
+    def start(self) -> None:
+        for watch in self._watches:
+            watch.start()
+
+    def stop(self) -> None:
+        for watch in self._watches:
+            watch.stop()
+
+    @property
+    def stopping(self) -> bool:
+        return any(watch.stopping for watch in self._watches)
+
+    def _watch_of(self, namespace: str) -> ScopeListWatch:
+        """The watch that sees the namespace's objects."""
+        return next((w for w in self._watches if w.namespace in (None, namespace)), self._watches[0])
+
+    def synced_in(self, namespace: str) -> bool:
+        """Whether the watch that sees the namespace has listed once."""
+        return self._watch_of(namespace).synced.is_set()
+
+    def error_in(self, namespace: str) -> ApiException | None:
+        """The last failure of the watch that sees the namespace, until it lists again."""
+        return self._watch_of(namespace).last_error
+
+    def wait_synced(self, timeout: float) -> bool:
+        """Whether every watch has listed once, waiting up to timeout seconds in all."""
+        deadline = time.monotonic() + timeout
+        return all(watch.synced.wait(max(0.0, deadline - time.monotonic())) for watch in self._watches)
+
+    def objects(self, key: JobKey) -> list[dict]:
+        with self._lock:
+            return list(self._by_job.get(key, {}).values())
+
+    def jobs_with(self, wanted: Callable[[dict], bool]) -> set[JobKey]:
+        """The jobs that have an object for which wanted(obj) is true."""
+        with self._lock:
+            return {key for key, objs in self._by_job.items() if any(wanted(obj) for obj in objs.values())}
+
+    def replace(self, namespace: str | None, items: list[dict[str, Any]]) -> None:
+        """Keeps a fresh list of the namespace's objects (None: every namespace's)."""
+        fresh: dict[JobKey, dict[str, dict]] = {}
+        for obj in items:
+            key = job_key(obj)
+            if key and self._wanted(key):
+                fresh.setdefault(key, {})[obj["metadata"]["name"]] = self._slim(obj)
+        with self._lock:
+            kept = {key: objs for key, objs in self._by_job.items() if namespace is not None and key[0] != namespace}
+            changed = (set(self._by_job) - set(kept)) | set(fresh)
+            self._by_job = {**kept, **fresh}
+        self._notify(changed)
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        key = job_key(obj)
+        if key is None or not self._wanted(key):
+            return
+        name = obj["metadata"]["name"]
+        with self._lock:
+            objs = self._by_job.setdefault(key, {})
+            if kind == "DELETED":
+                objs.pop(name, None)
+                if not objs:
+                    del self._by_job[key]
+            else:
+                objs[name] = self._slim(obj)
+        self._notify([key])
+
+    def _notify(self, keys: Iterable[JobKey]) -> None:
+        for key in keys:
+            if self.stopping:  # the operator is stopping: its event loop may be closed
+                return
+            self._on_change(key)
+
+
+class ScopeListWatch(ListWatch):
+    """The list+watch of one namespace (None: all of them) feeding a JobObjects cache."""
+
+    def __init__(self, cache: JobObjects, what: str, namespace: str | None, watch_timeout: int) -> None:
+        super().__init__(f"{what} ({namespace})" if namespace else what, watch_timeout)
+        self._cache = cache
+        self.namespace = namespace
+
+    def _call(self, **kwargs: Any) -> Any:
+        return self._cache.list_call(self.namespace, **kwargs)
+
+    def _replace(self, items: list[dict[str, Any]]) -> None:
+        self._cache.replace(self.namespace, items)
+
+    def _apply(self, kind: str, obj: dict[str, Any]) -> None:
+        self._cache.apply(kind, obj)

@@ -11,6 +11,7 @@ from typing import Any
 
 from ddp_contract import api, envnames, labels
 from ddp_operator import constants as c
+from ddp_operator.kubelet import NODE_LOST_TAINTS
 from ddp_operator.nodes import Taint, tolerates
 from ddp_operator.podsecurity import with_restricted_defaults
 from ddp_operator.spec import JobSpec
@@ -116,7 +117,7 @@ def node_lost_tolerations(spec: JobSpec) -> list[dict[str, Any]]:
     cluster's default 300 s; none for a taint the template already tolerates (its own choice stands)."""
     own = spec.pod_spec.get("tolerations") or []
     return [{"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": spec.node_lost_grace_seconds}
-            for key in c.NODE_LOST_TAINTS if not tolerates(own, Taint(key, effect="NoExecute"))]
+            for key in NODE_LOST_TAINTS if not tolerates(own, Taint(key, effect="NoExecute"))]
 
 
 def progress_service_account(job_name: str) -> str:

@@ -6,122 +6,16 @@ created again only once its name is free.
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
 from ddp_contract import labels
-from ddp_contract.exitcodes import ExitCode, is_infrastructure_exit
-from ddp_contract.failures import FailureLine, parse_line
 from ddp_operator import constants as c
+from ddp_operator.failures import RankFailure, RankProblem, describe_problems, last_lines
+from ddp_operator.kubelet import EVICTION_REASON_PREFIX, EVICTION_REASONS, WAITING_NORMALLY, WAITING_REASONS
 from ddp_operator.podsecurity import root_image_problem
-
-# How much of a failed rank's output its status and Event keep.
-OUTPUT_LINES = 20
-OUTPUT_CHARS = 2000
-
-
-@dataclass(frozen=True)
-class RankFailure:
-    rank: int
-    pod: str
-    exit_code: int | None
-    reason: str
-    evicted: bool  # the node or the scheduler took the pod away, not the training code
-    finished_at: str | None = None
-    node: str | None = None
-    output: str | None = None  # the container's termination message: its last lines
-    attempt: int | None = None
-    ranks_per_pod: int = 1  # `rank` is the pod's index when its pod holds several
-
-    @cached_property
-    def line(self) -> FailureLine | None:
-        """The runtime's failure line in the output (step, error), when the rank ran the runtime."""
-        return parse_line(self.output)
-
-    @property
-    def echo_grace_s(self) -> float | None:
-        """For a failure most often caused by another rank, how long to wait for that rank's own: a
-        collective that broke (COMMUNICATION_ERROR), or rank 0's rendezvous timing out
-        (RENDEZVOUS_FAILED: rank 0 holds the store the others join, so it times out because one of
-        them could not join, and that rank is the one to name). None: not an echo."""
-        if self.exit_code == ExitCode.COMMUNICATION_ERROR:
-            return c.ECHO_GRACE_SECONDS
-        if self.exit_code == ExitCode.RENDEZVOUS_FAILED and self.rank == 0:
-            return c.RENDEZVOUS_ECHO_GRACE_SECONDS
-        return None
-
-    @property
-    def is_echo(self) -> bool:
-        return self.echo_grace_s is not None
-
-    @property
-    def kind(self) -> str:
-        """Infrastructure (evicted, preempted, node lost, hung, killed from outside, the network or
-        storage failed) or Program (the code's own error, an OOM kill): they draw on separate budgets."""
-        if self.evicted or self.exit_code is None or is_infrastructure_exit(self.exit_code, self.oom_killed):
-            return c.KIND_INFRASTRUCTURE
-        return c.KIND_PROGRAM
-
-    @property
-    def signal(self) -> str | None:
-        """SIGKILL for exit code 137 and the like: a process killed by signal N exits 128+N."""
-        if self.exit_code is None or not 128 < self.exit_code < 128 + signal.NSIG:
-            return None
-        try:
-            return signal.Signals(self.exit_code - 128).name
-        except ValueError:
-            return None
-
-    @property
-    def oom_killed(self) -> bool:
-        return self.reason == "OOMKilled"
-
-    @property
-    def global_rank(self) -> int:
-        """The rank that failed: the pod's, or in a pod of several the one whose failure line it is
-        (else the pod's first)."""
-        if self.ranks_per_pod == 1:
-            return self.rank
-        return self.line.rank if self.line and self.line.rank is not None else self.rank * self.ranks_per_pod
-
-    @property
-    def who(self) -> str:
-        if self.ranks_per_pod > 1 and not (self.line and self.line.rank is not None):
-            return rank_list(range(self.rank * self.ranks_per_pod, (self.rank + 1) * self.ranks_per_pod))
-        return f"rank {self.global_rank}"
-
-    def describe(self) -> str:
-        where = f"{self.who} (pod {self.pod}{f' on node {self.node}' if self.node else ''})"
-        if self.exit_code is not None:
-            killed = f", {self.signal}" if self.signal else ""
-            said = ""
-            if self.line is not None:
-                said = f" at step {self.line.step}" if self.line.step is not None else " before its first step"
-                said += f": {self.line.error}"
-            return f"{where} exited with code {self.exit_code} ({self.reason}{killed}){said}"
-        if self.evicted:
-            return f"{where} was lost: {self.reason}" + (f" ({self.output})" if self.output else "")
-        return f"{where} failed: {self.reason}"
-
-    def as_status(self) -> dict[str, Any]:
-        """The status.failedRank object."""
-        return {"rank": self.global_rank, "pod": self.pod, "node": self.node, "exitCode": self.exit_code,
-                "signal": self.signal, "oomKilled": self.oom_killed, "reason": self.reason,
-                "message": self.output, "kind": self.kind, "attempt": self.attempt,
-                "step": self.line.step if self.line else None}
-
-
-@dataclass(frozen=True)
-class RankProblem:
-    """Why a rank of the current attempt is not running: a machine-readable reason and the words of
-    whoever said so (the scheduler, the kubelet)."""
-
-    rank: int
-    reason: str
-    message: str = ""
 
 
 @dataclass(frozen=True)
@@ -278,7 +172,7 @@ def is_eviction(pod: Mapping[str, Any]) -> bool:
     """Whether the pod was removed by the node or scheduler (evicted, preempted, node lost, ...)."""
     status = pod.get("status") or {}
     reason = status.get("reason") or ""
-    if reason in c.EVICTION_REASONS or reason.startswith(c.EVICTION_REASON_PREFIX):
+    if reason in EVICTION_REASONS or reason.startswith(EVICTION_REASON_PREFIX):
         return True
     return any(
         cond.get("type") == "DisruptionTarget" and cond.get("status") == "True"
@@ -319,14 +213,6 @@ def node_lost(pod: Mapping[str, Any], rank: int, why: str) -> RankFailure:
                        attempt=_label_int(meta, labels.LABEL_ATTEMPT))
 
 
-def last_lines(text: str | None, lines: int = OUTPUT_LINES, chars: int = OUTPUT_CHARS) -> str | None:
-    """The end of a container's output, small enough for a status field and an Event."""
-    if not text or not text.strip():
-        return None
-    tail = "\n".join(text.rstrip().splitlines()[-lines:])
-    return tail if len(tail) <= chars else "..." + tail[-(chars - 3):]
-
-
 def rank_problem(pod: Mapping[str, Any], rank: int) -> RankProblem | None:
     """Why a pending rank is held up, if anything says so: the scheduler (Unschedulable, with its
     message, e.g. "0/4 nodes are available: 4 Insufficient nvidia.com/gpu") or the kubelet (the
@@ -336,70 +222,13 @@ def rank_problem(pod: Mapping[str, Any], rank: int) -> RankProblem | None:
             return RankProblem(rank, c.REASON_UNSCHEDULABLE, str(cond.get("message") or "").strip())
     waiting = (trainer_status(pod).get("state") or {}).get("waiting") or {}
     reason = str(waiting.get("reason") or "")
-    if not reason or reason in c.WAITING_NORMALLY:
+    if not reason or reason in WAITING_NORMALLY:
         return None
     said = str(waiting.get("message") or reason).strip()
     as_root = root_image_problem(said) if reason == "CreateContainerConfigError" else None
     if as_root is not None:
         return RankProblem(rank, c.REASON_IMAGE_RUNS_AS_ROOT, as_root)
-    return RankProblem(rank, c.WAITING_REASONS.get(reason, reason), said)
-
-
-@dataclass(frozen=True)
-class InTheWay:
-    """Names the job needs that objects it does not control hold: job-wide ones ("Service mnist")
-    and ranks' pods (rank -> pod name). The operator never adopts, changes or deletes them."""
-
-    objects: tuple[str, ...] = ()
-    pods: tuple[tuple[int, str], ...] = ()
-
-    def __bool__(self) -> bool:
-        return bool(self.objects or self.pods)
-
-    def problems(self, world_size: int, live_ranks: Iterable[int]) -> tuple[RankProblem, ...]:
-        """The ranks they hold up: every rank not yet created for a job-wide one, the rank for a pod."""
-        advice = "; the operator never adopts, changes or deletes it: delete it, or rename the job"
-        found: list[RankProblem] = []
-        if self.objects:
-            held = ", ".join(self.objects)
-            live = set(live_ranks)
-            found += [RankProblem(r, c.REASON_NAME_IN_USE, f"{held} exists and is not this job's{advice}")
-                      for r in range(world_size) if r not in live]
-        found += [RankProblem(rank, c.REASON_NAME_IN_USE, f"pod {pod} exists and is not this job's{advice}")
-                  for rank, pod in self.pods]
-        return tuple(found)
-
-
-def describe_problems(problems: Iterable[RankProblem], noun: str = "rank") -> tuple[str, str]:
-    """(the reason most ranks share, a message naming the ranks, those with one cause and message together).
-
-    "ranks 0-3, 6 (Unschedulable): 0/4 nodes are available: 4 Insufficient nvidia.com/gpu.; rank 5
-    (ImagePullError): ..."
-    """
-    groups: dict[tuple[str, str], list[int]] = {}
-    for problem in problems:
-        groups.setdefault((problem.reason, problem.message), []).append(problem.rank)
-    if not groups:
-        return "", ""
-    ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), item[1][0]))
-    parts = [f"{rank_list(ranks, noun)} ({reason}): {message}" if message else f"{rank_list(ranks, noun)} ({reason})"
-             for (reason, message), ranks in ordered]
-    return ordered[0][0][0], "; ".join(parts)
-
-
-def rank_list(ranks: Iterable[int], noun: str = "rank") -> str:
-    """'rank 3', 'ranks 0-3, 6' (or 'pod 3', 'pods 0-1')."""
-    ordered = sorted(set(ranks))
-    spans: list[str] = []
-    start = prev = ordered[0]
-    for rank in [*ordered[1:], None]:
-        if rank is not None and rank == prev + 1:
-            prev = rank
-            continue
-        spans.append(str(start) if start == prev else f"{start}-{prev}")
-        if rank is not None:
-            start = prev = rank
-    return f"{noun} {spans[0]}" if len(ordered) == 1 else f"{noun}s {', '.join(spans)}"
+    return RankProblem(rank, WAITING_REASONS.get(reason, reason), said)
 
 
 def _disruption_reason(status: Mapping[str, Any]) -> str | None:

@@ -8,8 +8,8 @@ from typing import Any
 from ddp_contract.exitcodes import is_retryable_exit
 from ddp_contract.failures import parse_line
 from ddp_operator import constants as c
-from ddp_operator.podsummary import RankFailure
-from ddp_operator.spec import JobSpec
+from ddp_operator.failures import RankFailure
+from ddp_operator.spec import POLICY_NEVER, POLICY_ON_FAILURE, JobSpec
 
 # status fields counting each kind's gang restarts, and the spec field limiting them
 RESTART_COUNTERS = {c.KIND_PROGRAM: "programRestarts", c.KIND_INFRASTRUCTURE: "infrastructureRestarts"}
@@ -20,9 +20,9 @@ def is_retryable(policy: str, failure: RankFailure) -> bool:
     """OnFailure: always; Never: never; ExitCode: evictions, lost pods and exit codes 128-255
     (signals: OOM kill, SIGTERM, ...) are retried, 1-127 (the program's own errors) are permanent.
     A failure with no exit code (the container never ran) counts as retryable under ExitCode."""
-    if policy == c.POLICY_ON_FAILURE:
+    if policy == POLICY_ON_FAILURE:
         return True
-    if policy == c.POLICY_NEVER:
+    if policy == POLICY_NEVER:
         return False
     if failure.evicted or failure.exit_code is None:
         return True

@@ -37,15 +37,17 @@ from kubernetes.client.rest import ApiException
 from ddp_operator import constants as c
 from ddp_operator import metrics
 from ddp_operator.admission import Refusal, Refused, classify, refused
-from ddp_operator.capacity import gang_too_large
+from ddp_operator.capacity import InTheWay, gang_too_large
 from ddp_operator.deadlines import requeue_after, ttl_expired
 from ddp_operator.decision import Action, decide
 from ddp_operator.events import post_event
+from ddp_operator.failures import RankProblem
 from ddp_operator.kubeapi import KubeApi, adopt, api_message, is_controlled_by, is_going_away
+from ddp_operator.listwatch import JobKey
 from ddp_operator.manifests import build_pod, build_progress_access, build_service
 from ddp_operator.nodes import NodeInfo, Nodes, lost_nodes, seconds_until_lost
-from ddp_operator.podsummary import InTheWay, PodSummary, RankProblem, summarize_pods
-from ddp_operator.podwatch import JobKey, PodCache
+from ddp_operator.podsummary import PodSummary, summarize_pods
+from ddp_operator.podwatch import PodCache
 from ddp_operator.queueing import (
     PRIORITY_CLASS_LABEL,
     QueueState,

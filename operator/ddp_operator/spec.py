@@ -12,12 +12,31 @@ import copy
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
-from ddp_contract import envnames, labels
+from ddp_contract import backend, envnames, labels
 from ddp_contract.backend import BACKENDS, NCCL, resolve_backend
 from ddp_contract.targets import ENTRYPOINT_RE
 from ddp_operator import constants as c
+
+# --- spec values, defaults and limits (the CRD's own: tests/operator/unit/test_crd_schema.py holds them equal) ---
+POLICY_ON_FAILURE: Final = "OnFailure"
+POLICY_NEVER: Final = "Never"
+POLICY_EXIT_CODE: Final = "ExitCode"
+RESTART_POLICIES: Final = (POLICY_ON_FAILURE, POLICY_NEVER, POLICY_EXIT_CODE)
+DEFAULT_MASTER_PORT: Final = 29500
+DEFAULT_BACKOFF_LIMIT: Final = 3
+DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT: Final = 10
+DEFAULT_STARTUP_DEADLINE_SECONDS: Final = 900
+DEFAULT_NODE_LOST_GRACE_SECONDS: Final = 60
+DEFAULT_GPUS_PER_RANK: Final = 1
+DEFAULT_BACKEND: Final = backend.AUTO
+DEFAULT_RESTART_POLICY: Final = POLICY_ON_FAILURE
+MAX_WORLD_SIZE: Final = 4096
+MAX_GPUS_PER_RANK: Final = 16
+MAX_RANKS_PER_POD: Final = 64
+# worldSize * gpusPerRank above this is almost certainly a typo, not a job.
+MAX_TOTAL_GPUS: Final = 16384
 
 # A Kubernetes resource quantity (k8s.io/apimachinery resource.Quantity).
 QUANTITY_RE = re.compile(r"^(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?$")
@@ -58,22 +77,22 @@ class JobSpec:
     command: tuple[str, ...] | None = None
     args: tuple[str, ...] = ()
     resources: Mapping[str, Any] = field(default_factory=dict)
-    gpus_per_rank: int = c.DEFAULT_GPUS_PER_RANK
+    gpus_per_rank: int = DEFAULT_GPUS_PER_RANK
     ranks_per_pod: int = 1
     env: tuple[Mapping[str, Any], ...] = ()
     env_from: tuple[Mapping[str, Any], ...] = ()
-    master_port: int = c.DEFAULT_MASTER_PORT
-    backend: str = c.DEFAULT_BACKEND
+    master_port: int = DEFAULT_MASTER_PORT
+    backend: str = DEFAULT_BACKEND
     shm_size: str | None = None
     template: Mapping[str, Any] = field(default_factory=dict)
     s3: S3Spec | None = None
-    restart_policy: str = c.DEFAULT_RESTART_POLICY
-    backoff_limit: int = c.DEFAULT_BACKOFF_LIMIT
-    infrastructure_backoff_limit: int = c.DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT
+    restart_policy: str = DEFAULT_RESTART_POLICY
+    backoff_limit: int = DEFAULT_BACKOFF_LIMIT
+    infrastructure_backoff_limit: int = DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT
     hang_timeout_seconds: int | None = None
     active_deadline_seconds: int | None = None
-    startup_deadline_seconds: int = c.DEFAULT_STARTUP_DEADLINE_SECONDS
-    node_lost_grace_seconds: int = c.DEFAULT_NODE_LOST_GRACE_SECONDS
+    startup_deadline_seconds: int = DEFAULT_STARTUP_DEADLINE_SECONDS
+    node_lost_grace_seconds: int = DEFAULT_NODE_LOST_GRACE_SECONDS
     ttl_seconds_after_finished: int | None = None
     suspend: bool = False
 
@@ -110,13 +129,13 @@ class JobSpec:
 
 def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
     """Validates a DDPJob .spec and returns it with defaults applied; raises InvalidSpec."""
-    world_size = _int(spec, "worldSize", None, 1, c.MAX_WORLD_SIZE)
-    gpus = _int(spec, "gpusPerRank", c.DEFAULT_GPUS_PER_RANK, 0, c.MAX_GPUS_PER_RANK)
-    if world_size * gpus > c.MAX_TOTAL_GPUS:
+    world_size = _int(spec, "worldSize", None, 1, MAX_WORLD_SIZE)
+    gpus = _int(spec, "gpusPerRank", DEFAULT_GPUS_PER_RANK, 0, MAX_GPUS_PER_RANK)
+    if world_size * gpus > MAX_TOTAL_GPUS:
         raise InvalidSpec(
-            "gpusPerRank", f"worldSize * gpusPerRank = {world_size * gpus} exceeds {c.MAX_TOTAL_GPUS} GPUs"
+            "gpusPerRank", f"worldSize * gpusPerRank = {world_size * gpus} exceeds {MAX_TOTAL_GPUS} GPUs"
         )
-    backend = _enum(spec, "backend", c.DEFAULT_BACKEND, BACKENDS)
+    backend = _enum(spec, "backend", DEFAULT_BACKEND, BACKENDS)
     if backend == NCCL and gpus == 0:
         raise InvalidSpec("backend", "nccl requires gpusPerRank > 0; use gloo or auto for CPU jobs")
     entrypoint, command, args = _program(spec)
@@ -142,26 +161,26 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
         ranks_per_pod=_ranks_per_pod(spec, world_size),
         env=env,
         env_from=tuple(_list(spec.get("envFrom") or [], "envFrom")),
-        master_port=_int(spec, "masterPort", c.DEFAULT_MASTER_PORT, 1, 65535),
+        master_port=_int(spec, "masterPort", DEFAULT_MASTER_PORT, 1, 65535),
         backend=backend,
         shm_size=shm_size,
         template=template,
         s3=s3,
-        restart_policy=_enum(spec, "restartPolicy", c.DEFAULT_RESTART_POLICY, c.RESTART_POLICIES),
-        backoff_limit=_int(spec, "backoffLimit", c.DEFAULT_BACKOFF_LIMIT, 0, None),
+        restart_policy=_enum(spec, "restartPolicy", DEFAULT_RESTART_POLICY, RESTART_POLICIES),
+        backoff_limit=_int(spec, "backoffLimit", DEFAULT_BACKOFF_LIMIT, 0, None),
         infrastructure_backoff_limit=_int(
-            spec, "infrastructureBackoffLimit", c.DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT, 0, None),
+            spec, "infrastructureBackoffLimit", DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT, 0, None),
         hang_timeout_seconds=hang_timeout,
         active_deadline_seconds=_int(spec, "activeDeadlineSeconds", None, 1, None, optional=True),
-        startup_deadline_seconds=_int(spec, "startupDeadlineSeconds", c.DEFAULT_STARTUP_DEADLINE_SECONDS, 1, None),
-        node_lost_grace_seconds=_int(spec, "nodeLostGraceSeconds", c.DEFAULT_NODE_LOST_GRACE_SECONDS, 0, None),
+        startup_deadline_seconds=_int(spec, "startupDeadlineSeconds", DEFAULT_STARTUP_DEADLINE_SECONDS, 1, None),
+        node_lost_grace_seconds=_int(spec, "nodeLostGraceSeconds", DEFAULT_NODE_LOST_GRACE_SECONDS, 0, None),
         ttl_seconds_after_finished=_int(spec, "ttlSecondsAfterFinished", None, 0, None, optional=True),
         suspend=_bool(spec, "suspend", False),
     )
 
 
 def _ranks_per_pod(spec: Mapping[str, Any], world_size: int) -> int:
-    per_pod = _int(spec, "ranksPerPod", 1, 1, c.MAX_RANKS_PER_POD)
+    per_pod = _int(spec, "ranksPerPod", 1, 1, MAX_RANKS_PER_POD)
     if world_size % per_pod:
         raise InvalidSpec("ranksPerPod", f"worldSize {world_size} is not a multiple of ranksPerPod {per_pod}")
     return per_pod

@@ -1,5 +1,5 @@
 """The operator's view of the Kueue Workloads it created: a label-selected list+watch, by job, on the
-pod cache's design (podwatch.JobObjects): one list+watch per namespace the operator serves when they
+pod cache's design (listwatch.JobObjects): one list+watch per namespace the operator serves when they
 are named exactly (a Role in each is enough), else one for the whole cluster.
 
 Started on the first job that names a Kueue queue, so a cluster without Kueue (or without queued
@@ -17,7 +17,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from ddp_contract.labels import LABEL_JOB_NAME
-from ddp_operator.podwatch import JobKey, JobObjects, OnChange
+from ddp_operator.listwatch import JobKey, JobObjects, OnChange
 from ddp_operator.queueing import KUEUE_GROUP, KUEUE_VERSION, WORKLOADS
 
 

@@ -14,6 +14,18 @@ from kubernetes import client
 
 from ddp_contract import api
 from ddp_operator import constants as c
+from ddp_operator.config import (
+    ENV_IDENTITY,
+    ENV_LEASE_DURATION,
+    ENV_LEASE_NAME,
+    ENV_LEASE_NAMESPACE,
+    ENV_LEASE_RENEW_DEADLINE,
+    ENV_LEASE_RETRY_PERIOD,
+    ENV_LIVENESS,
+    ENV_METRICS_ADDRESS,
+    ENV_METRICS_PORT,
+    ENV_NAMESPACES,
+)
 from ddp_operator.queueing import KUEUE_GROUP
 from helmchart import CHART, ON_FAKE_NODES, env_of, helm_for, installed, operator_settings, render, render_all
 from kube import REPO, Cluster, glob_for, kubeconfig_of, wait_until
@@ -83,12 +95,12 @@ def test_chart_lints_and_renders_the_operator_deployment(helm) -> None:
     probe = container["livenessProbe"]["httpGet"]
     port = next(p["containerPort"] for p in container["ports"] if p["name"] == probe["port"])
     assert probe["path"] == "/healthz" and probe["port"] == "metrics"
-    assert (env[c.ENV_METRICS_ADDRESS], env[c.ENV_METRICS_PORT]) == ("0.0.0.0", str(port))
-    assert c.ENV_NAMESPACES not in env and c.ENV_LIVENESS not in env
+    assert (env[ENV_METRICS_ADDRESS], env[ENV_METRICS_PORT]) == ("0.0.0.0", str(port))
+    assert ENV_NAMESPACES not in env and ENV_LIVENESS not in env
     # Leader election on by default: the Lease is named after the release, each pod holds it by its name.
-    assert env[c.ENV_LEASE_NAME] == objects["Deployment"]["metadata"]["name"] and env[c.ENV_LEASE_NAMESPACE] == "ops"
-    assert env[c.ENV_IDENTITY] == "metadata.name"
-    assert (env[c.ENV_LEASE_DURATION], env[c.ENV_LEASE_RENEW_DEADLINE], env[c.ENV_LEASE_RETRY_PERIOD]) == ("15", "10", "2")
+    assert env[ENV_LEASE_NAME] == objects["Deployment"]["metadata"]["name"] and env[ENV_LEASE_NAMESPACE] == "ops"
+    assert env[ENV_IDENTITY] == "metadata.name"
+    assert (env[ENV_LEASE_DURATION], env[ENV_LEASE_RENEW_DEADLINE], env[ENV_LEASE_RETRY_PERIOD]) == ("15", "10", "2")
     assert objects["Role"]["rules"] == [
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -267,7 +279,7 @@ def test_operator_runs_under_the_charts_rbac(helm, kube_api, namespace, operator
         as_operator = kubeconfig_of(kube_api, account, namespace, operator.kubeconfig, tmp_path)
 
         admin, settings = operator.kubeconfig, operator.env
-        operator.restart(kubeconfig=str(as_operator), env={c.ENV_NAMESPACES: glob_for(namespace)} if glob else {})
+        operator.restart(kubeconfig=str(as_operator), env={ENV_NAMESPACES: glob_for(namespace)} if glob else {})
         try:
             # A job's whole life under the chart's RBAC: pods, service, progress identity, restart, events.
             run_and_restart(jobs, "least")
@@ -293,7 +305,7 @@ def test_watch_namespaces_narrow_rbac_to_roles_in_each(helm) -> None:
     cluster_wide = render(helm)["ClusterRole"]["rules"]
     docs = render_all(helm, "--set", "watchNamespaces={team-a,team-b}")
     deployment = next(d for d in docs if d["kind"] == "Deployment")
-    assert env_of(deployment["spec"]["template"]["spec"]["containers"][0])[c.ENV_NAMESPACES] == "team-a,team-b"
+    assert env_of(deployment["spec"]["template"]["spec"]["containers"][0])[ENV_NAMESPACES] == "team-a,team-b"
     # Cluster-wide, only what is not namespaced: nodes (read), Kueue's priority classes (read) and CRDs (for kopf).
     cluster_role = next(d for d in docs if d["kind"] == "ClusterRole")
     assert [rule["resources"] for rule in cluster_role["rules"]] == [
@@ -316,7 +328,7 @@ def test_replicas_need_leader_election_and_election_can_be_off(helm) -> None:
     assert refused.returncode != 0 and "needs leaderElection.enabled" in refused.stderr, refused.stderr
     alone = render(helm, "--set", "leaderElection.enabled=false")
     assert alone["Deployment"]["spec"]["strategy"]["type"] == "Recreate" and "Role" not in alone
-    assert c.ENV_LEASE_NAME not in env_of(alone["Deployment"]["spec"]["template"]["spec"]["containers"][0])
+    assert ENV_LEASE_NAME not in env_of(alone["Deployment"]["spec"]["template"]["spec"]["containers"][0])
     bad = helm("template", "rel", str(CHART), "--set", "leaderElection.renewDeadline=20", check=False)
     assert bad.returncode != 0 and "retryPeriod < renewDeadline < leaseDuration" in bad.stderr, bad.stderr
 
@@ -328,7 +340,7 @@ def test_metrics_service_and_service_monitor_are_off_by_default_and_render_when_
                      "--set", "metrics.serviceMonitor.interval=15s", "--set", "metrics.serviceMonitor.labels.release=prom")
     container = objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "metrics", "containerPort": 9100} in container["ports"]
-    assert env_of(container)[c.ENV_METRICS_PORT] == "9100"
+    assert env_of(container)[ENV_METRICS_PORT] == "9100"
     service = objects["Service"]["spec"]
     assert service["ports"] == [{"name": "metrics", "port": 9200, "targetPort": "metrics"}]
     assert service["selector"] == objects["Deployment"]["spec"]["selector"]["matchLabels"]
@@ -377,7 +389,7 @@ def test_a_release_for_one_namespace_runs_the_operator_there_only_with_its_lease
                          env=settings)
         try:
             run_and_restart(jobs, "scoped")
-            lease = client.CoordinationV1Api(kube_api).read_namespaced_lease(settings[c.ENV_LEASE_NAME], namespace)
+            lease = client.CoordinationV1Api(kube_api).read_namespaced_lease(settings[ENV_LEASE_NAME], namespace)
             assert lease.spec.holder_identity == "test"
             log = operator.log_path.read_text().split("--- restart ---")[-1]
             assert "Forbidden" not in log and "Not enough permissions" not in log, log[-3000:]

@@ -28,6 +28,8 @@ TEST_REQUIREMENTS = REPO / "requirements" / "test.txt"
 TAG = re.search(r'^appVersion: *"?([^"\s]+)', (REPO / "charts" / "Chart.yaml").read_text(), re.M).group(1)  # type: ignore[union-attr]
 # The operator image runs as this user (images/operator/Dockerfile, the chart's securityContext).
 OPERATOR_UID = 65532
+# And the trainer image's ranks as this one (images/trainer/Dockerfile), with a home of its own.
+TRAINER_UID = 1000
 
 # Runs in the probe stage and writes what it finds to /tmp/probe/result.json.
 OPERATOR_PROBE = """
@@ -55,9 +57,14 @@ ranks = [subprocess.Popen(["python", "-m", "ddp_trainer", "run", "quickstart:mai
                           env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
          for r in range(2)]
 outputs = [rank.communicate(timeout=600)[0] for rank in ranks]
-import torch, torchvision, ddp_trainer.entrypoint
+import getpass, pathlib, torch, torchvision, ddp_trainer.entrypoint
+cache = pathlib.Path.home() / ".cache" / "probe"
+cache.mkdir(parents=True)
+cache.joinpath("written").write_text("ok")
 result = {
     "exit_codes": [rank.returncode for rank in ranks], "outputs": outputs,
+    "uid": os.getuid(), "gid": os.getgid(), "user": getpass.getuser(), "home": str(pathlib.Path.home()),
+    "home_writable": cache.joinpath("written").read_text() == "ok", "cwd": os.getcwd(),
     "torch_cuda_build": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
     "versions": {d.metadata["Name"].lower(): d.version for d in importlib.metadata.distributions()},
 }
@@ -121,6 +128,8 @@ def test_operator_image_runs_the_operator_as_its_user(tmp_path: Path) -> None:
 def test_trainer_image_trains_the_quickstart_job_with_two_ranks(tmp_path: Path) -> None:
     config = image_config("trainer")
     assert config["Entrypoint"] == ["python", "-m", "ddp_trainer"]
+    # Numeric, so that the kubelet can check runAsNonRoot (rank pods ask for it by default).
+    assert config["User"] == f"{TRAINER_UID}:{TRAINER_UID}"
     # Its own network namespace: the ranks rendezvous on the probe's loopback, not the host's.
     found = probe("trainer", TRAINER_PROBE, tmp_path, run_flags="--network=none")
     assert found["exit_codes"] == [0, 0], "\n".join(found["outputs"])
@@ -128,6 +137,8 @@ def test_trainer_image_trains_the_quickstart_job_with_two_ranks(tmp_path: Path) 
     assert accuracy, found["outputs"][0]
     assert float(accuracy.group(1)) > 0.5, found["outputs"][0]  # chance is 1/8
     assert found["cuda_available"] is False
+    assert (found["uid"], found["gid"], found["user"]) == (TRAINER_UID, TRAINER_UID, "ddp")
+    assert found["home"] == found["cwd"] == "/home/ddp" and found["home_writable"] is True
     assert_versions_as_pinned(found["versions"], ("torch", "torchvision", "kubernetes", "PyYAML", "boto3"))
     # The very torch the tests run, not merely one the pin allows.
     assert found["versions"]["torch"] == metadata.version("torch")

@@ -13,7 +13,7 @@ import pytest
 
 from ddp_operator import constants as c
 from kube import Jobs, wait_until
-from realnode import IMAGE, create_job
+from realnode import IMAGE, ROOT_IMAGE, create_job, import_busybox
 
 pytestmark = pytest.mark.node
 
@@ -32,6 +32,18 @@ def test_an_image_that_cannot_be_pulled_is_said_by_rank_and_fails_the_job_at_the
     assert re.search(r"ranks? [01](-1)? \(ImagePullError\): .*registry.invalid/ddp/missing:1", status["message"]), status
     failed = jobs.wait_phase("nopull", c.PHASE_FAILED, timeout=120)
     assert failed["reason"] == "ImagePullError" and "startupDeadlineSeconds=30" in failed["message"]
+
+
+def test_a_root_image_fails_the_job_at_once_saying_what_to_change(jobs: Jobs, real_node, tmp_path) -> None:
+    import_busybox(tmp_path, ROOT_IMAGE, uid=0)
+    create(jobs, "rooted", ROOT_IMAGE, "sleep 60")
+    failed = jobs.wait_phase("rooted", c.PHASE_FAILED, timeout=120)
+    assert failed["reason"] == c.REASON_IMAGE_RUNS_AS_ROOT, failed
+    assert "ranks 0-1 (ImageRunsAsRoot): container has runAsNonRoot and image will run as root" in failed["message"]
+    assert "runAsUser" in failed["message"] and "non-root USER" in failed["message"]
+    # As root where the template asks for it (and the namespace allows it): the template wins.
+    create(jobs, "asked", ROOT_IMAGE, "id -u; sleep 60", template={"spec": {"securityContext": {"runAsUser": 0}}})
+    jobs.wait_phase("asked", c.PHASE_RUNNING, timeout=120)
 
 
 def test_a_missing_secret_holds_the_ranks_with_the_kubelets_words(jobs: Jobs, busybox_image: str) -> None:

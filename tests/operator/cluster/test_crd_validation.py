@@ -13,8 +13,9 @@ import yaml
 from ddp_contract import api, backend, labels
 from ddp_operator import constants as c
 from ddp_operator.decision import Action, Decision
-from ddp_operator.podsummary import RankFailure, summarize_pods
-from ddp_operator.spec import parse_spec
+from ddp_operator.failures import RankFailure
+from ddp_operator.podsummary import summarize_pods
+from ddp_operator.spec import DEFAULT_BACKOFF_LIMIT, DEFAULT_GPUS_PER_RANK, DEFAULT_MASTER_PORT, POLICY_ON_FAILURE, parse_spec
 from ddp_operator.statuspatch import compute_status
 from kube import REPO, install_crd
 from specs import changed
@@ -60,11 +61,11 @@ def spec_with(**changes: Any) -> dict[str, Any]:
 def test_valid_job_is_accepted_with_defaults(custom: Any, namespace: str) -> None:
     created = create(custom, namespace, ddpjob(VALID_SPEC))
     spec = created["spec"]
-    assert spec["masterPort"] == c.DEFAULT_MASTER_PORT
-    assert spec["backoffLimit"] == c.DEFAULT_BACKOFF_LIMIT
-    assert spec["gpusPerRank"] == c.DEFAULT_GPUS_PER_RANK
+    assert spec["masterPort"] == DEFAULT_MASTER_PORT
+    assert spec["backoffLimit"] == DEFAULT_BACKOFF_LIMIT
+    assert spec["gpusPerRank"] == DEFAULT_GPUS_PER_RANK
     assert spec["backend"] == backend.AUTO
-    assert spec["restartPolicy"] == c.POLICY_ON_FAILURE
+    assert spec["restartPolicy"] == POLICY_ON_FAILURE
     assert spec["suspend"] is False
 
 

@@ -15,6 +15,15 @@ import pytest
 from kubernetes import client
 
 from ddp_operator import constants as c
+from ddp_operator.config import (
+    ENV_IDENTITY,
+    ENV_LEASE_DURATION,
+    ENV_LEASE_NAME,
+    ENV_LEASE_NAMESPACE,
+    ENV_LEASE_RENEW_DEADLINE,
+    ENV_LEASE_RETRY_PERIOD,
+    ENV_NAMESPACES,
+)
 from kube import Cluster, Jobs, OperatorProcess, PodLives, another_operator_acts, wait_until
 
 P = "ddp_operator_"
@@ -32,10 +41,10 @@ def replicas(cluster: Cluster, crd: None, kube_api, namespace: str, operator: Op
     if another_operator_acts(kube_api, namespace):
         operator.restart()
         pytest.skip("another test session's operator serves every namespace of this cluster: it would act too")
-    settings = {c.ENV_NAMESPACES: namespace, c.ENV_LEASE_NAME: "ddp-operator", c.ENV_LEASE_NAMESPACE: namespace,
-                c.ENV_LEASE_DURATION: str(LEASE_DURATION), c.ENV_LEASE_RENEW_DEADLINE: "4",
-                c.ENV_LEASE_RETRY_PERIOD: str(RETRY_PERIOD)}
-    first, second = (OperatorProcess(cluster.kubeconfig, tmp_path / f"{name}.log", env={**settings, c.ENV_IDENTITY: name})
+    settings = {ENV_NAMESPACES: namespace, ENV_LEASE_NAME: "ddp-operator", ENV_LEASE_NAMESPACE: namespace,
+                ENV_LEASE_DURATION: str(LEASE_DURATION), ENV_LEASE_RENEW_DEADLINE: "4",
+                ENV_LEASE_RETRY_PERIOD: str(RETRY_PERIOD)}
+    first, second = (OperatorProcess(cluster.kubeconfig, tmp_path / f"{name}.log", env={**settings, ENV_IDENTITY: name})
                      for name in ("first", "second"))
     try:
         first.start()

@@ -13,6 +13,7 @@ import pytest
 
 from ddp_contract import api
 from ddp_operator import constants as c
+from ddp_operator.config import ENV_NAMESPACES
 from kube import Cluster, Jobs, OperatorProcess, another_operator_acts, glob_for, wait_until
 
 P = "ddp_operator_"
@@ -33,7 +34,7 @@ def scoped(cluster: Cluster, crd: None, kube_api, namespace: str, session_operat
     if another_operator_acts(kube_api, namespace):
         pytest.skip("another test session's operator serves every namespace of this cluster: these counts would be shared")
     served = glob_for(namespace) if getattr(request, "param", "exact") == "glob" else namespace
-    handle = OperatorProcess(cluster.kubeconfig, tmp_path / "operator.log", env={c.ENV_NAMESPACES: served})
+    handle = OperatorProcess(cluster.kubeconfig, tmp_path / "operator.log", env={ENV_NAMESPACES: served})
     handle.start()
     yield handle
     handle.stop()

@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from ddp_operator import constants as c
+from ddp_operator.kubelet import NODE_LOST_TAINTS
 from kube import Jobs, wait_until
 from testnodes import NodeMaker
 
@@ -49,7 +50,7 @@ def test_ranks_on_a_node_gone_not_ready_are_lost_forced_off_it_and_restarted_els
     before = {p.metadata.name: p for p in jobs.pods("lossy")}
     lost = next(name for name, p in before.items() if p.spec.node_name == doomed.name)  # 8 GPUs a node: one rank each
     tolerations = {(t.key, t.effect, t.toleration_seconds) for t in before[lost].spec.tolerations}
-    assert {(key, "NoExecute", GRACE) for key in c.NODE_LOST_TAINTS} <= tolerations
+    assert {(key, "NoExecute", GRACE) for key in NODE_LOST_TAINTS} <= tolerations
     spare = own_nodes.kwok(pool(jobs))  # room for the new gang
 
     died = doomed.die()

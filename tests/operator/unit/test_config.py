@@ -4,8 +4,26 @@ from __future__ import annotations
 
 import pytest
 
-from ddp_operator import constants as c
-from ddp_operator.config import ConfigError, LeaseConfig, OperatorConfig, exact, from_env, kopf_scope, served
+from ddp_operator.config import (
+    ENV_IDENTITY,
+    ENV_LEASE_DURATION,
+    ENV_LEASE_NAME,
+    ENV_LEASE_NAMESPACE,
+    ENV_LEASE_RENEW_DEADLINE,
+    ENV_LEASE_RETRY_PERIOD,
+    ENV_LIVENESS,
+    ENV_METRICS_ADDRESS,
+    ENV_METRICS_PORT,
+    ENV_NAMESPACES,
+    ENV_VERBOSE,
+    ConfigError,
+    LeaseConfig,
+    OperatorConfig,
+    exact,
+    from_env,
+    kopf_scope,
+    served,
+)
 
 
 def test_nothing_set_means_every_namespace_no_election_and_metrics_on_loopback() -> None:
@@ -14,27 +32,27 @@ def test_nothing_set_means_every_namespace_no_election_and_metrics_on_loopback()
 
 
 def test_every_setting_is_read() -> None:
-    env = {c.ENV_METRICS_ADDRESS: "0.0.0.0", c.ENV_METRICS_PORT: "0", c.ENV_NAMESPACES: " team-a, team-b ,team-a,",
-           c.ENV_LEASE_NAME: "ddp", c.ENV_LEASE_DURATION: "6", c.ENV_LEASE_RENEW_DEADLINE: "4",
-           c.ENV_LEASE_RETRY_PERIOD: "0.5", c.ENV_IDENTITY: "pod-1", c.ENV_VERBOSE: "1",
-           c.ENV_LIVENESS: "http://0.0.0.0:8081/healthz"}
+    env = {ENV_METRICS_ADDRESS: "0.0.0.0", ENV_METRICS_PORT: "0", ENV_NAMESPACES: " team-a, team-b ,team-a,",
+           ENV_LEASE_NAME: "ddp", ENV_LEASE_DURATION: "6", ENV_LEASE_RENEW_DEADLINE: "4",
+           ENV_LEASE_RETRY_PERIOD: "0.5", ENV_IDENTITY: "pod-1", ENV_VERBOSE: "1",
+           ENV_LIVENESS: "http://0.0.0.0:8081/healthz"}
     config = from_env(env, own_namespace="ops")
     assert config == OperatorConfig("0.0.0.0", 0, ("team-a", "team-b"), LeaseConfig("ddp", "ops", "pod-1", 6, 4, 0.5),
                                     True, "http://0.0.0.0:8081/healthz")
 
 
 def test_the_lease_namespace_defaults_to_the_pods_and_is_needed_outside_one() -> None:
-    assert from_env({c.ENV_LEASE_NAME: "ddp"}, own_namespace="ops", identity="me").lease == LeaseConfig("ddp", "ops", "me")
-    with pytest.raises(ConfigError, match=c.ENV_LEASE_NAMESPACE):
-        from_env({c.ENV_LEASE_NAME: "ddp"}, own_namespace=None)
+    assert from_env({ENV_LEASE_NAME: "ddp"}, own_namespace="ops", identity="me").lease == LeaseConfig("ddp", "ops", "me")
+    with pytest.raises(ConfigError, match=ENV_LEASE_NAMESPACE):
+        from_env({ENV_LEASE_NAME: "ddp"}, own_namespace=None)
 
 
 @pytest.mark.parametrize("env, named", [
-    ({c.ENV_METRICS_PORT: "http"}, c.ENV_METRICS_PORT),
-    ({c.ENV_METRICS_PORT: "70000"}, c.ENV_METRICS_PORT),
-    ({c.ENV_NAMESPACES: "team-a,!team-b"}, c.ENV_NAMESPACES),
-    ({c.ENV_LEASE_NAME: "ddp", c.ENV_LEASE_NAMESPACE: "ops", c.ENV_LEASE_RENEW_DEADLINE: "20"}, c.ENV_LEASE_RENEW_DEADLINE),
-    ({c.ENV_LEASE_NAME: "ddp", c.ENV_LEASE_NAMESPACE: "ops", c.ENV_LEASE_DURATION: "-1"}, c.ENV_LEASE_DURATION),
+    ({ENV_METRICS_PORT: "http"}, ENV_METRICS_PORT),
+    ({ENV_METRICS_PORT: "70000"}, ENV_METRICS_PORT),
+    ({ENV_NAMESPACES: "team-a,!team-b"}, ENV_NAMESPACES),
+    ({ENV_LEASE_NAME: "ddp", ENV_LEASE_NAMESPACE: "ops", ENV_LEASE_RENEW_DEADLINE: "20"}, ENV_LEASE_RENEW_DEADLINE),
+    ({ENV_LEASE_NAME: "ddp", ENV_LEASE_NAMESPACE: "ops", ENV_LEASE_DURATION: "-1"}, ENV_LEASE_DURATION),
 ])
 def test_a_bad_setting_is_refused_naming_it(env: dict[str, str], named: str) -> None:
     with pytest.raises(ConfigError, match=named):
@@ -59,4 +77,4 @@ def test_a_glob_has_kopf_watch_the_whole_cluster_and_the_operator_pick_the_names
 @pytest.mark.parametrize("value, verbose", [("1", True), ("true", True), ("yes", True), ("", False), ("0", False),
                                             ("false", False), ("False", False), ("no", False), ("off", False)])
 def test_verbose_is_off_when_the_variable_says_so(value: str, verbose: bool) -> None:
-    assert from_env({c.ENV_VERBOSE: value}).verbose is verbose
+    assert from_env({ENV_VERBOSE: value}).verbose is verbose

@@ -12,8 +12,22 @@ import yaml
 from ddp_contract import api, backend, envnames, labels
 from ddp_operator import constants as c
 from ddp_operator.decision import Action, Decision
-from ddp_operator.podsummary import RankFailure, summarize_pods
-from ddp_operator.spec import InvalidSpec, parse_spec
+from ddp_operator.failures import RankFailure
+from ddp_operator.podsummary import summarize_pods
+from ddp_operator.spec import (
+    DEFAULT_BACKEND,
+    DEFAULT_BACKOFF_LIMIT,
+    DEFAULT_GPUS_PER_RANK,
+    DEFAULT_MASTER_PORT,
+    DEFAULT_NODE_LOST_GRACE_SECONDS,
+    DEFAULT_RESTART_POLICY,
+    DEFAULT_STARTUP_DEADLINE_SECONDS,
+    MAX_GPUS_PER_RANK,
+    MAX_WORLD_SIZE,
+    RESTART_POLICIES,
+    InvalidSpec,
+    parse_spec,
+)
 from ddp_operator.statuspatch import compute_status, invalid_spec_status
 from kube import REPO
 
@@ -43,16 +57,16 @@ def test_names_match_constants(crd: dict[str, Any]) -> None:
 
 def test_defaults_and_enums_match_constants(crd: dict[str, Any]) -> None:
     spec = schema(crd)["properties"]["spec"]["properties"]
-    assert spec["masterPort"]["default"] == c.DEFAULT_MASTER_PORT
-    assert spec["backoffLimit"]["default"] == c.DEFAULT_BACKOFF_LIMIT
-    assert spec["startupDeadlineSeconds"]["default"] == c.DEFAULT_STARTUP_DEADLINE_SECONDS
-    assert spec["nodeLostGraceSeconds"]["default"] == c.DEFAULT_NODE_LOST_GRACE_SECONDS
-    assert spec["gpusPerRank"]["default"] == c.DEFAULT_GPUS_PER_RANK
-    assert spec["backend"]["default"] == c.DEFAULT_BACKEND and tuple(spec["backend"]["enum"]) == backend.BACKENDS
-    assert spec["restartPolicy"]["default"] == c.DEFAULT_RESTART_POLICY
-    assert tuple(spec["restartPolicy"]["enum"]) == c.RESTART_POLICIES
-    assert spec["worldSize"]["maximum"] == c.MAX_WORLD_SIZE
-    assert spec["gpusPerRank"]["maximum"] == c.MAX_GPUS_PER_RANK
+    assert spec["masterPort"]["default"] == DEFAULT_MASTER_PORT
+    assert spec["backoffLimit"]["default"] == DEFAULT_BACKOFF_LIMIT
+    assert spec["startupDeadlineSeconds"]["default"] == DEFAULT_STARTUP_DEADLINE_SECONDS
+    assert spec["nodeLostGraceSeconds"]["default"] == DEFAULT_NODE_LOST_GRACE_SECONDS
+    assert spec["gpusPerRank"]["default"] == DEFAULT_GPUS_PER_RANK
+    assert spec["backend"]["default"] == DEFAULT_BACKEND and tuple(spec["backend"]["enum"]) == backend.BACKENDS
+    assert spec["restartPolicy"]["default"] == DEFAULT_RESTART_POLICY
+    assert tuple(spec["restartPolicy"]["enum"]) == RESTART_POLICIES
+    assert spec["worldSize"]["maximum"] == MAX_WORLD_SIZE
+    assert spec["gpusPerRank"]["maximum"] == MAX_GPUS_PER_RANK
     assert tuple(schema(crd)["properties"]["status"]["properties"]["phase"]["enum"]) == c.PHASES
 
 

@@ -13,7 +13,8 @@ from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
 from ddp_operator.deadlines import requeue_after
 from ddp_operator.decision import Action, Decision, decide
-from ddp_operator.podsummary import RankFailure, RankProblem, summarize_pods
+from ddp_operator.failures import ECHO_GRACE_SECONDS, RENDEZVOUS_ECHO_GRACE_SECONDS, RankFailure, RankProblem
+from ddp_operator.podsummary import summarize_pods
 from ddp_operator.statuspatch import set_condition
 from podfixtures import NOW, job_spec, pod, summary_of
 
@@ -248,7 +249,7 @@ def test_a_broken_collective_waits_briefly_for_the_peer_whose_death_caused_it() 
     finished = rfc3339(NOW)
     echo = pod(0, "failed", exit_code=ExitCode.COMMUNICATION_ERROR, finished_at=finished)
     alone = decide(job_spec(), {"phase": "Running"}, summary_of(echo, pod(1)), NOW + timedelta(seconds=1))
-    assert alone.action == Action.WAIT and alone.recheck_after == pytest.approx(c.ECHO_GRACE_SECONDS - 1)
+    assert alone.action == Action.WAIT and alone.recheck_after == pytest.approx(ECHO_GRACE_SECONDS - 1)
     # The cause shows up (in the same second): it is the failure, whatever the order of the ranks.
     cause = runtime_failure(1, 3, "ValueError: boom", attempt=0)
     both = decide(job_spec(), {"phase": "Running"}, summary_of(echo, cause), NOW + timedelta(seconds=1))
@@ -265,7 +266,7 @@ def test_rank_0_s_rendezvous_timeout_waits_for_the_rank_that_could_not_join_and_
     finished = rfc3339(NOW)
     server = pod(0, "failed", exit_code=ExitCode.RENDEZVOUS_FAILED, finished_at=finished, node="gpu-1")
     alone = decide(job_spec(), {"phase": "Starting"}, summary_of(server, pod(1)), NOW + timedelta(seconds=10))
-    assert alone.action == Action.WAIT and alone.recheck_after == pytest.approx(c.RENDEZVOUS_ECHO_GRACE_SECONDS - 10)
+    assert alone.action == Action.WAIT and alone.recheck_after == pytest.approx(RENDEZVOUS_ECHO_GRACE_SECONDS - 10)
     later = rfc3339(NOW + timedelta(seconds=20))
     cut_off = pod(1, "failed", exit_code=ExitCode.RENDEZVOUS_FAILED, finished_at=later, node="gpu-7")
     both = decide(job_spec(), {"phase": "Starting"}, summary_of(server, cut_off), NOW + timedelta(seconds=21))
@@ -273,7 +274,7 @@ def test_rank_0_s_rendezvous_timeout_waits_for_the_rank_that_could_not_join_and_
     assert (both.failure.rank, both.failure.node) == (1, "gpu-7")
     # No other rank ever fails (it never started): rank 0's timeout is acted on.
     late = decide(job_spec(), {"phase": "Starting"}, summary_of(server, pod(1, "pending")),
-                  NOW + timedelta(seconds=c.RENDEZVOUS_ECHO_GRACE_SECONDS + 1))
+                  NOW + timedelta(seconds=RENDEZVOUS_ECHO_GRACE_SECONDS + 1))
     assert late.action == Action.RESTART and late.failure is not None and late.failure.rank == 0
 
 

@@ -16,7 +16,7 @@ from ddp_operator.manifests import (
     pod_selector,
     service_name,
 )
-from ddp_operator.spec import parse_spec
+from ddp_operator.spec import DEFAULT_MASTER_PORT, DEFAULT_NODE_LOST_GRACE_SECONDS, parse_spec
 
 
 def make_job(name: str = "mnist", namespace: str = "team-a", **spec: Any) -> dict[str, Any]:
@@ -56,7 +56,7 @@ def test_master_addr_is_rank_zero_behind_the_headless_service() -> None:
 def test_service_is_headless_and_published_before_ready(port: int | None) -> None:
     job = make_job(**({"masterPort": port} if port else {}))
     service = build_service(job, parse_spec(job["spec"]))
-    expected_port = port or c.DEFAULT_MASTER_PORT
+    expected_port = port or DEFAULT_MASTER_PORT
     assert service["metadata"]["name"] == "mnist" and service["metadata"]["namespace"] == "team-a"
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["publishNotReadyAddresses"] is True
@@ -312,7 +312,7 @@ def test_ranks_tolerate_a_lost_node_for_the_jobs_grace_only() -> None:
         for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
     ]
     default = pod_for(make_job(), 0)["spec"]["tolerations"]
-    assert {t["tolerationSeconds"] for t in default} == {c.DEFAULT_NODE_LOST_GRACE_SECONDS}
+    assert {t["tolerationSeconds"] for t in default} == {DEFAULT_NODE_LOST_GRACE_SECONDS}
 
 
 @pytest.mark.parametrize("own, added", [

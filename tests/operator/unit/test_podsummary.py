@@ -6,7 +6,8 @@ import pytest
 
 from ddp_contract import labels
 from ddp_operator import constants as c
-from ddp_operator.podsummary import InTheWay, RankFailure, RankProblem, describe_problems, rank_list, summarize_pods
+from ddp_operator.failures import RankFailure, RankProblem
+from ddp_operator.podsummary import summarize_pods
 from podfixtures import JOB, pod, summary_of
 
 
@@ -122,36 +123,10 @@ def test_why_pending_ranks_are_held_up_by_rank() -> None:
     )
 
 
-def test_problems_are_grouped_by_cause_and_the_commonest_names_the_reason() -> None:
-    problems = [RankProblem(r, "Unschedulable", NO_GPU) for r in (0, 1, 2, 3, 6)]
-    problems.append(RankProblem(5, "ImagePullError", "Back-off"))
-    reason, message = describe_problems(problems)
-    assert reason == "Unschedulable"
-    assert message == f"ranks 0-3, 6 (Unschedulable): {NO_GPU}; rank 5 (ImagePullError): Back-off"
-    assert describe_problems([]) == ("", "")
-
-
-@pytest.mark.parametrize(("ranks", "text"),
-                         [([3], "rank 3"), ([0, 1, 2], "ranks 0-2"), ([5, 0, 1, 9, 8], "ranks 0-1, 5, 8-9")])
-def test_rank_list(ranks: list[int], text: str) -> None:
-    assert rank_list(ranks) == text
-
-
 def test_pods_without_rank_labels_are_stale() -> None:
     stray = {"metadata": {"name": "mnist-x", "labels": {labels.LABEL_JOB_NAME: JOB}}, "status": {"phase": "Running"}}
     summary = summary_of(stray)
     assert summary.stale_pods == ("mnist-x",) and summary.total == 0
-
-
-def test_names_held_by_strangers_hold_up_the_ranks_that_need_them() -> None:
-    nothing = InTheWay()
-    assert not nothing and nothing.problems(3, []) == ()
-    service = InTheWay(objects=("Service mnist",)).problems(3, live_ranks=[0])
-    assert [p.rank for p in service] == [1, 2] and {p.reason for p in service} == {"NameInUse"}
-    assert service[0].message.startswith("Service mnist exists and is not this job's; the operator never adopts")
-    pod_held = InTheWay(pods=((1, "mnist-1"),))
-    reason, message = describe_problems(pod_held.problems(3, [0, 2]))
-    assert reason == "NameInUse" and message.startswith("rank 1 (NameInUse): pod mnist-1 exists and is not this job's")
 
 
 LOST = {"gpu-2": "node gpu-2 NotReady since 2025-01-02T03:00:00Z (Ready Unknown: NodeStatusUnknown)"}

@@ -6,7 +6,8 @@ from typing import Any
 
 from kubernetes import client
 
-from ddp_operator.podwatch import PodCache, watch_scopes
+from ddp_operator.listwatch import watch_scopes
+from ddp_operator.podwatch import PodCache
 from podfixtures import JOB, pod
 
 

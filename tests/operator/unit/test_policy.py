@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddp_operator.podsummary import RankFailure
+from ddp_operator.failures import RankFailure
 from ddp_operator.policy import is_retryable
 
 

@@ -10,8 +10,8 @@ from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
 from ddp_operator.conditions import get_condition
 from ddp_operator.decision import Action, decide
+from ddp_operator.listwatch import job_key
 from ddp_operator.manifests import build_pod
-from ddp_operator.podwatch import job_key
 from ddp_operator.queueing import (
     ADMITTED,
     PRIORITY_CLASS_LABEL,

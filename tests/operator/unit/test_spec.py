@@ -7,7 +7,16 @@ import pytest
 from ddp_contract import labels
 from ddp_operator import constants as c
 from ddp_operator.manifests import pod_name, service_name
-from ddp_operator.spec import DNS1035_RE, DNS_LABEL_MAX, InvalidSpec, JobSpec, S3Spec, parse_spec, validate_job_name
+from ddp_operator.spec import (
+    DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT,
+    DNS1035_RE,
+    DNS_LABEL_MAX,
+    InvalidSpec,
+    JobSpec,
+    S3Spec,
+    parse_spec,
+    validate_job_name,
+)
 from specs import changed
 
 MINIMAL: dict[str, Any] = {"worldSize": 2, "image": "trainer:1", "entrypoint": "train.main:run"}
@@ -221,7 +230,7 @@ def test_invalid_job_names(name: str, world_size: int, needle: str) -> None:
 
 def test_restart_budgets_and_hang_timeout() -> None:
     spec = parse_spec(MINIMAL)
-    assert (spec.infrastructure_backoff_limit, spec.hang_timeout_seconds) == (c.DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT, None)
+    assert (spec.infrastructure_backoff_limit, spec.hang_timeout_seconds) == (DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT, None)
     spec = parse_spec({**MINIMAL, "infrastructureBackoffLimit": 0, "hangTimeoutSeconds": 600})
     assert (spec.infrastructure_backoff_limit, spec.hang_timeout_seconds) == (0, 600)
     with pytest.raises(InvalidSpec, match=r"env\[0\].name.*DDP_HANG_TIMEOUT_SECONDS is set from spec.hangTimeoutSeconds"):
