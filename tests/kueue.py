@@ -14,7 +14,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from ddp_contract import api
-from ddp_operator.queueing import KUEUE_GROUP, KUEUE_VERSION, PRIORITY_CLASSES, WORKLOADS
+from ddp_operator.kueue.rules import KUEUE_GROUP, KUEUE_VERSION, PRIORITY_CLASSES, WORKLOADS
 from kube import REPO, wait_until
 
 KUEUE_SCRIPT = REPO / "localcluster" / "kueue.sh"

@@ -12,10 +12,10 @@ from ddp_contract.timestamps import parse_rfc3339
 from ddp_operator import constants as c
 from ddp_operator.deadlines import deadline_exceeded, startup_remaining
 from ddp_operator.failures import RankFailure, describe_problems
+from ddp_operator.kueue.rules import Gate, QueueState
 from ddp_operator.manifests import pod_name
 from ddp_operator.podsummary import PodSummary
 from ddp_operator.policy import BUDGET_FIELDS, RESTART_COUNTERS, budget, is_retryable, repeats_previous
-from ddp_operator.queueing import Gate, QueueState
 from ddp_operator.spec import JobSpec
 
 

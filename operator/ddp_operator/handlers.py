@@ -19,11 +19,11 @@ from ddp_contract import api
 from ddp_operator import metrics
 from ddp_operator.config import OperatorConfig, exact, served
 from ddp_operator.kubeapi import KubeApi, make_api_client
+from ddp_operator.kueue.workloads import WorkloadCache
 from ddp_operator.leader import LeaderElector
 from ddp_operator.nodewatch import NodeCache
 from ddp_operator.podwatch import PodCache
 from ddp_operator.reconciler import JobStore, Reconciler
-from ddp_operator.workloadwatch import WorkloadCache
 
 log = logging.getLogger(__name__)
 

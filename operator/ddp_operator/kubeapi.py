@@ -19,7 +19,6 @@ from kubernetes.client.rest import ApiException
 
 from ddp_contract import api, kubeclient
 from ddp_operator import metrics
-from ddp_operator.queueing import KUEUE_GROUP, KUEUE_VERSION, PRIORITY_CLASSES, WORKLOADS
 
 T = TypeVar("T")
 CONCURRENCY = 32  # calls in flight for children (pods, services, ...)
@@ -113,29 +112,36 @@ class KubeApi:
             return
         metrics.PODS_DELETED.labels(str(force).lower()).inc()
 
-    async def ensure(self, obj: dict[str, Any]) -> Mapping[str, Any] | None:
-        """Creates a namespaced Pod, Service, ServiceAccount, Role, RoleBinding or Kueue Workload unless
-        its name is taken; then returns the metadata of the object that holds it (an earlier pass's, or a stranger's)."""
-        create, read = {
+    async def ensure(self, obj: dict[str, Any], calls: tuple[Callable[..., Any], Callable[..., Any]] | None = None
+                     ) -> Mapping[str, Any] | None:
+        """Creates a namespaced Pod, Service, ServiceAccount, Role or RoleBinding (another kind: its
+        create and read `calls`) unless its name is taken; then returns the metadata of the object
+        that holds it (an earlier pass's, or a stranger's)."""
+        create, read = calls or {
             "Pod": (self.core.create_namespaced_pod, self.core.read_namespaced_pod),
             "Service": (self.core.create_namespaced_service, self.core.read_namespaced_service),
             "ServiceAccount": (self.core.create_namespaced_service_account, self.core.read_namespaced_service_account),
             "Role": (self.rbac.create_namespaced_role, self.rbac.read_namespaced_role),
             "RoleBinding": (self.rbac.create_namespaced_role_binding, self.rbac.read_namespaced_role_binding),
-            "Workload": (functools.partial(_create_workload, self.custom), functools.partial(_read_workload, self.custom)),
         }[obj["kind"]]
         namespace = obj["metadata"]["namespace"]
+        refused: ApiException | None = None
         try:
             await self.send(create, namespace, obj)
             if obj["kind"] == "Pod":
                 metrics.PODS_CREATED.inc()
             return None
         except ApiException as error:
-            if error.status != 409:
+            if error.status not in (403, 409):
                 raise
+            # Admission (a full quota, Pod Security) judges a create before the name is found taken:
+            # creating an object that exists is then refused (403), not a conflict (409).
+            refused = error if error.status == 403 else None
         try:
             response = await self.call(read, obj["metadata"]["name"], namespace, _preload_content=False)
         except ApiException as error:
+            if refused is not None:
+                raise refused from None
             if error.status == 404:  # gone again since: the next pass creates it
                 return None
             raise
@@ -156,25 +162,6 @@ class KubeApi:
             api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"status": status},
         )
 
-    async def patch_workload(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
-        await self.send(self.custom.patch_namespaced_custom_object, KUEUE_GROUP, KUEUE_VERSION, namespace,
-                        WORKLOADS, name, patch)
-
-    async def patch_workload_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
-        await self.send(self.custom.patch_namespaced_custom_object_status, KUEUE_GROUP, KUEUE_VERSION, namespace,
-                        WORKLOADS, name, patch, status=True)
-
-    async def workload_priority(self, name: str) -> int | None:
-        """The value of the WorkloadPriorityClass `name`; None if there is none."""
-        try:
-            found = await self.call(self.custom.get_cluster_custom_object, KUEUE_GROUP, KUEUE_VERSION,
-                                    PRIORITY_CLASSES, name)
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-        return int(found.get("value", 0))
-
     async def delete_job(self, namespace: str, name: str) -> None:
         try:
             await self.call(
@@ -189,14 +176,6 @@ class KubeApi:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._status_pool.shutdown(wait=False, cancel_futures=True)
         self.api.close()
-
-
-def _create_workload(custom: client.CustomObjectsApi, namespace: str, body: Mapping[str, Any], **kwargs: Any) -> Any:
-    return custom.create_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOADS, body, **kwargs)
-
-
-def _read_workload(custom: client.CustomObjectsApi, name: str, namespace: str, **kwargs: Any) -> Any:
-    return custom.get_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOADS, name, **kwargs)
 
 
 def is_controlled_by(meta: Mapping[str, Any], job: Mapping[str, Any]) -> bool:

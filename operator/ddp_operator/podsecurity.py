@@ -12,6 +12,7 @@ refused by the kubelet, and the job says so (`ImageRunsAsRoot`).
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -65,4 +66,7 @@ def root_image_problem(kubelet_message: str) -> str | None:
     """The kubelet refusing to start a root image because of runAsNonRoot, with what to do; None otherwise."""
     if not any(mark in kubelet_message for mark in ROOT_IMAGE_MARKS):
         return None
-    return f"{kubelet_message.strip()}: {ROOT_IMAGE_ADVICE}"
+    # The pod's own name is left out ("(pod: "train-3_ns(uid)", container: trainer)"): ranks refused
+    # alike are said together.
+    said = re.sub(r' \(pod: "[^"]*", container: [^)]*\)', "", kubelet_message.strip())
+    return f"{said}: {ROOT_IMAGE_ADVICE}"

@@ -1,6 +1,6 @@
 """The operator's view of its own pods: a label-selected list+watch kept in memory (one per namespace
 when the operator watches a list of namespaces), on listwatch.JobObjects, as the Kueue Workloads'
-cache (workloadwatch.py) is.
+cache (kueue/workloads.py) is.
 
 kopf watches every object of a kind and filters labels on the client, so a busy cluster's pods
 would all stream through the operator. This watch asks the API server for our pods only

@@ -11,10 +11,12 @@ A status pass (`reconcile`), run for a job whenever it or one of its pods change
     force-delete summary.lost_pods (Terminating on a lost node: no kubelet will finish them)
     hand the job to the creation queue when the decision is Create
     for a job in a Kueue queue: create its Workload, hand its quota back once an evicted (or
-      suspended) gang's pods are gone, mark it Finished with the job        queueing.py
+      suspended) gang's pods are gone, mark it Finished with the job        kueue/
 A creation pass (`create_children`) decides again from what the cluster holds now and creates the
 Service, the progress identity and the free ranks' pods, only for the attempt status records; it runs
 on its own queue, so a job whose gang just became Running never waits behind other jobs' creations.
+It writes no status: what it could not create (a name in the way, a refusal, a quota too small for the
+whole gang) is kept in the job's `JobMemory` and said by the next status pass, the only writer.
 A gang restart therefore takes several passes: delete, then create each rank once its name is free.
 
 All judgement lives in pure functions (spec.py, manifests.py and the modules above); this module
@@ -29,8 +31,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
 from kubernetes.client.rest import ApiException
 
@@ -43,24 +46,14 @@ from ddp_operator.decision import Action, decide
 from ddp_operator.events import post_event
 from ddp_operator.failures import RankProblem
 from ddp_operator.kubeapi import KubeApi, adopt, api_message, is_controlled_by, is_going_away
+from ddp_operator.kueue.gate import KueueGate
+from ddp_operator.kueue.rules import Gate, QueueState, queue_name
+from ddp_operator.kueue.workloads import WorkloadCache
 from ddp_operator.listwatch import JobKey
 from ddp_operator.manifests import build_pod, build_progress_access, build_service
 from ddp_operator.nodes import NodeInfo, Nodes, lost_nodes, seconds_until_lost
 from ddp_operator.podsummary import PodSummary, summarize_pods
 from ddp_operator.podwatch import PodCache
-from ddp_operator.queueing import (
-    PRIORITY_CLASS_LABEL,
-    QueueState,
-    activation_patch,
-    belongs_to,
-    build_workload,
-    can_judge,
-    finish_patch,
-    priority_class,
-    queue_name,
-    queue_state,
-    release_patch,
-)
 from ddp_operator.quota import Shortfall, gang_shortfall
 from ddp_operator.spec import InvalidSpec, JobSpec, parse_spec, validate_job_name
 from ddp_operator.statuspatch import (
@@ -70,7 +63,6 @@ from ddp_operator.statuspatch import (
     invalid_spec_status,
     only_counts_changed,
 )
-from ddp_operator.workloadwatch import WorkloadCache
 from ddp_operator.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -82,8 +74,6 @@ COUNTS_INTERVAL = 1.0
 DELETE_REISSUE_AFTER = 30.0
 # Seconds between looks at objects holding a job's names, which no watch of ours reports.
 IN_THE_WAY_RECHECK = 5.0
-# Seconds between tries to create a Workload the API refused (a missing WorkloadPriorityClass).
-WORKLOAD_RETRY = 10.0
 # Seconds between passes for a queued job while the Workload watch has not listed them yet.
 WORKLOADS_UNSYNCED_RECHECK = 1.0
 # The work queues' names in the metrics.
@@ -130,6 +120,17 @@ class JobStore:
             return list(self._jobs.values())
 
 
+@dataclass
+class JobMemory:
+    """What the reconciler keeps of one job between passes: none of it is status, and an operator that
+    starts again rebuilds it in its first passes."""
+
+    patched_at: float = float("-inf")  # monotonic time of the job's last status patch
+    in_the_way: InTheWay = InTheWay()  # what the last creation pass found holding the job's names
+    fit: tuple[Mapping[str, NodeInfo], Any, str | None] | None = None  # gang_too_large: nodes, generation, verdict
+    refused: Refused | None = None  # what the API server (or a quota) refused the last creation pass
+
+
 class Reconciler:
     """Two keyed queues drive it: `queue` runs status passes, `creations` runs creation passes."""
 
@@ -139,13 +140,9 @@ class Reconciler:
         self.jobs = jobs
         self.pods = pods
         self.nodes = nodes
-        self.workloads = workloads
-        self._workload_problems: dict[JobKey, str] = {}  # why a job's Workload could not be created
-        self._patched_at: dict[JobKey, float] = {}  # monotonic time of each job's last status patch
+        self.kueue = KueueGate(kube, workloads) if workloads is not None else None
+        self._memory: dict[JobKey, JobMemory] = {}
         self._deleting: dict[tuple[str, bool], float] = {}  # (uid, forced) -> monotonic time its delete was issued
-        self._in_the_way: dict[JobKey, InTheWay] = {}  # what the last creation pass found holding our names
-        self._fit: dict[JobKey, tuple[Mapping[str, NodeInfo], Any, str | None]] = {}  # nodes, generation, verdict
-        self._refused: dict[JobKey, Refused] = {}  # what the API server (or a quota) refused the last creation pass
         self._unreadable_quotas: set[str] = set()  # namespaces whose ResourceQuotas we may not list (said once)
         self.queue = WorkQueue(self.reconcile, workers=workers, name=STATUS_QUEUE)
         self.creations = WorkQueue(self.create_children, workers=workers, name=CREATION_QUEUE)
@@ -168,11 +165,12 @@ class Reconciler:
     def forget(self, key: JobKey) -> None:
         self.queue.forget(key)
         self.creations.forget(key)
-        self._patched_at.pop(key, None)
-        self._in_the_way.pop(key, None)
-        self._fit.pop(key, None)
-        self._workload_problems.pop(key, None)
-        self._refused.pop(key, None)
+        self._memory.pop(key, None)
+        if self.kueue is not None:
+            self.kueue.forget(key)
+
+    def _of(self, key: JobKey) -> JobMemory:
+        return self._memory.setdefault(key, JobMemory())
 
     async def reconcile(self, key: JobKey) -> float | None:
         """The status pass: decide, record status, delete, and hand pod creation to `creations`."""
@@ -200,9 +198,9 @@ class Reconciler:
             return
         job, spec, status, now = current
         queue = self._queue(job, spec, status)
-        if queue is False:
+        if queue is not None and queue.gate == Gate.UNKNOWN:
             return
-        decision = decide(spec, status, self._summary(job, status, spec, now), now, queue or None)
+        decision = decide(spec, status, self._summary(job, status, spec, now), now, queue)
         # Status first: until the status pass has recorded this attempt, it is not ours to create.
         if decision.action != Action.CREATE or decision.attempt != int(status.get("attempt", 0)):
             return
@@ -243,11 +241,10 @@ class Reconciler:
         bound = {pod["spec"]["nodeName"] for pod in pods if pod["spec"].get("nodeName")}
         lost = lost_nodes(bound, nodes, spec.node_lost_grace_seconds, now)
         summary = summarize_pods(pods, int(status.get("attempt", 0)), key[1], lost, spec.ranks_per_pod)
-        in_the_way = self._in_the_way.get(key)
-        held = in_the_way.problems(spec.pods, summary.live_ranks) if in_the_way else ()
-        refusal = self._refused.get(key)
-        if refusal is not None:
-            held += refusal.problems(summary.attempt, summary.live_ranks)
+        memory = self._of(key)
+        held = memory.in_the_way.problems(spec.pods, summary.live_ranks)
+        if memory.refused is not None:
+            held += memory.refused.problems(summary.attempt, summary.live_ranks)
         too_large = self._too_large(job, spec, nodes) if summary.unscheduled_ranks else None
         if too_large:
             held += tuple(RankProblem(rank, c.REASON_GANG_TOO_LARGE, too_large) for rank in summary.unscheduled_ranks)
@@ -258,19 +255,18 @@ class Reconciler:
         has unscheduled ranks for many passes, and a cluster may have thousands of nodes."""
         if not nodes.synced:
             return None
-        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        memory = self._of((job["metadata"]["namespace"], job["metadata"]["name"]))
         generation = job["metadata"].get("generation")
-        known = self._fit.get(key)
-        if known is not None and known[0] is nodes.known and known[1] == generation:
-            return known[2]
+        if memory.fit is not None and memory.fit[0] is nodes.known and memory.fit[1] == generation:
+            return memory.fit[2]
         verdict = gang_too_large(spec, nodes.known.values())
-        self._fit[key] = (nodes.known, generation, verdict)
+        memory.fit = (nodes.known, generation, verdict)
         return verdict
 
     async def _reconcile(self, job: dict[str, Any], spec: JobSpec, status: Mapping[str, Any], now: datetime) -> float | None:
         name = job["metadata"]["name"]
         queue = self._queue(job, spec, status)
-        if queue is False:  # not known yet whether Kueue admits it: nothing is done until it is
+        if queue is not None and queue.gate == Gate.UNKNOWN:  # nothing is done until Kueue's word is known
             return WORKLOADS_UNSYNCED_RECHECK
         summary = self._summary(job, status, spec, now)
         decision = decide(spec, status, summary, now, queue or None)
@@ -284,93 +280,31 @@ class Reconciler:
             await self._record(job, patch)
         await self._delete(job, decision.delete_pods, summary.uids)
         await self._delete(job, summary.lost_pods, summary.uids, force=True)
-        if queue_name(job) is not None and self.workloads is not None and self.workloads.synced_in(key[0]):
-            await self._sync_workload(job, spec, {**status, **patch}, now)
+        if self.kueue is not None:
+            await self.kueue.sync(job, spec, {**status, **patch}, now, has_pods=bool(self._own_pods(job)))
         quota_wait = self._quota_wait(key, decision.attempt) if decision.action == Action.CREATE else None
         if decision.action == Action.CREATE and quota_wait is None:
             # Not awaited here: a pass that waited on pod creation would hold its worker while
             # other jobs' status (a gang that just became Running) waits in the queue.
             self.creations.add(key)
         # Objects in the way are not watched (they are not ours): look again in a while.
-        recheck = IN_THE_WAY_RECHECK if self._in_the_way.get(key) else None
-        if key in self._workload_problems:
-            recheck = min(recheck or WORKLOAD_RETRY, WORKLOAD_RETRY)
+        recheck = IN_THE_WAY_RECHECK if self._of(key).in_the_way else None
+        workload_retry = self.kueue.recheck_after(key) if self.kueue is not None else None
+        if workload_retry is not None:
+            recheck = min(recheck or workload_retry, workload_retry)
         # A node NotReady under a rank is lost once the grace has passed: look again then.
         lost_in = seconds_until_lost(summary.nodes, self.nodes(), spec.node_lost_grace_seconds, now)
         due = [t for t in (wait, recheck, lost_in, quota_wait, decision.recheck_after,
                            requeue_after({**status, **patch}, spec, now)) if t is not None]
         return min(due) if due else None
 
-    def _queue(self, job: Mapping[str, Any], spec: JobSpec, status: Mapping[str, Any]
-               ) -> QueueState | None | Literal[False]:
-        """For a job in a Kueue queue, what its Workload allows; None for any other job (or a finished
-        one), False while the Workload watch has not listed yet: a running gang is not judged (and
-        stopped) on a view that is merely empty."""
-        if queue_name(job) is None or self.workloads is None:
-            return None
-        self.workloads.ensure_started()  # a finished job's Workload is still to be marked Finished
-        if status.get("phase") in c.TERMINAL_PHASES:
-            return None
-        key = (job["metadata"]["namespace"], job["metadata"]["name"])
-        unavailable = self.workloads.unavailable(key[0])
-        error = self.workloads.error_in(key[0])
-        if not can_judge(unavailable, error.status if error is not None else None, "startTime" in status):
-            return False
-        return queue_state(job, spec, self._workload(job), unavailable or self._workload_problems.get(key))
-
-    def _workload(self, job: Mapping[str, Any]) -> dict[str, Any] | None:
-        if self.workloads is None:
-            return None
-        key = (job["metadata"]["namespace"], job["metadata"]["name"])
-        return next((w for w in self.workloads.workloads(key) if belongs_to(w, job)), None)
-
-    async def _sync_workload(self, job: dict[str, Any], spec: JobSpec, status: Mapping[str, Any],
-                             now: datetime) -> None:
-        """Carries out the Workload's part of the pass: create it; deactivate it while the job is
-        suspended; once an evicted gang's pods are gone, hand its quota back; when the job has
-        finished, mark it Finished."""
-        assert self.workloads is not None
-        key = (job["metadata"]["namespace"], job["metadata"]["name"])
-        workload = self._workload(job)
-        phase = status.get("phase")
-        try:
-            if phase in c.TERMINAL_PHASES:
-                patch = workload and finish_patch(workload, phase == c.PHASE_SUCCEEDED, str(status.get("message", "")),
-                                                  now)
-            elif workload is None:
-                await self._create_workload(job, spec, int(status.get("attempt", 0)))
-                return
-            else:
-                active = activation_patch(workload, spec)
-                if active:
-                    await self.kube.patch_workload(key[0], workload["metadata"]["name"], active)
-                patch = None if self._own_pods(job) else release_patch(workload, now)
-            if workload and patch:
-                await self.kube.patch_workload_status(key[0], workload["metadata"]["name"], patch)
-        except ApiException as error:
-            if error.status in (404, 409):  # gone, or changed since it was read: the next pass sees it
-                return
-            if error.status not in (400, 403, 422):
-                raise
-            self._workload_problems[key] = f"its Workload was refused: {api_message(error)}"
-
-    async def _create_workload(self, job: dict[str, Any], spec: JobSpec, attempt: int) -> None:
-        key = (job["metadata"]["namespace"], job["metadata"]["name"])
-        priority = None
-        name = priority_class(job)
-        if name:
-            priority = await self.kube.workload_priority(name)
-            if priority is None:
-                self._workload_problems[key] = (f"WorkloadPriorityClass {name} (label {PRIORITY_CLASS_LABEL}) does not "
-                                                "exist: create it or change the label")
-                return
-        pod_spec = build_pod(job, spec, 0, attempt)["spec"]
-        await self.kube.ensure(adopt(build_workload(job, spec, pod_spec, priority), job))
-        self._workload_problems.pop(key, None)
+    def _queue(self, job: Mapping[str, Any], spec: JobSpec, status: Mapping[str, Any]) -> QueueState | None:
+        """For a job in a Kueue queue, what its Workload allows (KueueGate.state); None for any other."""
+        return self.kueue.state(job, spec, status) if self.kueue is not None else None
 
     def _quota_wait(self, key: JobKey, attempt: int) -> float | None:
         """Seconds until the next try to create a gang a quota refused; None to try now."""
-        known = self._refused.get(key)
+        known = self._of(key).refused
         if known is None or not known.refusal.waits or known.attempt != attempt:
             return None
         left = known.retry_at - time.monotonic()
@@ -380,7 +314,7 @@ class Reconciler:
         """Seconds to hold back a patch that only moves rank counts; None to patch now."""
         if not only_counts_changed(status, patch):
             return None
-        elapsed = time.monotonic() - self._patched_at.get(key, float("-inf"))
+        elapsed = time.monotonic() - self._of(key).patched_at
         return COUNTS_INTERVAL - elapsed if elapsed < COUNTS_INTERVAL else None
 
     async def _create(self, job: dict[str, Any], spec: JobSpec, ranks: tuple[int, ...], attempt: int) -> None:
@@ -420,7 +354,9 @@ class Reconciler:
                 return
             pods = [(rank, pod["metadata"]["name"]) for rank, pod, holder in zip(ranks, built, results, strict=True)
                     if holder is not None and not is_controlled_by(holder, job)]  # type: ignore[arg-type]
-        if self._refused.pop(key, None) is not None:
+        memory = self._of(key)
+        if memory.refused is not None:
+            memory.refused = None
             self.add(key)  # the status pass stops saying so
         self._note_in_the_way(key, InTheWay(tuple(objects), tuple(pods)))
 
@@ -452,18 +388,16 @@ class Reconciler:
     def _note_refused(self, key: JobKey, attempt: int, ranks: Iterable[int], refusal: Refusal, kind: str = "") -> None:
         """Keeps what was refused for the status pass, and asks for one."""
         said = Refusal(refusal.reason, refusal.said_of(kind)) if kind else refusal
-        known, now = self._refused.get(key), time.monotonic()
-        self._refused[key] = known.again(attempt, ranks, said, now) if known else refused(attempt, ranks, said, now)
+        memory, now = self._of(key), time.monotonic()
+        memory.refused = memory.refused.again(attempt, ranks, said, now) if memory.refused else refused(attempt, ranks, said, now)
         log.info("%s/%s: creation refused (%s): %s", *key, said.reason, said.message)
         self.add(key)
 
     def _note_in_the_way(self, key: JobKey, found: InTheWay) -> None:
-        if found == self._in_the_way.get(key, InTheWay()):
+        memory = self._of(key)
+        if found == memory.in_the_way:
             return
-        if found:
-            self._in_the_way[key] = found
-        else:
-            self._in_the_way.pop(key, None)
+        memory.in_the_way = found
         self.add(key)  # the status pass says so (or stops saying so)
 
     async def _delete(self, job: Mapping[str, Any], names: tuple[str, ...], uids: Mapping[str, str],
@@ -492,7 +426,7 @@ class Reconciler:
         if not changed_fields(status, patch):
             return
         meta = job["metadata"]
-        self._patched_at[(meta["namespace"], meta["name"])] = time.monotonic()
+        self._of((meta["namespace"], meta["name"])).patched_at = time.monotonic()
         updated = await self.kube.patch_job_status(meta["namespace"], meta["name"], patch)
         self.jobs.put(updated)
         metrics.status_recorded(job, status, patch, datetime.now(UTC))

@@ -26,7 +26,7 @@ from ddp_operator.config import (
     ENV_METRICS_PORT,
     ENV_NAMESPACES,
 )
-from ddp_operator.queueing import KUEUE_GROUP
+from ddp_operator.kueue.rules import KUEUE_GROUP
 from helmchart import CHART, ON_FAKE_NODES, env_of, helm_for, installed, operator_settings, render, render_all
 from kube import REPO, Cluster, glob_for, kubeconfig_of, wait_until
 

@@ -10,7 +10,7 @@ import uuid
 import pytest
 from kubernetes import client
 
-from ddp_operator.queueing import KUEUE_GROUP, KUEUE_VERSION
+from ddp_operator.kueue.rules import KUEUE_GROUP, KUEUE_VERSION
 from kube import Cluster, wait_until
 from kueue import KUEUE_SCRIPT, kueue_script
 from procs import alive, is_loopback, listening_addresses

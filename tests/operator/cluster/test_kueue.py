@@ -14,8 +14,8 @@ from kubernetes import client
 
 from ddp_contract import envnames
 from ddp_operator import constants as c
+from ddp_operator.kueue.rules import PRIORITY_CLASS_LABEL, QUEUE_LABEL
 from ddp_operator.manifests import progress_service_account
-from ddp_operator.queueing import PRIORITY_CLASS_LABEL, QUEUE_LABEL
 from ddp_trainer.jobstatus import JobStatusSink, last_checkpoint
 from helmchart import CHART, ON_FAKE_NODES, helm_for, installed, operator_settings
 from kube import Cluster, Jobs, OperatorProcess, PodLives, client_as, env_of, kubeconfig_of, wait_until

@@ -196,4 +196,5 @@ def test_a_root_image_under_run_as_non_root_is_said_with_what_to_do() -> None:
     summary = summary_of(pod(0, "pending", waiting="CreateContainerConfigError", waiting_message=said))
     (problem,) = summary.problems
     assert problem.reason == c.REASON_IMAGE_RUNS_AS_ROOT and problem.reason in c.FAIL_AT_ONCE_REASONS
-    assert problem.message.startswith(said) and "runAsUser" in problem.message and "USER" in problem.message
+    assert problem.message.startswith("container has runAsNonRoot and image will run as root: rank pods run as")
+    assert "train-0" not in problem.message and "runAsUser" in problem.message and "USER" in problem.message

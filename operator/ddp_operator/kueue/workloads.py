@@ -17,8 +17,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from ddp_contract.labels import LABEL_JOB_NAME
+from ddp_operator.kueue.rules import KUEUE_GROUP, KUEUE_VERSION, WORKLOADS
 from ddp_operator.listwatch import JobKey, JobObjects, OnChange
-from ddp_operator.queueing import KUEUE_GROUP, KUEUE_VERSION, WORKLOADS
 
 
 def slim_workload(workload: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ Finished, which frees the quota. A suspended job's Workload is deactivated (spec
 Kueue evicts it if admitted and admits it no more until the job is resumed.
 
 Everything here is pure: what the Workload looks like, what its status means for the job, and the
-status patches the operator writes to it.
+status patches the operator writes to it; gate.py carries it out, workloads.py watches the Workloads.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ REQUEUED_EVICTIONS = frozenset({"Preempted", "NodeFailures"})
 
 
 class Gate(enum.StrEnum):
+    UNKNOWN = "Unknown"  # the Workload watch has not listed yet: nothing is judged or done
     ADMITTED = "Admitted"  # the gang may run
     QUEUED = "Queued"  # waiting for admission: no pods
     EVICTED = "Evicted"  # admitted, then evicted: the pods go, then the quota is handed back
@@ -61,6 +62,7 @@ class QueueState:
 
 
 ADMITTED = QueueState(Gate.ADMITTED)
+UNKNOWN = QueueState(Gate.UNKNOWN)
 
 
 def queue_name(job: Mapping[str, Any]) -> str | None:

@@ -9,7 +9,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from ddp_contract import labels
-from ddp_operator.workloadwatch import WorkloadCache, slim_workload, unavailable_reason
+from ddp_operator.kueue.workloads import WorkloadCache, slim_workload, unavailable_reason
 
 
 def api_workload(name: str, job: str | None = "mnist", uid: str = "w1", namespace: str = "ns") -> dict[str, Any]:

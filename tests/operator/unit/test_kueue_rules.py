@@ -1,4 +1,4 @@
-"""queueing: a DDPJob's Kueue Workload, what its status means for the gang, and what the operator writes back."""
+"""kueue.rules: a DDPJob's Kueue Workload, what its status means for the gang, and what the operator writes back."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
 from ddp_operator.conditions import get_condition
 from ddp_operator.decision import Action, decide
-from ddp_operator.listwatch import job_key
-from ddp_operator.manifests import build_pod
-from ddp_operator.queueing import (
+from ddp_operator.kueue.rules import (
     ADMITTED,
     PRIORITY_CLASS_LABEL,
     QUEUE_LABEL,
@@ -28,6 +26,8 @@ from ddp_operator.queueing import (
     release_patch,
     workload_name,
 )
+from ddp_operator.listwatch import job_key
+from ddp_operator.manifests import build_pod
 from ddp_operator.statuspatch import compute_status
 from podfixtures import EARLIER, JOB, NOW, job_spec, pod, summary_of
 

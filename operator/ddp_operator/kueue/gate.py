@@ -1,0 +1,144 @@
+"""The reconciler's dealings with Kueue, for the jobs that name a LocalQueue: what the job's Workload
+allows its gang now (`state`), and the Workload's part of a status pass (`sync`): create it, deactivate
+it while the job is suspended, hand the quota back once an evicted gang's pods are gone, and mark it
+Finished with the job. The Workload API calls are made here, on the operator's KubeApi pools.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from ddp_operator import constants as c
+from ddp_operator.kubeapi import KubeApi, adopt, api_message
+from ddp_operator.kueue.rules import (
+    KUEUE_GROUP,
+    KUEUE_VERSION,
+    PRIORITY_CLASS_LABEL,
+    PRIORITY_CLASSES,
+    UNKNOWN,
+    WORKLOADS,
+    QueueState,
+    activation_patch,
+    belongs_to,
+    build_workload,
+    can_judge,
+    finish_patch,
+    priority_class,
+    queue_name,
+    queue_state,
+    release_patch,
+)
+from ddp_operator.kueue.workloads import WorkloadCache
+from ddp_operator.listwatch import JobKey
+from ddp_operator.manifests import build_pod
+from ddp_operator.spec import JobSpec
+
+# Seconds between tries to create a Workload the API refused (a missing WorkloadPriorityClass).
+WORKLOAD_RETRY = 10.0
+
+
+class KueueGate:
+    def __init__(self, kube: KubeApi, workloads: WorkloadCache) -> None:
+        self.kube = kube
+        self.workloads = workloads
+        self._problems: dict[JobKey, str] = {}  # why a job's Workload could not be created
+
+    def forget(self, key: JobKey) -> None:
+        self._problems.pop(key, None)
+
+    def state(self, job: Mapping[str, Any], spec: JobSpec, status: Mapping[str, Any]) -> QueueState | None:
+        """What the job's Workload allows: None for a job in no queue (or a finished one); UNKNOWN while
+        the Workload watch has not listed the job's namespace, so that a running gang is not judged (and
+        stopped) on a view that is merely empty."""
+        if queue_name(job) is None:
+            return None
+        self.workloads.ensure_started()  # a finished job's Workload is still to be marked Finished
+        if status.get("phase") in c.TERMINAL_PHASES:
+            return None
+        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        unavailable = self.workloads.unavailable(key[0])
+        error = self.workloads.error_in(key[0])
+        if not can_judge(unavailable, error.status if error is not None else None, "startTime" in status):
+            return UNKNOWN
+        return queue_state(job, spec, self._workload(job), unavailable or self._problems.get(key))
+
+    def recheck_after(self, key: JobKey) -> float | None:
+        """Seconds until the job's Workload is to be created again, after the API refused it."""
+        return WORKLOAD_RETRY if key in self._problems else None
+
+    async def sync(self, job: dict[str, Any], spec: JobSpec, status: Mapping[str, Any], now: datetime,
+                   has_pods: bool) -> None:
+        """The Workload's part of a status pass, for a job in a queue once the namespace's Workloads are
+        listed: `status` is the job's as just decided, `has_pods` whether any of its pods still exists."""
+        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        if queue_name(job) is None or not self.workloads.synced_in(key[0]):
+            return
+        workload = self._workload(job)
+        phase = status.get("phase")
+        try:
+            if phase in c.TERMINAL_PHASES:
+                patch = workload and finish_patch(workload, phase == c.PHASE_SUCCEEDED, str(status.get("message", "")),
+                                                  now)
+            elif workload is None:
+                await self._create(job, spec, int(status.get("attempt", 0)))
+                return
+            else:
+                active = activation_patch(workload, spec)
+                if active:
+                    await self.kube.send(self.kube.custom.patch_namespaced_custom_object, KUEUE_GROUP, KUEUE_VERSION,
+                                         key[0], WORKLOADS, workload["metadata"]["name"], active)
+                patch = None if has_pods else release_patch(workload, now)
+            if workload and patch:
+                await self.kube.send(self.kube.custom.patch_namespaced_custom_object_status, KUEUE_GROUP, KUEUE_VERSION,
+                                     key[0], WORKLOADS, workload["metadata"]["name"], patch, status=True)
+        except ApiException as error:
+            if error.status in (404, 409):  # gone, or changed since it was read: the next pass sees it
+                return
+            if error.status not in (400, 403, 422):
+                raise
+            self._problems[key] = f"its Workload was refused: {api_message(error)}"
+
+    def _workload(self, job: Mapping[str, Any]) -> dict[str, Any] | None:
+        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        return next((w for w in self.workloads.workloads(key) if belongs_to(w, job)), None)
+
+    async def _create(self, job: dict[str, Any], spec: JobSpec, attempt: int) -> None:
+        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        priority = None
+        name = priority_class(job)
+        if name:
+            priority = await self._priority(name)
+            if priority is None:
+                self._problems[key] = (f"WorkloadPriorityClass {name} (label {PRIORITY_CLASS_LABEL}) does not "
+                                       "exist: create it or change the label")
+                return
+        pod_spec = build_pod(job, spec, 0, attempt)["spec"]
+        custom = self.kube.custom
+        await self.kube.ensure(adopt(build_workload(job, spec, pod_spec, priority), job),
+                               calls=(functools.partial(_create_workload, custom), functools.partial(_read_workload, custom)))
+        self._problems.pop(key, None)
+
+    async def _priority(self, name: str) -> int | None:
+        """The value of the WorkloadPriorityClass `name`; None if there is none."""
+        try:
+            found = await self.kube.call(self.kube.custom.get_cluster_custom_object, KUEUE_GROUP, KUEUE_VERSION,
+                                         PRIORITY_CLASSES, name)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return int(found.get("value", 0))
+
+
+def _create_workload(custom: client.CustomObjectsApi, namespace: str, body: Mapping[str, Any], **kwargs: Any) -> Any:
+    return custom.create_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOADS, body, **kwargs)
+
+
+def _read_workload(custom: client.CustomObjectsApi, name: str, namespace: str, **kwargs: Any) -> Any:
+    return custom.get_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOADS, name, **kwargs)
