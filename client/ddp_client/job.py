@@ -14,7 +14,7 @@ from ddp_contract import api, labels, layout
 from . import logs as logtext
 from . import metrics as metricdata
 from . import summary
-from .store import JobStore, S3Access, StoreError, job_access
+from .store import ResultsPrefix, S3Access, StoreError, job_access
 
 POLL_SECONDS = 2.0
 WATCH_SECONDS = 30  # a watch is renewed this often (and at wait()'s deadline)
@@ -61,7 +61,7 @@ class Job:
         self.core = client.CoreV1Api(api_client)
         self.s3_access = S3Access.from_env() if s3_access is None else s3_access
         self.results_uri = results_uri  # spec.s3.results, for a job already deleted (ttlSecondsAfterFinished)
-        self._store: JobStore | None = None
+        self._store: ResultsPrefix | None = None
         self._seen: dict[str, Any] | None = None  # the job as last read: what is known once it is deleted
         self._parts: dict[str, tuple[int, str]] = {}  # kept log parts read so far: key -> (size, text)
 
@@ -199,7 +199,7 @@ class Job:
 
     # --- S3 --------------------------------------------------------------------------------------
 
-    def store(self) -> JobStore:
+    def store(self) -> ResultsPrefix:
         """The job's results prefix, with spec.s3's endpoint and its Secret's credentials unless set here."""
         if self._store is None:
             spec_s3 = self._spec_s3()
@@ -210,7 +210,7 @@ class Job:
             if secret_name and not self.s3_access.access_key_id:
                 secret = self._credentials_secret(secret_name)
             access = self.s3_access.over(job_access(spec_s3, secret, secret_name))
-            self._store = JobStore(access, spec_s3["results"], self.namespace, self.name)
+            self._store = ResultsPrefix(access, spec_s3["results"], self.namespace, self.name)
         return self._store
 
     def _credentials_secret(self, name: str) -> dict[str, Any]:
