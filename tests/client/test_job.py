@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import io
-import sys
-import types
 from typing import Any
 
-from ddp_client.job import Job, ProgressDisplay
+from ddp_client.job import Job
 from ddp_contract import labels, layout
 
 
@@ -106,35 +103,3 @@ def test_from_python_the_environment_s_s3_settings_win_over_the_job_s(monkeypatc
         "http://env-s3:9000", "i", "k")
     given = SpecOnlyJob("j", "ns", client.ApiClient(), s3_access=S3Access(access_key_id="a", secret_access_key="b"))
     assert given.store()._access.endpoint == "http://job-s3:9000"
-
-
-class Terminal(io.StringIO):
-    def isatty(self) -> bool:
-        return True
-
-
-def test_the_progress_line_is_rewritten_on_a_terminal_and_thinned_in_a_file(monkeypatch: Any) -> None:
-    running = {"phase": "Running", "ready": "2/2"}
-    statuses = [{"phase": "Pending"}, running, *({**running, "progress": {"step": s}} for s in (1, 2, 3))]
-    file, terminal = io.StringIO(), Terminal()
-    for out in (file, terminal):
-        display = ProgressDisplay(out)
-        for status in statuses:
-            display.show(f"{status['phase']} {status.get('progress', {}).get('step', '-')}", status)
-        display.end("done")
-    # A file: each change of phase and the first progress; more progress only every LINE_SECONDS.
-    assert file.getvalue() == "Pending -\nRunning -\nRunning 1\ndone\n"
-    assert terminal.getvalue() == "\rPending -\rRunning -\rRunning 1\rRunning 2\rRunning 3\r         \rdone\n"
-    monkeypatch.setattr("ddp_client.job.LINE_SECONDS", 0.0)
-    display = ProgressDisplay(file := io.StringIO())
-    for status in statuses:
-        display.show(f"{status['phase']} {status.get('progress', {}).get('step', '-')}", status)
-    assert file.getvalue().splitlines()[-1] == "Running 3"
-
-
-def test_in_a_notebook_the_line_is_rewritten_too(monkeypatch: Any) -> None:
-    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
-    display = ProgressDisplay(out := io.StringIO())
-    display.show("a", {"phase": "Pending"})
-    display.show("b", {"phase": "Pending"})
-    assert out.getvalue() == "\ra\rb"
