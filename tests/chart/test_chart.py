@@ -27,8 +27,8 @@ from ddp_operator.config import (
     ENV_NAMESPACES,
 )
 from ddp_operator.queueing import KUEUE_GROUP
-from helmchart import CHART, ON_FAKE_NODES, env_of, helm_for, installed, operator_settings, render, render_all
-from kube import REPO, Cluster, glob_for, kubeconfig_of, wait_until
+from helmchart import CHART, ON_FAKE_NODES, helm_for, installed, operator_settings, render, render_all
+from kube import REPO, Cluster, env_of, glob_for, kubeconfig_of, wait_until
 
 WORKLOADS = f"workloads.{KUEUE_GROUP}"
 SYNC = Path("scripts") / "sync-crds.sh"

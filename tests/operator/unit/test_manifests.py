@@ -17,6 +17,7 @@ from ddp_operator.manifests import (
     service_name,
 )
 from ddp_operator.spec import DEFAULT_MASTER_PORT, DEFAULT_NODE_LOST_GRACE_SECONDS, parse_spec
+from kube import env_of
 
 
 def make_job(name: str = "mnist", namespace: str = "team-a", **spec: Any) -> dict[str, Any]:
@@ -35,10 +36,6 @@ def pod_for(job: dict[str, Any], rank: int = 0, attempt: int = 0) -> dict[str, A
 
 def trainer(pod: dict[str, Any]) -> dict[str, Any]:
     return next(x for x in pod["spec"]["containers"] if x["name"] == labels.CONTAINER_NAME)
-
-
-def env_of(pod: dict[str, Any]) -> dict[str, Any]:
-    return {item["name"]: item.get("value", item.get("valueFrom")) for item in trainer(pod)["env"]}
 
 
 def test_names() -> None:
