@@ -18,6 +18,7 @@ from ddp_operator.manifests import (
 )
 from ddp_operator.spec import DEFAULT_MASTER_PORT, DEFAULT_NODE_LOST_GRACE_SECONDS, parse_spec
 from kube import env_of
+from specs import FULL_TEMPLATE
 
 
 def make_job(name: str = "mnist", namespace: str = "team-a", **spec: Any) -> dict[str, Any]:
@@ -193,33 +194,8 @@ def test_user_env_comes_after_injected_env_and_env_from_is_kept() -> None:
     assert trainer(pod)["envFrom"] == [{"secretRef": {"name": "wandb"}}]
 
 
-TEMPLATE = {
-    "metadata": {"labels": {"team": "vision"}, "annotations": {"note": "x"}},
-    "spec": {
-        "nodeSelector": {"gpu": "a100"},
-        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        "affinity": {"nodeAffinity": {}},
-        "serviceAccountName": "trainer",
-        "imagePullSecrets": [{"name": "regcred"}],
-        "priorityClassName": "high",
-        "schedulerName": "volcano",
-        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
-        "containers": [
-            {
-                "name": "trainer",
-                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-                "env": [{"name": "EXTRA", "value": "1"}],
-                "imagePullPolicy": "Always",
-            },
-            {"name": "logger", "image": "fluent-bit:3"},
-        ],
-        "enableServiceLinks": True,
-    },
-}
-
-
 def test_template_is_merged() -> None:
-    pod = pod_for(make_job(template=TEMPLATE, shmSize="1Gi"), 1)
+    pod = pod_for(make_job(template=FULL_TEMPLATE, shmSize="1Gi"), 1)
     spec = pod["spec"]
     for key in (
         "nodeSelector",
@@ -230,8 +206,8 @@ def test_template_is_merged() -> None:
         "schedulerName",
         "enableServiceLinks",
     ):
-        assert spec[key] == TEMPLATE["spec"][key]
-    assert spec["tolerations"][0] == TEMPLATE["spec"]["tolerations"][0]  # then the node-lost ones
+        assert spec[key] == FULL_TEMPLATE["spec"][key]
+    assert spec["tolerations"][0] == FULL_TEMPLATE["spec"]["tolerations"][0]  # then the node-lost ones
     assert pod["metadata"]["labels"]["team"] == "vision"
     assert pod["metadata"]["annotations"]["note"] == "x"
     assert [x["name"] for x in spec["containers"]] == ["trainer", "logger"]
@@ -251,7 +227,7 @@ def test_service_links_off_by_default() -> None:
 
 
 def test_building_does_not_mutate_the_job_or_the_spec() -> None:
-    job = make_job(template=TEMPLATE, shmSize="1Gi")
+    job = make_job(template=FULL_TEMPLATE, shmSize="1Gi")
     spec = parse_spec(job["spec"])
     before = json.dumps(job, sort_keys=True), repr(spec)
     first = build_pod(job, spec, 0, 0)
