@@ -12,7 +12,7 @@ from kubernetes import client
 
 from ddp_operator.config import ENV_IDENTITY, ENV_METRICS_ADDRESS, ENV_METRICS_PORT
 from fakenodes import FAKE_NODE_SELECTOR, FAKE_NODE_TOLERATION
-from kube import REPO, Cluster, Jobs, cluster_script
+from kube import REPO, Cluster, Jobs, cluster_script, env_of
 
 CHART = REPO / "charts"
 # The release's operator pods (the Deployment's pod template labels).
@@ -52,11 +52,6 @@ def render_all(helm: Helm, *args: str, namespace: str = "ops") -> list[dict[str,
 def render(helm: Helm, *args: str, namespace: str = "ops") -> dict[str, dict[str, Any]]:
     """The chart's objects by kind (the last of each kind)."""
     return {doc["kind"]: doc for doc in render_all(helm, *args, namespace=namespace)}
-
-
-def env_of(container: dict[str, Any]) -> dict[str, Any]:
-    """The container's env: plain values, and the field path of those from the downward API."""
-    return {e["name"]: e.get("value", e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")) for e in container["env"]}
 
 
 def operator_settings(objects: dict[str, dict[str, Any]], identity: str = "test") -> dict[str, str]:

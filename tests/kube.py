@@ -346,10 +346,20 @@ def kubeconfig_of(kube_api: client.ApiClient, account: str, namespace: str, admi
     return path
 
 
-def env_of(pod: client.V1Pod) -> dict[str, str]:
-    """The trainer container's plain env values, by name."""
-    trainer = next(x for x in pod.spec.containers if x.name == labels.CONTAINER_NAME)
-    return {e.name: e.value for e in trainer.env if e.value is not None}
+def env_of(pod_or_container: client.V1Pod | dict[str, Any]) -> dict[str, Any]:
+    """A container's env by name: the trainer's given a pod (a V1Pod, or a dict as the API serializes
+    one or the operator builds it), else the container's given (as a chart renders it). Each a plain
+    value, else the field path a downward-API value reads, else its valueFrom (a Secret's key)."""
+    body = pod_or_container
+    if not isinstance(body, dict):
+        body = client.ApiClient().sanitize_for_serialization(body)
+    container = next(x for x in body["spec"]["containers"] if x["name"] == labels.CONTAINER_NAME) if "spec" in body else body
+    env: dict[str, Any] = {}
+    for item in container.get("env") or []:
+        source = item.get("valueFrom")
+        field = (source or {}).get("fieldRef", {}).get("fieldPath")
+        env[item["name"]] = item["value"] if "value" in item else field or source
+    return env
 
 
 class PodLives:

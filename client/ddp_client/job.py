@@ -4,22 +4,23 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import IO, Any, overload
 
 from ddp_contract import api, labels, layout
 
 from . import logs as logtext
+from . import logsources, summary
 from . import metrics as metricdata
-from . import summary
-from .store import JobStore, S3Access, StoreError, job_access
+from .progress import ProgressDisplay
+from .store import ResultsPrefix, S3Access, StoreError, job_access
 
 POLL_SECONDS = 2.0
 WATCH_SECONDS = 30  # a watch is renewed this often (and at wait()'s deadline)
 RECONNECT_SECONDS = 120.0  # how long wait() tries to reach the API server again after a watch's connection broke
-LINE_SECONDS = 30.0  # outside a terminal or notebook, progress alone prints a line this often
 
 
 class JobDeleted(LookupError):
@@ -61,9 +62,9 @@ class Job:
         self.core = client.CoreV1Api(api_client)
         self.s3_access = S3Access.from_env() if s3_access is None else s3_access
         self.results_uri = results_uri  # spec.s3.results, for a job already deleted (ttlSecondsAfterFinished)
-        self._store: JobStore | None = None
+        self._store: ResultsPrefix | None = None
         self._seen: dict[str, Any] | None = None  # the job as last read: what is known once it is deleted
-        self._parts: dict[str, tuple[int, str]] = {}  # kept log parts read so far: key -> (size, text)
+        self._kept: logsources.KeptLogs | None = None  # the log parts kept in S3, as read so far
 
     def __repr__(self) -> str:
         return f"Job({self.namespace}/{self.name})"
@@ -199,7 +200,7 @@ class Job:
 
     # --- S3 --------------------------------------------------------------------------------------
 
-    def store(self) -> JobStore:
+    def store(self) -> ResultsPrefix:
         """The job's results prefix, with spec.s3's endpoint and its Secret's credentials unless set here."""
         if self._store is None:
             spec_s3 = self._spec_s3()
@@ -210,8 +211,12 @@ class Job:
             if secret_name and not self.s3_access.access_key_id:
                 secret = self._credentials_secret(secret_name)
             access = self.s3_access.over(job_access(spec_s3, secret, secret_name))
-            self._store = JobStore(access, spec_s3["results"], self.namespace, self.name)
+            self._store = ResultsPrefix(access, spec_s3["results"], self.namespace, self.name)
         return self._store
+
+    def _spec_s3(self) -> dict[str, Any]:
+        """spec.s3; for a deleted job, as last seen or the results URI given to the handle."""
+        return dict((self._last_known().get("spec") or {}).get("s3") or {})
 
     def _credentials_secret(self, name: str) -> dict[str, Any]:
         from kubernetes.client.rest import ApiException
@@ -278,70 +283,21 @@ class Job:
     def kept_attempts(self) -> dict[int, dict[int, list[str]]]:
         """Log parts kept in S3: attempt -> rank -> the parts' keys, in order."""
         return {attempt: {rank: [key for key, _ in parts] for rank, parts in by_rank.items()}
-                for attempt, by_rank in self._kept_parts().items()}
-
-    def _kept_parts(self) -> dict[int, dict[int, list[tuple[str, int]]]]:
-        attempts: dict[int, dict[int, list[tuple[str, int]]]] = {}
-        for key, size in self.store().list(layout.LOGS):
-            part = layout.parse_log_part(key)
-            if part is not None:
-                attempts.setdefault(part.attempt, {}).setdefault(part.rank, []).append((key, size))
-        return attempts
+                for attempt, by_rank in self._kept_logs().parts().items()}
 
     def log_texts(self, attempt: int | None = None, rank: int | None = None) -> tuple[int | None, dict[int, str]]:
         """(attempt, rank -> output): from the pods while they exist and their logs can be read, else
         from what the ranks kept in S3; the kept copy where it holds more than the pod's log (the
         kubelet rotates long logs away). Default attempt: the pods' (else the newest kept)."""
-        pods = [p for p in self.pods() if not (p.get("metadata") or {}).get("deletionTimestamp")]
-        pod_attempts = {int(p["metadata"]["labels"][labels.LABEL_ATTEMPT]) for p in pods}
-        if attempt is None and pod_attempts:
-            attempt = max(pod_attempts)
-        texts: dict[int, str] = {}
-        for pod in pods:
-            meta = pod["metadata"]
-            pod_rank = int(meta["labels"][labels.LABEL_RANK])
-            if int(meta["labels"][labels.LABEL_ATTEMPT]) == attempt and rank in (None, pod_rank):
-                text = self._pod_log(meta["name"])
-                if text is not None:
-                    texts[pod_rank] = text
-        kept = self._kept(attempt)
-        if kept is not None:
-            attempt, by_rank = kept
-            for kept_rank, parts in by_rank.items():
-                live = texts.get(kept_rank)
-                if rank in (None, kept_rank) and (live is None or sum(size for _, size in parts) > len(live.encode())):
-                    texts[kept_rank] = "".join(self._part_text(key, size) for key, size in parts)
-        return attempt, texts
+        pods = self.pods()
+        kept = self._kept_logs() if self._spec_s3().get("results") else None
+        return logsources.rank_texts(pods, partial(logsources.pod_log, self.core, self.namespace), kept, attempt, rank)
 
-    def _spec_s3(self) -> dict[str, Any]:
-        """spec.s3; for a deleted job, as last seen or the results URI given to the handle."""
-        return dict((self._last_known().get("spec") or {}).get("s3") or {})
-
-    def _part_text(self, key: str, size: int) -> str:
-        """A kept log part, downloaded again only when it grew (following reads every part each poll)."""
-        cached = self._parts.get(key)
-        if cached is None or cached[0] != size:
-            cached = self._parts[key] = (size, self.store().get(key).decode(errors="replace"))
-        return cached[1]
-
-    def _kept(self, attempt: int | None) -> tuple[int, dict[int, list[tuple[str, int]]]] | None:
-        if not self._spec_s3().get("results"):
-            return None
-        attempts = self._kept_parts()
-        if attempt is None:
-            return (max(attempts), attempts[max(attempts)]) if attempts else None
-        return (attempt, attempts[attempt]) if attempt in attempts else None
-
-    def _pod_log(self, pod: str) -> str | None:
-        """A pod's trainer log, or None where the API cannot serve it (no kubelet to ask, container gone)."""
-        from kubernetes.client.rest import ApiException
-        from urllib3.exceptions import HTTPError
-
-        try:
-            text: str = self.core.read_namespaced_pod_log(pod, self.namespace, container=labels.CONTAINER_NAME)
-            return text
-        except (ApiException, HTTPError):
-            return None
+    def _kept_logs(self) -> logsources.KeptLogs:
+        """The log parts kept under the job's results prefix (read again only where they grew)."""
+        if self._kept is None:
+            self._kept = logsources.KeptLogs(self.store())
+        return self._kept
 
     def logs(self, rank: int | None = None, follow: bool = False, attempt: int | None = None,
              out: IO[str] | None = None, poll_s: float = POLL_SECONDS) -> str:
@@ -350,7 +306,7 @@ class Job:
         if follow:
             return self._follow(rank, attempt, out or sys.stdout, poll_s)
         shown, texts = self.log_texts(attempt, rank)
-        return logtext.merge(texts, failed_rank(self._status_or_none(), shown))
+        return logtext.merge(texts, logtext.failed_rank(self._status_or_none(), shown))
 
     def _follow(self, rank: int | None, attempt: int | None, out: IO[str], poll_s: float) -> str:
         follower, shown, written = logtext.Follower(), attempt, []
@@ -374,58 +330,10 @@ class Job:
                 emit(f"--- attempt {current} ---\n")
                 follower = logtext.Follower()
             shown = current
-            emit(follower.new_lines(texts, failed_rank(status, current), final=finished))
+            emit(follower.new_lines(texts, logtext.failed_rank(status, current), final=finished))
             if finished:
                 return "".join(written)
             time.sleep(poll_s)
-
-
-def failed_rank(status: dict[str, Any], attempt: int | None) -> int | None:
-    """The rank whose failure ended `attempt` (status.failedRank), if that attempt's failure is the one recorded."""
-    failed = status.get("failedRank") or {}
-    if failed.get("rank") is None or failed.get("attempt") not in (None, attempt):
-        return None
-    return int(failed["rank"])
-
-
-def in_notebook() -> bool:
-    """Output goes to a Jupyter kernel, whose output area rewrites a line after a carriage return."""
-    return "ipykernel" in sys.modules
-
-
-class ProgressDisplay:
-    """wait()'s progress line: rewritten in place on a terminal and in a notebook; elsewhere (a file,
-    a CI log) a line when the phase, readiness, restarts or reason change and at the first progress,
-    then progress at most every LINE_SECONDS."""
-
-    def __init__(self, out: IO[str] | None) -> None:
-        self.out = out
-        self.in_place = out is not None and (out.isatty() or in_notebook())
-        self.shown = ""
-        self.state: tuple[Any, ...] | None = None
-        self.printed_at = 0.0
-
-    def show(self, line: str, status: Mapping[str, Any]) -> None:
-        if self.out is None or line == self.shown:
-            return
-        if self.in_place:
-            self.out.write("\r" + line.ljust(len(self.shown)))
-        else:
-            state = (status.get("phase"), status.get("ready"), status.get("restarts"), status.get("reason"),
-                     bool(status.get("progress")))
-            if state == self.state and time.monotonic() - self.printed_at < LINE_SECONDS:
-                return
-            self.out.write(line + "\n")
-            self.state, self.printed_at = state, time.monotonic()
-        self.shown = line
-        self.out.flush()
-
-    def end(self, outcome: str) -> None:
-        if self.out is None:
-            return
-        if self.in_place and self.shown:
-            self.out.write("\r" + " " * len(self.shown) + "\r")
-        print(outcome, file=self.out, flush=True)
 
 
 def process_results(job: Job, prefix: str | Path, raise_errors: bool = True,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 
 def prefix_lines(rank: int, text: str) -> str:
@@ -20,6 +21,14 @@ def rank_order(ranks: Iterable[int], failed: int | None = None) -> list[int]:
         ordered.remove(failed)
         ordered.insert(0, failed)
     return ordered
+
+
+def failed_rank(status: Mapping[str, Any], attempt: int | None) -> int | None:
+    """The rank whose failure ended `attempt` (the job's status.failedRank), if that attempt's failure is the one recorded."""
+    failed = status.get("failedRank") or {}
+    if failed.get("rank") is None or failed.get("attempt") not in (None, attempt):
+        return None
+    return int(failed["rank"])
 
 
 def merge(texts: Mapping[int, str], failed: int | None = None) -> str:

@@ -65,8 +65,9 @@ def split_uri(uri: str) -> tuple[str, str]:
     return bucket, key.strip("/")
 
 
-class JobStore:
-    """One job's objects under `<results>/<namespace>/<job>/`, by key relative to that prefix."""
+class ResultsPrefix:
+    """One job's results prefix, `<results>/<namespace>/<job>/` (what its ranks keep: results, metrics,
+    logs, checkpoints), read by key relative to it."""
 
     def __init__(self, access: S3Access, results_uri: str, namespace: str, job: str) -> None:
         self.bucket, base = split_uri(results_uri)

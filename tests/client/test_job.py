@@ -1,83 +1,10 @@
-"""Where Job.log_texts reads each rank's output: its pod while the log can be read, else what it kept in S3."""
+"""The Job handle's S3 settings: the environment's or those given win over the job's own."""
 
 from __future__ import annotations
 
-import io
-import sys
-import types
 from typing import Any
 
-from ddp_client.job import Job, ProgressDisplay
-from ddp_contract import labels, layout
-
-
-class FakeStore:
-    def __init__(self, objects: dict[str, str]) -> None:
-        self.objects = objects
-
-    def list(self, under: str = "") -> list[tuple[str, int]]:
-        return sorted((k, len(v)) for k, v in self.objects.items() if k.startswith(under + "/"))
-
-    def get(self, relative: str) -> bytes:
-        self.gets = getattr(self, "gets", 0) + 1
-        return self.objects[relative].encode()
-
-
-class OfflineJob(Job):
-    """A Job whose API answers are given: its pods, which pod logs the API can serve, the job itself."""
-
-    def __init__(self, pods: list[dict[str, Any]], pod_logs: dict[str, str], kept: dict[str, str]) -> None:
-        self.name, self.namespace, self.results_uri = "j", "ns", None
-        self._pods, self._pod_logs = pods, pod_logs
-        self._store = FakeStore(kept)  # type: ignore[assignment]
-        self._parts = {}
-
-    def get(self) -> dict[str, Any]:
-        return {"spec": {"s3": {"results": "s3://b/r"}}, "status": {"failedRank": {"rank": 1, "attempt": 1}}}
-
-    def pods(self) -> list[dict[str, Any]]:
-        return self._pods
-
-    def _pod_log(self, pod: str) -> str | None:
-        return self._pod_logs.get(pod)
-
-
-def pod(rank: int, attempt: int) -> dict[str, Any]:
-    return {"metadata": {"name": f"j-{rank}", "labels": {labels.LABEL_RANK: str(rank), labels.LABEL_ATTEMPT: str(attempt)}}}
-
-
-KEPT = {layout.log_part(0, 0, 0): "old 0\n", layout.log_part(0, 1, 0): "old 1\n",
-        layout.log_part(1, 0, 0): "kept 0 a\n", layout.log_part(1, 0, 1): "kept 0 b\n", layout.log_part(1, 1, 0): "kept 1\n"}
-
-
-def test_a_readable_pod_log_wins_and_the_others_come_from_s3_in_part_order() -> None:
-    live = "kept 0 a\nkept 0 b\nlive 0\n"  # the pod's log runs ahead of the parts kept so far
-    job = OfflineJob([pod(0, 1), pod(1, 1)], {"j-0": live}, KEPT)
-    assert job.log_texts() == (1, {0: live, 1: "kept 1\n"})
-    assert job.logs() == "[rank 1] kept 1\n" + "".join(f"[rank 0] {line}\n" for line in live.splitlines())
-
-
-def test_a_kept_part_is_downloaded_again_only_when_it_grew() -> None:
-    job = OfflineJob([], {}, dict(KEPT))
-    store = job._store
-    job.log_texts()
-    first = store.gets
-    assert job.log_texts() == (1, {0: "kept 0 a\nkept 0 b\n", 1: "kept 1\n"}) and store.gets == first
-    store.objects[layout.log_part(1, 1, 0)] = "kept 1\nmore\n"
-    assert job.log_texts()[1][1] == "kept 1\nmore\n" and store.gets == first + 1
-
-
-def test_the_kept_copy_wins_where_it_holds_more_than_a_rotated_pod_log() -> None:
-    job = OfflineJob([pod(0, 1), pod(1, 1)], {"j-0": "kept 0 b\n", "j-1": "kept 1\n"}, KEPT)
-    assert job.log_texts() == (1, {0: "kept 0 a\nkept 0 b\n", 1: "kept 1\n"})
-
-
-def test_without_pods_the_newest_kept_attempt_or_the_one_asked_for() -> None:
-    job = OfflineJob([], {}, KEPT)
-    assert job.log_texts() == (1, {0: "kept 0 a\nkept 0 b\n", 1: "kept 1\n"})
-    assert job.log_texts(attempt=0, rank=1) == (0, {1: "old 1\n"})
-    assert job.log_texts(attempt=7) == (7, {})
-    assert job.logs(attempt=0) == "[rank 0] old 0\n[rank 1] old 1\n"  # rank 1 failed attempt 1, not 0
+from ddp_client.job import Job
 
 
 class SpecOnlyJob(Job):
@@ -106,35 +33,3 @@ def test_from_python_the_environment_s_s3_settings_win_over_the_job_s(monkeypatc
         "http://env-s3:9000", "i", "k")
     given = SpecOnlyJob("j", "ns", client.ApiClient(), s3_access=S3Access(access_key_id="a", secret_access_key="b"))
     assert given.store()._access.endpoint == "http://job-s3:9000"
-
-
-class Terminal(io.StringIO):
-    def isatty(self) -> bool:
-        return True
-
-
-def test_the_progress_line_is_rewritten_on_a_terminal_and_thinned_in_a_file(monkeypatch: Any) -> None:
-    running = {"phase": "Running", "ready": "2/2"}
-    statuses = [{"phase": "Pending"}, running, *({**running, "progress": {"step": s}} for s in (1, 2, 3))]
-    file, terminal = io.StringIO(), Terminal()
-    for out in (file, terminal):
-        display = ProgressDisplay(out)
-        for status in statuses:
-            display.show(f"{status['phase']} {status.get('progress', {}).get('step', '-')}", status)
-        display.end("done")
-    # A file: each change of phase and the first progress; more progress only every LINE_SECONDS.
-    assert file.getvalue() == "Pending -\nRunning -\nRunning 1\ndone\n"
-    assert terminal.getvalue() == "\rPending -\rRunning -\rRunning 1\rRunning 2\rRunning 3\r         \rdone\n"
-    monkeypatch.setattr("ddp_client.job.LINE_SECONDS", 0.0)
-    display = ProgressDisplay(file := io.StringIO())
-    for status in statuses:
-        display.show(f"{status['phase']} {status.get('progress', {}).get('step', '-')}", status)
-    assert file.getvalue().splitlines()[-1] == "Running 3"
-
-
-def test_in_a_notebook_the_line_is_rewritten_too(monkeypatch: Any) -> None:
-    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
-    display = ProgressDisplay(out := io.StringIO())
-    display.show("a", {"phase": "Pending"})
-    display.show("b", {"phase": "Pending"})
-    assert out.getvalue() == "\ra\rb"

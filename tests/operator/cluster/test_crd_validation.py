@@ -18,7 +18,7 @@ from ddp_operator.podsummary import summarize_pods
 from ddp_operator.spec import DEFAULT_BACKOFF_LIMIT, DEFAULT_GPUS_PER_RANK, DEFAULT_MASTER_PORT, POLICY_ON_FAILURE, parse_spec
 from ddp_operator.statuspatch import compute_status
 from kube import REPO, install_crd
-from specs import changed
+from specs import FULL_TEMPLATE, changed
 
 pytestmark = pytest.mark.cluster
 
@@ -78,27 +78,8 @@ def test_examples_are_accepted(custom: Any, namespace: str, path: Path) -> None:
 
 
 def test_a_full_template_is_accepted(custom: Any, namespace: str) -> None:
-    template = {
-        "metadata": {"labels": {"team": "a"}, "annotations": {"note": "x"}},
-        "spec": {
-            "restartPolicy": "Never",
-            "nodeSelector": {"gpu": "a100"},
-            "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
-            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}},
-            "serviceAccountName": "trainer",
-            "imagePullSecrets": [{"name": "regcred"}],
-            "priorityClassName": "high",
-            "schedulerName": "volcano",
-            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
-            "containers": [
-                {"name": "trainer", "volumeMounts": [{"name": "data", "mountPath": "/data"}]},
-                {"name": "logger", "image": "fluent-bit:3", "args": ["-v"]},
-            ],
-            "securityContext": {"runAsUser": 1000},
-        },
-    }
     spec = spec_with(
-        template=template,
+        template=FULL_TEMPLATE,
         shmSize="8Gi",
         gpusPerRank=8,
         backend="nccl",

@@ -17,6 +17,8 @@ from ddp_operator.manifests import (
     service_name,
 )
 from ddp_operator.spec import DEFAULT_MASTER_PORT, DEFAULT_NODE_LOST_GRACE_SECONDS, parse_spec
+from kube import env_of
+from specs import FULL_TEMPLATE
 
 
 def make_job(name: str = "mnist", namespace: str = "team-a", **spec: Any) -> dict[str, Any]:
@@ -35,10 +37,6 @@ def pod_for(job: dict[str, Any], rank: int = 0, attempt: int = 0) -> dict[str, A
 
 def trainer(pod: dict[str, Any]) -> dict[str, Any]:
     return next(x for x in pod["spec"]["containers"] if x["name"] == labels.CONTAINER_NAME)
-
-
-def env_of(pod: dict[str, Any]) -> dict[str, Any]:
-    return {item["name"]: item.get("value", item.get("valueFrom")) for item in trainer(pod)["env"]}
 
 
 def test_names() -> None:
@@ -196,33 +194,8 @@ def test_user_env_comes_after_injected_env_and_env_from_is_kept() -> None:
     assert trainer(pod)["envFrom"] == [{"secretRef": {"name": "wandb"}}]
 
 
-TEMPLATE = {
-    "metadata": {"labels": {"team": "vision"}, "annotations": {"note": "x"}},
-    "spec": {
-        "nodeSelector": {"gpu": "a100"},
-        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        "affinity": {"nodeAffinity": {}},
-        "serviceAccountName": "trainer",
-        "imagePullSecrets": [{"name": "regcred"}],
-        "priorityClassName": "high",
-        "schedulerName": "volcano",
-        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
-        "containers": [
-            {
-                "name": "trainer",
-                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-                "env": [{"name": "EXTRA", "value": "1"}],
-                "imagePullPolicy": "Always",
-            },
-            {"name": "logger", "image": "fluent-bit:3"},
-        ],
-        "enableServiceLinks": True,
-    },
-}
-
-
 def test_template_is_merged() -> None:
-    pod = pod_for(make_job(template=TEMPLATE, shmSize="1Gi"), 1)
+    pod = pod_for(make_job(template=FULL_TEMPLATE, shmSize="1Gi"), 1)
     spec = pod["spec"]
     for key in (
         "nodeSelector",
@@ -233,8 +206,8 @@ def test_template_is_merged() -> None:
         "schedulerName",
         "enableServiceLinks",
     ):
-        assert spec[key] == TEMPLATE["spec"][key]
-    assert spec["tolerations"][0] == TEMPLATE["spec"]["tolerations"][0]  # then the node-lost ones
+        assert spec[key] == FULL_TEMPLATE["spec"][key]
+    assert spec["tolerations"][0] == FULL_TEMPLATE["spec"]["tolerations"][0]  # then the node-lost ones
     assert pod["metadata"]["labels"]["team"] == "vision"
     assert pod["metadata"]["annotations"]["note"] == "x"
     assert [x["name"] for x in spec["containers"]] == ["trainer", "logger"]
@@ -254,7 +227,7 @@ def test_service_links_off_by_default() -> None:
 
 
 def test_building_does_not_mutate_the_job_or_the_spec() -> None:
-    job = make_job(template=TEMPLATE, shmSize="1Gi")
+    job = make_job(template=FULL_TEMPLATE, shmSize="1Gi")
     spec = parse_spec(job["spec"])
     before = json.dumps(job, sort_keys=True), repr(spec)
     first = build_pod(job, spec, 0, 0)
