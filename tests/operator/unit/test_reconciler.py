@@ -1,0 +1,152 @@
+"""What a status pass and a creation pass do, on a fake API: status before action, one status writer,
+deletes by uid and not twice, count-only patches held back, refusals said by the next status pass,
+a quota too small for the gang creating nothing and waiting."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import pytest
+
+from ddp_operator import constants as c
+from ddp_operator import reconciler as reconciler_module
+from fakekube import KEY, ddpjob, rank_of, reconciler_for, refusal
+from podfixtures import pod
+
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+def test_a_new_job_s_status_pass_records_status_and_leaves_creation_to_the_creation_pass() -> None:
+    reconciler, kube, _ = reconciler_for(ddpjob())
+    run(reconciler.reconcile(KEY))
+    assert kube.status_patches[0]["phase"] == c.PHASE_PENDING and kube.created("Pod") == []
+    assert KEY in reconciler.creations._queued  # handed over, not awaited
+
+    patches = len(kube.status_patches)
+    run(reconciler.create_children(KEY))
+    assert kube.created("Service") == ["mnist"] and kube.created("Pod") == ["mnist-0", "mnist-1"]
+    assert kube.created("Role") == ["mnist-progress"] and kube.created("RoleBinding") == ["mnist-progress"]
+    assert len(kube.status_patches) == patches  # the creation pass writes no status
+    assert {rank_of(kube.objects[("Pod", f"mnist-{r}")]) for r in (0, 1)} == {0, 1}
+
+
+def test_a_creation_pass_creates_nothing_for_an_attempt_the_status_has_not_recorded() -> None:
+    reconciler, kube, pods = reconciler_for(ddpjob({"phase": "Restarting", "attempt": 1}))
+    pods.set(ddpjob(), [pod(0, "running", attempt=0), pod(1, "failed", attempt=0, exit_code=1)])
+    run(reconciler.create_children(KEY))  # it decides Restart (attempt 2): not its to act on
+    assert kube.created("Pod") == []
+
+
+def test_deletes_carry_the_uid_and_are_not_issued_twice_until_the_reissue_time(monkeypatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(reconciler_module.time, "monotonic", lambda: clock[0])
+    job = ddpjob({"phase": "Running", "attempt": 0, "startTime": "2025-01-02T03:00:00Z"})
+    reconciler, kube, pods = reconciler_for(job)
+    pods.set(job, [pod(0, "running"), pod(1, "failed", exit_code=1)])
+    run(reconciler.reconcile(KEY))  # a gang restart: both pods go, each by the uid the pass saw
+    assert sorted(kube.deleted()) == [("mnist-0", "uid-0-0", False), ("mnist-1", "uid-1-0", False)]
+
+    reconciler.jobs.put(ddpjob({"phase": "Restarting", "attempt": 1}))
+    run(reconciler.reconcile(KEY))  # the pod watch has not seen them go yet: not deleted again
+    assert len(kube.deleted()) == 2
+    clock[0] += reconciler_module.DELETE_REISSUE_AFTER + 1
+    run(reconciler.reconcile(KEY))  # still there after the reissue time: asked again
+    assert len(kube.deleted()) == 4
+
+
+def test_a_patch_of_rank_counts_alone_waits_out_the_counts_interval(monkeypatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(reconciler_module.time, "monotonic", lambda: clock[0])
+    job = ddpjob({"phase": "Starting", "attempt": 0}, worldSize=3)
+    reconciler, kube, pods = reconciler_for(job)
+    pods.set(job, [pod(0, "running"), pod(1, "running", ready=False), pod(2, "running", ready=False)])
+    run(reconciler.reconcile(KEY))
+    first = len(kube.status_patches)
+    reconciler.jobs.put({**job, "status": {**job["status"], **kube.status_patches[-1]}})
+
+    clock[0] += 0.25
+    pods.set(job, [pod(0, "running"), pod(1, "running"), pod(2, "running", ready=False)])  # 1/3 -> 2/3 ready only
+    wait = run(reconciler.reconcile(KEY))
+    assert len(kube.status_patches) == first and wait == pytest.approx(reconciler_module.COUNTS_INTERVAL - 0.25)
+
+    pods.set(job, [pod(0, "running"), pod(1, "running"), pod(2, "running")])  # every rank ready: Running, a phase change
+    run(reconciler.reconcile(KEY))
+    assert kube.status_patches[-1]["phase"] == c.PHASE_RUNNING
+
+
+def test_a_pod_refused_by_pod_security_fails_the_job_in_the_next_status_pass() -> None:
+    reconciler, kube, _ = reconciler_for(ddpjob())
+    said = 'pods "mnist-{}" is forbidden: violates PodSecurity "restricted:latest": runAsUser=0 (pod must not set runAsUser=0)'
+    kube.refuse = {("Pod", f"mnist-{r}"): refusal(403, said.format(r)) for r in (0, 1)}
+    run(reconciler.reconcile(KEY))
+    patches = len(kube.status_patches)
+    run(reconciler.create_children(KEY))
+    assert len(kube.status_patches) == patches and KEY in reconciler.queue._queued  # noted; a status pass asked for
+
+    reconciler.jobs.put({**ddpjob(), "status": kube.status_patches[-1]})
+    run(reconciler.reconcile(KEY))
+    last = kube.status_patches[-1]
+    assert (last["phase"], last["reason"]) == (c.PHASE_FAILED, c.REASON_POD_SECURITY)
+    assert last["message"] == ('ranks 0-1 (PodSecurity): the API server refused the pod: violates PodSecurity '
+                               '"restricted:latest": runAsUser=0 (pod must not set runAsUser=0)')
+    assert [(e["type"], e["reason"]) for e in kube.events][-1] == ("Warning", c.REASON_POD_SECURITY)
+
+
+def test_a_quota_that_cannot_hold_the_gang_creates_none_of_it_and_defers_the_next_try(monkeypatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(reconciler_module.time, "monotonic", lambda: clock[0])
+    reconciler, kube, _ = reconciler_for(ddpjob())
+    kube.quotas = [{"metadata": {"name": "team"}, "spec": {"hard": {"pods": "1"}},
+                    "status": {"hard": {"pods": "1"}, "used": {"pods": "0"}}}]
+    run(reconciler.reconcile(KEY))
+    run(reconciler.create_children(KEY))
+    assert kube.created("Pod") == [] and kube.created("Service") == ["mnist"]
+
+    reconciler.jobs.put({**ddpjob(), "status": kube.status_patches[-1]})
+    reconciler.creations._queued.clear()
+    wait = run(reconciler.reconcile(KEY))
+    assert kube.status_patches[-1]["reason"] == c.REASON_QUOTA_EXCEEDED
+    assert "ranks 0-1 (QuotaExceeded): ResourceQuota team cannot hold the whole gang" in kube.status_patches[-1]["message"]
+    assert KEY not in reconciler.creations._queued and wait == pytest.approx(5.0)  # the first retry's pause
+
+    clock[0] += 5.0
+    run(reconciler.reconcile(KEY))
+    assert KEY in reconciler.creations._queued  # tried again
+
+
+def test_a_kueue_job_is_not_checked_against_namespace_quotas() -> None:
+    reconciler, kube, _ = reconciler_for(ddpjob())
+    job = ddpjob()
+    job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team"}
+    run(reconciler._create(job, reconciler_module.parse_spec(job["spec"]), (0, 1), 0))
+    assert ("list", "ResourceQuota") not in kube.calls and kube.created("Pod") == ["mnist-0", "mnist-1"]
+
+
+def test_a_name_held_by_another_owner_holds_the_ranks_up_as_name_in_use() -> None:
+    reconciler, kube, _ = reconciler_for(ddpjob())
+    kube.objects[("Service", "mnist")] = {"metadata": {"name": "mnist", "ownerReferences": []}}
+    run(reconciler.create_children(KEY))
+    assert kube.created("Pod") == []  # without its Service no rank is created
+    run(reconciler.reconcile(KEY))
+    assert kube.status_patches[-1]["reason"] == c.REASON_NAME_IN_USE
+    assert "Service mnist exists and is not this job's" in kube.status_patches[-1]["message"]
+
+
+def test_a_finished_job_past_its_ttl_is_deleted() -> None:
+    job = ddpjob({"phase": "Succeeded", "completionTime": "2025-01-02T03:00:00Z"}, ttlSecondsAfterFinished=0)
+    reconciler, kube, _ = reconciler_for(job)
+    assert run(reconciler.reconcile(KEY)) is None and kube.calls == [("delete-job", "mnist")]
+
+
+def test_a_spec_the_operator_cannot_use_fails_the_job_naming_the_field() -> None:
+    reconciler, kube, _ = reconciler_for(ddpjob(worldSize=0))
+    run(reconciler.reconcile(KEY))
+    assert kube.status_patches[-1]["reason"] == c.REASON_INVALID_SPEC and "worldSize" in kube.status_patches[-1]["message"]
+    run(reconciler.create_children(KEY))
+    assert kube.created("Pod") == []
