@@ -337,7 +337,21 @@ def rank_problem(pod: Mapping[str, Any], rank: int) -> RankProblem | None:
     reason = str(waiting.get("reason") or "")
     if not reason or reason in c.WAITING_NORMALLY:
         return None
-    return RankProblem(rank, c.WAITING_REASONS.get(reason, reason), str(waiting.get("message") or reason).strip())
+    message = str(waiting.get("message") or reason).strip()
+    if reason in c.PULL_FAILED_REASONS:
+        message += pull_secrets_note(pod)
+    return RankProblem(rank, c.WAITING_REASONS.get(reason, reason), message)
+
+
+def pull_secrets_note(pod: Mapping[str, Any]) -> str:
+    """What a failed pull was tried with: the pod's imagePullSecrets. The kubelet pulls without one
+    that does not exist, and says so only in an Event on the pod (FailedToRetrieveImagePullSecret),
+    so the registry's refusal ("no basic auth credentials") alone would not point at it."""
+    names = [str(item["name"]) for item in (pod.get("spec") or {}).get("imagePullSecrets") or [] if item.get("name")]
+    if not names:
+        return ""
+    return (f" (imagePullSecrets: {', '.join(names)}; the kubelet pulls without any that does not exist, "
+            "saying so in the pod's events)")
 
 
 @dataclass(frozen=True)
