@@ -281,10 +281,14 @@ cmd_down() {
   fi
   untrust
   forget_images || log "could not remove all of the node's images from $(address)"
-  # The watchdog may be this very process (it execs `down`); otherwise it is stopped last.
+  # The watchdog may be this very process (it execs `down`); otherwise it is stopped last, with its
+  # process group (setsid made it the leader; its `sleep` is in it).
   local watchdog
   watchdog=$(cat "$WATCHDOG_PIDFILE" 2>/dev/null || true)
-  if [ -n "$watchdog" ] && [ "$watchdog" != $$ ]; then kill -TERM "$watchdog" 2>/dev/null || true; fi
+  if [ -n "$watchdog" ] && [ "$watchdog" != $$ ]; then
+    kill -TERM -- "-$watchdog" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$watchdog" 2>/dev/null || break; sleep 0.1; done
+  fi
   rm -rf "$DIR"
   log "down"
 }
