@@ -6,6 +6,12 @@
 # Usage: images/build.sh build       build every image (unchanged ones are not rebuilt), then load
 #                                     them into the local node's containerd if it is up
 #        images/build.sh tarball NAME print the path of image NAME's tarball (building it if needed)
+#        images/build.sh push REGISTRY [CA]
+#                                     build every image as `build` does, then push each to
+#                                     REGISTRY/ddp-operator/NAME:<tag> (REGISTRY: host[:port][/path]) with
+#                                     the credentials of the Docker config (DOCKER_CONFIG, else
+#                                     ~/.docker/config.json, as `docker login` writes it) and CA, a PEM
+#                                     file, trusted for that registry; nothing is loaded into the node
 #        images/build.sh probe NAME DIR
 #                                     build DIR/Dockerfile, in which the image NAME is available as
 #                                     ddp-operator/NAME:<tag>, and export its result into DIR/out
@@ -54,6 +60,12 @@ REPOSITORY=ddp-operator
 # Layers are zstd-compressed: gzip took 3.5 min for the trainer's 5 GB torch layer on 2 cores, zstd
 # 45 s; containerd (the node) and Docker 23 or later load zstd layers.
 EXPORT="type=docker,compression=zstd,force-compression=true"
+# Pushed layers are gzip, whatever the tarball's: a registry serves every puller, and containerd before
+# 1.5, Docker before 23 and other older clients cannot unpack zstd layers. Compressing the trainer's
+# layers takes minutes once; BuildKit keeps the gzip blobs in its cache for the next push.
+PUSH_EXPORT="type=image,push=true,compression=gzip,force-compression=true"
+PUSH_REGISTRY=""  # host[:port][/path] for `push`
+PUSH_CA=""        # a PEM file of the CA that registry's certificate chains to, if not a public one
 
 export GOTOOLCHAIN=local
 
@@ -221,6 +233,10 @@ start_buildkitd() {
   # This buildkitd lives for one command, too short for its own GC: stop_buildkitd prunes instead.
   gc = false
 EOF
+  # buildkitd itself pushes (buildctl only hands it the credentials), so it is the one to trust the CA.
+  if [ -n "$PUSH_CA" ]; then
+    printf '[registry."%s"]\n  ca = ["%s"]\n' "${PUSH_REGISTRY%%/*}" "$PUSH_CA" >>"$BUILDKIT_RUN/buildkitd.toml"
+  fi
   setsid "$BIN_BUILDKIT/buildkitd" --config "$BUILDKIT_RUN/buildkitd.toml" --root "$BUILDKIT_STATE" \
     --addr "unix://$BUILDKIT_RUN/buildkitd.sock" --containerd-worker=false --oci-worker=true \
     --oci-worker-binary "$BIN_RUNC/runc" --oci-worker-net host \
@@ -406,11 +422,20 @@ cmd_tarball() {
   echo "$tarball"
 }
 
+# image_context NAME TARBALL: the buildctl options (in IMAGE_CONTEXT) under which a Dockerfile's
+# `FROM ddp-operator/NAME:<tag>` is the image in TARBALL, unpacked into an OCI layout in buildkitd's
+# folder for the command's duration.
+image_context() {
+  local layout=$BUILDKIT_RUN/image-$1
+  rm -rf "$layout" && mkdir "$layout" && tar -xf "$2" -C "$layout"
+  IMAGE_CONTEXT=(--oci-layout "image=$layout"
+    --opt "context:$REPOSITORY/$1:$TAG=oci-layout://image@$(manifest_digest "$layout")")
+}
+
 # cmd_probe NAME DIR: builds DIR/Dockerfile with image NAME as ddp-operator/NAME:<tag> (from its
-# tarball, unpacked into an OCI layout for the build's duration); its `probe` stage always runs
-# afresh; the result goes to DIR/out.
+# tarball); its `probe` stage always runs afresh; the result goes to DIR/out.
 cmd_probe() {
-  local name=$1 dir=$2 base tarball layout
+  local name=$1 dir=$2 base tarball
   known "$name"
   [ -f "$dir/Dockerfile" ] || die "no Dockerfile in $dir"
   prepare
@@ -418,18 +443,58 @@ cmd_probe() {
   tarball=$(image_path "$name" "$base")
   ensure_image "$name" "$base" "$tarball"
   [ -n "$BUILDKIT_RUN" ] || start_buildkitd
-  layout=$BUILDKIT_RUN/image  # removed with buildkitd's folder
-  mkdir "$layout" && tar -xf "$tarball" -C "$layout"
+  image_context "$name" "$tarball"
   rm -rf "$dir/out"
   buildctl build --progress plain --frontend dockerfile.v0 --local context="$dir" --local dockerfile="$dir" \
-    --oci-layout "image=$layout" --opt "context:$REPOSITORY/$name:$TAG=oci-layout://image@$(manifest_digest "$layout")" \
-    --opt no-cache=probe --output "type=local,dest=$dir/out" >"$dir/build.log" 2>&1 ||
+    "${IMAGE_CONTEXT[@]}" --opt no-cache=probe --output "type=local,dest=$dir/out" >"$dir/build.log" 2>&1 ||
     { tail -20 "$dir/build.log" >&3; die "probing $name failed; the whole log is $dir/build.log"; }
+}
+
+# push_image NAME TARBALL: pushes the image in TARBALL (the one `build` loads, so what is pushed is what
+# was built and tested, layer for layer) to PUSH_REGISTRY/ddp-operator/NAME:<tag> with BuildKit's own
+# push: a Dockerfile of just `FROM` that image, exported to the registry.
+push_image() {
+  local name=$1 ref=$PUSH_REGISTRY/$REPOSITORY/$1:$TAG dir=$BUILDKIT_RUN/push-$1 auth=() digest started=$SECONDS
+  image_context "$name" "$2"
+  mkdir -p "$dir" && echo "FROM $REPOSITORY/$name:$TAG" >"$dir/Dockerfile"
+  # buildctl fetches registry tokens itself (token-auth registries): it trusts the CA for that too.
+  [ -z "$PUSH_CA" ] || auth=(--registry-auth-tlscontext "host=https://${PUSH_REGISTRY%%/*},ca=$PUSH_CA")
+  log "pushing $ref (layers as gzip)"
+  buildctl build --progress plain --frontend dockerfile.v0 --local context="$dir" --local dockerfile="$dir" \
+    "${IMAGE_CONTEXT[@]}" "${auth[@]}" --metadata-file "$dir/metadata.json" --output "$PUSH_EXPORT,name=$ref" \
+    >"$dir/push.log" 2>&1 || { tail -20 "$dir/push.log" >&3; die "pushing $ref failed"; }
+  digest=$(sed -n 's/.*"containerimage.digest": *"\(sha256:[0-9a-f]*\)".*/\1/p' "$dir/metadata.json")
+  [ -n "$digest" ] || die "buildctl reported no digest for $ref (see $dir/metadata.json)"
+  log "pushed $ref@$digest in $((SECONDS - started)) s"
+  rm -rf "$BUILDKIT_RUN/image-$name"  # the unpacked tarball: gigabytes for the trainer
+}
+
+# cmd_push REGISTRY [CA]: builds as cmd_build does and pushes each image instead of loading it into the node.
+cmd_push() {
+  PUSH_REGISTRY=${1%/}
+  [[ $PUSH_REGISTRY =~ ^[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)*$ ]] ||
+    die "REGISTRY must look like host[:port][/path] (no scheme), got '$1'"
+  if [ -n "${2:-}" ]; then
+    [ -f "$2" ] || die "no CA file $2"
+    PUSH_CA=$(realpath "$2")
+  fi
+  local config=${DOCKER_CONFIG:-$HOME/.docker}/config.json base name tarball started=$SECONDS
+  [ -f "$config" ] || log "no $config (docker login writes it; DOCKER_CONFIG names its folder): pushing anonymously"
+  prepare
+  base=$(make_base)
+  start_buildkitd
+  for name in "${IMAGES[@]}"; do
+    tarball=$(image_path "$name" "$base")
+    ensure_image "$name" "$base" "$tarball"
+    push_image "$name" "$tarball"
+  done
+  log "pushed ${IMAGES[*]} to $PUSH_REGISTRY in $((SECONDS - started)) s"
 }
 
 case "${1:-build}" in
   build) cmd_build ;;
   tarball) [ $# -eq 2 ] || die "usage: $0 tarball NAME"; cmd_tarball "$2" ;;
+  push) [ $# -ge 2 ] && [ $# -le 3 ] || die "usage: $0 push REGISTRY [CA]"; cmd_push "$2" "${3:-}" ;;
   probe) [ $# -eq 3 ] || die "usage: $0 probe NAME DIR"; cmd_probe "$2" "$3" ;;
-  *) echo "usage: $0 [build] | tarball NAME | probe NAME DIR" >&2; exit 2 ;;
+  *) echo "usage: $0 [build] | tarball NAME | push REGISTRY [CA] | probe NAME DIR" >&2; exit 2 ;;
 esac

@@ -10,9 +10,10 @@ from collections.abc import Iterator
 import pytest
 
 from ddp_operator.config import ENV_NAMESPACES
-from kube import REPO, Cluster, Jobs, OperatorProcess, cluster_script, install_crd, open_cluster, wait_until
+from kube import REPO, Cluster, Jobs, OperatorProcess, cluster_script, install_crd, open_cluster, own_namespace_in, wait_until
 from kueue import Queues, start_kueue, stop_kueue
 from realnode import import_busybox, the_real_node
+from registry import Registry, start_registry, stop_registry
 from testnodes import NodeMaker
 
 # Every namespace this test session creates starts with this, and its operator serves only those: test
@@ -112,18 +113,22 @@ def busybox_image(real_node, tmp_path_factory: pytest.TempPathFactory) -> str:
     return import_busybox(tmp_path_factory.mktemp("busybox-rootfs"))
 
 
+@pytest.fixture(scope="module")
+def private_registry(real_node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """A registry with TLS and basic auth on the real node's gateway (localcluster/registry.sh), which
+    the node trusts while it runs; stopped at the end, with the node's images pulled from it (a
+    watchdog stops it should the test process die first)."""
+    registry = start_registry(tmp_path_factory.mktemp("registry"))
+    yield registry
+    stop_registry(registry)
+
+
 @pytest.fixture
 def own_namespace(kube_api) -> Iterator[str]:
     """A namespace of the test's own, outside the test session's operator's (`t-<session>-*`): for an
     operator the test installs itself."""
-    from kubernetes import client
-
-    core = client.CoreV1Api(kube_api)
-    name = f"own-{uuid.uuid4().hex[:8]}"
-    core.create_namespace({"metadata": {"name": name}})
-    wait_until(lambda: core.list_namespaced_service_account(name).items, 30, f"default ServiceAccount in {name}")
-    yield name
-    core.delete_namespace(name, propagation_policy="Background")
+    with own_namespace_in(kube_api) as name:
+        yield name
 
 
 @pytest.fixture

@@ -15,8 +15,10 @@ import sys
 import threading
 import time
 import urllib.request
+import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,6 +98,20 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str, inter
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+@contextmanager
+def own_namespace_in(kube_api: Any) -> Iterator[str]:
+    """A namespace `own-<id>` outside the test session's operator's (`t-<session>-*`), for an operator a
+    test installs itself; deleted afterwards."""
+    core = client.CoreV1Api(kube_api)
+    name = f"own-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": name}})
+    wait_until(lambda: core.list_namespaced_service_account(name).items, 30, f"default ServiceAccount in {name}")
+    try:
+        yield name
+    finally:
+        core.delete_namespace(name, propagation_policy="Background")
 
 
 def install_crd(kube_api: Any) -> None:

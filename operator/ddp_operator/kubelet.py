@@ -18,6 +18,8 @@ WAITING_REASONS: Final = {
     "RunContainerError": "ContainerConfigError",
     "CrashLoopBackOff": "CrashLoop",
 }
+# Waiting reasons of a pull that reached the registry: the pod's imagePullSecrets are worth naming.
+PULL_FAILED_REASONS: Final = frozenset({"ErrImagePull", "ImagePullBackOff"})
 # Waiting that is just the way to Running.
 WAITING_NORMALLY: Final = frozenset({"ContainerCreating", "PodInitializing"})
 # pod.status.reason values (and DisruptionTarget reasons) that mean the node or the

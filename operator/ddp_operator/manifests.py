@@ -91,6 +91,9 @@ def build_pod(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) ->
     # Service links add env vars for every Service in the namespace (a Service named "master"
     # injects MASTER_PORT=tcp://...); the ranks need none of them.
     pod_spec.setdefault("enableServiceLinks", False)
+    pull_secrets = image_pull_secrets(spec)
+    if pull_secrets:
+        pod_spec["imagePullSecrets"] = pull_secrets
     if spec.shm_size:
         pod_spec["volumes"] = [*(pod_spec.get("volumes") or []), shm_volume(spec.shm_size)]
     return {
@@ -118,6 +121,16 @@ def node_lost_tolerations(spec: JobSpec) -> list[dict[str, Any]]:
     own = spec.pod_spec.get("tolerations") or []
     return [{"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": spec.node_lost_grace_seconds}
             for key in NODE_LOST_TAINTS if not tolerates(own, Taint(key, effect="NoExecute"))]
+
+
+def image_pull_secrets(spec: JobSpec) -> list[dict[str, Any]]:
+    """The pod's imagePullSecrets: spec.imagePullSecrets, then the template's own that name another
+    Secret (the kubelet tries each that matches the image's registry)."""
+    secrets: list[dict[str, Any]] = [{"name": name} for name in spec.image_pull_secrets]
+    for item in spec.pod_spec.get("imagePullSecrets") or []:
+        if not any(item.get("name") == kept["name"] for kept in secrets):
+            secrets.append(copy.deepcopy(dict(item)))
+    return secrets
 
 
 def progress_service_account(job_name: str) -> str:

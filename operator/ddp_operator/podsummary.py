@@ -14,7 +14,7 @@ from typing import Any
 from ddp_contract import labels
 from ddp_operator import constants as c
 from ddp_operator.failures import RankFailure, RankProblem, describe_problems, last_lines
-from ddp_operator.kubelet import EVICTION_REASON_PREFIX, EVICTION_REASONS, WAITING_NORMALLY, WAITING_REASONS
+from ddp_operator.kubelet import EVICTION_REASON_PREFIX, EVICTION_REASONS, PULL_FAILED_REASONS, WAITING_NORMALLY, WAITING_REASONS
 from ddp_operator.podsecurity import root_image_problem
 
 
@@ -228,7 +228,22 @@ def rank_problem(pod: Mapping[str, Any], rank: int) -> RankProblem | None:
     as_root = root_image_problem(said) if reason == "CreateContainerConfigError" else None
     if as_root is not None:
         return RankProblem(rank, c.REASON_IMAGE_RUNS_AS_ROOT, as_root)
+    if reason in PULL_FAILED_REASONS:
+        said += pull_secrets_note(pod)
     return RankProblem(rank, WAITING_REASONS.get(reason, reason), said)
+
+
+def pull_secrets_note(pod: Mapping[str, Any]) -> str:
+    """What a failed pull was tried with: the pod's imagePullSecrets. The kubelet pulls without one
+    that does not exist, and says so only in an Event on the pod (FailedToRetrieveImagePullSecret),
+    so the registry's refusal ("no basic auth credentials") alone would not point at it."""
+    names = [str(item["name"]) for item in (pod.get("spec") or {}).get("imagePullSecrets") or [] if item.get("name")]
+    if not names:
+        return ""
+    return (f" (imagePullSecrets: {', '.join(names)}; the kubelet pulls without any that does not exist, "
+            "saying so in the pod's events)")
+
+
 
 
 def _disruption_reason(status: Mapping[str, Any]) -> str | None:

@@ -31,7 +31,9 @@ def slim_pod(pod: dict) -> dict:
             "ownerReferences": [{"uid": ref.get("uid"), "controller": ref.get("controller")}
                                 for ref in meta.get("ownerReferences") or [] if ref.get("controller")],
         },
-        "spec": {"nodeName": pod.get("spec", {}).get("nodeName")},
+        # imagePullSecrets: a failed pull names what it was tried with (podsummary.pull_secrets_note).
+        "spec": {"nodeName": pod.get("spec", {}).get("nodeName"),
+                 "imagePullSecrets": pod.get("spec", {}).get("imagePullSecrets") or []},
         "status": {
             "phase": status.get("phase"),
             "reason": status.get("reason"),

@@ -43,6 +43,9 @@ QUANTITY_RE = re.compile(r"^(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:Ki|Mi|Gi|Ti|Pi|Ei
 # DNS-1035 label: what a Service name must be.
 DNS1035_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS_LABEL_MAX = 63
+# A Secret's name (a DNS-1123 subdomain).
+SECRET_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+SECRET_NAME_MAX = 253
 S3_SCHEME = "s3://"
 
 # Fields of the generated trainer container that come from the DDPJob spec, not the template.
@@ -81,6 +84,7 @@ class JobSpec:
     ranks_per_pod: int = 1
     env: tuple[Mapping[str, Any], ...] = ()
     env_from: tuple[Mapping[str, Any], ...] = ()
+    image_pull_secrets: tuple[str, ...] = ()  # Secret names, in the order given
     master_port: int = DEFAULT_MASTER_PORT
     backend: str = DEFAULT_BACKEND
     shm_size: str | None = None
@@ -161,6 +165,7 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
         ranks_per_pod=_ranks_per_pod(spec, world_size),
         env=env,
         env_from=tuple(_list(spec.get("envFrom") or [], "envFrom")),
+        image_pull_secrets=_image_pull_secrets(spec.get("imagePullSecrets") or []),
         master_port=_int(spec, "masterPort", DEFAULT_MASTER_PORT, 1, 65535),
         backend=backend,
         shm_size=shm_size,
@@ -319,7 +324,7 @@ def _s3(s3: Any) -> S3Spec | None:
     if endpoint is not None and not re.match(r"^https?://\S+$", str(endpoint)):
         raise InvalidSpec("s3.endpoint", f"must be an http(s) URL, got {endpoint!r}")
     secret = s3.get("credentialsSecret")
-    if secret is not None and not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", str(secret)):
+    if secret is not None and not _is_secret_name(secret):
         raise InvalidSpec("s3.credentialsSecret", f"must be a Secret name, got {secret!r}")
     return S3Spec(
         endpoint=endpoint,
@@ -328,6 +333,23 @@ def _s3(s3: Any) -> S3Spec | None:
         dataset=s3.get("dataset"),
         results=s3.get("results"),
     )
+
+
+def _is_secret_name(name: Any) -> bool:
+    return isinstance(name, str) and len(name) <= SECRET_NAME_MAX and bool(SECRET_NAME_RE.match(name))
+
+
+def _image_pull_secrets(value: Any) -> tuple[str, ...]:
+    """spec.imagePullSecrets ([{name: ...}], as a pod's) -> the Secret names; each named once."""
+    names: list[str] = []
+    for index, item in enumerate(_list(value, "imagePullSecrets")):
+        name = item.get("name") if isinstance(item, Mapping) else None
+        if not isinstance(name, str) or not _is_secret_name(name):
+            raise InvalidSpec(f"imagePullSecrets[{index}].name", f"must be a Secret name, got {name!r}")
+        if name in names:
+            raise InvalidSpec(f"imagePullSecrets[{index}].name", f"{name!r} is listed twice")
+        names.append(name)
+    return tuple(names)
 
 
 # --- shm and template ------------------------------------------------------------

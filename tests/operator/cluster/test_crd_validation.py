@@ -96,8 +96,10 @@ def test_a_full_template_is_accepted(custom: Any, namespace: str) -> None:
             {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         ],
         envFrom=[{"configMapRef": {"name": "cfg"}}],
+        imagePullSecrets=[{"name": "regcred"}, {"name": "mirror"}],
     )
     created = create(custom, namespace, ddpjob(spec))
+    assert created["spec"]["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}]
     assert created["spec"]["template"]["spec"]["securityContext"] == {"runAsUser": 1000}
     assert created["spec"]["env"][1]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     parse_spec(created["spec"])
@@ -140,6 +142,17 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         'spec.env: Invalid value: "object": spec.env must not set AWS_ACCESS_KEY_ID',
     ),
     ("env without name", spec_with(env=[{"value": "x"}]), "spec.env[0].name: Required value"),
+    ("pull secret without name", spec_with(imagePullSecrets=[{}]), "spec.imagePullSecrets[0].name: Required value"),
+    (
+        "pull secret name",
+        spec_with(imagePullSecrets=[{"name": "Reg_Cred"}]),
+        "spec.imagePullSecrets[0].name: Invalid value",
+    ),
+    (
+        "pull secret twice",
+        spec_with(imagePullSecrets=[{"name": "regcred"}, {"name": "regcred"}]),
+        "spec.imagePullSecrets[1]: Duplicate value",
+    ),
     (
         "gpu in limits",
         spec_with(resources={"limits": {c.GPU_RESOURCE: 1}}),

@@ -194,6 +194,17 @@ def test_user_env_comes_after_injected_env_and_env_from_is_kept() -> None:
     assert trainer(pod)["envFrom"] == [{"secretRef": {"name": "wandb"}}]
 
 
+def test_every_rank_gets_the_jobs_image_pull_secrets_then_the_templates_others() -> None:
+    assert "imagePullSecrets" not in pod_for(make_job())["spec"]
+    job = make_job(imagePullSecrets=[{"name": "regcred"}, {"name": "mirror"}])
+    assert [pod_for(job, rank)["spec"]["imagePullSecrets"] for rank in (0, 3)] == \
+        [[{"name": "regcred"}, {"name": "mirror"}]] * 2
+    template = {"spec": {"imagePullSecrets": [{"name": "team"}, {"name": "regcred"}, {"name": "team"}]}}
+    merged = pod_for(make_job(imagePullSecrets=[{"name": "regcred"}], template=template))["spec"]["imagePullSecrets"]
+    assert merged == [{"name": "regcred"}, {"name": "team"}]
+    assert pod_for(make_job(template=template))["spec"]["imagePullSecrets"] == [{"name": "team"}, {"name": "regcred"}]
+
+
 def test_template_is_merged() -> None:
     pod = pod_for(make_job(template=FULL_TEMPLATE, shmSize="1Gi"), 1)
     spec = pod["spec"]

@@ -123,6 +123,26 @@ def test_why_pending_ranks_are_held_up_by_rank() -> None:
     )
 
 
+# What the kubelet (v1.34, containerd 2.4) said for a pull the registry refused without credentials.
+NO_CREDENTIALS = ('Back-off pulling image "10.244.200.1:5000/ddp/trainer:1": ErrImagePull: failed to pull and unpack '
+                  'image "10.244.200.1:5000/ddp/trainer:1": failed to resolve image: pull access denied, repository '
+                  'does not exist or may require authorization: authorization failed: no basic auth credentials')
+
+
+def test_a_failed_pull_names_the_pull_secrets_it_was_tried_with() -> None:
+    with_secrets = pod(0, "pending", waiting="ImagePullBackOff", waiting_message=NO_CREDENTIALS)
+    with_secrets["spec"] = {"imagePullSecrets": [{"name": "regcred"}, {"name": "mirror"}]}
+    bad_name = pod(1, "pending", waiting="InvalidImageName", waiting_message='invalid image name "Trainer"')
+    bad_name["spec"] = with_secrets["spec"]
+    summary = summary_of(with_secrets, bad_name, pod(2, "pending", waiting="ErrImagePull", waiting_message="401"))
+    assert summary.problems == (
+        RankProblem(0, "ImagePullError", NO_CREDENTIALS + " (imagePullSecrets: regcred, mirror; the kubelet pulls "
+                    "without any that does not exist, saying so in the pod's events)"),
+        RankProblem(1, "ImagePullError", 'invalid image name "Trainer"'),  # never reached a registry
+        RankProblem(2, "ImagePullError", "401"),  # no secrets: nothing to name
+    )
+
+
 def test_pods_without_rank_labels_are_stale() -> None:
     stray = {"metadata": {"name": "mnist-x", "labels": {labels.LABEL_JOB_NAME: JOB}}, "status": {"phase": "Running"}}
     summary = summary_of(stray)

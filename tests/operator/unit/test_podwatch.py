@@ -7,6 +7,7 @@ from typing import Any
 from kubernetes import client
 
 from ddp_operator.listwatch import watch_scopes
+from ddp_operator.podsummary import rank_problem
 from ddp_operator.podwatch import PodCache
 from podfixtures import JOB, pod
 
@@ -55,3 +56,15 @@ def test_watch_scopes_name_each_exact_namespace_else_the_whole_cluster_with_its_
     assert watch_scopes(()) == ((None,), ())
     assert watch_scopes(("team-a", "team-b")) == (("team-a", "team-b"), ())
     assert watch_scopes(("team-a", "t-*")) == ((None,), ("team-a", "t-*"))
+
+
+def test_the_cache_keeps_what_a_held_up_rank_is_said_with() -> None:
+    pods, _ = cache("team-a")
+    raw = pod(0, "pending", waiting="ErrImagePull", waiting_message="401 Unauthorized")
+    raw["metadata"]["namespace"] = "team-a"
+    raw["spec"] = {"nodeName": "n1", "imagePullSecrets": [{"name": "regcred"}], "containers": [{"name": "trainer"}]}
+    pods.replace("team-a", [raw])
+    kept = pods.pods(("team-a", JOB))[0]
+    assert kept["spec"] == {"nodeName": "n1", "imagePullSecrets": [{"name": "regcred"}]}
+    problem = rank_problem(kept, 0)
+    assert problem is not None and problem.message.startswith("401 Unauthorized (imagePullSecrets: regcred;")

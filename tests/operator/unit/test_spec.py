@@ -32,7 +32,7 @@ def test_defaults_are_applied() -> None:
     assert (spec.gpus_per_rank, spec.master_port, spec.backend) == (1, 29500, "auto")
     assert (spec.restart_policy, spec.backoff_limit, spec.suspend) == ("OnFailure", 3, False)
     assert spec.active_deadline_seconds is None and spec.ttl_seconds_after_finished is None
-    assert spec.s3 is None and spec.shm_size is None and spec.command is None
+    assert spec.s3 is None and spec.shm_size is None and spec.command is None and spec.image_pull_secrets == ()
     assert spec.node_lost_grace_seconds == 60 and parse_spec({**MINIMAL, "nodeLostGraceSeconds": 0}).node_lost_grace_seconds == 0
 
 
@@ -47,6 +47,7 @@ def test_full_spec_is_parsed() -> None:
         shmSize="8Gi",
         env=[{"name": "LR", "value": "0.1"}],
         envFrom=[{"configMapRef": {"name": "cfg"}}],
+        imagePullSecrets=[{"name": "regcred"}, {"name": "mirror.creds"}],
         resources={"limits": {"cpu": "4", "memory": "16Gi"}},
         s3={
             "endpoint": "http://minio:9000",
@@ -69,6 +70,7 @@ def test_full_spec_is_parsed() -> None:
     assert (spec.restart_policy, spec.backoff_limit, spec.suspend) == ("ExitCode", 0, True)
     assert spec.template_labels == {"team": "a"} and spec.pod_spec == {"nodeSelector": {"gpu": "a100"}}
     assert spec.shm_size == "8Gi" and spec.master_port == 23456
+    assert spec.image_pull_secrets == ("regcred", "mirror.creds")
 
 
 def test_parse_spec_does_not_alias_the_input() -> None:
@@ -135,6 +137,12 @@ def test_valid_shm_sizes(shm: Any) -> None:
         ({"s3": {"results": "s3://"}}, "s3.results"),
         ({"s3": {"endpoint": "minio:9000"}}, "s3.endpoint"),
         ({"s3": {"credentialsSecret": "Bad_Name"}}, "s3.credentialsSecret"),
+        ({"imagePullSecrets": {"name": "regcred"}}, "imagePullSecrets"),
+        ({"imagePullSecrets": [{"name": "regcred"}, {}]}, "imagePullSecrets[1].name"),
+        ({"imagePullSecrets": ["regcred"]}, "imagePullSecrets[0].name"),
+        ({"imagePullSecrets": [{"name": "Reg_Cred"}]}, "imagePullSecrets[0].name"),
+        ({"imagePullSecrets": [{"name": "a" * 254}]}, "imagePullSecrets[0].name"),
+        ({"imagePullSecrets": [{"name": "regcred"}, {"name": "regcred"}]}, "imagePullSecrets[1].name"),
         (
             {"s3": {"credentialsSecret": "creds"}, "env": [{"name": "AWS_SECRET_ACCESS_KEY", "value": "x"}]},
             "env[0].name",
