@@ -16,8 +16,11 @@ NAME ?=
 example:
 	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $$venv/bin/python localcluster/example.py $(NAME)
 
+# The images are built here, before pytest, so that their build says what it does (the tests' own
+# build, which imports them into the node, then finds them made).
 test:
-	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $(KUEUE) build && $$venv/bin/python -m pytest $(PYTEST_ARGS)
+	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $(KUEUE) build && images/build.sh build && \
+	  $$venv/bin/python -m pytest $(PYTEST_ARGS)
 
 # ruff (lint, import order), mypy (types) and import-linter (the operator never imports the runtime).
 lint:

@@ -110,7 +110,6 @@ go_build() {
   case $mod in /*) ;; *) mod=$HERE/go/$mod ;; esac
   local tmp="$out.tmp.$$"
   rm -rf "$tmp" && mkdir -p "$tmp"
-  log "building $(basename "$out") (cached afterwards in $out)"
   (cd "$mod" && go build -trimpath -ldflags "-s -w $ldflags" -o "$tmp/" "$@")
   mv "$tmp" "$out"
 }
@@ -196,7 +195,6 @@ build_pause() {
   src=$(cd "$HERE/go/kubernetes" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c
   [ -f "$src" ] || die "$src not found in the Kubernetes module"
   rm -rf "$tmp" && mkdir -p "$tmp/rootfs"
-  log "building pause $PAUSE_VERSION (cached afterwards in $BIN_PAUSE)"
   gcc -Os -Wall -Werror -static -DVERSION="v$PAUSE_VERSION-ddp" -o "$tmp/rootfs/pause" "$src"
   oci_image "$tmp/rootfs" "$PAUSE_IMAGE" '{"Entrypoint":["/pause"],"User":"65535:65535"}' "$tmp/pause.tar"
   rm -rf "$tmp/rootfs"
@@ -208,18 +206,35 @@ build_node() {
   local kv=$1
   # busybox-static: the tests' pod image (tests/localcluster/test_real_node.py).
   apt_install libseccomp-dev nftables gcc libc6-dev busybox-static
-  go_build kubernetes "$BIN_KUBELET" "$kv" k8s.io/kubernetes/cmd/kubelet
+  step kubelet "$BIN_KUBELET" go_build kubernetes "$BIN_KUBELET" "$kv" k8s.io/kubernetes/cmd/kubelet
   local cv="-X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION"
-  CGO_ENABLED=0 go_build containerd "$BIN_CONTAINERD" "$cv" github.com/containerd/containerd/v2/cmd/containerd \
+  CGO_ENABLED=0 step containerd "$BIN_CONTAINERD" go_build containerd "$BIN_CONTAINERD" "$cv" \
+    github.com/containerd/containerd/v2/cmd/containerd \
     github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/ctr
   # runc needs cgo (its nsenter) and libseccomp: without seccomp every sandbox fails on the default profile.
   CGO_ENABLED=1 GOFLAGS="$GOFLAGS -tags=seccomp" \
-    go_build runc "$BIN_RUNC" "-X main.version=${RUNC_VERSION#v}" github.com/opencontainers/runc
-  CGO_ENABLED=0 go_build cni "$BIN_CNI" "" github.com/containernetworking/plugins/plugins/main/bridge \
-    github.com/containernetworking/plugins/plugins/ipam/host-local \
+    step runc "$BIN_RUNC" go_build runc "$BIN_RUNC" "-X main.version=${RUNC_VERSION#v}" github.com/opencontainers/runc
+  CGO_ENABLED=0 step "CNI plugins" "$BIN_CNI" go_build cni "$BIN_CNI" "" \
+    github.com/containernetworking/plugins/plugins/main/bridge github.com/containernetworking/plugins/plugins/ipam/host-local \
     github.com/containernetworking/plugins/plugins/main/loopback github.com/containernetworking/plugins/plugins/meta/portmap
-  CGO_ENABLED=0 go_build coredns "$BIN_COREDNS" "" .
-  build_pause
+  CGO_ENABLED=0 step coredns "$BIN_COREDNS" go_build coredns "$BIN_COREDNS" "" .
+  step pause "$BIN_PAUSE" build_pause
+}
+
+# The build's progress: `step` says each component it builds as "(n/m) NAME", where m counts the
+# components not cached yet (set by cmd_build), at its start and with the seconds it took.
+STEP_DONE=0
+STEP_TOTAL=0
+
+# step NAME OUT COMMAND...: runs COMMAND to build NAME into OUT, unless OUT is there (cached).
+step() {
+  local name=$1 out=$2 started=$SECONDS
+  shift 2
+  [ -d "$out" ] && return 0
+  STEP_DONE=$((STEP_DONE + 1))
+  log "($STEP_DONE/$STEP_TOTAL) $name: building (cached afterwards in $out)"
+  "$@"
+  log "($STEP_DONE/$STEP_TOTAL) $name: built in $((SECONDS - started)) s"
 }
 
 cmd_build() {
@@ -232,12 +247,16 @@ cmd_build() {
   kv+=" -X k8s.io/component-base/version.gitTreeState=clean"
   kv+=" -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
   kv+=" -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor"
-  go_build etcd "$BIN_ETCD" "" .
-  go_build kubernetes "$BIN_K8S" "$kv" \
+  local outs=("$BIN_ETCD" "$BIN_K8S" "$BIN_KWOK" "$BIN_HELM") out
+  if node_enabled; then outs+=("$BIN_KUBELET" "$BIN_CONTAINERD" "$BIN_RUNC" "$BIN_CNI" "$BIN_COREDNS" "$BIN_PAUSE"); fi
+  for out in "${outs[@]}"; do [ -d "$out" ] || STEP_TOTAL=$((STEP_TOTAL + 1)); done
+  [ "$STEP_TOTAL" -eq 0 ] || log "building $STEP_TOTAL of ${#outs[@]} components (a cold build takes 10 to 25 min on 2 cores)"
+  step etcd "$BIN_ETCD" go_build etcd "$BIN_ETCD" "" .
+  step "kube-apiserver, kube-controller-manager, kube-scheduler, kubectl" "$BIN_K8S" go_build kubernetes "$BIN_K8S" "$kv" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
-  build_kwok
-  go_build helm "$BIN_HELM" "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" helm.sh/helm/v3/cmd/helm
+  step kwok "$BIN_KWOK" build_kwok
+  step helm "$BIN_HELM" go_build helm "$BIN_HELM" "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" helm.sh/helm/v3/cmd/helm
   if node_enabled; then build_node "$kv"; fi
   log "binaries ready in $((SECONDS - started)) s"
 }

@@ -163,8 +163,9 @@ def log_directory(kind: str) -> Path:
 
 
 def start_control_plane() -> None:
-    """The local control plane (a no-op when it is up) with the DDPJob CRD served."""
-    cluster("up")
+    """The local control plane (a no-op when it is up) with the DDPJob CRD served. Its build and start say
+    what they do as they go (a cold build takes many minutes), so their messages are not captured."""
+    subprocess.run(["bash", str(CLUSTER), "up"], check=True)
     kubectl("apply", "-f", str(REPO / "crds" / "ddpjob.yaml"))
     kubectl("wait", "--for=condition=Established", "crd/ddpjobs.ddpoperator.io", "--timeout=60s")
 

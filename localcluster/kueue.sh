@@ -62,6 +62,7 @@ cmd_build() {
   [ -x "$BIN_KUEUE/kueue" ] && return 0
   command -v go >/dev/null || die "go is not installed; Kueue is built from its Go module"
   local started=$SECONDS
+  log "building kueue $KUEUE_VERSION (cached afterwards in $BIN_KUEUE; a cold build takes up to 16 min on 2 cores)"
   "$CLUSTER" build-patched kueue "$KUEUE_MODULE" "$BIN_KUEUE" \
     "-X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" "${PATCHES[@]}"
   log "kueue built in $((SECONDS - started)) s"

@@ -10,11 +10,13 @@ cache=${DDP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ddp-operator}
 key=$("$python" -c 'import sys; print("py%d.%d" % sys.version_info[:2])')-$(sha256sum "$root/requirements/test.txt" | cut -c1-12)
 venv=$cache/venv/$key
 if [ ! -f "$venv/.complete" ]; then
-  echo "[venv] creating $venv (first time only)" >&2
+  started=$SECONDS
+  echo "[venv] creating $venv (first time only; about 3 min: torch is large)" >&2
   rm -rf "$venv"
   "$python" -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$root/requirements/test.txt" >&2
   touch "$venv/.complete"
+  echo "[venv] created in $((SECONDS - started)) s" >&2
 fi
 # `kubectl ddp` (the client's console script) on the venv's PATH, running this clone's client. The
 # venv is shared, so the launcher is written again on every call (atomically, by rename): it runs
