@@ -1,4 +1,4 @@
-# Entry points; README.md says what each is for.
+# Entry points; DEVELOPMENT.md says what each is for.
 SHELL := /bin/bash
 CLUSTER := localcluster/cluster.sh
 KUEUE := bash localcluster/kueue.sh

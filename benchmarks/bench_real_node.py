@@ -5,11 +5,11 @@ Runs on the local cluster of `make cluster-up` (started if it is not up, never t
 shared) and measures, with this script's clocks and watches:
 
   images      `images/build.sh build` with nothing changed (the warm set-up of the images; their
-              cold build is README's figure: it needs BuildKit's cache dropped)
+              cold build is DEVELOPMENT.md's figure: it needs BuildKit's cache dropped)
   node        with --node-setup: a second cluster of its own (state folder, ports, bridge, subnet and
               containerd store apart from the shared one's) up and down twice: cold (a fresh
               containerd store, so the pause image is imported) and warm (the store kept); both
-              with the binaries cached (their cold build: `make cluster-build`, README's figure)
+              with the binaries cached (their cold build: `make cluster-build`, DEVELOPMENT.md's figure)
   first step  the quick-start DDPJob (examples/ddpjob.yaml: trainer image, 2 CPU ranks) in a
               namespace of its own, served by an operator this script starts; from the create call
               (what `kubectl apply` sends) to

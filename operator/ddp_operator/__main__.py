@@ -1,6 +1,6 @@
 """`python -m ddp_operator`: run the operator for every namespace of the cluster, or for those listed.
 
-Settings are environment variables (constants.py, ENV_*; README.md lists them). With a lease name
+Settings are environment variables (config.py, ENV_*; docs/operating.md lists them). With a lease name
 set, the process waits as a standby until it holds the lease, and exits (status 1) if it loses it.
 """
 

@@ -18,7 +18,7 @@ class SpecOnlyJob(Job):
 
 
 def test_from_python_the_environment_s_s3_settings_win_over_the_job_s(monkeypatch: Any) -> None:
-    """README: the job's S3 settings unless given as s3_access= or in DDP_S3_ENDPOINT, AWS_ACCESS_KEY_ID,
+    """docs/user-guide.md: the job's S3 settings unless given as s3_access= or in DDP_S3_ENDPOINT, AWS_ACCESS_KEY_ID,
     AWS_SECRET_ACCESS_KEY (as `kubectl ddp` does), without a Secret read."""
     from kubernetes import client
 

@@ -10,7 +10,8 @@ from ddp_contract import api
 
 
 def test_a_whole_job_goes_in_its_own_namespace_and_name_and_spec_override_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    """README: submit takes a whole DDPJob; spec={...} adds or overrides spec fields; name and namespace as expected."""
+    """docs/user-guide.md: submit takes a whole DDPJob; spec={...} adds or overrides spec fields; name and
+    namespace as expected."""
     import importlib
 
     from kubernetes import client

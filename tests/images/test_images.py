@@ -3,7 +3,7 @@
 Each test builds a small Dockerfile FROM the built image whose `probe` stage runs inside it (with
 runc, as a pod would, as the image's own user) and exports what it found; `probe` never comes from
 BuildKit's cache. The first run builds the images (up to 15 minutes with nothing cached, see
-README.md); later runs reuse them. Run them alone with `pytest -m images`.
+DEVELOPMENT.md); later runs reuse them. Run them alone with `pytest -m images`.
 """
 
 from __future__ import annotations
