@@ -55,7 +55,7 @@ ranks = [subprocess.Popen(["python", "-m", "ddp_trainer", "run", "quickstart:mai
                           env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
          for r in range(2)]
 outputs = [rank.communicate(timeout=600)[0] for rank in ranks]
-import torch, torchvision, ddp_trainer.entrypoint
+import torch, torchvision, ddp_trainer.runtime.entrypoint
 result = {
     "exit_codes": [rank.returncode for rank in ranks], "outputs": outputs,
     "torch_cuda_build": torch.version.cuda, "cuda_available": torch.cuda.is_available(),

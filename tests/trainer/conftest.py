@@ -35,7 +35,7 @@ def s3_endpoint() -> Iterator[str]:
 @pytest.fixture
 def s3_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """S3 settings in this process's environment (and to hand to subprocesses)."""
-    from ddp_trainer import s3
+    from ddp_trainer.storage import s3
 
     values = {
         "AWS_ACCESS_KEY_ID": ACCESS_KEY,
@@ -53,7 +53,7 @@ def s3_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
 @pytest.fixture
 def bucket(s3_env: dict[str, str]) -> str:
-    from ddp_trainer import s3
+    from ddp_trainer.storage import s3
 
     name = f"test-{uuid.uuid4().hex[:12]}"
     s3.client().create_bucket(Bucket=name)

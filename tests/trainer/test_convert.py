@@ -13,10 +13,10 @@ from pathlib import Path
 from torchvision.datasets import ImageFolder
 from trainerhelp import CONTRACT_SRC, ROOT, TRAINER_SRC, upload_tree, write_tree
 
-from ddp_trainer import s3
-from ddp_trainer.convert import make_shards
-from ddp_trainer.mapdataset import ShardedDataset
-from ddp_trainer.shardindex import load_index
+from ddp_trainer.data.convert import make_shards
+from ddp_trainer.data.mapdataset import ShardedDataset
+from ddp_trainer.data.shardindex import load_index
+from ddp_trainer.storage import s3
 
 
 def test_make_shards_command_from_local_folder_to_s3(tmp_path: Path, bucket: str, s3_env) -> None:

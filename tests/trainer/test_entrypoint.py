@@ -17,10 +17,10 @@ from trainerhelp import ROOT, free_port, launch, rank_env, workload_env
 from trainerhelp import describe as _describe
 
 from ddp_contract.failures import parse_line
-from ddp_trainer import s3
-from ddp_trainer.checkpoint import CheckpointManager
 from ddp_trainer.errors import ExitCode, ObjectNotFoundError
-from ddp_trainer.results import read_metrics
+from ddp_trainer.storage import s3
+from ddp_trainer.storage.checkpoint import CheckpointManager
+from ddp_trainer.storage.results import read_metrics
 
 WORLD = 2
 BATCH = 4

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ddp_trainer.hangwatch import STEP_FACTOR, Hang, HangWatch, hang_timeout
-from ddp_trainer.heartbeat import Heartbeat
+from ddp_trainer.runtime.hangwatch import STEP_FACTOR, Hang, HangWatch, hang_timeout
+from ddp_trainer.runtime.heartbeat import Heartbeat
 
 
 class Clock:

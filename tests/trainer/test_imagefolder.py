@@ -16,10 +16,10 @@ from torchvision import transforms
 from torchvision.datasets import ImageFolder
 from trainerhelp import FILES, free_port, upload_tree, write_tree
 
-from ddp_trainer import s3
-from ddp_trainer.entrypoint import classify
+from ddp_trainer.data.imagefolder import S3ImageFolder
 from ddp_trainer.errors import ConfigError, CorruptDataError, ExitCode, ObjectNotFoundError, StorageError, StorageUnavailableError
-from ddp_trainer.imagefolder import S3ImageFolder
+from ddp_trainer.runtime.entrypoint import classify
+from ddp_trainer.storage import s3
 
 
 @pytest.fixture

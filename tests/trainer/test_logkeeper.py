@@ -10,9 +10,9 @@ from pathlib import Path
 from trainerhelp import ROOT, describe, free_port, launch, rank_env
 
 from ddp_contract import layout
-from ddp_trainer import s3
 from ddp_trainer.errors import ExitCode, ObjectNotFoundError
-from ddp_trainer.logkeeper import Parts
+from ddp_trainer.runtime.logkeeper import Parts
+from ddp_trainer.storage import s3
 
 
 def kept_log(bucket: str, job: str, attempt: int, rank: int, namespace: str = "ns") -> str:

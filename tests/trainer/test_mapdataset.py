@@ -14,12 +14,13 @@ from shardhelp import assert_same_sample, upload_wds_shards, webdataset_and_inde
 from torch.utils.data import DataLoader
 
 from ddp_contract import envnames
-from ddp_trainer import mapdataset, s3
+from ddp_trainer.data import mapdataset
+from ddp_trainer.data.mapdataset import ShardedDataset
+from ddp_trainer.data.sampler import DistributedChunkedSampler
+from ddp_trainer.data.shardcache import ShardCache
+from ddp_trainer.data.shardindex import load_index
 from ddp_trainer.errors import CorruptDataError, ObjectNotFoundError
-from ddp_trainer.mapdataset import ShardedDataset
-from ddp_trainer.sampler import DistributedChunkedSampler
-from ddp_trainer.shardcache import ShardCache
-from ddp_trainer.shardindex import load_index
+from ddp_trainer.storage import s3
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from datetime import datetime
 import pytest
 import torch
 
-from ddp_trainer.progress import FileSink, LogSink, ProgressReporter, default_reporter
+from ddp_trainer.runtime.progress import FileSink, LogSink, ProgressReporter, default_reporter
 
 
 class FakeClock:
@@ -77,7 +77,7 @@ def test_default_reporter_only_rank_0_writes(tmp_path, monkeypatch: pytest.Monke
 
 
 def test_a_failing_sink_never_stops_training_or_the_other_sinks(tmp_path) -> None:
-    from ddp_trainer.progress import fanout
+    from ddp_trainer.runtime.progress import fanout
 
     records = []
 

@@ -11,9 +11,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from ddp_contract import envnames
-from ddp_trainer import env, s3
+from ddp_trainer import env
 from ddp_trainer.errors import ObjectNotFoundError
-from ddp_trainer.readahead import ReadAhead, object_size, open_readahead, part_ranges
+from ddp_trainer.storage import s3
+from ddp_trainer.storage.readahead import ReadAhead, object_size, open_readahead, part_ranges
 from linkproxy import LinkProxy
 
 PART = 4096

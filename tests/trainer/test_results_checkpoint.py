@@ -10,11 +10,11 @@ from collections import defaultdict, namedtuple
 import pytest
 import torch
 
-from ddp_trainer import results, s3
-from ddp_trainer.checkpoint import MANIFEST, STATE, CheckpointManager, restore_training_state, training_state
+from ddp_trainer.data.sampler import DistributedChunkedSampler
 from ddp_trainer.errors import ConfigError
-from ddp_trainer.results import DaskResultsHandler, S3ResultsHandler, job_prefix, read_metrics
-from ddp_trainer.sampler import DistributedChunkedSampler
+from ddp_trainer.storage import results, s3
+from ddp_trainer.storage.checkpoint import MANIFEST, STATE, CheckpointManager, restore_training_state, training_state
+from ddp_trainer.storage.results import DaskResultsHandler, S3ResultsHandler, job_prefix, read_metrics
 
 
 def test_results_go_under_the_job_prefix(bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:

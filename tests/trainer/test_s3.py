@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 
-from ddp_trainer import s3
+from ddp_trainer.storage import s3
 
 
 def test_a_client_lock_held_at_fork_does_not_block_the_child(s3_env) -> None:

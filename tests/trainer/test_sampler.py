@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddp_trainer.sampler import DistributedChunkedSampler
+from ddp_trainer.data.sampler import DistributedChunkedSampler
 
 
 def test_chunked_sampler_splits_evenly_keeps_locality_and_reshuffles() -> None:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from ddp_trainer.data.samples import decode, group_members, split_name, transformed
 from ddp_trainer.errors import CorruptDataError
-from ddp_trainer.samples import decode, group_members, split_name, transformed
 
 NAMES = [
     ("a/b.seg.png", ("a/b", "seg.png")),

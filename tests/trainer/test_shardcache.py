@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from shardhelp import upload_wds_shards
 
-from ddp_trainer import readahead, s3
-from ddp_trainer.mapdataset import ShardedDataset
-from ddp_trainer.shardcache import ShardCache
-from ddp_trainer.shardindex import load_index
+from ddp_trainer.data.mapdataset import ShardedDataset
+from ddp_trainer.data.shardcache import ShardCache
+from ddp_trainer.data.shardindex import load_index
+from ddp_trainer.storage import readahead, s3
 
 
 @pytest.fixture

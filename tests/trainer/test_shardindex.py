@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from ddp_trainer import s3
+from ddp_trainer.data.shardindex import ShardInfo, load_index, parse_index, write_index
 from ddp_trainer.errors import CorruptDataError, ObjectNotFoundError
-from ddp_trainer.shardindex import ShardInfo, load_index, parse_index, write_index
+from ddp_trainer.storage import s3
 
 
 def test_index_round_trip_resolves_relative_urls(tmp_path: Path, bucket: str) -> None:

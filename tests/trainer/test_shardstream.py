@@ -12,9 +12,9 @@ from torch.utils.data import DataLoader
 from trainerhelp import launch
 
 from ddp_contract import envnames
-from ddp_trainer import s3
+from ddp_trainer.data.shardstream import ShardStream, resume_plan
 from ddp_trainer.errors import ConfigError, CorruptDataError
-from ddp_trainer.shardstream import ShardStream, resume_plan
+from ddp_trainer.storage import s3
 
 
 @pytest.fixture

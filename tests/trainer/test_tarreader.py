@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from shardhelp import index_for, s3_shard_index, tar_bytes, wds_shard_bytes
 
+from ddp_trainer.data.mapdataset import ShardedDataset
+from ddp_trainer.data.shardstream import ShardStream, iter_shard
 from ddp_trainer.errors import CorruptDataError
-from ddp_trainer.mapdataset import ShardedDataset
-from ddp_trainer.shardstream import ShardStream, iter_shard
 
 
 @pytest.mark.parametrize("fmt_name", ["USTAR_FORMAT", "GNU_FORMAT", "PAX_FORMAT"])

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ddp_contract import envnames as names
-from ddp_trainer.termination import TERMINATION_MESSAGE_BYTES, leave_termination_message
+from ddp_trainer.runtime.termination import TERMINATION_MESSAGE_BYTES, leave_termination_message
 
 
 def test_the_end_of_a_long_message_is_kept_within_the_kubelets_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ddp_trainer import s3, urls
 from ddp_trainer.errors import ConfigError, ObjectNotFoundError
+from ddp_trainer.storage import s3, urls
 
 
 def test_index_urls_resolve_against_the_index() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from ddp_trainer import s3
+from ddp_trainer.storage import s3
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent

@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO
 
+from ..errors import ConfigError, ObjectNotFoundError
 from . import readahead, s3
-from .errors import ConfigError, ObjectNotFoundError
 
 FILE_PREFIX = "file://"
 

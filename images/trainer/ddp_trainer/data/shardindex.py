@@ -9,8 +9,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from . import urls
-from .errors import CorruptDataError
+from ..errors import CorruptDataError
+from ..storage import urls
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from . import s3
-from .errors import ConfigError, CorruptDataError
+from ..errors import ConfigError, CorruptDataError
+from ..storage import s3
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 

@@ -24,8 +24,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from . import env, s3
-from .errors import ConfigError, CorruptDataError, ObjectNotFoundError
+from .. import env
+from ..errors import ConfigError, CorruptDataError, ObjectNotFoundError
+from . import s3
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +230,7 @@ class CheckpointManager:
 
     def _record(self, step: int, url: s3.S3Url) -> None:
         """status.lastCheckpoint, so a restarted gang is told where to resume (and people can see it)."""
-        from .jobstatus import in_cluster_sink, last_checkpoint
+        from ..jobstatus import in_cluster_sink, last_checkpoint
 
         if self._job_status is None:
             try:

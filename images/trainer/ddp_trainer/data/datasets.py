@@ -11,8 +11,8 @@ from typing import Any
 
 from ddp_contract import envnames
 
-from . import env
-from .errors import ConfigError
+from .. import env
+from ..errors import ConfigError
 
 
 def open_dataset(uri: str | None = None, streaming: bool = False, **kwargs: Any) -> Any:

@@ -9,8 +9,9 @@ import posixpath
 import tempfile
 from collections.abc import Iterator
 
-from . import env, urls
-from .errors import ConfigError
+from .. import env
+from ..errors import ConfigError
+from ..storage import urls
 
 
 class ShardCache:

@@ -32,14 +32,15 @@ from ddp_contract.backend import NCCL, resolve_backend
 from ddp_contract.failures import format_line
 from ddp_contract.targets import SCRIPT_FUNCTION_RE
 
-from . import env, jobstatus, localranks, logkeeper, progress
-from .errors import (
+from .. import env, jobstatus
+from ..errors import (
     ConfigError,
     ExitCode,
     MasterUnresolvedError,
     RendezvousError,
     TrainerError,
 )
+from . import logkeeper, progress, supervisor
 from .hangwatch import LINGER_SECONDS, Hang, HangWatch, enable_nccl_flight_recorder, nccl_flight_record, python_stacks, save_dump
 from .heartbeat import HEARTBEAT
 from .termination import leave_termination_message
@@ -364,8 +365,8 @@ def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None 
     rank: int | None = None
     HEARTBEAT.reset()
     try:
-        if localranks.is_launcher(environ):
-            return localranks.launch(target, args, environ)
+        if supervisor.is_launcher(environ):
+            return supervisor.launch(target, args, environ)
     except TrainerError as exc:
         _report(exc.exit_code, None, exc)
         return exc.exit_code

@@ -25,9 +25,10 @@ from typing import Any
 
 from ddp_contract import layout
 
-from . import env, s3
-from .errors import ConfigError
-from .values import to_number
+from .. import env
+from ..errors import ConfigError
+from ..values import to_number
+from . import s3
 
 PART_BYTES = 4 * 1024 * 1024  # a metrics object this large is left as it is; later lines go to the next part
 

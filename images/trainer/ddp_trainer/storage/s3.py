@@ -16,8 +16,8 @@ from typing import IO, Any, TypeVar
 
 from ddp_contract import envnames
 
-from . import env
-from .errors import (
+from .. import env
+from ..errors import (
     ConfigError,
     ObjectNotFoundError,
     StorageError,

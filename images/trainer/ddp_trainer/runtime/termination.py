@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 
-from . import env
+from .. import env
 
 log = logging.getLogger("ddp_trainer")
 

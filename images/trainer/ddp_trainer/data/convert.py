@@ -22,8 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO
 
-from . import urls
-from .errors import ConfigError, TrainerError
+from ..errors import ConfigError, TrainerError
+from ..storage import urls
 from .imagefolder import IMG_EXTENSIONS, make_samples
 from .shardindex import write_index
 

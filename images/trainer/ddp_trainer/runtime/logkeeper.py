@@ -23,8 +23,9 @@ from collections.abc import Callable
 
 from ddp_contract import envnames, layout
 
-from . import env, s3
-from .errors import TrainerError
+from .. import env
+from ..errors import TrainerError
+from ..storage import s3
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +202,7 @@ _keeper: LogKeeper | None = None
 def start(rank: int, environ: dict[str, str] | None = None) -> LogKeeper | None:
     """Start keeping this rank's output, where the job has a results prefix (else nothing is kept)."""
     global _keeper
-    from .results import job_prefix
+    from ..storage.results import job_prefix
 
     environ = dict(os.environ) if environ is None else environ
     if _keeper is not None or not environ.get(envnames.RESULTS_URI, "").strip():

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from .ranks import rank_and_world_size
+from .partition import rank_and_world_size
 
 
 class DistributedChunkedSampler(Sampler[int]):

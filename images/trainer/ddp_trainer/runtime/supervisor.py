@@ -25,8 +25,8 @@ from pathlib import Path
 from ddp_contract import envnames as names
 from ddp_contract.exitcodes import ExitCode
 
-from . import env
-from .errors import ConfigError
+from .. import env
+from ..errors import ConfigError
 from .termination import leave_termination_message
 
 log = logging.getLogger(__name__)

@@ -160,9 +160,9 @@ def enable_nccl_flight_recorder(environ: dict[str, str] | None = None) -> None:
 def save_dump(rank: int, attempt: int, stacks: str, nccl: bytes | None) -> str:
     """Keep a hung rank's dump under the job's results prefix; returns where it went. Without a
     results prefix (or when S3 fails) the stacks are only in the rank's log, which says so."""
-    from . import s3
-    from .errors import TrainerError
-    from .results import job_prefix
+    from ..errors import TrainerError
+    from ..storage import s3
+    from ..storage.results import job_prefix
 
     try:
         folder = job_prefix().join("hangs", f"attempt-{attempt}")
@@ -174,3 +174,4 @@ def save_dump(rank: int, attempt: int, stacks: str, nccl: bytes | None) -> str:
     except (TrainerError, OSError) as error:
         log.warning("hang dump kept in the log only: %s", error)
         return "the rank's log"
+

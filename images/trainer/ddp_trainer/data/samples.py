@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from .errors import CorruptDataError
+from ..errors import CorruptDataError
 from .tarreader import TarEnd, TarFormatError
 
 IMAGE_EXTENSIONS = {"jpg", "jpeg", "png", "ppm", "pgm", "pbm", "pnm", "bmp", "webp", "tif", "tiff", "gif"}

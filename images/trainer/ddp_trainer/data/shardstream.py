@@ -14,9 +14,9 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from . import urls
-from .errors import ConfigError, CorruptDataError
-from .ranks import dataloader_worker, rank_and_world_size
+from ..errors import ConfigError, CorruptDataError
+from ..storage import urls
+from .partition import dataloader_worker, rank_and_world_size
 from .samples import decode, group_members, transformed, unreadable_shard
 from .shardindex import ShardIndex, ShardInfo, load_index
 from .tarreader import TarEnd, TarFormatError, tar_entries

@@ -20,8 +20,8 @@ from typing import IO, Any
 
 from torch.utils.data import Dataset, Sampler
 
-from . import urls
-from .errors import ConfigError, CorruptDataError, ObjectNotFoundError
+from ..errors import ConfigError, CorruptDataError, ObjectNotFoundError
+from ..storage import urls
 from .samples import decode, group_members, transformed, unreadable_shard
 from .shardcache import ShardCache
 from .shardindex import ShardIndex, ShardInfo, load_index

@@ -15,8 +15,9 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from . import env, s3
-from .errors import StorageError, StorageUnavailableError
+from .. import env
+from ..errors import StorageError, StorageUnavailableError
+from . import s3
 
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 _RESUME_ATTEMPTS = 5

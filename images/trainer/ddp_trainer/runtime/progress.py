@@ -20,10 +20,10 @@ from typing import IO, Any
 
 from ddp_contract.timestamps import rfc3339
 
-from . import env
+from .. import env
+from ..storage.urls import atomic_path
+from ..values import to_number
 from .heartbeat import HEARTBEAT
-from .urls import atomic_path
-from .values import to_number
 
 Sink = Callable[[dict[str, Any]], None]
 
@@ -170,7 +170,7 @@ def default_reporter(rank: int | None = None) -> ProgressReporter:
     interval = env.progress_interval_s()
     if rank != 0:
         return ProgressReporter(lambda record: None, interval)
-    from .jobstatus import in_cluster_sink
+    from ..jobstatus import in_cluster_sink
 
     sinks: list[Sink] = [FileSink(env.progress_file()), LogSink()]
     try:
