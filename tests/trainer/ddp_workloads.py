@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from ddp_trainer.data.sampler import DistributedChunkedSampler
-from ddp_trainer.runtime.entrypoint import RankContext
+from ddp_trainer.runtime.context import RankContext
 from ddp_trainer.runtime.progress import default_reporter
 from ddp_trainer.storage.checkpoint import CheckpointManager, restore_training_state, training_state
 from ddp_trainer.storage.results import S3ResultsHandler

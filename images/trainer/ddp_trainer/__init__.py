@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from .storage import urls as urls
 
 _EXPORTS = {
-    "RankContext": "runtime.entrypoint",
-    "context": "runtime.entrypoint",
+    "RankContext": "runtime.context",
+    "context": "runtime.context",
     "S3ImageFolder": "data.imagefolder",
     "ShardedDataset": "data.mapdataset",
     "ShardListDataset": "data.mapdataset",

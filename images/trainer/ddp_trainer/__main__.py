@@ -39,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def cli() -> None:
     """The `ddp-trainer` console script and `python -m ddp_trainer`: main() with the exit-code guard."""
-    from .runtime.entrypoint import exit_process
+    from .runtime.process_exit import exit_process
 
     exit_process(main())
 

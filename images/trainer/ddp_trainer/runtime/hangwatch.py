@@ -18,13 +18,17 @@ import os
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ddp_contract.failures import describe_hang
 
+from ..errors import ExitCode
+from .failures import last_words
 from .heartbeat import Heartbeat
+from .process_exit import exit_process
 
 log = logging.getLogger(__name__)
 
@@ -175,3 +179,26 @@ def save_dump(rank: int, attempt: int, stacks: str, nccl: bytes | None) -> str:
         log.warning("hang dump kept in the log only: %s", error)
         return "the rank's log"
 
+
+def stall_handler(rank: int, attempt: int) -> Callable[[Hang], None]:
+    """HangWatch's on_stall for this rank: save the stacks ahead, and go on."""
+    def dump_ahead(stall: Hang) -> None:
+        where = save_dump(rank, attempt, python_stacks(), nccl_flight_record())
+        log.warning("rank %d: no progress for %.0fs since step %s (hang timeout %.0fs): stacks saved ahead to %s",
+                    rank, stall.stalled_s, stall.step, stall.timeout_s, where)
+
+    return dump_ahead
+
+
+def hang_handler(rank: int, attempt: int) -> Callable[[Hang], None]:
+    """HangWatch's on_hang for this rank: the stacks to the log and S3, the failure line, then exit HUNG
+    once the peers have had LINGER_SECONDS to dump theirs."""
+    def dump_and_exit(hang: Hang) -> None:
+        stacks = python_stacks()
+        sys.stderr.write(f"ddp-trainer: rank {rank} hung: {hang.describe()}; stacks:\n{stacks}\n")
+        where = save_dump(rank, attempt, stacks, nccl_flight_record())
+        last_words(ExitCode.HUNG, rank, f"{hang.describe()}; stacks in {where}")
+        time.sleep(LINGER_SECONDS)
+        exit_process(ExitCode.HUNG)
+
+    return dump_and_exit
