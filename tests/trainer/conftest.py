@@ -5,7 +5,6 @@ The helpers the tests import by name are in trainerhelp.py (a plain module).
 
 from __future__ import annotations
 
-import logging
 import sys
 import uuid
 from collections.abc import Iterator
@@ -17,19 +16,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # trainerhelp, ddp_wor
 
 from trainerhelp import ACCESS_KEY, SECRET_KEY
 
+import demo  # localcluster/demo.py: its S3 server (moto on loopback)
+
 
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
+    with demo.s3_server(0) as endpoint:  # the S3 server every test tier and `make demo` use
+        yield endpoint
 
 
 @pytest.fixture
