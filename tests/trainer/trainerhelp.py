@@ -27,6 +27,16 @@ ACCESS_KEY = "testing-key"
 SECRET_KEY = "testing-secret"
 
 
+class FakeClock:
+    """A clock the test moves by hand (`clock.now += 5`), for what takes `clock=`."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

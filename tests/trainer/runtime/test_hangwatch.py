@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from trainerhelp import ROOT, free_port, launch, rank_env
+from trainerhelp import ROOT, FakeClock, free_port, launch, rank_env
 from trainerhelp import describe as _describe
 
 from ddp_contract.failures import parse_line
@@ -20,13 +20,6 @@ from ddp_trainer.storage import s3
 
 WORLD = 2
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
 
 def test_timeout_is_configured_or_derived_from_the_slowest_step_with_a_floor() -> None:
     assert hang_timeout(30.0, 100.0, 300.0) == 30.0
@@ -36,7 +29,7 @@ def test_timeout_is_configured_or_derived_from_the_slowest_step_with_a_floor() -
 
 
 def test_the_clock_starts_at_the_first_step_and_restarts_with_each_new_one() -> None:
-    clock = Clock()
+    clock = FakeClock()
     beat = Heartbeat(clock)
     fired: list[Hang] = []
     watch = HangWatch(beat, None, 5.0, fired.append)
@@ -62,7 +55,7 @@ def test_a_watch_with_timeout_zero_never_starts() -> None:
 def test_a_stalled_rank_saves_its_stacks_ahead_at_half_its_timeout_once_per_stalled_step() -> None:
     """With a derived timeout a peer may fire first and the restart take this rank's pod before its
     own timeout: its stacks are saved at half of it, once per step it stalls on."""
-    clock = Clock()
+    clock = FakeClock()
     beat = Heartbeat(clock)
     stalls: list[Hang] = []
     hangs: list[Hang] = []

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+from trainerhelp import FakeClock
+
 import ddp_trainer
 import ddp_trainer.runtime.entrypoint
 from ddp_trainer.runtime.heartbeat import HEARTBEAT, Heartbeat
 
 
 def test_a_step_advances_once_and_the_slowest_wait_between_steps_is_kept() -> None:
-    now = [0.0]
-    beat = Heartbeat(lambda: now[0])
+    clock = FakeClock()
+    beat = Heartbeat(clock)
     assert beat.stalled_for() is None  # before the first step
     beat.beat(1)
-    now[0] = 2.0
+    clock.now = 2.0
     beat.beat(1)  # the same step again: no advance
     assert beat.stalled_for() == 2.0
     beat.beat(2)
-    now[0] = 3.0
+    clock.now = 3.0
     beat.beat(3)
     assert (beat.step, beat.slowest_step_s, beat.stalled_for()) == (3, 2.0, 0.0)
     beat.reset()

@@ -6,20 +6,13 @@ from datetime import datetime
 
 import pytest
 import torch
+from trainerhelp import FakeClock
 
 from ddp_trainer.runtime.progress import FileSink, LogSink, ProgressReporter, default_reporter
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_rate_limit_and_samples_per_second() -> None:
-    clock, records = FakeClock(), []
+    clock, records = FakeClock(100.0), []
     reporter = ProgressReporter(records.append, min_interval_s=5.0, clock=clock, wallclock=lambda: 0.0)
     clock.now += 1.0
     assert reporter.report(0, 1, 2.0, samples=32)  # the first report goes out at once
