@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
+import tomllib
 
 from trainerhelp import ROOT, rank_env
 
@@ -30,3 +31,11 @@ def test_python_m_ddp_trainer_names_its_commands() -> None:
     result = subprocess.run([sys.executable, "-m", "ddp_trainer", "--help"], env=rank_env({}, 0, 1, 1), cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "python -m ddp_trainer run" in result.stdout and "make-shards" in result.stdout
+
+
+def test_an_installed_runtime_has_every_room() -> None:
+    """pyproject.toml lists its packages one by one: a subpackage it leaves out is missing from the wheel."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    source = ROOT / setuptools["package-dir"]["ddp_trainer"]
+    packages = {".".join(("ddp_trainer", *init.parent.relative_to(source).parts)) for init in source.rglob("__init__.py")}
+    assert packages <= set(setuptools["packages"])
