@@ -62,15 +62,15 @@ sys.path[:0] = [os.path.join(REPO, "contract"), os.path.join(REPO, "images", "tr
 from torch.utils.data import IterableDataset  # noqa: E402
 
 from ddp_contract import envnames  # noqa: E402
-from ddp_trainer import s3  # noqa: E402
-from ddp_trainer.checkpoint import CheckpointManager  # noqa: E402
-from ddp_trainer.convert import SourceSample, build_shard  # noqa: E402
-from ddp_trainer.imagefolder import S3ImageFolder  # noqa: E402
-from ddp_trainer.mapdataset import ShardedDataset  # noqa: E402
-from ddp_trainer.ranks import dataloader_worker  # noqa: E402
-from ddp_trainer.sampler import DistributedChunkedSampler  # noqa: E402
-from ddp_trainer.shardindex import ShardIndex, load_index, write_index  # noqa: E402
-from ddp_trainer.shardstream import ShardStream  # noqa: E402
+from ddp_trainer.data.convert import SourceSample, build_shard  # noqa: E402
+from ddp_trainer.data.imagefolder import S3ImageFolder  # noqa: E402
+from ddp_trainer.data.mapdataset import ShardedDataset  # noqa: E402
+from ddp_trainer.data.partition import dataloader_worker  # noqa: E402
+from ddp_trainer.data.sampler import DistributedChunkedSampler  # noqa: E402
+from ddp_trainer.data.shardindex import ShardIndex, load_index, write_index  # noqa: E402
+from ddp_trainer.data.shardstream import ShardStream  # noqa: E402
+from ddp_trainer.storage import s3  # noqa: E402
+from ddp_trainer.storage.checkpoint import CheckpointManager  # noqa: E402
 
 BATCH_SIZE = 32
 _MOTO = """

@@ -35,10 +35,10 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 import bench_data  # noqa: E402  (puts contract and the trainer runtime on the path)
-from ddp_trainer import s3  # noqa: E402
-from ddp_trainer.convert import SourceSample, build_shard  # noqa: E402
-from ddp_trainer.shardindex import write_index  # noqa: E402
-from ddp_trainer.shardstream import ShardStream  # noqa: E402
+from ddp_trainer.data.convert import SourceSample, build_shard  # noqa: E402
+from ddp_trainer.data.shardindex import write_index  # noqa: E402
+from ddp_trainer.data.shardstream import ShardStream  # noqa: E402
+from ddp_trainer.storage import s3  # noqa: E402
 
 TARGET = 0.9  # shard-stream's share of synthetic the issue asks for
 CLASSES = 1000

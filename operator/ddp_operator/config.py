@@ -7,7 +7,9 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final
+
+from ddp_contract.envnumbers import EnvNumberError, N, env_number
 
 # --- the settings' environment variables and defaults ---------------------------------------------------------------
 ENV_VERBOSE: Final = "DDP_OPERATOR_VERBOSE"  # log every decision at debug level; empty, 0, false, no, off: not
@@ -32,7 +34,6 @@ DEFAULT_LEASE_RETRY_PERIOD: Final = 2.0
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 GLOB_CHARS = frozenset("*?")
 REFUSED_CHARS = frozenset("!,[]")  # kopf's exclusions and lists, fnmatch's sets: not supported
-N = TypeVar("N", int, float)
 FALSE_WORDS = frozenset({"", "0", "false", "no", "off"})
 
 
@@ -127,16 +128,10 @@ def _lease(env: Mapping[str, str], own_namespace: str | None, identity: str | No
 
 
 def _number(env: Mapping[str, str], name: str, default: N, kind: type[N], upper: float | None = None) -> N:
-    value = env.get(name)
-    if not value:
-        return default
     try:
-        number = kind(value)
-    except ValueError:
-        raise ConfigError(f"{name}={value!r} is not a number") from None
-    if number < 0 or (upper is not None and number > upper):
-        raise ConfigError(f"{name}={value!r} is out of range")
-    return number
+        return env_number(name, env.get(name), kind, default, maximum=upper)
+    except EnvNumberError as error:
+        raise ConfigError(str(error)) from None
 
 
 def default_identity() -> str:

@@ -3,7 +3,6 @@ runner that plays the kubelet by running each rank as a local process."""
 
 from __future__ import annotations
 
-import logging
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,18 +18,9 @@ import demo
 
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    s3 = demo.s3_client(endpoint)
-    s3.create_bucket(Bucket=BUCKET)
-    demo.upload_dataset(s3, BUCKET, "shapes/train", per_class=48)
-    yield endpoint
-    server.stop()
+    with demo.s3_server(0, buckets=(BUCKET,)) as endpoint:
+        demo.upload_dataset(demo.s3_client(endpoint), BUCKET, "shapes/train", per_class=48)
+        yield endpoint
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import yaml
 
 from ddp_operator import constants as c
 from ddp_trainer.jobstatus import JobStatusSink
-from ddp_trainer.progress import ProgressReporter
+from ddp_trainer.runtime.progress import ProgressReporter
 from fakenodes import FAKE_NODE_NAMESPACE_ANNOTATIONS
 from kube import REPO, Cluster, Jobs, cluster_script, wait_until
 

@@ -57,7 +57,7 @@ ranks = [subprocess.Popen(["python", "-m", "ddp_trainer", "run", "quickstart:mai
                           env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
          for r in range(2)]
 outputs = [rank.communicate(timeout=600)[0] for rank in ranks]
-import getpass, pathlib, torch, torchvision, ddp_trainer.entrypoint
+import getpass, pathlib, torch, torchvision, ddp_trainer.runtime.entrypoint
 cache = pathlib.Path.home() / ".cache" / "probe"
 cache.mkdir(parents=True)
 cache.joinpath("written").write_text("ok")

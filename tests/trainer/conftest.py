@@ -5,7 +5,6 @@ The helpers the tests import by name are in trainerhelp.py (a plain module).
 
 from __future__ import annotations
 
-import logging
 import sys
 import uuid
 from collections.abc import Iterator
@@ -17,25 +16,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # trainerhelp, ddp_wor
 
 from trainerhelp import ACCESS_KEY, SECRET_KEY
 
+import demo  # localcluster/demo.py: its S3 server (moto on loopback)
+
 
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
+    with demo.s3_server(0) as endpoint:  # the S3 server every test tier and `make demo` use
+        yield endpoint
 
 
 @pytest.fixture
 def s3_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """S3 settings in this process's environment (and to hand to subprocesses)."""
-    from ddp_trainer import s3
+    from ddp_trainer.storage import s3
 
     values = {
         "AWS_ACCESS_KEY_ID": ACCESS_KEY,
@@ -53,7 +46,7 @@ def s3_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
 @pytest.fixture
 def bucket(s3_env: dict[str, str]) -> str:
-    from ddp_trainer import s3
+    from ddp_trainer.storage import s3
 
     name = f"test-{uuid.uuid4().hex[:12]}"
     s3.client().create_bucket(Bucket=name)

@@ -18,11 +18,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from ddp_trainer.checkpoint import CheckpointManager, restore_training_state, training_state
-from ddp_trainer.entrypoint import RankContext
-from ddp_trainer.progress import default_reporter
-from ddp_trainer.results import S3ResultsHandler
-from ddp_trainer.sampler import DistributedChunkedSampler
+from ddp_trainer.data.sampler import DistributedChunkedSampler
+from ddp_trainer.runtime.context import RankContext
+from ddp_trainer.runtime.progress import default_reporter
+from ddp_trainer.storage.checkpoint import CheckpointManager, restore_training_state, training_state
+from ddp_trainer.storage.results import S3ResultsHandler
 
 SAMPLES = 96
 FEATURES = 8
@@ -216,7 +216,7 @@ def stream_train(ctx: RankContext) -> None:
     WL_CKPT_EVERY it checkpoints the stream's position too and resumes mid-epoch after a crash."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from ddp_trainer.shardstream import ShardStream
+    from ddp_trainer.data.shardstream import ShardStream
 
     batch, workers, epochs = 2, 2, 2
     every, crash_at = _int("WL_CKPT_EVERY", 0), _int("WL_CRASH_AT_STEP", -1)

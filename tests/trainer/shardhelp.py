@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from ddp_trainer import s3
-from ddp_trainer.shardindex import ShardIndex, load_index, write_index
+from ddp_trainer.data.shardindex import ShardIndex, load_index, write_index
+from ddp_trainer.storage import s3
 
 SHARD_SIZES = [7, 3, 11, 5, 9]  # uneven on purpose
 

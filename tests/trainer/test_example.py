@@ -10,10 +10,10 @@ import yaml
 from trainerhelp import describe, launch, upload_tree, write_tree
 
 import datagen
-from ddp_trainer import s3
-from ddp_trainer.checkpoint import CheckpointManager
-from ddp_trainer.convert import make_shards
-from ddp_trainer.results import read_metrics
+from ddp_trainer.data.convert import make_shards
+from ddp_trainer.storage import s3
+from ddp_trainer.storage.checkpoint import CheckpointManager
+from ddp_trainer.storage.results import read_metrics
 from kube import REPO
 
 ARGS = ["--batch-size", "2", "--workers", "1", "--checkpoint-every", "3"]

@@ -16,8 +16,8 @@ import torch
 from trainerhelp import describe as _describe
 from trainerhelp import launch, workload_env
 
-from ddp_trainer import s3
-from ddp_trainer.checkpoint import CheckpointManager
+from ddp_trainer.storage import s3
+from ddp_trainer.storage.checkpoint import CheckpointManager
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from ddp_trainer import s3
+from ddp_trainer.storage import s3
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -25,6 +25,16 @@ EXAMPLES = ROOT / "examples" / "trainer"
 
 ACCESS_KEY = "testing-key"
 SECRET_KEY = "testing-secret"
+
+
+class FakeClock:
+    """A clock the test moves by hand (`clock.now += 5`), for what takes `clock=`."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def free_port() -> int:

@@ -21,7 +21,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2 if not args else 0
     command, rest = args[0], args[1:]
     if command == "run":
-        from .entrypoint import run
+        from .runtime.entrypoint import run
 
         target = rest[0] if rest and not rest[0].startswith("-") else None
         if target is not None:
@@ -30,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rest = rest[1:]
         return run(target, rest)
     if command == "make-shards":
-        from .convert import main as convert_main
+        from .data.convert import main as convert_main
 
         return convert_main(rest)
     print(f"ddp-trainer: unknown command {command!r}\n{USAGE}", file=sys.stderr)
@@ -39,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def cli() -> None:
     """The `ddp-trainer` console script and `python -m ddp_trainer`: main() with the exit-code guard."""
-    from .entrypoint import exit_process
+    from .runtime.process_exit import exit_process
 
     exit_process(main())
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ddp_contract import envnames as names
 from ddp_contract.backend import BACKENDS
+from ddp_contract.envnumbers import EnvNumberError, N, env_number
 
 from .errors import ConfigError
 
@@ -34,31 +35,19 @@ def _require(environ: Mapping[str, str], name: str) -> str:
 
 
 def _int(environ: Mapping[str, str], name: str, *, default: int | None = None, minimum: int = 0) -> int:
-    raw = environ.get(name, "").strip()
-    if not raw:
-        if default is None:
-            raise ConfigError(f"environment variable {name} is not set (the operator injects it into every rank)")
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"environment variable {name}={raw!r} is not an integer") from None
-    if value < minimum:
-        raise ConfigError(f"environment variable {name}={value} must be >= {minimum}")
-    return value
+    raw = _require(environ, name) if default is None else environ.get(name, "").strip()
+    return _number(name, raw, int, default or 0, minimum=minimum)
 
 
 def _float(environ: Mapping[str, str], name: str, default: float, zero_means_off: bool = False) -> float:
-    raw = environ.get(name, "").strip()
-    if not raw:
-        return default
+    return _number(name, environ.get(name, "").strip(), float, default, exclusive=not zero_means_off)
+
+
+def _number(name: str, raw: str, kind: type[N], default: N, *, minimum: int = 0, exclusive: bool = False) -> N:
     try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"environment variable {name}={raw!r} is not a number") from None
-    if value < 0 or (value == 0 and not zero_means_off):
-        raise ConfigError(f"environment variable {name}={value} must be {'>= 0' if zero_means_off else '> 0'}")
-    return value
+        return env_number(name, raw, kind, default, minimum=minimum, exclusive=exclusive)
+    except EnvNumberError as error:
+        raise ConfigError(str(error)) from None
 
 
 @dataclass(frozen=True)

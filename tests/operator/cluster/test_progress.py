@@ -10,7 +10,7 @@ from ddp_contract import api, envnames
 from ddp_operator import constants as c
 from ddp_operator.manifests import progress_service_account
 from ddp_trainer.jobstatus import JobStatusSink, last_checkpoint
-from ddp_trainer.progress import ProgressReporter
+from ddp_trainer.runtime.progress import ProgressReporter
 from kube import client_as, env_of, wait_until
 
 

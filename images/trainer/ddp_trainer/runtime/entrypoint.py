@@ -1,0 +1,103 @@
+"""Runs the user's code in one rank: check env, wait for the master, init, run, tear down.
+
+Usage: ``python -m ddp_trainer run [TARGET] [ARGS...]`` where TARGET is ``module:function``,
+``module`` or ``path/to/script.py`` (default: $DDP_ENTRYPOINT). ARGS become ``sys.argv[1:]``.
+A ``module:function`` target is called with no arguments, or with the `RankContext` if it takes
+one positional parameter. The process group is already initialised when the user code runs.
+
+`run` is the sequence; each step is in the module named for it: `supervisor` (a pod of several
+ranks), `target`, `rendezvous`, `context`, `hangwatch`, `signals`, `failures` (exit codes and the
+failure line) and `process_exit`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+from ddp_contract import envnames as names
+
+from .. import env, jobstatus
+from ..errors import ConfigError, ExitCode, TrainerError
+from . import logkeeper, progress, supervisor
+from .context import RankContext, set_context
+from .failures import classify, exit_code_of_system_exit, report
+from .hangwatch import HangWatch, hang_handler, stall_handler
+from .heartbeat import HEARTBEAT
+from .rendezvous import destroy_process_group, gang_check, init_distributed, wait_for_master, wait_for_port
+from .signals import stop_on_sigterm
+from .target import load_target
+
+log = logging.getLogger("ddp_trainer")
+
+
+def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None = None) -> int:
+    """Run one rank to completion and return the process exit code."""
+    environ = dict(os.environ) if environ is None else environ
+    rank: int | None = None
+    HEARTBEAT.reset()
+    try:
+        if supervisor.is_launcher(environ):
+            return supervisor.launch(target, args, environ)
+    except TrainerError as exc:
+        report(exc.exit_code, None, exc)
+        return exc.exit_code
+    try:
+        target = target or environ.get(names.ENTRYPOINT, "").strip()
+        if not target:
+            raise ConfigError(f"no entrypoint: pass `module:function` or a script, or set {names.ENTRYPOINT}")
+        settings = env.DistSettings.from_env(environ)
+        rank = settings.rank
+        logkeeper.start(rank, environ)
+        stop_on_sigterm(rank)
+        func = load_target(target)
+        job = env.JobInfo.from_env(environ)
+        hang_watch = HangWatch(HEARTBEAT, env.hang_timeout_s(environ), env.hang_min_s(environ),
+                               hang_handler(rank, job.attempt), on_stall=stall_handler(rank, job.attempt))
+        started = time.monotonic()
+        wait_for_master(settings.master_addr, settings.master_wait_s)
+        if rank != 0:
+            wait_for_port(settings.master_addr, settings.master_port, settings.master_wait_s, since=started)
+    except BaseException as exc:  # noqa: BLE001 - every startup failure becomes an exit code
+        # Anything but our own errors comes from importing the user's module: a user error.
+        code = exc.exit_code if isinstance(exc, TrainerError) else ExitCode.USER_ERROR
+        report(code, rank, exc)
+        return code
+
+    try:
+        backend, device = init_distributed(settings)
+        check_s = gang_check(device)
+        formed_s = time.monotonic() - started
+        log.info("rank %d/%d joined (%s on %s): gang formed in %.2fs, all-reduce check %.1f ms", settings.rank,
+                 settings.world_size, backend, device, formed_s, check_s * 1000)
+        if settings.rank == 0:
+            jobstatus.record({"rendezvous": jobstatus.rendezvous(job.attempt, formed_s, check_s)})
+        context = RankContext(
+            rank=settings.rank,
+            world_size=settings.world_size,
+            local_rank=settings.local_rank,
+            backend=backend,
+            device=device,
+            job=job,
+        )
+        set_context(context)
+        sys.argv = [target, *args]
+        hang_watch.start()
+        func(context)
+        return ExitCode.OK
+    except SystemExit as exc:
+        hang_watch.hold_if_fired()
+        return exit_code_of_system_exit(exc)
+    except BaseException as exc:  # noqa: BLE001 - whatever the user code raises becomes its exit code
+        hang_watch.hold_if_fired()
+        code = classify(exc)
+        report(code, rank, exc)
+        return code
+    finally:
+        hang_watch.stop()
+        set_context(None)
+        progress.flush_reporters()  # the last step reported, however soon after the one before it
+        destroy_process_group()

@@ -1,0 +1,224 @@
+"""Logs that outlive the pods: a rank's output, kept under the job's results prefix in S3.
+
+A finished job's pods go with `ttlSecondsAfterFinished`, and a gang restart deletes every rank's
+pod, and with them the only copy of what the ranks printed. The keeper puts pipes behind file
+descriptors 1 and 2 (so the user's prints, tracebacks, logging, C++ backends' messages and
+DataLoader workers' output all pass through it), writes everything on to the original stdout and
+stderr unchanged, and keeps a copy that goes to
+`<results>/<namespace>/<job>/logs/attempt-<n>/rank-<r>/part-<p>.log` every
+$DDP_LOG_UPLOAD_INTERVAL_SECONDS (30) and at exit (normal, error, SIGTERM, hang). A SIGKILL or an
+OOM kill loses at most the last interval. Parts hold up to PART_BYTES, so a chatty rank's uploads
+stay small: only the part being written is uploaded again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from ddp_contract import envnames, layout
+
+from .. import env
+from ..errors import TrainerError
+from ..storage import s3
+
+log = logging.getLogger(__name__)
+
+PART_BYTES = 16 * 1024**2
+DRAIN_SECONDS = 2.0  # at exit: how long to wait for output still in the pipes (a DataLoader worker's)
+FINAL_UPLOAD_SECONDS = 10.0  # at exit: how long the last upload may take before the rank exits anyway
+_STREAMS = (1, 2)
+
+Upload = Callable[[int, bytes], None]  # (part number, the part's bytes so far)
+
+
+class Parts:
+    """The kept output, cut into parts of at most `part_bytes`; which parts changed since uploaded."""
+
+    def __init__(self, part_bytes: int = PART_BYTES) -> None:
+        self.part_bytes = part_bytes
+        self._parts: dict[int, bytearray] = {0: bytearray()}
+        self._current = 0
+        self._dirty: set[int] = set()
+        self._lock = threading.Lock()
+
+    def add(self, data: bytes) -> None:
+        with self._lock:
+            while data:
+                room = self.part_bytes - len(self._parts[self._current])
+                if room <= 0:
+                    self._current += 1
+                    self._parts[self._current] = bytearray()
+                    continue
+                self._parts[self._current] += data[:room]
+                self._dirty.add(self._current)
+                data = data[room:]
+
+    def changed(self) -> list[tuple[int, bytes]]:
+        """The parts written since the last call, and forgets full ones (they will not change again)."""
+        with self._lock:
+            out = [(part, bytes(self._parts[part])) for part in sorted(self._dirty)]
+            self._dirty.clear()
+            for part, _ in out:
+                if part != self._current:
+                    del self._parts[part]
+            return out
+
+    def unsent(self, parts: list[tuple[int, bytes]]) -> None:
+        """An upload failed: these parts are to be sent again."""
+        with self._lock:
+            for part, data in parts:
+                if part not in self._parts:
+                    self._parts[part] = bytearray(data)
+                self._dirty.add(part)
+
+
+class LogKeeper:
+    """Tees fds 1 and 2 into `Parts`, uploaded every `interval_s` (0: only at `finish`)."""
+
+    def __init__(self, upload: Upload, interval_s: float, part_bytes: int = PART_BYTES) -> None:
+        self.upload = upload
+        self.interval_s = interval_s
+        self.parts = Parts(part_bytes)
+        self._originals: dict[int, int] = {}  # pipe read end -> a copy of the original fd it writes on to
+        self._saved: dict[int, int] = {}  # fd 1 or 2 -> its copy of the original
+        self._stop = threading.Event()
+        self._closing = threading.Event()
+        self._finished = False
+        self._finish_lock = threading.Lock()
+        self._warned = False
+        self._reader = threading.Thread(target=self._read, name="ddp-log-tee", daemon=True)
+        self._uploader = threading.Thread(target=self._upload_every_interval, name="ddp-log-upload", daemon=True)
+
+    def start(self) -> LogKeeper:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd in _STREAMS:
+            read_end, write_end = os.pipe()
+            self._saved[fd] = os.dup(fd)
+            self._originals[read_end] = self._saved[fd]
+            os.dup2(write_end, fd)
+            os.close(write_end)
+        self._reader.start()
+        if self.interval_s > 0:
+            self._uploader.start()
+        return self
+
+    def _read(self) -> None:
+        try:
+            self._tee()
+        except BaseException:
+            # Fail open: with nobody reading the pipes, the rank would block on its next print.
+            self._restore()
+            log.exception("the rank's log is no longer kept in S3")
+            raise
+
+    def _restore(self) -> None:
+        for fd, original in self._saved.items():
+            os.dup2(original, fd)  # closes this process's write end of the pipe
+
+    def _tee(self) -> None:
+        selector = selectors.DefaultSelector()
+        for read_end in self._originals:
+            selector.register(read_end, selectors.EVENT_READ)
+        open_ends = len(self._originals)
+        drain_until: float | None = None
+        while open_ends:
+            if self._closing.is_set() and drain_until is None:
+                drain_until = time.monotonic() + DRAIN_SECONDS
+            ready = selector.select(timeout=0.2)
+            if not ready and drain_until is not None:
+                break  # closing, and nothing more came for a while
+            for key, _ in ready:
+                data = os.read(key.fd, 65536)
+                if not data:  # every writer closed it
+                    selector.unregister(key.fd)
+                    open_ends -= 1
+                    continue
+                _write_all(self._originals[key.fd], data)
+                self.parts.add(data)
+            if drain_until is not None and time.monotonic() > drain_until:
+                break
+        selector.close()
+
+    def _upload_every_interval(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.upload_changed()
+
+    def upload_changed(self) -> None:
+        changed = self.parts.changed()
+        try:
+            for part, data in changed:
+                self.upload(part, data)
+        except (TrainerError, OSError) as error:
+            self.parts.unsent(changed)
+            if not self._warned:
+                self._warned = True
+                log.warning("keeping this rank's log in S3 failed (retried every interval): %s", error)
+
+    def finish(self) -> None:
+        """Put the original fds back, take in what is still in the pipes, upload the rest. Once."""
+        with self._finish_lock:
+            if self._finished:
+                return
+            self._finished = True
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._stop.set()
+        self._restore()
+        self._closing.set()
+        if self._reader.is_alive() and self._reader is not threading.current_thread():
+            self._reader.join(DRAIN_SECONDS + 1)
+        last = threading.Thread(target=self.upload_changed, name="ddp-log-last-upload", daemon=True)
+        last.start()
+        last.join(FINAL_UPLOAD_SECONDS)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            written = os.write(fd, view)
+        except OSError:  # the original stream is gone (a closed terminal): the copy still goes to S3
+            return
+        view = view[written:]
+
+
+def s3_upload(prefix: s3.S3Url, attempt: int, rank: int) -> Upload:
+    def upload(part: int, data: bytes) -> None:
+        s3.put_bytes(prefix.join(layout.log_part(attempt, rank, part)), data, content_type="text/plain; charset=utf-8")
+
+    return upload
+
+
+_keeper: LogKeeper | None = None
+
+
+def start(rank: int, environ: dict[str, str] | None = None) -> LogKeeper | None:
+    """Start keeping this rank's output, where the job has a results prefix (else nothing is kept)."""
+    global _keeper
+    from ..storage.results import job_prefix
+
+    environ = dict(os.environ) if environ is None else environ
+    if _keeper is not None or not environ.get(envnames.RESULTS_URI, "").strip():
+        return _keeper
+    try:
+        job = env.JobInfo.from_env(environ)
+        prefix = job_prefix(env.results_uri(environ), job)
+        interval = env.log_upload_interval_s(environ)
+    except TrainerError as error:
+        log.warning("this rank's log is not kept in S3: %s", error)
+        return None
+    _keeper = LogKeeper(s3_upload(prefix, job.attempt, rank), interval).start()
+    return _keeper
+
+
+def finish() -> None:
+    """Upload what this rank printed, at its exit; a no-op where nothing is kept."""
+    if _keeper is not None:
+        _keeper.finish()

@@ -1,0 +1,188 @@
+"""Training progress for the DDPJob status, reported by rank 0 at a bounded rate.
+
+Rank 0 writes the latest progress as one JSON object to $DDP_PROGRESS_FILE (atomically), prints
+one structured log line and, when it runs under the operator with the `kubernetes` package
+installed, patches the DDPJob's status.progress (jobstatus.py). A failing sink is logged and
+skipped; progress never stops training.
+Record: {"epoch", "step", "loss", "samplesPerSecond", "stepSeconds", "updatedAt" (RFC 3339, UTC)}.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import IO, Any
+
+from ddp_contract.timestamps import rfc3339
+
+from .. import env
+from ..storage.urls import atomic_path
+from ..values import to_number
+from .heartbeat import HEARTBEAT
+
+Sink = Callable[[dict[str, Any]], None]
+
+log = logging.getLogger(__name__)
+
+LOG_EVENT = "ddp-progress"
+
+
+class FileSink:
+    """Replace `path` with the record; readers never see a half-written file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        directory = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(directory, exist_ok=True)
+        with atomic_path(self.path) as tmp, open(tmp, "w") as f:
+            json.dump(record, f)
+
+
+class LogSink:
+    """One JSON line per report: {"event": "ddp-progress", ...}."""
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self.stream = stream
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        stream = self.stream or sys.stdout
+        stream.write(json.dumps({"event": LOG_EVENT, **record}) + "\n")
+        stream.flush()
+
+
+def fanout(sinks: Sequence[Sink]) -> Sink:
+    """Send each record to every sink; one sink failing does not stop the others or training."""
+    failed: set[int] = set()
+
+    def emit(record: dict[str, Any]) -> None:
+        for i, sink in enumerate(sinks):
+            try:
+                sink(record)
+            except Exception as exc:  # noqa: BLE001 - progress is best effort
+                if i not in failed:  # warn once per sink, not once per report
+                    failed.add(i)
+                    log.warning("progress sink %r failed (further failures not logged): %s", sink, exc)
+
+    return emit
+
+
+class ProgressReporter:
+    """`report()` every step; the sink sees at most one record per `min_interval_s`.
+
+    samplesPerSecond is measured over the samples reported since the previous emitted record, and stepSeconds
+    (mean wall-clock seconds per step) over the reports since then.
+    `flush()` emits the latest state regardless of the rate limit; the runtime flushes every
+    reporter `default_reporter()` made when the user's function ends.
+    """
+
+    def __init__(
+        self,
+        sink: Sink,
+        min_interval_s: float = env.DEFAULT_PROGRESS_INTERVAL_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        wallclock: Callable[[], float] = time.time,
+    ) -> None:
+        if min_interval_s < 0:
+            raise ValueError(f"min_interval_s={min_interval_s} must be >= 0")
+        self.sink = sink
+        self.min_interval_s = min_interval_s
+        self._clock = clock
+        self._wallclock = wallclock
+        self._last_emit: float | None = None
+        self._window_start = clock()
+        self._window_samples = 0
+        self._window_steps = 0
+        self._latest: dict[str, Any] | None = None
+        self._latest_emitted = True
+
+    def report(self, epoch: int, step: int, loss: float | None = None, samples: int = 0) -> bool:
+        """Record progress; `samples` is how many samples this step processed (all ranks).
+
+        Returns True when a record was emitted. Every rank's report is its heartbeat (hangwatch.py).
+        """
+        HEARTBEAT.beat(step)
+        self._window_samples += samples
+        self._window_steps += 1
+        self._latest = {"epoch": int(epoch), "step": int(step), "loss": _float(loss)}
+        self._latest_emitted = False
+        now = self._clock()
+        if self._last_emit is not None and now - self._last_emit < self.min_interval_s:
+            return False
+        self._emit(now)
+        return True
+
+    def flush(self) -> bool:
+        if self._latest is None or self._latest_emitted:
+            return False
+        self._emit(self._clock())
+        return True
+
+    def _emit(self, now: float) -> None:
+        assert self._latest is not None
+        elapsed = now - self._window_start
+        rate = self._window_samples / elapsed if elapsed > 0 else 0.0
+        step_seconds = round(elapsed / self._window_steps, 6) if self._window_steps else None
+        record = {**self._latest, "samplesPerSecond": round(rate, 3), "stepSeconds": step_seconds,
+                  "updatedAt": rfc3339(self._wallclock(), millis=True)}
+        self._last_emit = now
+        self._window_start = now
+        self._window_samples = 0
+        self._window_steps = 0
+        self._latest_emitted = True
+        self.sink(record)
+
+
+def _float(value: Any) -> float | None:
+    """The loss as `kubectl get ddpjobs` shows it: 4 significant digits (the metrics keep them all);
+    None for NaN or infinity, which a JSON status cannot hold."""
+    if value is None:
+        return None
+    value = float(to_number(value))
+    return float(f"{value:.4g}") if math.isfinite(value) else None
+
+
+_made: list[ProgressReporter] = []  # held here: the user's own reference ends with their function
+
+
+def flush_reporters() -> None:
+    """Emit what each reporter made by default_reporter() holds back (the runtime's last act for the user)."""
+    for reporter in list(_made):
+        try:
+            reporter.flush()
+        except Exception as exc:  # noqa: BLE001 - progress is best effort, as its sinks are
+            log.warning("flushing progress failed: %s", exc)
+
+
+def default_reporter(rank: int | None = None) -> ProgressReporter:
+    """Rank 0: file ($DDP_PROGRESS_FILE), log line and, under the operator, the DDPJob's status,
+    every $DDP_PROGRESS_INTERVAL_SECONDS.
+
+    Other ranks get a reporter whose sink does nothing, so training code need not branch.
+    """
+    rank = env.rank() if rank is None else rank
+    interval = env.progress_interval_s()
+    if rank != 0:
+        return ProgressReporter(lambda record: None, interval)
+    from ..jobstatus import in_cluster_sink
+
+    sinks: list[Sink] = [FileSink(env.progress_file()), LogSink()]
+    try:
+        job_status = in_cluster_sink()
+    except ImportError as exc:  # the image may not ship the kubernetes client
+        log.warning("progress goes to %s and the log only: %s", env.progress_file(), exc)
+        job_status = None
+    except Exception as exc:  # noqa: BLE001 - e.g. no service-account token mounted
+        log.warning("cannot write progress to the DDPJob status: %s", exc)
+        job_status = None
+    if job_status is not None:
+        sinks.append(job_status)
+    reporter = ProgressReporter(fanout(sinks), interval)
+    _made.append(reporter)
+    return reporter

@@ -1,0 +1,137 @@
+"""A pod that holds several ranks (the job's ranksPerPod): one process per local rank, as torchrun
+starts them, supervised so the pod fails as a rank would.
+
+The operator gives such a pod WORLD_SIZE (every rank of the job), LOCAL_WORLD_SIZE (the ranks in
+this pod) and NODE_RANK/GROUP_RANK (the pod's index), but no RANK: `python -m ddp_trainer run`
+then starts LOCAL_WORLD_SIZE copies of itself with RANK = NODE_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK
+and LOCAL_RANK (which pins cuda:LOCAL_RANK). When one fails, the others get a moment to fail on
+their own (their collectives break), then are stopped; the pod exits with the failing rank's code
+and leaves its termination message, so the operator classifies the failure as for a one-rank pod.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddp_contract import envnames as names
+from ddp_contract.exitcodes import ExitCode
+
+from .. import env
+from ..errors import ConfigError
+from .termination import leave_termination_message
+
+log = logging.getLogger(__name__)
+
+# After the first rank of the pod fails, how long the others may take to fail on their own.
+PEER_GRACE_SECONDS = 10.0
+STOP_GRACE_SECONDS = 5.0
+POLL_SECONDS = 0.05
+
+
+def is_launcher(environ: Mapping[str, str]) -> bool:
+    """A pod of several ranks, before they are started: LOCAL_WORLD_SIZE > 1 and no RANK yet."""
+    return not environ.get(names.RANK, "").strip() and env.local_world_size(environ) > 1
+
+
+def local_rank_env(environ: Mapping[str, str], local_rank: int, message_path: str) -> dict[str, str]:
+    """One local rank's environment, with torchrun's names."""
+    per_pod = env.local_world_size(environ)
+    node = env.node_rank(environ)
+    world = int(environ.get(names.WORLD_SIZE) or 0)
+    rank = node * per_pod + local_rank
+    if rank >= world:
+        raise ConfigError(f"{names.NODE_RANK}={node} x {names.LOCAL_WORLD_SIZE}={per_pod} + {local_rank} "
+                          f"is not below {names.WORLD_SIZE}={world}")
+    return {**environ, names.RANK: str(rank), names.LOCAL_RANK: str(local_rank), names.GROUP_RANK: str(node),
+            names.TERMINATION_MESSAGE_PATH: message_path}
+
+
+@dataclass
+class LocalRank:
+    local_rank: int
+    process: subprocess.Popen[bytes]
+    message_path: Path
+    exit_code: int | None = None
+    ended_at: float | None = None
+
+
+def launch(target: str | None, args: Sequence[str], environ: Mapping[str, str]) -> int:
+    """Start every local rank, wait for them, and return the pod's exit code."""
+    messages = Path(tempfile.mkdtemp(prefix="ddp-local-ranks-"))
+    ranks: list[LocalRank] = []
+    stop_requested: list[int] = []
+
+    def forward(signum: int, frame: object) -> None:
+        stop_requested.append(signum)
+        for rank in ranks:
+            if rank.process.poll() is None:
+                rank.process.send_signal(signum)
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        command = [sys.executable, "-m", "ddp_trainer", "run", *([target] if target else []), "--", *args]
+        for local_rank in range(env.local_world_size(environ)):
+            path = messages / f"rank-{local_rank}"
+            path.touch()
+            child_env = local_rank_env(environ, local_rank, str(path))
+            ranks.append(LocalRank(local_rank, subprocess.Popen(command, env=child_env), path))
+        log.info("started %d local ranks (global %s)", len(ranks), ", ".join(
+            str(env.node_rank(environ) * len(ranks) + r.local_rank) for r in ranks))
+        _supervise(ranks)
+        if stop_requested:
+            return ExitCode.TERMINATED
+        return _outcome(ranks)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for rank in ranks:
+            if rank.process.poll() is None:
+                rank.process.kill()
+                rank.process.wait()
+        shutil.rmtree(messages, ignore_errors=True)
+
+
+def _supervise(ranks: list[LocalRank]) -> None:
+    """Wait until every local rank has ended; once one failed, stop the others after the grace."""
+    first_failure: float | None = None
+    stopping_since: float | None = None
+    while any(r.exit_code is None for r in ranks):
+        now = time.monotonic()
+        for rank in ranks:
+            if rank.exit_code is None and (code := rank.process.poll()) is not None:
+                rank.exit_code = 128 - code if code < 0 else code  # killed by signal N: 128+N
+                rank.ended_at = now
+                if rank.exit_code != 0 and first_failure is None:
+                    first_failure = now
+        if first_failure is not None and stopping_since is None and now - first_failure > PEER_GRACE_SECONDS:
+            stopping_since = now
+            _signal_all(ranks, signal.SIGTERM)
+        if stopping_since is not None and now - stopping_since > STOP_GRACE_SECONDS:
+            _signal_all(ranks, signal.SIGKILL)
+        time.sleep(POLL_SECONDS)
+
+
+def _signal_all(ranks: list[LocalRank], signum: int) -> None:
+    for rank in ranks:
+        if rank.exit_code is None:
+            rank.process.send_signal(signum)
+
+
+def _outcome(ranks: list[LocalRank]) -> int:
+    """0 when every local rank succeeded; else the cause's code and termination message: the first
+    rank to fail for a reason of its own, before one whose collective broke because a peer died."""
+    failed = [r for r in ranks if r.exit_code]
+    if not failed:
+        return ExitCode.OK
+    cause = min(failed, key=lambda r: (r.exit_code == ExitCode.COMMUNICATION_ERROR, r.ended_at or 0.0, r.local_rank))
+    if cause.message_path.exists():  # the rank wrote one: it becomes the pod's
+        leave_termination_message(cause.message_path.read_text(errors="replace"))
+    return int(cause.exit_code or ExitCode.USER_ERROR)

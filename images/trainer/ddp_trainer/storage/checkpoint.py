@@ -1,0 +1,331 @@
+"""Checkpoints in S3, written by rank 0, committed by a manifest.
+
+Layout under ``<job prefix>/checkpoints/``::
+
+    step-<012d>/state.pt        torch.save of the state dict (multipart above part_size)
+    step-<012d>/MANIFEST.json   written last: {"step", "files": {"state.pt": {"size", "sha256"}}, ...}
+
+A checkpoint exists only once its manifest does, so a crash mid-save leaves nothing that looks
+complete. Pruning deletes the manifest of an old checkpoint before its data, and only after the
+new one is committed. `load_latest` takes the newest checkpoint whose manifest matches its data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from .. import env
+from ..errors import ConfigError, CorruptDataError, ObjectNotFoundError
+from . import s3
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "MANIFEST.json"
+STATE = "state.pt"
+_STEP_DIR = re.compile(r"^step-(\d{12})$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    state: dict[str, Any]
+    url: s3.S3Url
+    manifest: dict[str, Any]
+
+
+def snapshot(value: Any) -> Any:
+    """A copy of `value` with every tensor's data copied to CPU, so training may go on mutating it,
+    that loads back as a synchronous save of `value` would.
+
+    It is pickled and unpickled in memory as torch.save pickles it, each storage copied to CPU once
+    on the way, so what torch.save keeps is kept: container types (namedtuples, defaultdicts, state
+    dicts with their `_metadata`), Parameters and requires_grad, and one tensor under two names or
+    views of one storage still share their data.
+    """
+    import pickle
+
+    import torch
+
+    copies: dict[int, Any] = {}  # the CPU copy of each storage, by its C pointer as torch.save keys them
+
+    class StoragesToCpu(pickle.Pickler):
+        def persistent_id(self, obj: Any) -> tuple[int, Any] | None:
+            if isinstance(obj, torch.storage.TypedStorage):
+                storage, dtype = obj._untyped_storage, obj.dtype
+            elif isinstance(obj, torch.UntypedStorage):
+                storage, dtype = obj, None
+            else:
+                return None
+            if storage._cdata not in copies:
+                copies[storage._cdata] = _cpu_copy(storage)
+            return storage._cdata, dtype
+
+    class StoragesFromCopies(pickle.Unpickler):
+        def persistent_load(self, pid: tuple[int, Any]) -> Any:
+            key, dtype = pid
+            if dtype is None:
+                return copies[key]
+            return torch.storage.TypedStorage(wrap_storage=copies[key], dtype=dtype, _internal=True)
+
+    buffer = io.BytesIO()
+    StoragesToCpu(buffer, protocol=torch.serialization.DEFAULT_PROTOCOL).dump(value)
+    buffer.seek(0)
+    return StoragesFromCopies(buffer).load()
+
+
+def _cpu_copy(storage: Any) -> Any:
+    import torch
+
+    if storage.device.type == "meta":
+        return storage  # no data to copy
+    return torch.UntypedStorage(storage.nbytes()).copy_(storage)
+
+
+def unwrap(model: Any) -> Any:
+    """The module inside DistributedDataParallel, so checkpoints load without DDP."""
+    return getattr(model, "module", model)
+
+
+def training_state(
+    model: Any,
+    optimizer: Any = None,
+    sampler: Any = None,
+    samples_consumed: int | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The usual checkpoint: model (unwrapped from DDP), optimizer, sampler position, extras.
+
+    `samples_consumed` is how many of this epoch's samples this rank trained on; pass it when
+    the DataLoader has workers (they prefetch, so the sampler alone over-counts).
+    """
+    state: dict[str, Any] = {"model": unwrap(model).state_dict()}
+    if optimizer is not None:
+        state["optimizer"] = optimizer.state_dict()
+    if sampler is not None:
+        state["sampler"] = sampler.state_dict() if samples_consumed is None else sampler.state_dict(samples_consumed)
+    state.update(extra)
+    return state
+
+
+def restore_training_state(state: Mapping[str, Any], model: Any, optimizer: Any = None, sampler: Any = None) -> None:
+    unwrap(model).load_state_dict(state["model"])
+    if optimizer is not None and "optimizer" in state:
+        optimizer.load_state_dict(state["optimizer"])
+    if sampler is not None and "sampler" in state:
+        sampler.load_state_dict(state["sampler"])
+
+
+def serialize(state: Mapping[str, Any]) -> bytes:
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(dict(state), buffer)
+    return buffer.getvalue()
+
+
+class CheckpointManager:
+    """Save (rank 0 only), prune to the last `keep`, and load the latest committed checkpoint."""
+
+    def __init__(
+        self,
+        prefix: s3.S3Url | str | None = None,
+        keep: int = 3,
+        async_save: bool = False,
+        part_size: int = 64 * 1024 * 1024,
+        rank: int | None = None,
+        job_status: Any = None,
+    ) -> None:
+        """job_status: where rank 0 records each committed checkpoint (a jobstatus.JobStatusSink);
+        default: the job's own status when the rank runs under the operator, else nowhere."""
+        if keep < 1:
+            raise ConfigError(f"CheckpointManager keep={keep} must be >= 1")
+        if isinstance(prefix, str):
+            prefix = s3.parse_uri(prefix)
+        if prefix is None:
+            from .results import job_prefix
+
+            prefix = job_prefix()
+        self.prefix = prefix.join("checkpoints")
+        self.keep = keep
+        self.async_save = async_save
+        self.part_size = part_size
+        self.rank = env.rank() if rank is None else rank
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: Future[s3.S3Url] | None = None
+        self._lock = threading.Lock()
+        self._job_status = job_status
+
+    def step_url(self, step: int) -> s3.S3Url:
+        return self.prefix.join(f"step-{step:012d}")
+
+    # Saving ---------------------------------------------------------------------------------
+
+    def save(self, step: int, state: Mapping[str, Any]) -> s3.S3Url | None:
+        """Write checkpoint `step` (rank 0; other ranks return None at once).
+
+        Asynchronous mode copies tensors to CPU here, then serialises and uploads in a
+        background thread; at most one save is in flight, so a second save waits for the first.
+        Errors of a background save are raised by the next save(), wait() or close().
+        """
+        if self.rank != 0:
+            return None
+        if step < 0:
+            raise ConfigError(f"checkpoint step {step} must be >= 0")
+        if not self.async_save:
+            return self._write(step, state)
+        self.wait()
+        frozen = snapshot(state)
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ddp-checkpoint")
+            self._pending = self._executor.submit(self._write, step, frozen)
+        return self.step_url(step)
+
+    def wait(self) -> s3.S3Url | None:
+        """Block until the in-flight asynchronous save (if any) is committed; re-raise its error."""
+        with self._lock:
+            pending, self._pending = self._pending, None
+        return pending.result() if pending is not None else None
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _write(self, step: int, state: Mapping[str, Any]) -> s3.S3Url:
+        started = time.monotonic()
+        data = serialize(state)
+        url = self.step_url(step)
+        s3.upload_fileobj(io.BytesIO(data), url.join(STATE), part_size=self.part_size)
+        manifest = {
+            "version": 1,
+            "step": step,
+            "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "files": {STATE: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}},
+        }
+        s3.put_bytes(url.join(MANIFEST), json.dumps(manifest).encode(), content_type="application/json")
+        log.info("checkpoint step %d committed to %s (%d bytes, %.2fs)", step, url, len(data), time.monotonic() - started)
+        self._record(step, url)
+        self._prune(step)
+        return url
+
+    def _record(self, step: int, url: s3.S3Url) -> None:
+        """status.lastCheckpoint, so a restarted gang is told where to resume (and people can see it)."""
+        from ..jobstatus import in_cluster_sink, last_checkpoint
+
+        if self._job_status is None:
+            try:
+                self._job_status = in_cluster_sink() or False
+            except Exception as error:  # noqa: BLE001 - e.g. no service-account token: S3 still has it
+                log.warning("checkpoints are not recorded in the job's status: %s", error)
+                self._job_status = False
+        if self._job_status:
+            self._job_status.patch({"lastCheckpoint": last_checkpoint(step, str(url))})
+
+    def _prune(self, committed: int) -> None:
+        steps = self._scan()
+        complete = sorted((s for s, has_manifest in steps.items() if has_manifest), reverse=True)
+        doomed = set(complete[self.keep :])
+        # Directories without a manifest older than the committed step are leftovers of a crash.
+        doomed |= {s for s, has_manifest in steps.items() if not has_manifest and s < committed}
+        for step in sorted(doomed):
+            url = self.step_url(step)
+            s3.delete_keys(url.bucket, [url.join(MANIFEST).key])
+            s3.delete_keys(url.bucket, [key for key, _ in s3.list_objects(url)])
+
+    def _scan(self) -> dict[int, bool]:
+        """step -> whether its manifest exists."""
+        steps: dict[int, bool] = {}
+        base = self.prefix.key + "/"
+        for key, _ in s3.list_objects(self.prefix):
+            directory, _, name = key[len(base) :].partition("/")
+            match = _STEP_DIR.match(directory)
+            if match:
+                step = int(match.group(1))
+                steps[step] = steps.get(step, False) or name == MANIFEST
+        return steps
+
+    # Loading --------------------------------------------------------------------------------
+
+    def committed_steps(self) -> list[int]:
+        return sorted(s for s, has_manifest in self._scan().items() if has_manifest)
+
+    def load(self, step: int, map_location: Any = "cpu", weights_only: bool = True) -> Checkpoint:
+        import torch
+
+        url = self.step_url(step)
+        manifest_url = url.join(MANIFEST)
+        try:
+            manifest = json.loads(s3.get_bytes(manifest_url))
+            expected = manifest["files"][STATE]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptDataError(f"checkpoint manifest {manifest_url} is malformed: {exc}") from exc
+        state_url = url.join(STATE)
+        data = s3.get_bytes(state_url)
+        if len(data) != expected["size"] or hashlib.sha256(data).hexdigest() != expected["sha256"]:
+            raise CorruptDataError(
+                f"checkpoint {state_url} does not match its manifest "
+                f"({len(data)} bytes, manifest says {expected['size']})"
+            )
+        state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=weights_only)
+        return Checkpoint(step=step, state=state, url=url, manifest=manifest)
+
+    def resume(self, model: Any, optimizer: Any = None, sampler: Any = None, map_location: Any = "cpu") -> int:
+        """Restore the job's last checkpoint into the model (DDP or not), optimizer and sampler;
+        returns its step, 0 when there is none (start from scratch). Not calling it opts out."""
+        latest = self.load_latest(map_location=map_location)
+        if latest is None:
+            return 0
+        restore_training_state(latest.state, model, optimizer, sampler)
+        log.info("resumed from checkpoint step %d (%s)", latest.step, latest.url)
+        return latest.step
+
+    def resume_step(self) -> int | None:
+        """The step of the checkpoint the operator names for this attempt ($DDP_RESUME_FROM, from
+        status.lastCheckpoint), when it lies under this manager's prefix."""
+        uri = env.resume_from()
+        if not uri:
+            return None
+        url = s3.parse_uri(uri)
+        directory = url.key.rpartition("/")[2]
+        match = _STEP_DIR.match(directory)
+        if url.bucket != self.prefix.bucket or not url.key.startswith(self.prefix.key + "/") or not match:
+            log.warning("%s=%s is not a checkpoint under %s; looking for the newest one", "DDP_RESUME_FROM", uri,
+                        self.prefix)
+            return None
+        return int(match.group(1))
+
+    def load_latest(self, map_location: Any = "cpu", weights_only: bool = True) -> Checkpoint | None:
+        """The job's last checkpoint: the one the operator names (status.lastCheckpoint) if it
+        verifies, else the newest committed one that does; None when there is none."""
+        named = self.resume_step()
+        if named is not None:
+            try:
+                return self.load(named, map_location=map_location, weights_only=weights_only)
+            except (CorruptDataError, ObjectNotFoundError) as exc:
+                log.warning("the job's last checkpoint (step %d) cannot be loaded: %s; trying the others", named, exc)
+        for step in reversed(self.committed_steps()):
+            try:
+                return self.load(step, map_location=map_location, weights_only=weights_only)
+            except (CorruptDataError, ObjectNotFoundError) as exc:
+                log.warning("skipping checkpoint step %d: %s", step, exc)
+        return None

@@ -1,0 +1,147 @@
+"""Results and per-rank metrics under the job's S3 results prefix.
+
+Layout (``<results>`` is $DDP_RESULTS_URI, e.g. ``s3://bucket/runs``)::
+
+    <results>/<namespace>/<job name>/results/<name>                   submit_result()
+    <results>/<namespace>/<job name>/metrics/rank-<RRRRR>-<session>-<ppppp>.jsonl   log_metrics()
+    <results>/<namespace>/<job name>/checkpoints/...                  checkpoint.py
+
+The job prefix survives gang restarts (same name), which is what lets a restarted job resume.
+S3 cannot append, so each rank buffers its metrics and rewrites its own JSON-lines object at
+most every `flush_interval_s`; once that object holds PART_BYTES the next lines start a new part
+(`ppppp`), so a long job neither holds all its metrics in memory nor uploads them again and again.
+`session` (start time + pid) keeps a restarted rank from overwriting the lines its previous
+incarnation wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ddp_contract import layout
+
+from .. import env
+from ..errors import ConfigError
+from ..values import to_number
+from . import s3
+
+PART_BYTES = 4 * 1024 * 1024  # a metrics object this large is left as it is; later lines go to the next part
+
+
+def job_prefix(results_uri: str | None = None, job: env.JobInfo | None = None) -> s3.S3Url:
+    """`s3://bucket/prefix/<namespace>/<job name>` for this job."""
+    base = s3.parse_uri(results_uri or env.results_uri())
+    job = job or env.JobInfo.from_env()
+    return base.join(job.namespace, job.require_name())
+
+
+def _check_name(name: str) -> str:
+    """A result's name is a relative path under the job's results: refused, not rewritten, if it is not."""
+    if not layout.is_result_path(name):
+        raise ConfigError(f"result name {name!r} must be a relative path (no leading or trailing '/', "
+                          "no empty, '.' or '..' parts)")
+    return name
+
+
+class S3ResultsHandler:
+    """`submit_result(name, data)` from any rank; `log_metrics(...)` appends to this rank's JSON lines."""
+
+    def __init__(
+        self,
+        prefix: s3.S3Url | str | None = None,
+        rank: int | None = None,
+        flush_interval_s: float = 30.0,
+    ) -> None:
+        if isinstance(prefix, str):
+            prefix = s3.parse_uri(prefix)
+        self.prefix = prefix or job_prefix()
+        self.rank = env.rank() if rank is None else rank
+        self.flush_interval_s = flush_interval_s
+        self.session = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}"
+        self._lines: list[str] = []
+        self._bytes = 0
+        self._part = 0
+        self._dirty = False
+        self._last_flush = time.monotonic()
+        self._lock = threading.Lock()
+
+    @property
+    def metrics_url(self) -> s3.S3Url:
+        return self.prefix.join(layout.METRICS, f"rank-{self.rank:05d}-{self.session}-{self._part:05d}.jsonl")
+
+    def result_url(self, path: str) -> s3.S3Url:
+        return self.prefix.join(layout.RESULTS, _check_name(path))
+
+    def submit_result(self, path: str, data: bytes | str) -> s3.S3Url:
+        """Store `data` as `results/<path>`; returns where it went. dask-pytorch-ddp's call as it was:
+        `submit_result(path=..., data=...)`; the client's `process_results` downloads them."""
+        url = self.result_url(path)
+        s3.put_bytes(url, data.encode() if isinstance(data, str) else bytes(data))
+        return url
+
+    def log_metrics(
+        self,
+        step: int,
+        epoch: int | None = None,
+        loss: float | None = None,
+        **extra: Any,
+    ) -> None:
+        record: dict[str, Any] = {"step": int(step), "epoch": epoch, "loss": to_number(loss), "time": time.time()}
+        record["rank"] = self.rank
+        record.update({k: to_number(v) for k, v in extra.items()})
+        line = json.dumps(record, default=str)
+        with self._lock:
+            self._lines.append(line)
+            self._bytes += len(line) + 1
+            self._dirty = True
+            due = time.monotonic() - self._last_flush >= self.flush_interval_s
+        if due:
+            self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            if not self._dirty:
+                return
+            body = ("\n".join(self._lines) + "\n").encode()
+            url = self.metrics_url
+            self._dirty = False
+            self._last_flush = time.monotonic()
+            if self._bytes >= PART_BYTES:  # this part is complete once written
+                self._lines, self._bytes = [], 0
+                self._part += 1
+        s3.put_bytes(url, body, content_type="application/x-ndjson")
+
+    def close(self) -> None:
+        self.flush()
+
+    def __enter__(self) -> S3ResultsHandler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class DaskResultsHandler(S3ResultsHandler):
+    """dask-pytorch-ddp's `DaskResultsHandler(key)` for code ported by its import: the key (a Dask
+    pub-sub topic there) is not needed here, where the job's name keeps its results apart, and is
+    ignored. The handler is an S3ResultsHandler under the job's prefix."""
+
+    def __init__(self, pub_sub_key: str | None = None, *, rank: int | None = None,
+                 flush_interval_s: float = 30.0) -> None:
+        super().__init__(None, rank=rank, flush_interval_s=flush_interval_s)
+        self.pub_sub_key = pub_sub_key
+
+
+def read_metrics(prefix: s3.S3Url) -> list[Mapping[str, Any]]:
+    """All ranks' metric records under a job prefix (for tests, notebooks and the operator)."""
+    records: list[Mapping[str, Any]] = []
+    for key, _ in s3.list_objects(prefix.join(layout.METRICS)):
+        if key.endswith(".jsonl"):
+            body = s3.get_bytes(s3.S3Url(prefix.bucket, key)).decode()
+            records.extend(json.loads(line) for line in body.splitlines() if line.strip())
+    return records

@@ -1,0 +1,110 @@
+"""Logs that outlive the pods: every rank's output kept under the job's results prefix, in real rank processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from trainerhelp import ROOT, describe, free_port, launch, rank_env
+
+from ddp_contract import layout
+from ddp_trainer.errors import ExitCode, ObjectNotFoundError
+from ddp_trainer.runtime.logkeeper import Parts
+from ddp_trainer.storage import s3
+
+
+def kept_log(bucket: str, job: str, attempt: int, rank: int, namespace: str = "ns") -> str:
+    url = s3.S3Url(bucket, f"runs/{namespace}/{job}/{layout.log_part(attempt, rank, 0)}")
+    return s3.get_bytes(url).decode()
+
+
+def job_env(s3_env: dict[str, str], bucket: str, job: str, **extra: str) -> dict[str, str]:
+    return {**s3_env, "DDP_RESULTS_URI": f"s3://{bucket}/runs", "DDP_JOB_NAME": job, "DDP_JOB_NAMESPACE": "ns",
+            "DDP_ATTEMPT": "3", **extra}
+
+
+def test_parts_are_cut_at_their_size_and_only_changed_ones_go_again() -> None:
+    parts = Parts(part_bytes=4)
+    parts.add(b"abcdef")
+    assert parts.changed() == [(0, b"abcd"), (1, b"ef")]
+    assert parts.changed() == []
+    parts.add(b"g")
+    assert parts.changed() == [(1, b"efg")]  # part 0 is full: never sent again
+    parts.unsent([(1, b"efg")])
+    assert parts.changed() == [(1, b"efg")]
+
+
+def test_every_kind_of_output_of_a_failing_rank_is_kept_and_still_reaches_the_container_log(s3_env, bucket) -> None:
+    results = launch("ddp_workloads:chatty", 2, job_env(s3_env, bucket, "chat", WL_FAIL="1"))
+    assert [r.returncode for r in results] == [ExitCode.USER_ERROR] * 2, describe(results)
+    for result in results:
+        kept = kept_log(bucket, "chat", 3, result.rank)
+        for line in (f"rank {result.rank} prints to stdout", f"rank {result.rank} writes to stderr",
+                     f"rank {result.rank} logs a warning", "a DataLoader worker printed item 1",
+                     "Traceback (most recent call last)", f"RuntimeError: rank {result.rank} fails on purpose",
+                     f"ddp-trainer: error (rank {result.rank}, step -, exit 1 USER_ERROR"):
+            assert line in kept, (line, kept)
+        # The tee changes nothing for the container's own log: stdout and stderr stay apart.
+        assert f"rank {result.rank} prints to stdout" in result.stdout
+        assert "a DataLoader worker printed item 0" in result.stdout
+        assert f"rank {result.rank} writes to stderr" in result.stderr and "Traceback" in result.stderr
+        assert "writes to stderr" not in result.stdout
+
+
+def test_a_rank_without_a_results_prefix_keeps_nothing_and_runs_as_before(s3_env, bucket) -> None:
+    (result,) = launch("ddp_workloads:chatty", 1, {**s3_env, "DDP_JOB_NAME": "chat"})
+    assert result.returncode == 0, describe([result])
+    assert "rank 0 prints to stdout" in result.stdout
+    assert list(s3.list_objects(s3.S3Url(bucket, "runs"))) == []
+
+
+def start_waiting_rank(s3_env: dict[str, str], bucket: str, job: str, ready: Path, interval: str) -> subprocess.Popen:
+    env = rank_env(job_env(s3_env, bucket, job, WL_READY_FILE=str(ready), DDP_LOG_UPLOAD_INTERVAL_SECONDS=interval),
+                   0, 1, free_port())
+    return subprocess.Popen([sys.executable, "-m", "ddp_trainer", "run", "ddp_workloads:chatty"], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_sigterm_uploads_the_log_with_the_ranks_last_words(s3_env, bucket, tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    proc = start_waiting_rank(s3_env, bucket, "stopped", ready, interval="0")  # 0: only at exit
+    try:
+        wait_for(lambda: ready.exists() or proc.poll() is not None, 60, "the rank to be in the user's code")
+        assert ready.exists(), proc.communicate(timeout=10)
+        proc.terminate()
+        proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == ExitCode.TERMINATED
+    kept = kept_log(bucket, "stopped", 3, 0)
+    assert "rank 0 prints to stdout" in kept and "stopped by SIGTERM" in kept, kept
+
+
+def test_the_log_is_uploaded_every_interval_so_a_sigkill_loses_at_most_the_last_one(s3_env, bucket, tmp_path) -> None:
+    ready = tmp_path / "ready"
+    proc = start_waiting_rank(s3_env, bucket, "killed", ready, interval="1")
+
+    def uploaded() -> bool:
+        try:
+            return "a DataLoader worker printed item 1" in kept_log(bucket, "killed", 3, 0)
+        except ObjectNotFoundError:
+            return False
+
+    try:
+        wait_for(lambda: ready.exists() or proc.poll() is not None, 60, "the rank to be in the user's code")
+        assert ready.exists(), proc.communicate(timeout=10)
+        wait_for(uploaded, 30, "the periodic upload of the rank's output")
+        proc.kill()
+        proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert "rank 0 prints to stdout" in kept_log(bucket, "killed", 3, 0)

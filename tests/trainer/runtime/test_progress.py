@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+import io
+import json
+from datetime import datetime
+
+import pytest
+import torch
+from trainerhelp import FakeClock
+
+from ddp_trainer.runtime.progress import FileSink, LogSink, ProgressReporter, default_reporter
+
+
+def test_rate_limit_and_samples_per_second() -> None:
+    clock, records = FakeClock(100.0), []
+    reporter = ProgressReporter(records.append, min_interval_s=5.0, clock=clock, wallclock=lambda: 0.0)
+    clock.now += 1.0
+    assert reporter.report(0, 1, 2.0, samples=32)  # the first report goes out at once
+    for step in range(2, 10):
+        clock.now += 1.0
+        emitted = reporter.report(0, step, 1.0, samples=32)
+        assert emitted == (step == 6)  # 5 s after the first
+    assert [r["step"] for r in records] == [1, 6]
+    assert records[0]["samplesPerSecond"] == 32.0
+    assert records[1]["samplesPerSecond"] == pytest.approx(5 * 32 / 5.0)
+    assert records[1] == {"epoch": 0, "step": 6, "loss": 1.0, "samplesPerSecond": 32.0, "stepSeconds": 1.0,
+                          "updatedAt": "1970-01-01T00:00:00.000Z"}
+    assert reporter.flush() and records[-1]["step"] == 9
+    assert records[-1]["stepSeconds"] == 1.0  # steps 7-9, one second each
+    assert not reporter.flush()  # nothing new
+
+
+@pytest.mark.parametrize(
+    ("loss", "shown"),
+    [(1.0835673809051514, 1.084), (0.4375, 0.4375), (123456.7, 123500.0), (torch.tensor(2.5e-05), 2.5e-05),
+     (float("nan"), None), (float("inf"), None), (None, None)],
+)
+def test_loss_is_shown_with_four_significant_digits(loss, shown) -> None:
+    records: list[dict] = []
+    ProgressReporter(records.append, min_interval_s=0.0).report(0, 1, loss)
+    assert records[0]["loss"] == shown
+
+
+def test_sinks_write_file_and_one_log_line(tmp_path) -> None:
+    path = tmp_path / "sub" / "progress.json"
+    stream = io.StringIO()
+    reporter = ProgressReporter(lambda r: (FileSink(str(path))(r), LogSink(stream)(r)), min_interval_s=0)
+    reporter.report(2, 40, 0.5, samples=10)
+    reporter.report(2, 41, 0.25, samples=10)
+    record = json.loads(path.read_text())
+    assert record["step"] == 41 and record["epoch"] == 2 and record["loss"] == 0.25
+    datetime.fromisoformat(record["updatedAt"].replace("Z", "+00:00"))
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2 and json.loads(lines[1]) == {"event": "ddp-progress", **record}
+    assert list(tmp_path.joinpath("sub").iterdir()) == [path]  # no temp files left
+
+
+def test_default_reporter_only_rank_0_writes(tmp_path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    path = tmp_path / "p.json"
+    monkeypatch.setenv("DDP_PROGRESS_FILE", str(path))
+    monkeypatch.setenv("DDP_PROGRESS_INTERVAL_SECONDS", "60")
+    default_reporter(rank=1).report(0, 1, 1.0, samples=1)
+    assert not path.exists() and capsys.readouterr().out == ""
+    reporter = default_reporter(rank=0)
+    assert reporter.min_interval_s == 60
+    reporter.report(0, 1, 1.0, samples=1)
+    reporter.report(0, 2, 1.0, samples=1)  # rate-limited
+    assert json.loads(path.read_text())["step"] == 1
+    assert capsys.readouterr().out.count("ddp-progress") == 1
+
+
+def test_a_failing_sink_never_stops_training_or_the_other_sinks(tmp_path) -> None:
+    from ddp_trainer.runtime.progress import fanout
+
+    records = []
+
+    def broken(record: dict) -> None:
+        raise OSError("read-only file system")
+
+    reporter = ProgressReporter(fanout([broken, records.append]), min_interval_s=0)
+    assert reporter.report(0, 1, 1.0, samples=4) and reporter.report(0, 2, 0.5, samples=4)
+    assert [r["step"] for r in records] == [1, 2]
+
+
+def test_default_reporter_without_kubernetes_credentials(tmp_path, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    # Under the operator (job name + in-cluster env) but no service-account token: file and log only.
+    monkeypatch.setenv("DDP_PROGRESS_FILE", str(tmp_path / "p.json"))
+    monkeypatch.setenv("DDP_JOB_NAME", "job")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    reporter = default_reporter(rank=0)
+    reporter.report(1, 5, 0.1, samples=2)
+    assert json.loads((tmp_path / "p.json").read_text())["step"] == 5
+    assert "cannot write progress to the DDPJob status" in caplog.text

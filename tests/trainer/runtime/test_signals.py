@@ -1,0 +1,36 @@
+"""SIGTERM stops a rank at once, in a real process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from trainerhelp import ROOT, free_port, rank_env
+
+from ddp_contract.failures import parse_line
+from ddp_trainer.errors import ExitCode
+
+
+def test_sigterm_stops_a_rank_at_once_with_its_own_exit_code(tmp_path: Path) -> None:
+    ready, message = tmp_path / "ready", tmp_path / "termination-log"
+    message.touch()
+    env = rank_env({"WL_READY_FILE": str(ready), "DDP_TERMINATION_MESSAGE_PATH": str(message),
+                    "DDP_PROGRESS_FILE": str(tmp_path / "progress.json")}, 0, 1, free_port())
+    proc = subprocess.Popen([sys.executable, "-m", "ddp_trainer", "run", "ddp_workloads:wait_for_sigterm"],
+                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists(), proc.communicate(timeout=10)
+        sent = time.monotonic()
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert proc.returncode == ExitCode.TERMINATED == 143, stderr
+    assert time.monotonic() - sent < 5
+    line = parse_line(message.read_text())
+    assert line is not None and line.step == 7 and "stopped by SIGTERM" in line.error

@@ -1,0 +1,186 @@
+"""Checkpoints against a real S3 server: committed by a manifest, kept to the last K, resumed."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict, namedtuple
+
+import pytest
+import torch
+
+from ddp_trainer.data.sampler import DistributedChunkedSampler
+from ddp_trainer.storage import s3
+from ddp_trainer.storage.checkpoint import MANIFEST, STATE, CheckpointManager, restore_training_state, training_state
+
+
+def _state(seed: int) -> dict:
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    sampler = DistributedChunkedSampler(100, num_replicas=2, rank=0, chunksize=10)
+    sampler.set_epoch(3)
+    return training_state(model, opt, sampler, step_seed=seed)
+
+
+def test_save_keep_last_k_and_load_latest(bucket: str) -> None:
+    manager = CheckpointManager(s3.S3Url(bucket, "job"), keep=2, rank=0)
+    assert manager.load_latest() is None
+    for step in (10, 20, 30):
+        manager.save(step, _state(step))
+    assert manager.committed_steps() == [20, 30]
+    keys = [k for k, _ in s3.list_objects(s3.S3Url(bucket, "job/checkpoints"))]
+    assert not any("step-000000000010" in k for k in keys)
+    latest = manager.load_latest()
+    assert latest is not None and latest.step == 30
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sampler = DistributedChunkedSampler(100, num_replicas=2, rank=0, chunksize=10)
+    restore_training_state(latest.state, model, opt, sampler)
+    expected = _state(30)
+    assert torch.equal(model.weight, expected["model"]["weight"])
+    assert torch.equal(opt.state_dict()["state"][0]["momentum_buffer"], expected["optimizer"]["state"][0]["momentum_buffer"])
+    assert sampler.epoch == 3 and latest.state["step_seed"] == 30
+    manifest = json.loads(s3.get_bytes(latest.url.join(MANIFEST)))
+    assert manifest["step"] == 30 and manifest["files"][STATE]["size"] > 0
+
+
+def test_uncommitted_and_corrupt_checkpoints_are_ignored(bucket: str) -> None:
+    manager = CheckpointManager(s3.S3Url(bucket, "job"), keep=3, rank=0)
+    manager.save(1, _state(1))
+    # A crash after the data upload but before the manifest: step 2 has data, no manifest.
+    s3.put_bytes(manager.step_url(2).join(STATE), b"partial")
+    assert manager.committed_steps() == [1]
+    assert manager.load_latest().step == 1
+    # Data that no longer matches its manifest is skipped too.
+    manager.save(3, _state(3))
+    s3.put_bytes(manager.step_url(3).join(STATE), b"truncated")
+    assert manager.load_latest().step == 1
+    # Committing a newer checkpoint removes the leftovers of the crashed save.
+    manager.save(4, _state(4))
+    keys = [k for k, _ in s3.list_objects(manager.prefix)]
+    assert not any("step-000000000002" in k for k in keys)
+
+
+def test_only_rank_0_writes(bucket: str) -> None:
+    manager = CheckpointManager(s3.S3Url(bucket, "job"), rank=1)
+    assert manager.save(5, _state(5)) is None
+    assert manager.committed_steps() == []
+
+
+def test_async_save_does_not_stall_and_snapshots_state(bucket: str) -> None:
+    manager = CheckpointManager(s3.S3Url(bucket, "job"), keep=5, async_save=True, rank=0)
+    weights = torch.zeros(512, 1024)  # 2 MiB
+    started = time.monotonic()
+    url = manager.save(7, {"w": weights})
+    returned_after = time.monotonic() - started
+    weights += 1  # training goes on mutating the tensors; the checkpoint keeps the old values
+    manager.wait()
+    assert url == manager.step_url(7)
+    latest = manager.load_latest()
+    assert latest.step == 7 and torch.equal(latest.state["w"], torch.zeros(512, 1024))
+    manager.save(8, {"w": weights})
+    manager.close()
+    assert manager.committed_steps() == [7, 8]
+    assert returned_after < 2.0
+
+
+Pair = namedtuple("Pair", "first second")  # at module level, where pickle (and so torch.save) finds it
+
+
+def test_async_and_sync_saves_load_back_identically(bucket: str) -> None:
+    """What a synchronous save keeps, an asynchronous one keeps: a state dict's type and `_metadata`
+    (module versions, read by load_state_dict hooks), namedtuples, defaultdicts, Parameters, and
+    tensors shared under two names or viewing one storage."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    weight = torch.nn.Parameter(torch.arange(6.0).reshape(2, 3))
+    base = torch.arange(10.0)
+    state = {
+        "model": model.state_dict(),
+        "pair": Pair(weight, 3),
+        "tied": [weight, weight],
+        "frozen": torch.nn.Parameter(torch.ones(2), requires_grad=False),
+        "leaf": torch.zeros(2, requires_grad=True),
+        "counts": defaultdict(list, {"a": [1]}),
+        "base": base,
+        "window": base[2:5],
+    }
+    loaded = {}
+    for mode in (False, True):
+        manager = CheckpointManager(s3.S3Url(bucket, f"meta-{mode}"), async_save=mode, rank=0)
+        manager.save(1, state)
+        manager.close()
+        loaded[mode] = manager.load_latest(weights_only=False).state  # Pair is not on weights_only's list
+    for got in loaded.values():
+        assert type(got["model"]) is type(model.state_dict()) and got["model"]._metadata == model.state_dict()._metadata
+        assert got["model"]._metadata["1"]["version"] == 2  # BatchNorm's version, which its loading hook reads
+        assert all(torch.equal(got["model"][k], v) for k, v in model.state_dict().items())
+        assert type(got["pair"]) is Pair and got["pair"].first is got["tied"][0] is got["tied"][1]
+        assert type(got["tied"][0]) is torch.nn.Parameter and got["tied"][0].requires_grad
+        assert torch.equal(got["tied"][0], weight)
+        assert type(got["frozen"]) is torch.nn.Parameter and not got["frozen"].requires_grad
+        assert type(got["leaf"]) is torch.Tensor and got["leaf"].requires_grad
+        assert type(got["counts"]) is defaultdict and got["counts"].default_factory is list
+        assert got["counts"] == {"a": [1]} and got["counts"]["new"] == []
+        got["base"][3] = 42  # the window still views the base's storage
+        assert got["window"].tolist() == [2.0, 42.0, 4.0]
+
+
+def test_async_save_error_surfaces(s3_env) -> None:
+    manager = CheckpointManager(s3.S3Url("no-such-bucket-ckpt", "job"), async_save=True, rank=0)
+    manager.save(1, {"w": torch.ones(2)})
+    with pytest.raises(Exception, match="no-such-bucket-ckpt"):
+        manager.wait()
+
+
+def test_multipart_upload_of_large_checkpoint(bucket: str) -> None:
+    manager = CheckpointManager(s3.S3Url(bucket, "big"), rank=0, part_size=5 * 1024 * 1024)
+    big = {"w": torch.arange(3 * 1024 * 1024, dtype=torch.float32)}  # 12 MiB -> 3 parts
+    url = manager.save(1, big)
+    etag = s3.head(url.join(STATE))["ETag"]
+    assert etag.strip('"').endswith("-3")  # multipart ETags end in -<number of parts>
+    assert torch.equal(manager.load_latest().state["w"], big["w"])
+
+
+class StatusRecorder:
+    """Stands where the job's status is written (a JobStatusSink); the cluster test uses the real one."""
+
+    def __init__(self) -> None:
+        self.patches: list[dict] = []
+
+    def patch(self, fields: dict) -> bool:
+        self.patches.append(fields)
+        return True
+
+
+def test_each_commit_is_recorded_as_the_jobs_last_checkpoint(bucket: str) -> None:
+    status = StatusRecorder()
+    manager = CheckpointManager(s3.S3Url(bucket, "job"), rank=0, async_save=True, job_status=status)
+    manager.save(10, _state(10))
+    manager.save(20, _state(20))
+    manager.close()
+    recorded = [p["lastCheckpoint"] for p in status.patches]
+    assert [r["step"] for r in recorded] == [10, 20]
+    assert recorded[1]["uri"] == f"s3://{bucket}/job/checkpoints/step-000000000020" and recorded[1]["time"].endswith("Z")
+
+
+def test_resume_loads_the_checkpoint_the_operator_names_else_the_newest(bucket: str, monkeypatch) -> None:
+    manager = CheckpointManager(s3.S3Url(bucket, "job"), keep=5, rank=0)
+    for step in (10, 20, 30):
+        manager.save(step, _state(step))
+    model = torch.nn.Linear(4, 3)
+    assert manager.resume(model) == 30
+    # status.lastCheckpoint said 20 when this attempt's pods were made (30 was committed by a rank
+    # of the failing attempt after the operator recorded the failure): resume from 20.
+    monkeypatch.setenv("DDP_RESUME_FROM", str(manager.step_url(20)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    assert manager.resume(model, opt) == 20
+    assert torch.equal(model.weight, _state(20)["model"]["weight"])
+    # A named checkpoint that no longer verifies: the newest that does.
+    s3.put_bytes(manager.step_url(20).join(STATE), b"truncated")
+    assert manager.resume(model) == 30
+    monkeypatch.setenv("DDP_RESUME_FROM", f"s3://{bucket}/elsewhere/step-000000000010")
+    assert manager.resume(model) == 30
+    assert CheckpointManager(s3.S3Url(bucket, "fresh"), rank=0).resume(model) == 0
