@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 
 BENCH_ARGS ?=
 
-.PHONY: demo example images bench-data bench-learning bench-train bench-operator bench-real-node chart-check crds lint test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
+.PHONY: demo example images bench-data bench-learning bench-printscan bench-train bench-operator bench-real-node chart-check crds lint test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
 
 demo:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/demo.py
@@ -36,6 +36,10 @@ bench-data:
 # Every learning test's workload at several seeds and thread counts, its worst outcome next to the test's bar.
 bench-learning:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python benchmarks/learning_margins.py $(BENCH_ARGS)
+
+# What reading a rank's output for metric lines costs, at 1000 lines a second.
+bench-printscan:
+	@venv=$$(scripts/venv.sh) && $$venv/bin/python benchmarks/bench_printscan.py $(BENCH_ARGS)
 
 # ResNet-50 on one GPU fed by ShardStream next to synthetic data (the CPU runs it with BENCH_ARGS="--device cpu --model resnet18 ...").
 bench-train:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -21,6 +22,10 @@ from .store import ResultsPrefix, S3Access, StoreError, job_access
 POLL_SECONDS = 2.0
 WATCH_SECONDS = 30  # a watch is renewed this often (and at wait()'s deadline)
 RECONNECT_SECONDS = 120.0  # how long wait() tries to reach the API server again after a watch's connection broke
+
+
+# The seed's result files are one small object a step: read this many at once.
+SEED_READERS = 16
 
 
 class JobDeleted(LookupError):
@@ -258,12 +263,21 @@ class Job:
                              "so nothing was downloaded")
 
     def metrics(self) -> list[metricdata.Record]:
-        """Every rank's `log_metrics` records, from the per-rank JSON lines."""
+        """Every rank's metric records: its `log_metrics` lines, else the dask-pytorch-ddp seed's per-step
+        result files it submitted (results/worker/<rank>/), else the metric lines it printed."""
+        store = self.store()
         records: list[metricdata.Record] = []
-        for key, _ in self.store().list(layout.METRICS):
+        for key, _ in store.list(layout.METRICS):
             if key.endswith(".jsonl"):
-                records.extend(metricdata.parse_lines(self.store().get(key).decode(), f"{self.store().uri}/{key}"))
-        return records
+                records.extend(metricdata.parse_lines(store.get(key).decode(), f"{store.uri}/{key}"))
+        seed_keys = [key for key, _ in store.list(f"{layout.RESULTS}/{metricdata.SEED_RESULTS}") if key.endswith(".json")]
+        with ThreadPoolExecutor(max_workers=SEED_READERS) as pool:  # one small object per step
+            bodies = pool.map(store.get, seed_keys)
+            for order, (key, body) in enumerate(zip(seed_keys, bodies, strict=True)):
+                record = metricdata.seed_record(key.removeprefix(f"{layout.RESULTS}/"), body, order)
+                if record is not None:
+                    records.append(record)
+        return metricdata.best_sources(records)
 
     def plot(self, path: str | Path, metrics: list[str] | None = None, rank: int | None = 0) -> metricdata.Series:
         """Loss and every other logged metric (or those named) against the step, one panel each, to a

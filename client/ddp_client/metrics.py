@@ -1,4 +1,9 @@
-"""The per-rank JSON lines of `log_metrics` as records, and as series of a metric against the step."""
+"""The per-rank JSON lines of `log_metrics` as records, and as series of a metric against the step.
+
+A rank's records come from one source, the best it has: its code's `log_metrics`; else the
+dask-pytorch-ddp seed's per-step result files (`results/worker/<rank>/*.json`, each the dict the
+seed's workers submit); else the metric lines it printed (`"source": "printed"`, made by the runtime).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,16 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ddp_contract.metriclines import from_object
+
 # Fields every record has that are not metrics.
-NOT_METRICS = frozenset({"step", "epoch", "time", "rank"})
+NOT_METRICS = frozenset({"step", "epoch", "time", "rank", "source"})
+# The seed's result files: results/<SEED_RESULTS>/<rank>/<name>.json.
+SEED_RESULTS = "worker"
+PRINTED = "printed"  # the runtime's records of printed metric lines
+SEED = "seed-results"
+# The sources, best first.
+SOURCES = (None, SEED, PRINTED)
 
 Record = dict[str, Any]
 Series = dict[str, list[tuple[int, float]]]
@@ -28,6 +41,35 @@ def parse_lines(text: str, where: str = "metrics") -> list[Record]:
             raise ValueError(f"{where} line {number} is not a metrics record (an object with a step): {line[:200]!r}")
         records.append(record)
     return records
+
+
+def seed_record(key: str, body: bytes, order: int) -> Record | None:
+    """A record of one of the seed's result files (key relative to the job's results: worker/<rank>/...),
+    `order` its place among them (the files are named by time); None for a file that is not a metric dict."""
+    parts = key.split("/")
+    if len(parts) < 3 or parts[0] != SEED_RESULTS or not parts[1].isdigit():
+        return None
+    try:
+        line = from_object(json.loads(body))
+    except (ValueError, RecursionError):
+        return None
+    if line is None:
+        return None
+    extra = {k: v for k, v in line.values.items() if k not in NOT_METRICS and k != "loss"}
+    return {**extra, "step": line.step if line.step is not None else order, "epoch": line.epoch, "loss": line.loss,
+            "rank": int(parts[1]), "time": float(order), "source": SEED}
+
+
+def best_sources(records: Iterable[Record]) -> list[Record]:
+    """Each rank's records from its best source only (SOURCES), so a plot never doubles a step."""
+    by_rank: dict[int, dict[Any, list[Record]]] = {}
+    for record in records:
+        by_rank.setdefault(int(record.get("rank") or 0), {}).setdefault(record.get("source"), []).append(record)
+    kept: list[Record] = []
+    for sources in by_rank.values():
+        best = min(sources, key=lambda s: SOURCES.index(s) if s in SOURCES else -1)
+        kept.extend(sources[best])
+    return kept
 
 
 def _number(value: Any) -> float | None:

@@ -41,6 +41,11 @@ HANG_MIN_SECONDS: Final = "DDP_HANG_MIN_SECONDS"
 TERMINATION_MESSAGE_PATH: Final = "DDP_TERMINATION_MESSAGE_PATH"
 # How often a rank uploads its output to <results>/<ns>/<job>/logs/ (it also does at exit); 0: at exit only.
 LOG_UPLOAD_INTERVAL_SECONDS: Final = "DDP_LOG_UPLOAD_INTERVAL_SECONDS"
+# Whether the metric lines a rank prints drive its job's progress and metrics (ddp_contract.metriclines);
+# false, 0, no or off: only the reporter and log_metrics do. The operator sets it from spec.metricsFromOutput.
+METRICS_FROM_OUTPUT: Final = "DDP_METRICS_FROM_OUTPUT"
+# The words that turn a yes/no setting off; anything else (or nothing) leaves it on.
+OFF_WORDS: Final = frozenset({"false", "0", "no", "off"})
 
 # S3: credentials under the names boto3 reads (and the keys the credentials Secret must hold).
 AWS_ACCESS_KEY_ID: Final = "AWS_ACCESS_KEY_ID"

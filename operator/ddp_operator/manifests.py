@@ -195,6 +195,8 @@ def rank_env(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) -> 
         values[envnames.ENTRYPOINT] = spec.entrypoint
     if spec.hang_timeout_seconds is not None:
         values[envnames.HANG_TIMEOUT_SECONDS] = str(spec.hang_timeout_seconds)
+    if not spec.metrics_from_output:
+        values[envnames.METRICS_FROM_OUTPUT] = "false"
     checkpoint = ((job.get("status") or {}).get("lastCheckpoint") or {}).get("uri")
     if checkpoint:
         values[envnames.RESUME_FROM] = str(checkpoint)

@@ -99,6 +99,7 @@ class JobSpec:
     node_lost_grace_seconds: int = DEFAULT_NODE_LOST_GRACE_SECONDS
     ttl_seconds_after_finished: int | None = None
     suspend: bool = False
+    metrics_from_output: bool = True
 
     @property
     def pods(self) -> int:
@@ -181,6 +182,7 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
         node_lost_grace_seconds=_int(spec, "nodeLostGraceSeconds", DEFAULT_NODE_LOST_GRACE_SECONDS, 0, None),
         ttl_seconds_after_finished=_int(spec, "ttlSecondsAfterFinished", None, 0, None, optional=True),
         suspend=_bool(spec, "suspend", False),
+        metrics_from_output=_bool(spec, "metricsFromOutput", True),
     )
 
 

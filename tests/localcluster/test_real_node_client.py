@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -40,18 +41,25 @@ def kubectl_ddp(cluster: Cluster, *args: str) -> subprocess.Popen[str]:
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def submit_script(jobs: Jobs, kube_api: Any, endpoint: str, script: str, env: dict[str, str],
+                  spec: dict[str, Any] | None = None) -> ddp_client.Job:
+    """`submit("<script>:train", files=[helpers.py])` of clientcode/, as a notebook user does: two CPU ranks
+    in trainer-image containers, results under s3://BUCKET/runs with the job's own S3 credentials."""
+    jobs.core.create_namespaced_secret(jobs.namespace, {"metadata": {"name": "s3-credentials"}, "stringData": {
+        "AWS_ACCESS_KEY_ID": demo.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": demo.SECRET_KEY}})
+    return ddp_client.submit(
+        f"{CODE}/{script}:train", files=[CODE / "helpers.py"], image=trainer_image(), world_size=2, gpus=0,
+        s3=ddp_client.S3(endpoint=endpoint, region="us-east-1", credentials_secret="s3-credentials",
+                         results=f"s3://{BUCKET}/runs"),
+        env=env, spec=spec or {}, namespace=jobs.namespace, api_client=kube_api)
+
+
 def test_a_script_s_function_and_its_module_run_in_containers_and_a_job_deleted_as_it_ends_still_reports(
         jobs: Jobs, kube_api, cluster: Cluster, real_node, images_on_the_node: None,
         s3_endpoint_on_the_bridge: str, tmp_path: Path) -> None:
     endpoint, ns = s3_endpoint_on_the_bridge, jobs.namespace
-    jobs.core.create_namespaced_secret(ns, {"metadata": {"name": "s3-credentials"}, "stringData": {
-        "AWS_ACCESS_KEY_ID": demo.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": demo.SECRET_KEY}})
-    job = ddp_client.submit(
-        f"{CODE}/train.py:train", files=[CODE / "helpers.py"], image=trainer_image(), world_size=2, gpus=0,
-        s3=ddp_client.S3(endpoint=endpoint, region="us-east-1", credentials_secret="s3-credentials",
-                         results=f"s3://{BUCKET}/runs"),
-        env={"DDP_PROGRESS_INTERVAL_SECONDS": "0.5"}, spec={"ttlSecondsAfterFinished": 0, "backoffLimit": 0},
-        namespace=ns, api_client=kube_api)
+    job = submit_script(jobs, kube_api, endpoint, "train.py", {"DDP_PROGRESS_INTERVAL_SECONDS": "0.5"},
+                        {"ttlSecondsAfterFinished": 0, "backoffLimit": 0})
     assert job.name == "train"
     follower = kubectl_ddp(cluster, "logs", job.name, "-n", ns, "-f")  # S3 settings: the job's own
 
@@ -82,3 +90,26 @@ def test_a_script_s_function_and_its_module_run_in_containers_and_a_job_deleted_
     assert sorted((r["rank"], r["step"]) for r in records) == [(rank, s) for rank in (0, 1) for s in range(1, STEPS + 1)]
     losses = [r["loss"] for r in sorted(records, key=lambda r: r["step"]) if r["rank"] == 0]
     assert losses[-1] < losses[0] / 2, losses  # it learned
+
+
+def test_code_that_only_prints_its_metrics_shows_progress_while_it_runs_and_plots_after(
+        jobs: Jobs, kube_api, kubectl, real_node, images_on_the_node: None, s3_endpoint_on_the_bridge: str,
+        tmp_path: Path) -> None:
+    ns = jobs.namespace
+    job = submit_script(jobs, kube_api, s3_endpoint_on_the_bridge, "seed_train.py",
+                        {"DDP_PROGRESS_INTERVAL_SECONDS": "0.5", "DDP_LOG_UPLOAD_INTERVAL_SECONDS": "2"})
+
+    def row() -> list[str] | None:
+        said = kubectl("get", "ddpjobs", job.name, "-n", ns, "--no-headers").stdout.split()
+        return said if said[1] == "Running" and said[4:6] != ["<none>", "<none>"] else None
+
+    # NAME PHASE READY RESTARTS EPOCH STEP LOSS REASON AGE, while the ranks still train.
+    running = wait_until(row, 180, "EPOCH, STEP and LOSS in kubectl get ddpjobs while Running")
+    assert int(running[5]) < 40 and float(running[6]) > 0, running  # type: ignore[index]
+    status = job.wait(timeout=300)
+    assert status["phase"] == "Succeeded" and status["progress"]["step"] == 40, status
+
+    series = job.plot(tmp_path / "seed.png")
+    assert [step for step, _ in series["loss"]] == list(range(1, 41))
+    assert series["loss"][-1][1] < series["loss"][0][1] / 2  # it learned
+    assert (tmp_path / "seed.png").stat().st_size > 1000

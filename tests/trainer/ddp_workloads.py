@@ -314,3 +314,38 @@ def chatty(ctx: RankContext) -> None:
         time.sleep(3600)
     if os.environ.get("WL_FAIL") == "1":
         raise RuntimeError(f"rank {ctx.rank} fails on purpose")
+
+
+def prints_metrics(ctx: RankContext) -> None:
+    """Training code that only prints its metrics, as the dask-pytorch-ddp seed's examples (WL_STYLE=json:
+    a JSON dict with loss, epoch, count, worker) or Hugging Face's Trainer (WL_STYLE=hf: a dict literal with
+    loss, grad_norm, learning_rate and a fractional epoch) do, among lines that are none: JSON without a
+    loss, a dict with strings for numbers, a truncated line and binary noise. WL_EXPLICIT=1 also reports
+    through the reporter and log_metrics (which then win)."""
+    import json
+    import sys
+    import time
+
+    steps, style = _int("WL_STEPS", 12), os.environ.get("WL_STYLE", "json")
+    pace = float(os.environ.get("WL_STEP_SECONDS", "0"))
+    explicit = os.environ.get("WL_EXPLICIT") == "1"
+    reporter = default_reporter() if explicit else None
+    results = S3ResultsHandler() if explicit and os.environ.get("DDP_RESULTS_URI") else None
+    for count in range(1, steps + 1):
+        loss, epoch = 1.0 / count, (count - 1) // 4
+        if style == "hf":
+            print({"loss": round(loss, 4), "grad_norm": 2.0 * loss, "learning_rate": 5e-05, "epoch": count / 4})
+        else:
+            print(json.dumps({"loss": loss, "epoch": epoch, "count": count, "worker": ctx.rank}))
+        print(json.dumps({"accuracy": 0.5, "count": count}))  # no loss
+        print("{'loss': 'low', 'step': 3}")  # strings where numbers belong
+        print('{"loss": 0.5, "st', flush=True)  # truncated
+        sys.stdout.buffer.write(b"\x00\xff\xfe{loss\x80}\n")
+        sys.stdout.flush()
+        if reporter is not None:
+            reporter.report(epoch, count * 100, loss=loss * 10)
+        if results is not None:
+            results.log_metrics(count * 100, epoch, loss * 10)
+        time.sleep(pace)
+    if results is not None:
+        results.close()

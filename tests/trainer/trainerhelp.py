@@ -86,7 +86,8 @@ def launch(
         env = rank_env(extra_env or {}, rank, world_size, port)
         # No target: the operator's form, `run -- ARGS` with the target in $DDP_ENTRYPOINT.
         cmd = [sys.executable, "-m", "ddp_trainer", "run", *([target] if target else []), "--", *args]
-        procs.append((rank, subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+        procs.append((rank, subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                         errors="replace")))
     results = []
     try:
         for rank, proc in procs:

@@ -220,6 +220,12 @@ def node_rank(environ: Mapping[str, str] | None = None) -> int:
 DEFAULT_LOG_UPLOAD_INTERVAL_SECONDS = 30.0
 
 
+def metrics_from_output(environ: Mapping[str, str] | None = None) -> bool:
+    """$DDP_METRICS_FROM_OUTPUT: whether printed metric lines drive progress and metrics (default on)."""
+    env = os.environ if environ is None else environ
+    return env.get(names.METRICS_FROM_OUTPUT, "").strip().lower() not in names.OFF_WORDS
+
+
 def log_upload_interval_s(environ: Mapping[str, str] | None = None) -> float:
     """$DDP_LOG_UPLOAD_INTERVAL_SECONDS: seconds between uploads of the rank's output; 0: at exit only."""
     env = os.environ if environ is None else environ

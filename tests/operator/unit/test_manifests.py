@@ -335,3 +335,8 @@ def test_a_command_in_a_pod_of_several_ranks_runs_under_torchrun() -> None:
                                     "--master-addr=mnist-0.mnist.team-a.svc", "--master-port=29500", "--no-python",
                                     "python", "train.py"]
     assert container["args"] == ["--lr", "0.1"]
+
+
+def test_metric_lines_the_ranks_print_are_read_unless_the_spec_turns_it_off() -> None:
+    assert "DDP_METRICS_FROM_OUTPUT" not in env_of(pod_for(make_job())["spec"]["containers"][0])
+    assert env_of(pod_for(make_job(metricsFromOutput=False))["spec"]["containers"][0])["DDP_METRICS_FROM_OUTPUT"] == "false"

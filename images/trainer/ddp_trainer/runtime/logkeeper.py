@@ -9,6 +9,10 @@ stderr unchanged, and keeps a copy that goes to
 $DDP_LOG_UPLOAD_INTERVAL_SECONDS (30) and at exit (normal, error, SIGTERM, hang). A SIGKILL or an
 OOM kill loses at most the last interval. Parts hold up to PART_BYTES, so a chatty rank's uploads
 stay small: only the part being written is uploaded again.
+
+The same tee hands the output to its listeners: the metric lines a rank prints are recognised there
+(printedmetrics.py, unless $DDP_METRICS_FROM_OUTPUT is false), so the tee runs also for a job without
+a results prefix, keeping nothing in S3 then.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import selectors
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from ddp_contract import envnames, layout
 
@@ -35,6 +40,16 @@ FINAL_UPLOAD_SECONDS = 10.0  # at exit: how long the last upload may take before
 _STREAMS = (1, 2)
 
 Upload = Callable[[int, bytes], None]  # (part number, the part's bytes so far)
+
+
+class Listener(Protocol):
+    """What else reads the rank's output: `feed` must return at once (the rank's writes wait on it)."""
+
+    def feed(self, data: bytes) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class Parts:
@@ -79,10 +94,13 @@ class Parts:
 
 
 class LogKeeper:
-    """Tees fds 1 and 2 into `Parts`, uploaded every `interval_s` (0: only at `finish`)."""
+    """Tees fds 1 and 2 into `Parts`, uploaded every `interval_s` (0: only at `finish`; upload None:
+    nothing kept), and into each listener, flushed on the same interval and closed at `finish`."""
 
-    def __init__(self, upload: Upload, interval_s: float, part_bytes: int = PART_BYTES) -> None:
+    def __init__(self, upload: Upload | None, interval_s: float, part_bytes: int = PART_BYTES,
+                 listeners: Sequence[Listener] = ()) -> None:
         self.upload = upload
+        self.listeners = list(listeners)
         self.interval_s = interval_s
         self.parts = Parts(part_bytes)
         self._originals: dict[int, int] = {}  # pipe read end -> a copy of the original fd it writes on to
@@ -141,16 +159,36 @@ class LogKeeper:
                     open_ends -= 1
                     continue
                 _write_all(self._originals[key.fd], data)
-                self.parts.add(data)
+                if self.upload is not None:
+                    self.parts.add(data)
+                self._feed(data)
             if drain_until is not None and time.monotonic() > drain_until:
                 break
         selector.close()
 
+    def _feed(self, data: bytes) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener.feed(data)
+            except Exception:
+                self.listeners.remove(listener)
+                log.exception("%s no longer reads this rank's output", type(listener).__name__)
+
     def _upload_every_interval(self) -> None:
         while not self._stop.wait(self.interval_s):
             self.upload_changed()
+            self._each_listener("flush")
+
+    def _each_listener(self, call: str) -> None:
+        for listener in list(self.listeners):
+            try:
+                getattr(listener, call)()
+            except Exception as error:  # noqa: BLE001 - as in _feed
+                log.warning("%s.%s failed: %s", type(listener).__name__, call, error)
 
     def upload_changed(self) -> None:
+        if self.upload is None:
+            return
         changed = self.parts.changed()
         try:
             for part, data in changed:
@@ -174,9 +212,14 @@ class LogKeeper:
         self._closing.set()
         if self._reader.is_alive() and self._reader is not threading.current_thread():
             self._reader.join(DRAIN_SECONDS + 1)
-        last = threading.Thread(target=self.upload_changed, name="ddp-log-last-upload", daemon=True)
+        last = threading.Thread(target=self._last, name="ddp-log-last-upload", daemon=True)
         last.start()
         last.join(FINAL_UPLOAD_SECONDS)
+
+
+    def _last(self) -> None:
+        self.upload_changed()
+        self._each_listener("close")
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -200,21 +243,34 @@ _keeper: LogKeeper | None = None
 
 
 def start(rank: int, environ: dict[str, str] | None = None) -> LogKeeper | None:
-    """Start keeping this rank's output, where the job has a results prefix (else nothing is kept)."""
+    """Start the tee on this rank's output: kept in S3 where the job has a results prefix, and read
+    for metric lines unless $DDP_METRICS_FROM_OUTPUT says not to; None where neither is wanted."""
     global _keeper
-    from ..storage.results import job_prefix
+    from ..storage.results import S3ResultsHandler, job_prefix
+    from .printedmetrics import PrintedMetrics
+    from .progress import default_reporter
 
     environ = dict(os.environ) if environ is None else environ
-    if _keeper is not None or not environ.get(envnames.RESULTS_URI, "").strip():
+    if _keeper is not None:
         return _keeper
+    upload: Upload | None = None
+    results: S3ResultsHandler | None = None
     try:
-        job = env.JobInfo.from_env(environ)
-        prefix = job_prefix(env.results_uri(environ), job)
         interval = env.log_upload_interval_s(environ)
+        scan = env.metrics_from_output(environ)
+        if environ.get(envnames.RESULTS_URI, "").strip():
+            job = env.JobInfo.from_env(environ)
+            prefix = job_prefix(env.results_uri(environ), job)
+            upload = s3_upload(prefix, job.attempt, rank)
+            if scan:
+                results = S3ResultsHandler(prefix, rank=rank, flush_interval_s=float("inf"), by_code=False)
     except TrainerError as error:
-        log.warning("this rank's log is not kept in S3: %s", error)
+        log.warning("this rank's output is not kept in S3 nor read for metrics: %s", error)
         return None
-    _keeper = LogKeeper(s3_upload(prefix, job.attempt, rank), interval).start()
+    if upload is None and not scan:
+        return None
+    listeners = [PrintedMetrics(default_reporter(rank, by_code=False) if rank == 0 else None, results)] if scan else []
+    _keeper = LogKeeper(upload, interval, listeners=listeners).start()
     return _keeper
 
 

@@ -14,10 +14,12 @@ import logging
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import IO, Any
 
+from ddp_contract.metriclines import PROGRESS_EVENT
 from ddp_contract.timestamps import rfc3339
 
 from .. import env
@@ -29,7 +31,14 @@ Sink = Callable[[dict[str, Any]], None]
 
 log = logging.getLogger(__name__)
 
-LOG_EVENT = "ddp-progress"
+LOG_EVENT = PROGRESS_EVENT
+# Set once the training code reports progress itself: what the rank prints (printedmetrics.py) then
+# no longer drives the job's status, so the two never alternate.
+_REPORTED_BY_CODE = threading.Event()
+
+
+def reported_by_code() -> bool:
+    return _REPORTED_BY_CODE.is_set()
 
 
 class FileSink:
@@ -88,7 +97,10 @@ class ProgressReporter:
         min_interval_s: float = env.DEFAULT_PROGRESS_INTERVAL_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         wallclock: Callable[[], float] = time.time,
+        by_code: bool = True,
     ) -> None:
+        """by_code: the training code's reporter (its reports are heartbeats, and mark progress as the
+        code's own); False for the one printed metric lines feed."""
         if min_interval_s < 0:
             raise ValueError(f"min_interval_s={min_interval_s} must be >= 0")
         self.sink = sink
@@ -101,16 +113,24 @@ class ProgressReporter:
         self._window_steps = 0
         self._latest: dict[str, Any] | None = None
         self._latest_emitted = True
+        self.by_code = by_code
+        self._rate_known = True  # whether the reports say how many samples they processed
 
-    def report(self, epoch: int, step: int, loss: float | None = None, samples: int = 0) -> bool:
-        """Record progress; `samples` is how many samples this step processed (all ranks).
+    def report(self, epoch: float | None, step: int | None, loss: float | None = None, samples: int | None = 0) -> bool:
+        """Record progress; `samples` is how many samples this step processed (all ranks; None: not
+        known, and no samplesPerSecond is said). An epoch is shown whole (0.5: epoch 0).
 
-        Returns True when a record was emitted. Every rank's report is its heartbeat (hangwatch.py).
-        """
-        HEARTBEAT.beat(step)
-        self._window_samples += samples
+        Returns True when a record was emitted. Every rank's report by the training code is its
+        heartbeat (hangwatch.py)."""
+        if self.by_code:
+            _REPORTED_BY_CODE.set()
+            if step is not None:
+                HEARTBEAT.beat(step)
+        self._rate_known = samples is not None
+        self._window_samples += samples or 0
         self._window_steps += 1
-        self._latest = {"epoch": int(epoch), "step": int(step), "loss": _float(loss)}
+        self._latest = {"epoch": None if epoch is None else math.floor(epoch), "step": None if step is None else int(step),
+                        "loss": _float(loss)}
         self._latest_emitted = False
         now = self._clock()
         if self._last_emit is not None and now - self._last_emit < self.min_interval_s:
@@ -129,7 +149,8 @@ class ProgressReporter:
         elapsed = now - self._window_start
         rate = self._window_samples / elapsed if elapsed > 0 else 0.0
         step_seconds = round(elapsed / self._window_steps, 6) if self._window_steps else None
-        record = {**self._latest, "samplesPerSecond": round(rate, 3), "stepSeconds": step_seconds,
+        record = {**self._latest, "samplesPerSecond": round(rate, 3) if self._rate_known else None,
+                  "stepSeconds": step_seconds,
                   "updatedAt": rfc3339(self._wallclock(), millis=True)}
         self._last_emit = now
         self._window_start = now
@@ -160,19 +181,21 @@ def flush_reporters() -> None:
             log.warning("flushing progress failed: %s", exc)
 
 
-def default_reporter(rank: int | None = None) -> ProgressReporter:
+def default_reporter(rank: int | None = None, by_code: bool = True) -> ProgressReporter:
     """Rank 0: file ($DDP_PROGRESS_FILE), log line and, under the operator, the DDPJob's status,
     every $DDP_PROGRESS_INTERVAL_SECONDS.
 
     Other ranks get a reporter whose sink does nothing, so training code need not branch.
+    by_code False: the reporter printed metric lines feed, which prints no log line of its own (the
+    rank's output already holds the line it reports).
     """
     rank = env.rank() if rank is None else rank
     interval = env.progress_interval_s()
     if rank != 0:
-        return ProgressReporter(lambda record: None, interval)
+        return ProgressReporter(lambda record: None, interval, by_code=by_code)
     from ..jobstatus import in_cluster_sink
 
-    sinks: list[Sink] = [FileSink(env.progress_file()), LogSink()]
+    sinks: list[Sink] = [FileSink(env.progress_file()), *([LogSink()] if by_code else [])]
     try:
         job_status = in_cluster_sink()
     except ImportError as exc:  # the image may not ship the kubernetes client
@@ -183,6 +206,6 @@ def default_reporter(rank: int | None = None) -> ProgressReporter:
         job_status = None
     if job_status is not None:
         sinks.append(job_status)
-    reporter = ProgressReporter(fanout(sinks), interval)
+    reporter = ProgressReporter(fanout(sinks), interval, by_code=by_code)
     _made.append(reporter)
     return reporter

@@ -16,6 +16,7 @@ incarnation wrote.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
@@ -48,6 +49,19 @@ def _check_name(name: str) -> str:
     return name
 
 
+# Set once the training code logs metrics itself: from then on the metric lines it prints are not
+# logged too (printedmetrics.py), and the client drops what was (by the records' "source").
+_LOGGED_BY_CODE = threading.Event()
+# Each handler's session is its own (two handlers made in one second by one process would otherwise
+# write the same objects).
+_HANDLERS = itertools.count()
+PRINTED = "printed"  # the "source" of records made from printed metric lines
+
+
+def logged_by_code() -> bool:
+    return _LOGGED_BY_CODE.is_set()
+
+
 class S3ResultsHandler:
     """`submit_result(name, data)` from any rank; `log_metrics(...)` appends to this rank's JSON lines."""
 
@@ -56,13 +70,18 @@ class S3ResultsHandler:
         prefix: s3.S3Url | str | None = None,
         rank: int | None = None,
         flush_interval_s: float = 30.0,
+        by_code: bool = True,
     ) -> None:
+        """by_code: the training code's handler; False for the one printed metric lines feed, whose
+        records say so ("source": "printed")."""
         if isinstance(prefix, str):
             prefix = s3.parse_uri(prefix)
         self.prefix = prefix or job_prefix()
         self.rank = env.rank() if rank is None else rank
         self.flush_interval_s = flush_interval_s
-        self.session = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}"
+        self.by_code = by_code
+        handler = next(_HANDLERS)
+        self.session = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}" + (f".{handler}" if handler else "")
         self._lines: list[str] = []
         self._bytes = 0
         self._part = 0
@@ -87,13 +106,17 @@ class S3ResultsHandler:
     def log_metrics(
         self,
         step: int,
-        epoch: int | None = None,
+        epoch: float | None = None,
         loss: float | None = None,
         **extra: Any,
     ) -> None:
+        if self.by_code:
+            _LOGGED_BY_CODE.set()
         record: dict[str, Any] = {"step": int(step), "epoch": epoch, "loss": to_number(loss), "time": time.time()}
         record["rank"] = self.rank
         record.update({k: to_number(v) for k, v in extra.items()})
+        if not self.by_code:
+            record["source"] = PRINTED
         line = json.dumps(record, default=str)
         with self._lock:
             self._lines.append(line)

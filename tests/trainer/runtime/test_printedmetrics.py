@@ -1,0 +1,74 @@
+"""Progress and metrics from what training code already prints, in real rank processes: the seed's JSON
+lines and Hugging Face's dict lines recognised among lines that are none, the code's own reports winning,
+and a setting that turns it off."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from trainerhelp import describe, launch
+
+from ddp_trainer.storage import s3
+from ddp_trainer.storage.results import PRINTED, read_metrics
+
+STEPS = 12
+
+
+def run(s3_env: dict[str, str], bucket: str, tmp_path: Path, job: str, **extra: str) -> tuple[dict[str, Any] | None,
+                                                                                                list[dict[str, Any]]]:
+    """Two ranks of ddp_workloads.prints_metrics; (rank 0's progress file, every metric record)."""
+    progress = tmp_path / f"{job}-progress.json"
+    env = {**s3_env, "DDP_RESULTS_URI": f"s3://{bucket}/runs", "DDP_JOB_NAME": job, "DDP_JOB_NAMESPACE": "ns",
+           "DDP_PROGRESS_FILE": str(progress), "DDP_PROGRESS_INTERVAL_SECONDS": "0.2", "WL_STEPS": str(STEPS), **extra}
+    results = launch("ddp_workloads:prints_metrics", 2, env)
+    assert [r.returncode for r in results] == [0, 0], describe(results)
+    assert all('{"accuracy": 0.5, "count": 12}' in r.stdout for r in results)  # the output is as it was printed
+    said = json.loads(progress.read_text()) if progress.exists() else None
+    return said, [dict(r) for r in read_metrics(s3.S3Url(bucket, f"runs/ns/{job}"))]
+
+
+def test_the_seed_s_json_lines_drive_progress_and_every_rank_s_metrics(s3_env, bucket, tmp_path) -> None:
+    progress, records = run(s3_env, bucket, tmp_path, "seed")
+    assert progress is not None and (progress["epoch"], progress["step"], progress["loss"]) == (2, STEPS, 0.08333)
+    assert progress["samplesPerSecond"] is None  # the lines say nothing of samples
+    for rank in (0, 1):
+        mine = sorted((r for r in records if r["rank"] == rank), key=lambda r: r["step"])
+        assert [r["step"] for r in mine] == list(range(1, STEPS + 1)) and {r["source"] for r in mine} == {PRINTED}
+        assert all(math.isclose(r["loss"], 1 / r["step"]) and r["epoch"] == (r["step"] - 1) // 4 and r["worker"] == rank
+                   for r in mine)
+
+
+def test_hugging_face_s_dict_lines_report_the_epoch_and_number_the_records(s3_env, bucket, tmp_path) -> None:
+    progress, records = run(s3_env, bucket, tmp_path, "hf", WL_STYLE="hf")
+    assert progress is not None and (progress["epoch"], progress["step"], progress["loss"]) == (3, None, 0.0833)
+    mine = sorted((r for r in records if r["rank"] == 0), key=lambda r: r["step"])
+    assert [r["step"] for r in mine] == list(range(1, STEPS + 1))  # the line's number: the dict has no step
+    assert [r["epoch"] for r in mine][:5] == [0.25, 0.5, 0.75, 1, 1.25]
+    assert {"grad_norm", "learning_rate"} <= mine[0].keys() and mine[-1]["learning_rate"] == 5e-05
+
+
+def test_the_code_s_own_reports_win_over_its_printed_lines(s3_env, bucket, tmp_path) -> None:
+    progress, records = run(s3_env, bucket, tmp_path, "explicit", WL_EXPLICIT="1")
+    assert progress is not None and (progress["step"], progress["loss"]) == (STEPS * 100, 0.8333)
+    for rank in (0, 1):  # at most the line printed before the code's first call (the client drops it)
+        assert [r["step"] for r in records if r["rank"] == rank and r.get("source") == PRINTED] in ([], [1])
+    assert sorted(r["step"] for r in records if r["rank"] == 0 and r.get("source") != PRINTED) == \
+        [100 * s for s in range(1, STEPS + 1)]
+
+
+@pytest.mark.parametrize("off", ["false", "0", "off"])
+def test_recognition_turned_off_reports_nothing_from_the_output(s3_env, bucket, tmp_path, off: str) -> None:
+    progress, records = run(s3_env, bucket, tmp_path, f"off-{off}", DDP_METRICS_FROM_OUTPUT=off)
+    assert progress is None and records == []
+
+
+def test_without_a_results_prefix_the_printed_lines_still_drive_progress(s3_env, bucket, tmp_path) -> None:
+    progress = tmp_path / "progress.json"
+    results = launch("ddp_workloads:prints_metrics", 2, {"DDP_JOB_NAME": "nos3", "DDP_PROGRESS_FILE": str(progress),
+                                                         "WL_STEPS": "3"})
+    assert [r.returncode for r in results] == [0, 0], describe(results)
+    assert json.loads(progress.read_text())["step"] == 3
