@@ -41,6 +41,15 @@ def kubectl_ddp(cluster: Cluster, *args: str) -> subprocess.Popen[str]:
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def columns(table: str) -> dict[str, str]:
+    """kubectl's one-row table by its header's columns (an empty cell is blank, so splitting on spaces
+    would shift the cells after it)."""
+    header, row = table.splitlines()[:2]
+    starts = [i for i, ch in enumerate(header) if ch != " " and (i == 0 or header[i - 1] == " ")]
+    ends = [*starts[1:], None]
+    return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, ends, strict=True)}
+
+
 def submit_script(jobs: Jobs, kube_api: Any, endpoint: str, script: str, env: dict[str, str],
                   spec: dict[str, Any] | None = None) -> ddp_client.Job:
     """`submit("<script>:train", files=[helpers.py])` of clientcode/, as a notebook user does: two CPU ranks
@@ -99,13 +108,13 @@ def test_code_that_only_prints_its_metrics_shows_progress_while_it_runs_and_plot
     job = submit_script(jobs, kube_api, s3_endpoint_on_the_bridge, "seed_train.py",
                         {"DDP_PROGRESS_INTERVAL_SECONDS": "0.5", "DDP_LOG_UPLOAD_INTERVAL_SECONDS": "2"})
 
-    def row() -> list[str] | None:
-        said = kubectl("get", "ddpjobs", job.name, "-n", ns, "--no-headers").stdout.split()
-        return said if said[1] == "Running" and said[4:6] != ["<none>", "<none>"] else None
+    def row() -> dict[str, str] | None:
+        said = columns(kubectl("get", "ddpjobs", job.name, "-n", ns).stdout)
+        return said if said["PHASE"] == "Running" and said["STEP"] and said["LOSS"] else None
 
     # NAME PHASE READY RESTARTS EPOCH STEP LOSS REASON AGE, while the ranks still train.
     running = wait_until(row, 180, "EPOCH, STEP and LOSS in kubectl get ddpjobs while Running")
-    assert int(running[5]) < 40 and float(running[6]) > 0, running  # type: ignore[index]
+    assert running["EPOCH"] in ("0", "1") and int(running["STEP"]) < 40 and float(running["LOSS"]) > 0, running  # type: ignore[index]
     status = job.wait(timeout=300)
     assert status["phase"] == "Succeeded" and status["progress"]["step"] == 40, status
 
