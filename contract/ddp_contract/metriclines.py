@@ -20,8 +20,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 # The runtime's own progress line ({"event": "ddp-progress", ...}, on rank 0's output): not the code's.
 PROGRESS_EVENT = "ddp-progress"
@@ -37,15 +36,15 @@ _PY_WORDS = re.compile(r"\b(True|False|None|nan|inf)\b")
 _JSON_WORDS = {"True": "true", "False": "false", "None": "null", "nan": "NaN", "inf": "Infinity"}
 
 
-@dataclass(frozen=True)
-class MetricLine:
+class MetricLine(NamedTuple):
     """One recognised line: its loss, step and epoch (either may be missing, not both), and every
-    numeric value it holds by its key (loss, step and epoch included)."""
+    numeric value it holds by its key (loss, step and epoch included). A tuple: one is made for every
+    metric line a rank prints."""
 
     loss: float
     step: int | None
     epoch: float | None
-    values: Mapping[str, float] = field(default_factory=dict)
+    values: Mapping[str, float]
 
 
 def parse(line: str) -> MetricLine | None:
@@ -95,22 +94,27 @@ class _NanInf(ast.NodeTransformer):
         return node
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
 def _metric_line(found: Mapping[Any, Any]) -> MetricLine | None:
-    values = {str(k): v for k, v in ((k, _number(v)) for k, v in found.items()) if v is not None}
+    # One pass, types tested directly (which leaves bools out), plain loops: this runs for every
+    # metric line a rank prints.
+    values = {str(k): float(v) for k, v in found.items() if type(v) is float or type(v) is int}
     loss = values.get(LOSS_KEY)
     if loss is None:
         return None
-    step = next((values[k] for k in STEP_KEYS if k in values and math.isfinite(values[k])), None)
-    epoch = next((values[k] for k in EPOCH_KEYS if k in values and math.isfinite(values[k])), None)
+    step = epoch = None
+    for key in STEP_KEYS:
+        value = values.get(key)
+        if value is not None and math.isfinite(value):
+            step = int(value)
+            break
+    for key in EPOCH_KEYS:
+        value = values.get(key)
+        if value is not None and math.isfinite(value):
+            epoch = value
+            break
     if step is None and epoch is None:
         return None
-    return MetricLine(loss, int(step) if step is not None else None, epoch, values)
+    return MetricLine(loss, step, epoch, values)
 
 
 class LineScanner:

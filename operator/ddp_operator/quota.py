@@ -41,13 +41,16 @@ class Shortfall:
 
 
 def gang_shortfall(pods: Sequence[Mapping[str, Any]], quotas: Iterable[Mapping[str, Any]],
-                   limit_ranges: Iterable[Mapping[str, Any]] = ()) -> Shortfall | None:
-    """Whether the namespace's quotas refuse any of `pods` (the ranks about to be created); None if
-    every quota that covers them has room for all of them."""
+                   limit_ranges: Iterable[Mapping[str, Any]] = (),
+                   leaving: Sequence[Mapping[str, Any]] = ()) -> Shortfall | None:
+    """Whether the namespace's quotas refuse any of `pods` (a whole gang); None if every quota that
+    covers them has room for all of them. `leaving`: pods the quotas still count (an old attempt's,
+    being deleted) that free what they hold before the gang needs it."""
     if not pods:
         return None
     defaults = container_defaults(limit_ranges)
     specs = [with_defaults(pod.get("spec") or {}, defaults) for pod in pods]
+    freed = [with_defaults(pod.get("spec") or {}, defaults) for pod in leaving]
     for quota in sorted(quotas, key=lambda q: q.get("metadata", {}).get("name", "")):
         name = quota.get("metadata", {}).get("name", "")
         status = quota.get("status") or {}
@@ -63,8 +66,10 @@ def gang_shortfall(pods: Sequence[Mapping[str, Any]], quotas: Iterable[Mapping[s
                              f"ResourceQuota {name} counts {unsaid}: set them in spec.resources (or the template's "
                              "container), or give the namespace a LimitRange default")
         wanted = total_usage(covered, hard)
+        released = total_usage([spec for spec in freed if covers(quota, spec)], hard)
         over = [resource for resource, amount in wanted.items()
-                if amount + (parse_quantity(used.get(resource, 0)) or 0) > (parse_quantity(hard[resource]) or 0)]
+                if amount + max((parse_quantity(used.get(resource, 0)) or 0) - released.get(resource, 0), 0)
+                > (parse_quantity(hard[resource]) or 0)]
         if over:
             return Shortfall(c.REASON_QUOTA_EXCEEDED, _exceeded(name, len(covered), over, wanted, hard, used))
     return None

@@ -54,7 +54,7 @@ from ddp_operator.manifests import build_pod, build_progress_access, build_servi
 from ddp_operator.nodes import NodeInfo, Nodes, lost_nodes, seconds_until_lost
 from ddp_operator.podsummary import PodSummary, summarize_pods
 from ddp_operator.podwatch import PodCache
-from ddp_operator.quota import Shortfall, gang_shortfall
+from ddp_operator.quota import gang_shortfall
 from ddp_operator.spec import InvalidSpec, JobSpec, parse_spec, validate_job_name
 from ddp_operator.statuspatch import (
     changed_fields,
@@ -200,12 +200,17 @@ class Reconciler:
         queue = self._queue(job, spec, status)
         if queue is not None and queue.gate == Gate.UNKNOWN:
             return
-        decision = decide(spec, status, self._summary(job, status, spec, now), now, queue)
+        summary = self._summary(job, status, spec, now)
+        decision = decide(spec, status, summary, now, queue)
         # Status first: until the status pass has recorded this attempt, it is not ours to create.
         if decision.action != Action.CREATE or decision.attempt != int(status.get("attempt", 0)):
             return
+        # The namespace's quotas are judged once an attempt, for the whole gang, before its first pod:
+        # later passes create the ranks whose names have come free since (the old attempt's pods,
+        # still counted until they are gone, are left out of what the quota has used).
+        first = None if summary.live_ranks else len(summary.uids)
         try:
-            await self._create(job, spec, decision.create_ranks, decision.attempt)
+            await self._create(job, spec, decision.create_ranks, decision.attempt, leaving=first)
         except ApiException as error:
             if not is_going_away(error):
                 raise
@@ -317,48 +322,71 @@ class Reconciler:
         elapsed = time.monotonic() - self._of(key).patched_at
         return COUNTS_INTERVAL - elapsed if elapsed < COUNTS_INTERVAL else None
 
-    async def _create(self, job: dict[str, Any], spec: JobSpec, ranks: tuple[int, ...], attempt: int) -> None:
+    async def _create(self, job: dict[str, Any], spec: JobSpec, ranks: tuple[int, ...], attempt: int,
+                      leaving: int | None = None) -> None:
         """Creates the job's Service and progress identity, then the ranks' pods: all of them or, when a
-        namespace quota could not hold the whole gang, none. What is refused is noted for the status
-        pass (`_note_refused`), which says it and decides; this pass writes no status."""
+        namespace quota could not hold the whole gang, none. `leaving`: for an attempt's first pass, how
+        many of the job's older pods still exist (the quotas are judged then, not on later passes). What
+        is refused is noted for the status pass (`_note_refused`), which says it and decides; this pass
+        writes no status."""
         key = (job["metadata"]["namespace"], job["metadata"]["name"])
-        # In order: a RoleBinding is refused (404) while its Role does not exist yet, unless the
-        # caller may bind anything (an admin may; the operator's own ClusterRole may not).
-        objects: list[str] = []
-        for child in (build_service(job, spec), *build_progress_access(job, spec)):
-            try:
-                holder = await self.kube.ensure(adopt(child, job))
-            except ApiException as error:
-                self._note_refused(key, attempt, ranks, self._refusal(error), child["kind"])
-                return
-            if holder is not None and not is_controlled_by(holder, job):
-                objects.append(f"{child['kind']} {child['metadata']['name']}")
-        pods: list[tuple[int, str]] = []
-        if not objects:  # without its Service (or its identity) no rank could start as it should
-            built = [adopt(build_pod(job, spec, rank, attempt), job) for rank in ranks]
-            # A Kueue-managed job's quota is Kueue's to judge: it admitted the gang as a whole.
-            shortfall = None if queue_name(job) is not None else await self._quota_shortfall(key[0], built)
-            if shortfall is not None:
-                self._note_refused(key, attempt, ranks, Refusal(shortfall.reason, shortfall.message))
-                return
-            results = await asyncio.gather(*(self.kube.ensure(pod) for pod in built), return_exceptions=True)
-            refusals: dict[int, Refusal] = {}
-            for rank, result in zip(ranks, results, strict=True):
-                if isinstance(result, ApiException):
-                    refusals[rank] = self._refusal(result)
-                elif isinstance(result, BaseException):
-                    raise result
-            if refusals:
-                first = refusals[min(refusals)]
-                self._note_refused(key, attempt, [r for r, said in refusals.items() if said == first], first, "pod")
-                return
-            pods = [(rank, pod["metadata"]["name"]) for rank, pod, holder in zip(ranks, built, results, strict=True)
-                    if holder is not None and not is_controlled_by(holder, job)]  # type: ignore[arg-type]
+        # A Kueue-managed job's quota is Kueue's to judge: it admitted the gang as a whole. The quotas
+        # are read while the Service and identity are ensured: the read is on the way to the first pods.
+        limits = asyncio.ensure_future(self._quota_limits(key[0])) if leaving is not None and queue_name(job) is None \
+            else None
+        try:
+            # In order: a RoleBinding is refused (404) while its Role does not exist yet, unless the
+            # caller may bind anything (an admin may; the operator's own ClusterRole may not).
+            objects: list[str] = []
+            for child in (build_service(job, spec), *build_progress_access(job, spec)):
+                try:
+                    holder = await self.kube.ensure(adopt(child, job))
+                except ApiException as error:
+                    self._note_refused(key, attempt, ranks, self._refusal(error), child["kind"])
+                    return
+                if holder is not None and not is_controlled_by(holder, job):
+                    objects.append(f"{child['kind']} {child['metadata']['name']}")
+            pods: tuple[tuple[int, str], ...] = ()
+            if not objects:  # without its Service (or its identity) no rank could start as it should
+                created = await self._create_pods(job, spec, ranks, attempt, limits, leaving or 0)
+                if created is None:
+                    return
+                pods = created
+        finally:
+            if limits is not None and not limits.done():
+                limits.cancel()
         memory = self._of(key)
         if memory.refused is not None:
             memory.refused = None
             self.add(key)  # the status pass stops saying so
-        self._note_in_the_way(key, InTheWay(tuple(objects), tuple(pods)))
+        self._note_in_the_way(key, InTheWay(tuple(objects), pods))
+
+    async def _create_pods(self, job: dict[str, Any], spec: JobSpec, ranks: tuple[int, ...], attempt: int,
+                           limits: asyncio.Future[tuple[list[dict[str, Any]], list[dict[str, Any]]] | None] | None,
+                           leaving: int) -> tuple[tuple[int, str], ...] | None:
+        """The ranks' pods, after the quotas (`limits`, being read) were judged for the whole gang; the
+        ranks whose names strangers hold, or None when something was refused (noted)."""
+        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        built = [adopt(build_pod(job, spec, rank, attempt), job) for rank in ranks]
+        read = await limits if limits is not None else None
+        if read is not None and built:  # every rank's pod asks for what rank 0's does
+            shortfall = gang_shortfall([built[0]] * spec.pods, *read, leaving=[built[0]] * leaving)
+            if shortfall is not None:
+                self._note_refused(key, attempt, ranks, Refusal(shortfall.reason, shortfall.message))
+                return None
+        results = await asyncio.gather(*(self.kube.ensure(pod) for pod in built), return_exceptions=True)
+        refusals: dict[int, Refusal] = {}
+        for rank, result in zip(ranks, results, strict=True):
+            if isinstance(result, ApiException):
+                refusals[rank] = self._refusal(result)
+            elif isinstance(result, BaseException):
+                raise result
+        if refusals:
+            first = refusals[min(refusals)]
+            self._note_refused(key, attempt, [r for r, said in refusals.items() if said == first], first, "pod")
+            return None
+        return tuple((rank, pod["metadata"]["name"]) for rank, pod, holder in zip(ranks, built, results, strict=True)
+                     if holder is not None and not is_controlled_by(holder, job))  # type: ignore[arg-type]
 
     @staticmethod
     def _refusal(error: ApiException) -> Refusal:
@@ -369,12 +397,12 @@ class Reconciler:
             raise error
         return refusal
 
-    async def _quota_shortfall(self, namespace: str, pods: list[dict[str, Any]]) -> Shortfall | None:
-        """quota.gang_shortfall for the pods about to be created, from the namespace's ResourceQuotas
-        and LimitRanges; None where there are none, or we may not read them (the API server judges)."""
+    async def _quota_limits(self, namespace: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+        """The namespace's ResourceQuotas and LimitRanges (none read when there is no quota); None where we
+        may not read them (the API server alone judges then, pod by pod)."""
         try:
             quotas = await self.kube.list_objects("ResourceQuota", namespace)
-            ranges = await self.kube.list_objects("LimitRange", namespace) if quotas else []
+            return quotas, await self.kube.list_objects("LimitRange", namespace) if quotas else []
         except ApiException as error:
             if error.status != 403:
                 raise
@@ -383,7 +411,6 @@ class Reconciler:
                 log.warning("may not list ResourceQuotas or LimitRanges in %s, so a gang is not checked against its "
                             "quotas before its pods are created: %s", namespace, api_message(error))
             return None
-        return gang_shortfall(pods, quotas, ranges)
 
     def _note_refused(self, key: JobKey, attempt: int, ranks: Iterable[int], refusal: Refusal, kind: str = "") -> None:
         """Keeps what was refused for the status pass, and asks for one."""

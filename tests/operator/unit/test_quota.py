@@ -32,6 +32,14 @@ def test_one_gpu_left_for_a_gang_of_two_admits_none_of_it() -> None:
     assert "the gang's 2 pods" in shortfall.message and "none of its pods is created" in shortfall.message
 
 
+def test_an_old_attempt_s_pods_still_counted_free_their_share_for_the_new_gang() -> None:
+    gang = [rank_pod(limits={"nvidia.com/gpu": 1}) for _ in range(2)]
+    full = [quota({"pods": "2", "requests.nvidia.com/gpu": "2"}, {"pods": "2", "requests.nvidia.com/gpu": "2"})]
+    assert gang_shortfall(gang, full, leaving=gang) is None  # the old gang's two pods, being deleted
+    shortfall = gang_shortfall(gang, full, leaving=gang[:1])  # one pod of someone else's still holds its GPU
+    assert shortfall is not None and "requests.nvidia.com/gpu=2 with 2 used of 2" in shortfall.message
+
+
 def test_pods_count_against_a_pod_quota() -> None:
     shortfall = gang_shortfall([rank_pod(), rank_pod(), rank_pod()], [quota({"pods": "1"})])
     assert shortfall is not None and "pods=3 with 0 used of 1" in shortfall.message

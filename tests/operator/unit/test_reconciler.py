@@ -124,8 +124,16 @@ def test_a_kueue_job_is_not_checked_against_namespace_quotas() -> None:
     reconciler, kube, _ = reconciler_for(ddpjob())
     job = ddpjob()
     job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team"}
-    run(reconciler._create(job, reconciler_module.parse_spec(job["spec"]), (0, 1), 0))
+    run(reconciler._create(job, reconciler_module.parse_spec(job["spec"]), (0, 1), 0, leaving=0))
     assert ("list", "ResourceQuota") not in kube.calls and kube.created("Pod") == ["mnist-0", "mnist-1"]
+
+
+def test_the_quota_is_read_once_an_attempt_before_its_first_pod() -> None:
+    job = ddpjob({"phase": "Restarting", "attempt": 1}, worldSize=3)
+    reconciler, kube, pods = reconciler_for(job)
+    pods.set(job, [pod(0, "running", attempt=1)])  # the attempt's first pass has been: rank 0 exists
+    run(reconciler.create_children(KEY))
+    assert kube.created("Pod") == ["mnist-1", "mnist-2"] and ("list", "ResourceQuota") not in kube.calls
 
 
 def test_a_name_held_by_another_owner_holds_the_ranks_up_as_name_in_use() -> None:

@@ -4,8 +4,9 @@ status (`kubectl get ddpjobs`), and every rank's metrics under the job's results
 itself: its own reports win, so the two never alternate or double.
 
 The output tee (logkeeper.py) hands every chunk of output to `feed` on its reader thread, which
-must never wait; recognised lines queue (at most MAX_QUEUED) for a thread of their own, which writes
-the job's status and keeps the records, flushed to S3 by the tee's upload interval and at exit.
+must never wait; the lines recognised in each chunk queue together (at most MAX_QUEUED chunks) for a
+thread of their own, which writes the job's status and keeps the records, flushed to S3 by the tee's
+upload interval and at exit.
 
 A line without a step (Hugging Face's Trainer logs the epoch) is reported without one, and its
 metrics record's step is the line's number among this rank's metric lines.
@@ -24,7 +25,7 @@ from .progress import ProgressReporter, reported_by_code
 
 log = logging.getLogger(__name__)
 
-MAX_QUEUED = 10_000
+MAX_QUEUED = 1_000
 # Keys a metrics record holds for itself; a printed value of that name is not copied over it.
 RECORD_KEYS = frozenset({*STEP_KEYS, *EPOCH_KEYS, LOSS_KEY, "time", "rank", "source"})
 
@@ -36,8 +37,9 @@ class PrintedMetrics:
         self.reporter = reporter
         self.results = results
         self.lines = 0
-        self._scanner = LineScanner(self._queue_line)
-        self._queue: queue.Queue[MetricLine | None] = queue.Queue(MAX_QUEUED)
+        self._batch: list[MetricLine] = []
+        self._scanner = LineScanner(self._batch.append)
+        self._queue: queue.Queue[list[MetricLine] | None] = queue.Queue(MAX_QUEUED)
         self._dropped = 0
         self._worker = threading.Thread(target=self._work, name="ddp-printed-metrics", daemon=True)
         self._worker.start()
@@ -45,19 +47,22 @@ class PrintedMetrics:
     def feed(self, data: bytes) -> None:
         """Output as the rank wrote it (the tee's reader thread): returns at once."""
         self._scanner.feed(data)
-
-    def _queue_line(self, line: MetricLine) -> None:
+        if not self._batch:
+            return
+        batch = self._batch.copy()
+        self._batch.clear()
         try:
-            self._queue.put_nowait(line)
+            self._queue.put_nowait(batch)
         except queue.Full:
-            self._dropped += 1
-            if self._dropped == 1:
+            self._dropped += len(batch)
+            if self._dropped == len(batch):
                 log.warning("printed metric lines come faster than they are recorded: some are dropped")
 
     def _work(self) -> None:
-        while (line := self._queue.get()) is not None:
+        while (batch := self._queue.get()) is not None:
             try:
-                self.record(line)
+                for line in batch:
+                    self.record(line)
             except Exception as error:  # noqa: BLE001 - never disturb the run for a courtesy
                 log.warning("a printed metric line was not recorded: %s", error)
             finally:
