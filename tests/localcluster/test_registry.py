@@ -164,11 +164,15 @@ def create_pulling_job(jobs: Jobs, name: str, trainer: str, secret: str, **spec:
 def test_a_wrong_password_is_said_on_the_job_in_the_kubelets_words(
         private_registry: Registry, jobs: Jobs, release: client.V1Pod) -> None:
     create_pulling_job(jobs, "wrongpass", image(private_registry, "trainer"), WRONG_SECRET)
-    status = held_up(jobs, "wrongpass")
-    message = status["message"]
+    first = held_up(jobs, "wrongpass")["message"]
+    print(f"wrong password, first said: {first}")
+    # The kubelet's first pull of a new pod can go without its pull Secret (its Secret cache is not
+    # yet allowed to read it: "no basic auth credentials"); its next pull, after the back-off, has it.
+    refused = f"{private_registry.address}/v2/{PATH}/ddp-operator/trainer/manifests/{TAG}: 401 Unauthorized"
+    message: str = wait_until(lambda: refused in (m := jobs.status("wrongpass").get("message") or "") and m, 90,
+                              f"the job to say {refused!r}")  # type: ignore[assignment]
     print(f"wrong password: {message}")
     assert re.search(r"; ranks? [01](-1)? \(ImagePullError\): ", message), message
-    assert f"{private_registry.address}/v2/{PATH}/ddp-operator/trainer/manifests/{TAG}: 401 Unauthorized" in message
     assert f"(imagePullSecrets: {WRONG_SECRET};" in message
     assert wait_until(lambda: warned(jobs, "wrongpass", "401 Unauthorized"), 30, "a Warning Event saying 401")
     jobs.delete("wrongpass")

@@ -108,3 +108,27 @@ def test_the_log_is_uploaded_every_interval_so_a_sigkill_loses_at_most_the_last_
     finally:
         proc.kill()
     assert "rank 0 prints to stdout" in kept_log(bucket, "killed", 3, 0)
+
+
+FINISH_TWICE = """
+import os, sys, threading, time
+from ddp_trainer.runtime.logkeeper import LogKeeper
+kept = []
+def upload(part, data):
+    time.sleep(1.0)  # a slow last upload
+    kept.append(data)
+keeper = LogKeeper(upload, 0).start()
+print("the rank's last words", flush=True)
+first = threading.Thread(target=keeper.finish)
+first.start()
+time.sleep(0.3)
+keeper.finish()  # a second caller, as the hang watchdog's thread can be: returns once the first is done
+os.write(sys.__stderr__.fileno(), repr(kept).encode())
+os._exit(0)
+"""
+
+
+def test_a_second_finish_waits_for_the_first_ones_upload(tmp_path: Path) -> None:
+    env = rank_env({}, 0, 1, free_port())
+    result = subprocess.run([sys.executable, "-c", FINISH_TWICE], env=env, capture_output=True, text=True, timeout=60)
+    assert "the rank's last words" in result.stderr.split("[", 1)[-1], result.stderr

@@ -34,3 +34,29 @@ def test_sigterm_stops_a_rank_at_once_with_its_own_exit_code(tmp_path: Path) -> 
     assert time.monotonic() - sent < 5
     line = parse_line(message.read_text())
     assert line is not None and line.step == 7 and "stopped by SIGTERM" in line.error
+
+
+def test_a_sigterm_while_the_rank_already_exits_lets_that_exit_finish(monkeypatch, tmp_path: Path) -> None:
+    """A gang restart's SIGTERM often reaches a rank that failed a moment ago and is uploading its
+    last words: the handler must leave that exit (its code, its upload) alone."""
+    import signal
+
+    from ddp_trainer.runtime import process_exit, signals
+
+    monkeypatch.setenv("DDP_TERMINATION_MESSAGE_PATH", str(tmp_path / "termination-log"))
+    before = signal.getsignal(signal.SIGTERM)
+    exits: list[int] = []
+    monkeypatch.setattr(signals, "exit_process", exits.append)
+    try:
+        signals.stop_on_sigterm(0)
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler)
+        monkeypatch.setattr(process_exit, "_EXITING", type(process_exit._EXITING)())
+        process_exit._EXITING.set()
+        handler(signal.SIGTERM, None)
+        assert exits == []
+        process_exit._EXITING.clear()
+        handler(signal.SIGTERM, None)
+        assert exits == [ExitCode.TERMINATED]
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -107,8 +107,9 @@ class LogKeeper:
         self._saved: dict[int, int] = {}  # fd 1 or 2 -> its copy of the original
         self._stop = threading.Event()
         self._closing = threading.Event()
-        self._finished = False
+        self._finisher: int | None = None  # the thread that runs finish()
         self._finish_lock = threading.Lock()
+        self._done = threading.Event()
         self._warned = False
         self._reader = threading.Thread(target=self._read, name="ddp-log-tee", daemon=True)
         self._uploader = threading.Thread(target=self._upload_every_interval, name="ddp-log-upload", daemon=True)
@@ -202,9 +203,21 @@ class LogKeeper:
     def finish(self) -> None:
         """Put the original fds back, take in what is still in the pipes, upload the rest. Once."""
         with self._finish_lock:
-            if self._finished:
-                return
-            self._finished = True
+            first = self._finisher is None
+            if first:
+                self._finisher = threading.get_ident()
+        if not first:
+            # Another thread (the hang watchdog's, say) waits for the first caller's upload to end;
+            # the first caller's own thread (in a signal handler) must not wait for itself.
+            if self._finisher != threading.get_ident():
+                self._done.wait(DRAIN_SECONDS + 1 + FINAL_UPLOAD_SECONDS)
+            return
+        try:
+            self._finish()
+        finally:
+            self._done.set()
+
+    def _finish(self) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         self._stop.set()

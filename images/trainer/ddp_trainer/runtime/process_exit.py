@@ -11,6 +11,13 @@ import threading
 from ..errors import ExitCode
 from . import logkeeper
 
+_EXITING = threading.Event()
+
+
+def exiting() -> bool:
+    """Whether this process is on its way out (exit_process has begun)."""
+    return _EXITING.is_set()
+
 
 def exit_process(code: int) -> None:
     """Exit with `code`, skipping the interpreter's teardown and the C exit handlers after it: C++
@@ -19,6 +26,7 @@ def exit_process(code: int) -> None:
     which would turn the rank's code into a crash. A clean exit first does what Python's own exit
     does before its teardown: waits for the user's non-daemon threads and runs the atexit handlers;
     a failure skips them (its code is decided). What the rank printed goes to S3 first (logkeeper)."""
+    _EXITING.set()
     if code == ExitCode.OK:
         _join_user_threads()
         atexit._run_exitfuncs()  # Python's exit runs them (logging.shutdown among them) before its teardown

@@ -7,7 +7,7 @@ import threading
 
 from ..errors import ExitCode
 from .failures import last_words
-from .process_exit import exit_process
+from .process_exit import exit_process, exiting
 
 
 def stop_on_sigterm(rank: int | None) -> None:
@@ -18,6 +18,10 @@ def stop_on_sigterm(rank: int | None) -> None:
         return
 
     def stop(signum: int, frame: object) -> None:
+        if exiting():
+            # Already leaving with its own code, its output on the way to S3: cutting that short would
+            # lose the rank's last words (a gang restart's SIGTERM comes while a failed rank exits).
+            return
         last_words(ExitCode.TERMINATED, rank, "stopped by SIGTERM (pod deleted, node drained or job preempted)")
         exit_process(ExitCode.TERMINATED)
 
