@@ -47,6 +47,14 @@ METRICS_FROM_OUTPUT: Final = "DDP_METRICS_FROM_OUTPUT"
 # The words that turn a yes/no setting off; anything else (or nothing) leaves it on.
 OFF_WORDS: Final = frozenset({"false", "0", "no", "off"})
 
+# Data workers (spec.dataWorkers): where a rank's loader finds them (host:port, comma-separated), the
+# job's token both sides prove on connect, the port they listen on, and the pod's own address
+# (the downward API's status.podIP), the only one a data worker listens on.
+DATA_WORKERS: Final = "DDP_DATA_WORKERS"
+DATA_WORKER_TOKEN: Final = "DDP_DATA_WORKER_TOKEN"
+DATA_WORKER_PORT: Final = "DDP_DATA_WORKER_PORT"
+POD_IP: Final = "POD_IP"
+
 # S3: credentials under the names boto3 reads (and the keys the credentials Secret must hold).
 AWS_ACCESS_KEY_ID: Final = "AWS_ACCESS_KEY_ID"
 AWS_SECRET_ACCESS_KEY: Final = "AWS_SECRET_ACCESS_KEY"

@@ -6,8 +6,9 @@ $DDP_DATASET_URI is a folder holding FashionMNIST's four files (`train-images-id
 gzipped or not): the real dataset's, or the generated ones of examples/fashion/data.py. Each rank
 reads them once; its `--workers` DataLoader worker processes then turn each 28x28 image into a
 tensor (random affine augmentation, normalisation) while the rank trains, which is what Dpex
-spreads over a Ray cluster and what a DDPJob gets by asking for CPUs per rank. The test set's
-accuracy, measured by all ranks together, is stored as `results/eval.json`.
+spreads over a Ray cluster and what a DDPJob gets by asking for CPUs per rank, or, with data workers
+($DDP_DATA_WORKERS), on other machines: the runtime's DataLoader makes the same batches there. The
+test set's accuracy, measured by all ranks together, is stored as `results/eval.json`.
 
     python -m ddp_trainer run fashion:main -- --epochs 4 --workers 2
 """
@@ -22,10 +23,10 @@ import time
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import Dataset, DistributedSampler
 from torchvision import transforms
 
-from ddp_trainer import RankContext, urls
+from ddp_trainer import DataLoader, RankContext, urls
 from ddp_trainer.env import dataset_uri
 from examplekit import StepLog, arguments, distributed, evaluate_and_submit
 
@@ -106,7 +107,7 @@ def main(ctx: RankContext) -> None:
     loss_fn = nn.CrossEntropyLoss()
     log = StepLog(ctx)
     for epoch in range(args.epochs):
-        train_loader.sampler.set_epoch(epoch)  # type: ignore[attr-defined]
+        train_loader.sampler.set_epoch(epoch)
         started, waited = time.monotonic(), 0.0
         ready = time.monotonic()
         for images, labels in train_loader:

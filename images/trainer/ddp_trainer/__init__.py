@@ -27,6 +27,8 @@ _EXPORTS = {
     "ShardCache": "data.shardcache",
     "load_index": "data.shardindex",
     "DistributedChunkedSampler": "data.sampler",
+    "DataLoader": "data.loader",
+    "DpexDataLoader": "data.loader",
     "S3ResultsHandler": "storage.results",
     "DaskResultsHandler": "storage.results",
     "CheckpointManager": "storage.checkpoint",

@@ -10,6 +10,7 @@ USAGE = """usage:
   python -m ddp_trainer run [TARGET] [ARGS...]   run TARGET (module:function, module or script.py;
                                                  default $DDP_ENTRYPOINT) in this rank
   python -m ddp_trainer make-shards --help       convert an image folder into indexed tar shards
+  python -m ddp_trainer data-worker [--port P]   serve the job's ranks' DataLoader workers here
 """
 
 
@@ -29,6 +30,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if rest and rest[0] == "--":
             rest = rest[1:]
         return run(target, rest)
+    if command == "data-worker":
+        from .data.dataworker import main as data_worker_main
+
+        return data_worker_main(rest)
     if command == "make-shards":
         from .data.convert import main as convert_main
 

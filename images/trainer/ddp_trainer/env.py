@@ -230,3 +230,22 @@ def log_upload_interval_s(environ: Mapping[str, str] | None = None) -> float:
     """$DDP_LOG_UPLOAD_INTERVAL_SECONDS: seconds between uploads of the rank's output; 0: at exit only."""
     env = os.environ if environ is None else environ
     return _float(env, names.LOG_UPLOAD_INTERVAL_SECONDS, DEFAULT_LOG_UPLOAD_INTERVAL_SECONDS, zero_means_off=True)
+
+
+DEFAULT_DATA_WORKER_PORT = 29600
+
+
+def data_workers(environ: Mapping[str, str] | None = None) -> list[str]:
+    """$DDP_DATA_WORKERS: the job's data workers, host:port each; empty when it has none."""
+    env = os.environ if environ is None else environ
+    return [a.strip() for a in env.get(names.DATA_WORKERS, "").split(",") if a.strip()]
+
+
+def data_worker_token(environ: Mapping[str, str] | None = None) -> bytes | None:
+    """$DDP_DATA_WORKER_TOKEN, the job's secret both ends of a data connection prove they hold."""
+    token = (os.environ if environ is None else environ).get(names.DATA_WORKER_TOKEN, "").strip()
+    return token.encode() if token else None
+
+
+def data_worker_port(environ: Mapping[str, str] | None = None) -> int:
+    return _int(os.environ if environ is None else environ, names.DATA_WORKER_PORT, default=DEFAULT_DATA_WORKER_PORT)

@@ -1,0 +1,196 @@
+"""A data worker: the process that makes a rank's batches on another machine.
+
+A rank's loader (loader.py) has `num_workers` logical workers, as a local DataLoader has worker
+processes; each becomes a session here, over a connection of its own, and a session is what a local
+DataLoader worker would be: seeded the same way from the loader's base seed and its worker id, with
+`get_worker_info()` and `worker_init_fn` as there, fetching and collating the batches it is sent in
+the order sent. So the batches are those a local DataLoader would make, random augmentation included.
+After each batch the session sends its random state (Python's, torch's and numpy's) with it: a
+session started again elsewhere from that state (its worker lost) makes the next batches exactly as
+the lost one would have.
+
+`python -m ddp_trainer data-worker` serves sessions, one process each, until stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing
+import os
+import random
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+from torch._utils import ExceptionWrapper
+from torch.utils.data import _DatasetKind
+from torch.utils.data._utils import worker as torch_worker
+
+from .. import env
+from . import wire
+
+log = logging.getLogger(__name__)
+
+# (Python's random state, torch's CPU generator state, numpy's global state or None)
+RandomState = tuple[Any, torch.Tensor, Any]
+
+
+@dataclass
+class Setup:
+    """What a logical worker is: everything a local DataLoader hands its worker process."""
+
+    dataset: Any
+    dataset_kind: int
+    auto_collation: bool
+    collate_fn: Callable[[Any], Any] | None
+    drop_last: bool
+    base_seed: int
+    worker_id: int
+    num_workers: int
+    worker_init_fn: Callable[[int], None] | None
+    state: RandomState | None = None  # where to go on from; None: from the seed, as a new worker
+
+    def without_code(self) -> Setup:
+        """The setup less what `code()` holds, which is sent apart (encoded once for every worker)."""
+        return replace(self, dataset=None, collate_fn=None, worker_init_fn=None)
+
+    def code(self) -> tuple[Any, Callable[[Any], Any] | None, Callable[[int], None] | None]:
+        return self.dataset, self.collate_fn, self.worker_init_fn
+
+    def with_code(self, code: tuple[Any, Any, Any]) -> Setup:
+        dataset, collate_fn, worker_init_fn = code
+        return replace(self, dataset=dataset, collate_fn=collate_fn, worker_init_fn=worker_init_fn)
+
+
+def _numpy() -> Any:
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover - torch's wheels bring numpy
+        return None
+    return numpy
+
+
+def random_state() -> RandomState:
+    numpy = _numpy()
+    return random.getstate(), torch.get_rng_state(), numpy.random.get_state() if numpy else None
+
+
+def set_random_state(state: RandomState) -> None:
+    python, torch_state, numpy_state = state
+    random.setstate(python)
+    torch.set_rng_state(torch_state)
+    numpy = _numpy()
+    if numpy is not None and numpy_state is not None:
+        numpy.random.set_state(numpy_state)
+
+
+class Session:
+    """One logical worker, in this process: `start` once, then `fetch` each batch in order.
+
+    Seeding follows torch's own worker loop (torch/utils/data/_utils/worker.py), so a session's
+    random streams are those of the local worker with the same base seed and id."""
+
+    def __init__(self, setup: Setup, where: str) -> None:
+        self.setup = setup
+        self.where = where
+        seed = setup.base_seed + setup.worker_id
+        random.seed(seed)
+        torch.manual_seed(seed)
+        numpy = _numpy()
+        if numpy is not None:
+            numpy.random.seed(torch_worker._generate_state(setup.base_seed, setup.worker_id))
+        torch_worker._worker_info = torch_worker.WorkerInfo(
+            id=setup.worker_id, num_workers=setup.num_workers, seed=seed, dataset=setup.dataset)
+        if setup.worker_init_fn is not None:
+            setup.worker_init_fn(setup.worker_id)
+        self.fetcher = _DatasetKind.create_fetcher(
+            setup.dataset_kind, setup.dataset, setup.auto_collation, setup.collate_fn, setup.drop_last)
+        if setup.state is not None:
+            set_random_state(setup.state)
+
+    def fetch(self, index: Any) -> tuple[str, Any, RandomState]:
+        """("data", batch, state after it) or ("error", ExceptionWrapper naming the samples, state)."""
+        try:
+            data: Any = self.fetcher.fetch(index)
+            kind = "data"
+        except Exception:  # noqa: BLE001 - the rank raises it, as a local DataLoader would
+            data, kind = ExceptionWrapper(where=f"in {self.where} fetching samples {index}"), "error"
+        return kind, data, random_state()
+
+
+def serve_session(conn: Connection, where: str) -> None:
+    """Runs one logical worker for one connection until the rank stops it or goes away."""
+    torch.set_num_threads(1)  # as torch's local workers: each session is one core's work
+    try:
+        message = wire.receive(conn)
+        if message[0] != "start":
+            raise ValueError(f"a session starts with 'start', not {message[0]!r}")
+        try:
+            setup: Setup = message[1].with_code(wire.receive(conn))
+            session = Session(setup, f"{where}, logical worker {setup.worker_id}")
+        except Exception:  # noqa: BLE001
+            wire.send(conn, ("error", -1, ExceptionWrapper(where=f"starting {where}"), None))  # the rank raises it
+            return
+        log.info("serving logical worker %d of %d (base seed %d)", setup.worker_id, setup.num_workers,
+                 setup.base_seed)
+        wire.send(conn, ("ready",))
+        while (message := wire.receive(conn))[0] == "fetch":
+            _, seq, index = message
+            kind, data, state = session.fetch(index)
+            wire.send(conn, (kind, seq, data, state))
+    except (EOFError, ConnectionError):
+        pass
+    finally:
+        conn.close()
+
+
+def serve(host: str, port: int, token: bytes, ready: Callable[[int], None] | None = None) -> None:
+    """Accepts sessions on host:port until SIGTERM; each runs in a process of its own (forked, so the
+    job's code imported here is imported there). ready(port) once listening."""
+    context = multiprocessing.get_context("fork")
+    with wire.listen(host, port, token) as listener:
+        address = listener.address
+        where = f"data worker {os.environ.get('HOSTNAME', address[0])}"
+        log.info("data worker listening on %s:%d", *address)
+        if ready is not None:
+            ready(address[1])
+        while True:
+            try:
+                conn = listener.accept()
+            except multiprocessing.AuthenticationError as error:
+                log.warning("refused a connection that did not prove the job's token: %s", error)
+                continue
+            except OSError as error:
+                log.warning("accepting a connection failed: %s", error)
+                continue
+            process = context.Process(target=serve_session, args=(conn, where), daemon=True)
+            process.start()
+            conn.close()
+            _reap()
+
+
+def _reap() -> None:
+    for child in multiprocessing.active_children():  # joins those that ended
+        del child
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ddp_trainer data-worker",
+                                     description="Serve a rank's DataLoader workers on this machine.")
+    parser.add_argument("--host", default=os.environ.get(env.names.POD_IP, "127.0.0.1"),
+                        help="address to listen on (default: $POD_IP, else 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=env.data_worker_port(), help="port (0: any free one)")
+    args = parser.parse_args(argv)
+    token = env.data_worker_token()
+    if token is None:
+        print(f"ddp-trainer data-worker: ${env.names.DATA_WORKER_TOKEN} is not set: without the job's token "
+              "no rank could connect", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    serve(args.host, args.port, token)
+    return 0

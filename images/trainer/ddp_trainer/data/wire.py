@@ -1,0 +1,84 @@
+"""How a rank's loader and a data worker talk.
+
+The transport is the standard library's `multiprocessing.connection`: length-prefixed messages over
+TCP, and a challenge-response on connect in both directions with the job's token (HMAC), so only a
+process holding the token can connect, and nothing is read from a peer before it has proven it
+holds it. On top of that, one message is a few frames: the frames' sizes, the message's structure
+pickled with protocol 5, then every tensor's bytes as a frame of its own (pickle's out-of-band
+buffers): a tensor's storage is never pickled, and is received straight into the buffer it is
+rebuilt on. Only peers of the same job (the token) send pickles, and both sides run the job's code.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import struct
+from multiprocessing.connection import Client, Connection, Listener
+from typing import Any
+
+import torch
+
+SIZES = struct.Struct("<Q")
+
+
+def _rebuild(buffer: bytearray | memoryview, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    if len(buffer) == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(buffer, dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+class _Pickler(pickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        # Plain dense tensors only: a subclass (torchvision's tv_tensors) keeps its own pickling.
+        if type(obj) is not torch.Tensor or obj.layout != torch.strided or obj.is_quantized:
+            return NotImplemented
+        flat = obj.detach().cpu().contiguous().reshape(-1)
+        raw = flat.view(torch.uint8).numpy().data if flat.numel() else memoryview(bytearray())
+        return _rebuild, (pickle.PickleBuffer(raw), obj.dtype, tuple(obj.shape))
+
+
+def encode(message: object) -> list[memoryview | bytes]:
+    """A message as frames: the sizes of the rest, its pickled structure, each tensor's bytes."""
+    buffers: list[pickle.PickleBuffer] = []
+    out = io.BytesIO()
+    _Pickler(out, protocol=5, buffer_callback=buffers.append).dump(message)
+    frames: list[memoryview | bytes] = [out.getbuffer(), *(b.raw() for b in buffers)]
+    sizes = b"".join(SIZES.pack(len(f) if isinstance(f, bytes) else f.nbytes) for f in frames)
+    return [sizes, *frames]
+
+
+def send(conn: Connection, message: object) -> None:
+    for frame in encode(message):
+        conn.send_bytes(frame)
+
+
+def receive(conn: Connection) -> Any:
+    """The next message; EOFError when the peer has gone."""
+    sizes = [size for (size,) in SIZES.iter_unpack(conn.recv_bytes())]
+    frames = []
+    for size in sizes:
+        frame = bytearray(size)
+        if size:
+            conn.recv_bytes_into(frame)
+        else:
+            conn.recv_bytes()
+        frames.append(frame)
+    return pickle.loads(frames[0], buffers=frames[1:])
+
+
+def listen(host: str, port: int, token: bytes) -> Listener:
+    return Listener((host, port), family="AF_INET", authkey=token)
+
+
+def connect(host: str, port: int, token: bytes) -> Connection:
+    """Connects and proves the token both ways (multiprocessing.AuthenticationError if either side lacks it)."""
+    return Client((host, port), family="AF_INET", authkey=token)
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """`host:port` (a DNS name, an IPv4 address, or an IPv6 one in brackets)."""
+    host, sep, port = address.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"data worker address {address!r} is not host:port")
+    return host.strip("[]"), int(port)
