@@ -166,9 +166,10 @@ failSwapOn: false
 clusterDomain: cluster.local
 clusterDNS: [$NODE_GATEWAY]
 podLogsDir: $NODE_DIR/pod-logs
-# A shared development machine: evict only when really out of room, and never collect images
-# (they were imported, not pulled, and cannot be pulled again).
-evictionHard: {memory.available: 50Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
+# A shared development machine: never reclaim disk by evicting pods or deleting images (0%: as kind's
+# nodes), since the images were imported, not pulled, and cannot be pulled again; image builds beside
+# the node briefly fill the disk, and a reclaim then deleted the trainer image mid-test.
+evictionHard: {memory.available: 50Mi, nodefs.available: "0%", imagefs.available: "0%", nodefs.inodesFree: "0%"}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false

@@ -225,3 +225,14 @@ def test_deleting_a_pod_is_quick_when_it_handles_sigterm_and_waits_out_the_grace
 
     assert delete_and_time(core, namespace, "polite") < grace - 2
     assert delete_and_time(core, namespace, "deaf") >= grace
+
+
+def test_the_node_never_reclaims_disk_by_evicting_pods_or_deleting_images(kube_api, real_node: client.V1Node) -> None:
+    """Its images were imported, not pulled: a kubelet that deleted one to free disk (image builds
+    beside it fill the disk for a while) would leave every later pod of it in ImagePullBackOff."""
+    raw = client.CoreV1Api(kube_api).connect_get_node_proxy_with_path(real_node.metadata.name, "configz",
+                                                                       _preload_content=False)
+    config = json.loads(raw.data)["kubeletconfig"]
+    assert {k: config["evictionHard"][k] for k in ("nodefs.available", "imagefs.available")} == \
+        {"nodefs.available": "0%", "imagefs.available": "0%"}, config["evictionHard"]  # the kubelet ignores 0%
+    assert config["imageGCHighThresholdPercent"] == 100

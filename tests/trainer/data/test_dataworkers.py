@@ -132,9 +132,14 @@ def test_a_dataset_error_on_a_data_worker_reaches_the_rank_as_its_type_naming_th
     endpoints = start(workers, 1)
     loader = DataLoader(Augmented(fail_at=13), data_workers=endpoints, data_worker_token=TOKEN,
                         batch_size=4, num_workers=2)
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
     with pytest.raises(KeyError, match=r"sample 13 is missing") as raised:
-        list(loader)
+        next(batches)
     assert re.search(r"fetching samples \[12, 13, 14, 15\]", str(raised.value)), str(raised.value)
+    _, labels = next(batches)  # as torch's iterator: the batches after it still come
+    assert [int(y) // 10 for y in labels] == [16, 17, 18, 19]
 
 
 def test_a_peer_without_the_token_is_refused_and_the_worker_goes_on(workers: list[Worker]) -> None:

@@ -246,8 +246,7 @@ class _RemoteIter(_BaseDataLoaderIter):
         kind, data = self._workers[self._rcvd_idx % self._num_workers].take(self._rcvd_idx)
         self._rcvd_idx += 1
         self._try_put()
-        if kind == "error":
-            self._shutdown()
+        if kind == "error":  # raised here, as torch's iterator does; the next batch may still be asked for
             data.reraise()
         if self._pin_memory:
             data = pin_memory(data, self._pin_memory_device)
