@@ -31,7 +31,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "contract"), str(REPO / "tests")]
+sys.path[:0] = [str(REPO / "contract"), str(REPO / "tests"), str(REPO / "localcluster")]
 from ddp_contract import kubeclient  # noqa: E402
 from realnode import trainer_image  # noqa: E402
 
@@ -100,11 +100,12 @@ def delete_all(core: client.CoreV1Api, ns: str) -> None:
 def consume(core: client.CoreV1Api, ns: str, name: str, cpu: str, workers: int, seconds: float,
             data_workers: list[str]) -> float:
     env = [token_env()] + ([{"name": "DDP_DATA_WORKERS", "value": ",".join(data_workers)}] if data_workers else [])
-    command = ["python", "/opt/bench/dataworker_pipeline.py", str(workers), str(seconds)]
+    # Imported, not run as a script: the dataset's class must be dataworker_pipeline's for the data workers.
+    command = ["python", "-c", f"import dataworker_pipeline; dataworker_pipeline.main({workers}, {seconds})"]
     core.create_namespaced_pod(ns, pod(name, {"containers": [container("consumer", cpu, env, command=command)]}))
     phase = wait(lambda: (p := core.read_namespaced_pod(name, ns).status.phase) in ("Succeeded", "Failed") and p,
                  seconds + 300, f"{name} to finish")
-    log = core.read_namespaced_pod_log(name, ns)
+    log = core.read_namespaced_pod_log(name, ns, _preload_content=False).data.decode()  # raw: JSON is not parsed
     if phase != "Succeeded":
         raise RuntimeError(f"{name} failed:\n{log[-3000:]}")
     return float(json.loads(log.strip().splitlines()[-1])["samples_per_s"])

@@ -3,14 +3,16 @@ augmented at 224 px (RandomResizedCrop, flip, colour jitter, normalise), as an I
 DataLoader workers do, and a consumer that takes batches as fast as they come (a GPU that is never
 the bottleneck) and prints how many samples a second it got.
 
-    python dataworker_pipeline.py WORKERS SECONDS     ($DDP_DATA_WORKERS: on data workers, else local)
+    python -c "import dataworker_pipeline; dataworker_pipeline.main(WORKERS, SECONDS)"
+
+($DDP_DATA_WORKERS: on data workers, else local.) Imported rather than run as a script, so that the
+dataset's class is `dataworker_pipeline.Jpegs`, which the data workers import, not `__main__.Jpegs`.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import sys
 import time
 
 import torch
@@ -70,6 +72,3 @@ def main(workers: int, seconds: float, warmup: float = 5.0) -> None:
     assert counted_from is not None, "no batch came within the warm-up"
     print(json.dumps({"samples_per_s": samples / (time.monotonic() - counted_from), "workers": workers}), flush=True)
 
-
-if __name__ == "__main__":
-    main(int(sys.argv[1]), float(sys.argv[2]))
