@@ -108,7 +108,9 @@ class Job:
         return dict(self._last_known().get("status") or {})
 
     def pods(self) -> list[dict[str, Any]]:
-        found = self.core.list_namespaced_pod(self.namespace, label_selector=f"{labels.LABEL_JOB_NAME}={self.name}")
+        """The ranks' pods (those with a rank label: not its data workers)."""
+        selector = f"{labels.LABEL_JOB_NAME}={self.name},{labels.LABEL_RANK}"
+        found = self.core.list_namespaced_pod(self.namespace, label_selector=selector)
         pods: list[dict[str, Any]] = self.api_client.sanitize_for_serialization(found.items)
         return pods
 

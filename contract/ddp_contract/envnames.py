@@ -53,6 +53,7 @@ OFF_WORDS: Final = frozenset({"false", "0", "no", "off"})
 DATA_WORKERS: Final = "DDP_DATA_WORKERS"
 DATA_WORKER_TOKEN: Final = "DDP_DATA_WORKER_TOKEN"
 DATA_WORKER_PORT: Final = "DDP_DATA_WORKER_PORT"
+DEFAULT_DATA_WORKER_PORT: Final = 29600
 POD_IP: Final = "POD_IP"
 
 # S3: credentials under the names boto3 reads (and the keys the credentials Secret must hold).

@@ -52,6 +52,8 @@ COND_SUSPENDED: Final = "Suspended"
 # True while some rank of the current attempt is held up for a reason someone gave (the scheduler,
 # the kubelet); its reason is the cause most ranks share, its message names the ranks.
 COND_RANKS_BLOCKED: Final = "RanksBlocked"
+# spec.dataWorkers: True while every data worker pod is ready.
+COND_DATA_WORKERS_READY: Final = "DataWorkersReady"
 
 # Reasons (CamelCase, as metav1.Condition requires).
 REASON_CREATED: Final = "PodsCreated"
@@ -59,6 +61,9 @@ REASON_WAITING: Final = "WaitingForRanks"
 REASON_UNSCHEDULABLE: Final = "Unschedulable"
 REASON_NAME_IN_USE: Final = "NameInUse"
 REASON_NOT_BLOCKED: Final = "NoRankBlocked"
+REASON_DATA_WORKERS_READY: Final = "AllDataWorkersReady"
+REASON_DATA_WORKERS_STARTING: Final = "DataWorkersStarting"
+REASON_DATA_WORKERS_NOT_KEPT: Final = "JobNotRunning"
 REASON_ALL_READY: Final = "AllRanksReady"
 REASON_SUSPENDED: Final = "Suspended"
 # Kueue: the gang waits for its Workload's admission; Kueue evicted it (preemption, a stopped queue).

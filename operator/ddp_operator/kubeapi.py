@@ -148,6 +148,17 @@ class KubeApi:
         metadata: Mapping[str, Any] = json.loads(response.data).get("metadata") or {}
         return metadata
 
+    async def create_secret(self, obj: dict[str, Any]) -> bool:
+        """Creates a Secret unless its name is taken (True: created). Never reads one: the operator may
+        create Secrets, not read them."""
+        try:
+            await self.send(self.core.create_namespaced_secret, obj["metadata"]["namespace"], obj)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+            return False
+        return True
+
     async def list_objects(self, kind: str, namespace: str) -> list[dict[str, Any]]:
         """A namespace's ResourceQuotas or LimitRanges, as the API server's JSON (camelCase keys)."""
         listing = {"ResourceQuota": self.core.list_namespaced_resource_quota,

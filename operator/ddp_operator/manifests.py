@@ -11,6 +11,14 @@ from typing import Any
 
 from ddp_contract import api, envnames, labels
 from ddp_operator import constants as c
+from ddp_operator.dataworkers import (
+    DATA_WORKER_COMMAND,
+    TOKEN_KEY,
+    data_worker_name,
+    rank_data_env,
+    token_env,
+    token_secret_name,
+)
 from ddp_operator.kubelet import NODE_LOST_TAINTS
 from ddp_operator.nodes import Taint, tolerates
 from ddp_operator.podsecurity import with_restricted_defaults
@@ -201,7 +209,8 @@ def rank_env(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) -> 
     if checkpoint:
         values[envnames.RESUME_FROM] = str(checkpoint)
     env = [{"name": key, "value": value} for key, value in values.items()]
-    return [*env, *s3_env(spec), *(dict(item) for item in copy.deepcopy(list(spec.env)))]
+    return [*env, *rank_data_env(meta["name"], meta["namespace"], spec), *s3_env(spec),
+            *(dict(item) for item in copy.deepcopy(list(spec.env)))]
 
 
 def s3_env(spec: JobSpec) -> list[dict[str, Any]]:
@@ -252,6 +261,78 @@ def trainer_command(spec: JobSpec, index: int = 0, namespace: str = "", job_name
     return ["torchrun", f"--nnodes={spec.pods}", f"--nproc-per-node={spec.ranks_per_pod}", f"--node-rank={index}",
             f"--master-addr={master_addr(job_name, namespace)}", f"--master-port={spec.master_port}",
             "--no-python", *spec.command]
+
+
+# Fields of the job's pod template a data worker does not take: where a rank runs (GPU nodes) and what
+# else runs beside it there. A data worker's own placement comes from spec.dataWorkers.template.
+RANK_ONLY_POD_FIELDS = frozenset({"containers", "initContainers", "nodeSelector", "affinity", "tolerations",
+                                  "nodeName", "topologySpreadConstraints", "schedulingGates", "resourceClaims",
+                                  "runtimeClassName", "schedulerName"})
+
+
+def build_token_secret(job: Mapping[str, Any], token: str) -> dict[str, Any]:
+    """The job's data token (made once, by the caller), which its ranks and data workers prove to each
+    other on every data connection; readable by whoever may read Secrets in the namespace."""
+    meta = job["metadata"]
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": token_secret_name(meta["name"]), "namespace": meta["namespace"],
+                         "labels": job_labels(meta["name"])},
+            "stringData": {TOKEN_KEY: token}}
+
+
+def build_data_worker_pod(job: Mapping[str, Any], spec: JobSpec, index: int) -> dict[str, Any]:
+    """Data worker `index`: the job's image, code (the template's volumes and the trainer's mounts), S3
+    settings and env, running the data worker; spec.dataWorkers' resources, and its template's pod
+    fields (a CPU node pool's nodeSelector, tolerations, ...) over the job's. Restarted in place by its
+    kubelet when it crashes; reachable as '<job>-data-<i>.<job>' through the job's headless Service."""
+    workers = spec.data_workers
+    if workers is None or not 0 <= index < workers.replicas:
+        raise ValueError(f"data worker {index} is outside spec.dataWorkers.replicas")
+    meta = job["metadata"]
+    name = meta["name"]
+    pod_spec = {key: copy.deepcopy(value) for key, value in spec.pod_spec.items() if key not in RANK_ONLY_POD_FIELDS}
+    pod_spec.update(copy.deepcopy(dict(workers.pod_spec)))
+    template: Mapping[str, Any] = next(
+        (x for x in spec.pod_spec.get("containers") or [] if x.get("name") == labels.CONTAINER_NAME), {})
+    container = copy.deepcopy(dict(template))
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe", "ports"):
+        container.pop(probe, None)
+    env = [{"name": envnames.JOB_NAME, "value": name}, {"name": envnames.JOB_NAMESPACE, "value": meta["namespace"]},
+           {"name": envnames.POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+           {"name": envnames.DATA_WORKER_PORT, "value": str(envnames.DEFAULT_DATA_WORKER_PORT)},
+           token_env(name), *s3_env(spec), *(dict(item) for item in copy.deepcopy(list(spec.env)))]
+    container.update(
+        name=labels.DATA_WORKER_CONTAINER_NAME,
+        image=spec.image,
+        command=list(DATA_WORKER_COMMAND),
+        env=[*env, *(container.get("env") or [])],
+        ports=[{"name": "data", "containerPort": envnames.DEFAULT_DATA_WORKER_PORT, "protocol": "TCP"}],
+    )
+    container.pop("args", None)
+    env_from = [*copy.deepcopy(list(spec.env_from)), *(container.get("envFrom") or [])]
+    if env_from:
+        container["envFrom"] = env_from
+    if workers.resources:
+        container["resources"] = copy.deepcopy(dict(workers.resources))
+    pod_spec.update(hostname=data_worker_name(name, index), subdomain=service_name(name), restartPolicy="Always",
+                    containers=[container])
+    pod_spec.setdefault("serviceAccountName", progress_service_account(name))
+    pod_spec.setdefault("automountServiceAccountToken", False)  # it calls no API
+    pod_spec.setdefault("enableServiceLinks", False)
+    pull_secrets = image_pull_secrets(spec)
+    if pull_secrets:
+        pod_spec["imagePullSecrets"] = pull_secrets
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": data_worker_name(name, index),
+            "namespace": meta["namespace"],
+            "labels": {**workers.template_labels, **job_labels(name), labels.LABEL_DATA_WORKER: str(index)},
+            "annotations": dict(workers.template_annotations),
+        },
+        "spec": with_restricted_defaults(pod_spec),
+    }
 
 
 def _trainer_container(spec: JobSpec, template: Mapping[str, Any], env: list[dict[str, Any]],

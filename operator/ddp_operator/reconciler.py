@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -41,6 +42,13 @@ from ddp_operator import constants as c
 from ddp_operator import metrics
 from ddp_operator.admission import Refusal, Refused, classify, refused
 from ddp_operator.capacity import InTheWay, gang_too_large
+from ddp_operator.dataworkers import (
+    DataWorkerSummary,
+    data_worker_status,
+    is_data_worker,
+    keeps_data_workers,
+    summarize_data_workers,
+)
 from ddp_operator.deadlines import requeue_after, ttl_expired
 from ddp_operator.decision import Action, decide
 from ddp_operator.events import post_event
@@ -50,7 +58,13 @@ from ddp_operator.kueue.gate import KueueGate
 from ddp_operator.kueue.rules import Gate, QueueState, queue_name
 from ddp_operator.kueue.workloads import WorkloadCache
 from ddp_operator.listwatch import JobKey
-from ddp_operator.manifests import build_pod, build_progress_access, build_service
+from ddp_operator.manifests import (
+    build_data_worker_pod,
+    build_pod,
+    build_progress_access,
+    build_service,
+    build_token_secret,
+)
 from ddp_operator.nodes import NodeInfo, Nodes, lost_nodes, seconds_until_lost
 from ddp_operator.podsummary import PodSummary, summarize_pods
 from ddp_operator.podwatch import PodCache
@@ -61,6 +75,7 @@ from ddp_operator.statuspatch import (
     compute_status,
     events_for,
     invalid_spec_status,
+    next_phase,
     only_counts_changed,
 )
 from ddp_operator.workqueue import WorkQueue
@@ -74,6 +89,8 @@ COUNTS_INTERVAL = 1.0
 DELETE_REISSUE_AFTER = 30.0
 # Seconds between looks at objects holding a job's names, which no watch of ours reports.
 IN_THE_WAY_RECHECK = 5.0
+# Seconds between tries to create data workers the API server (or a quota) refused.
+DATA_WORKERS_REFUSED_RECHECK = 10.0
 # Seconds between passes for a queued job while the Workload watch has not listed them yet.
 WORKLOADS_UNSYNCED_RECHECK = 1.0
 # The work queues' names in the metrics.
@@ -129,6 +146,7 @@ class JobMemory:
     in_the_way: InTheWay = InTheWay()  # what the last creation pass found holding the job's names
     fit: tuple[Mapping[str, NodeInfo], Any, str | None] | None = None  # gang_too_large: nodes, generation, verdict
     refused: Refused | None = None  # what the API server (or a quota) refused the last creation pass
+    data_refused: Refusal | None = None  # what it refused of the job's data workers, last time
 
 
 class Reconciler:
@@ -202,15 +220,17 @@ class Reconciler:
             return
         summary = self._summary(job, status, spec, now)
         decision = decide(spec, status, summary, now, queue)
-        # Status first: until the status pass has recorded this attempt, it is not ours to create.
-        if decision.action != Action.CREATE or decision.attempt != int(status.get("attempt", 0)):
-            return
-        # The namespace's quotas are judged once an attempt, for the whole gang, before its first pod:
-        # later passes create the ranks whose names have come free since (the old attempt's pods,
-        # still counted until they are gone, are left out of what the quota has used).
-        first = None if summary.live_ranks else len(summary.uids)
         try:
-            await self._create(job, spec, decision.create_ranks, decision.attempt, leaving=first)
+            # Status first: until the status pass has recorded this attempt, it is not ours to create.
+            if decision.action == Action.CREATE and decision.attempt == int(status.get("attempt", 0)):
+                # The namespace's quotas are judged once an attempt, for the whole gang, before its first
+                # pod: later passes create the ranks whose names have come free since (the old attempt's
+                # pods, still counted until they are gone, are left out of what the quota has used).
+                first = None if summary.live_ranks else len(summary.uids)
+                await self._create(job, spec, decision.create_ranks, decision.attempt, leaving=first)
+            # After the gang's pods: a quota with room for the gang alone holds the gang, not its helpers.
+            if keeps_data_workers(next_phase(status, summary, decision, spec), decision.action == Action.QUEUE):
+                await self._create_data_workers(job, spec, self._data_workers(job, spec))
         except ApiException as error:
             if not is_going_away(error):
                 raise
@@ -225,12 +245,19 @@ class Reconciler:
         status = job.get("status") or {}
         try:
             spec = parse_spec(job.get("spec") or {})
-            validate_job_name(job["metadata"]["name"], spec.world_size)
+            validate_job_name(job["metadata"]["name"], spec.world_size, spec.data_worker_replicas)
         except InvalidSpec as error:
             if record_invalid:
                 await self._record(job, invalid_spec_status(error, status, now, job["metadata"].get("generation")))
             return None
         return job, spec, status, now
+
+    def _rank_pods(self, job: Mapping[str, Any]) -> list[dict[str, Any]]:
+        return [pod for pod in self._own_pods(job) if not is_data_worker(pod)]
+
+    def _data_workers(self, job: Mapping[str, Any], spec: JobSpec) -> DataWorkerSummary:
+        return summarize_data_workers([pod for pod in self._own_pods(job) if is_data_worker(pod)],
+                                      spec.data_worker_replicas)
 
     def _own_pods(self, job: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The job's pods by owner, not by label alone: a pod with its labels that it does not control
@@ -241,7 +268,7 @@ class Reconciler:
 
     def _summary(self, job: Mapping[str, Any], status: Mapping[str, Any], spec: JobSpec, now: datetime) -> PodSummary:
         key = (job["metadata"]["namespace"], job["metadata"]["name"])
-        pods = self._own_pods(job)
+        pods = self._rank_pods(job)
         nodes = self.nodes()
         bound = {pod["spec"]["nodeName"] for pod in pods if pod["spec"].get("nodeName")}
         lost = lost_nodes(bound, nodes, spec.node_lost_grace_seconds, now)
@@ -280,11 +307,22 @@ class Reconciler:
         # attempt instead of counting the same restart twice.
         patch = compute_status(spec, status, summary, decision, now, job["metadata"].get("generation"))
         key = (job["metadata"]["namespace"], name)
+        workers = self._data_workers(job, spec)
+        keep_workers = keeps_data_workers(patch["phase"], decision.action == Action.QUEUE)
+        if spec.data_workers is not None:
+            refused = self._of(key).data_refused
+            patch.update(data_worker_status(name, workers, patch["phase"], keep_workers,
+                                            (refused.reason, refused.message) if refused else None,
+                                            patch["conditions"], now, job["metadata"].get("generation")))
         wait = self._counts_wait(key, status, patch)
         if wait is None:
             await self._record(job, patch)
         await self._delete(job, decision.delete_pods, summary.uids)
         await self._delete(job, summary.lost_pods, summary.uids, force=True)
+        # Data workers outlive gang restarts; they go with the job's end, suspension or queueing.
+        await self._delete(job, workers.remove if keep_workers else tuple(workers.uids), workers.uids)
+        if keep_workers and workers.missing:
+            self.creations.add(key)
         if self.kueue is not None:
             await self.kueue.sync(job, spec, {**status, **patch}, now, has_pods=bool(self._own_pods(job)))
         quota_wait = self._quota_wait(key, decision.attempt) if decision.action == Action.CREATE else None
@@ -294,6 +332,8 @@ class Reconciler:
             self.creations.add(key)
         # Objects in the way are not watched (they are not ours): look again in a while.
         recheck = IN_THE_WAY_RECHECK if self._of(key).in_the_way else None
+        if keep_workers and self._of(key).data_refused is not None:
+            recheck = min(recheck or DATA_WORKERS_REFUSED_RECHECK, DATA_WORKERS_REFUSED_RECHECK)
         workload_retry = self.kueue.recheck_after(key) if self.kueue is not None else None
         if workload_retry is not None:
             recheck = min(recheck or workload_retry, workload_retry)
@@ -338,6 +378,12 @@ class Reconciler:
             # In order: a RoleBinding is refused (404) while its Role does not exist yet, unless the
             # caller may bind anything (an admin may; the operator's own ClusterRole may not).
             objects: list[str] = []
+            if spec.data_worker_replicas:  # the ranks read the data token from it
+                try:
+                    await self.kube.create_secret(adopt(build_token_secret(job, secrets.token_hex(32)), job))
+                except ApiException as error:
+                    self._note_refused(key, attempt, ranks, self._refusal(error), "Secret")
+                    return
             for child in (build_service(job, spec), *build_progress_access(job, spec)):
                 try:
                     holder = await self.kube.ensure(adopt(child, job))
@@ -360,6 +406,32 @@ class Reconciler:
             memory.refused = None
             self.add(key)  # the status pass stops saying so
         self._note_in_the_way(key, InTheWay(tuple(objects), pods))
+
+    async def _create_data_workers(self, job: dict[str, Any], spec: JobSpec, workers: DataWorkerSummary) -> None:
+        """The missing data workers' pods, with the job's Service (their DNS names) and data token. What
+        is refused is kept for the status pass, which says it and tries again in a while."""
+        if not workers.missing or spec.data_workers is None:
+            return
+        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        memory = self._of(key)
+        try:
+            await self.kube.ensure(adopt(build_service(job, spec), job))
+            await self.kube.create_secret(adopt(build_token_secret(job, secrets.token_hex(32)), job))
+            results = await asyncio.gather(
+                *(self.kube.ensure(adopt(build_data_worker_pod(job, spec, i), job)) for i in workers.missing),
+                return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+        except ApiException as error:
+            refusal = self._refusal(error)
+            memory.data_refused = Refusal(refusal.reason, refusal.said_of("data worker pod"))
+            log.info("%s/%s: data workers refused (%s): %s", *key, refusal.reason, refusal.message)
+            self.add(key)
+            return
+        if memory.data_refused is not None:
+            memory.data_refused = None
+            self.add(key)
 
     async def _create_pods(self, job: dict[str, Any], spec: JobSpec, ranks: tuple[int, ...], attempt: int,
                            limits: asyncio.Future[tuple[list[dict[str, Any]], list[dict[str, Any]]] | None] | None,

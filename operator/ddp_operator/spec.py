@@ -37,6 +37,10 @@ MAX_GPUS_PER_RANK: Final = 16
 MAX_RANKS_PER_POD: Final = 64
 # worldSize * gpusPerRank above this is almost certainly a typo, not a job.
 MAX_TOTAL_GPUS: Final = 16384
+DEFAULT_DATA_WORKER_REPLICAS: Final = 1
+MAX_DATA_WORKERS: Final = 256
+# What the operator sets on ranks and data workers when the job has spec.dataWorkers.
+DATA_WORKER_ENV: Final = frozenset({envnames.DATA_WORKERS, envnames.DATA_WORKER_TOKEN, envnames.DATA_WORKER_PORT})
 
 # A Kubernetes resource quantity (k8s.io/apimachinery resource.Quantity).
 QUANTITY_RE = re.compile(r"^(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?$")
@@ -52,6 +56,8 @@ S3_SCHEME = "s3://"
 TRAINER_OWNED_FIELDS = ("image", "command", "args", "resources")
 # Pod spec fields the operator owns.
 POD_OWNED_FIELDS = ("hostname", "subdomain", "activeDeadlineSeconds")
+# Pod spec fields a data worker template may not set: its one container is made from the job's trainer.
+DATA_WORKER_OWNED_FIELDS = ("hostname", "subdomain", "restartPolicy", "containers", "initContainers")
 
 
 class InvalidSpec(Exception):
@@ -72,8 +78,35 @@ class S3Spec:
     results: str | None = None
 
 
+class Templated:
+    """A pod template's parts, for a spec holding one as `template`."""
+
+    template: Mapping[str, Any]
+
+    @property
+    def template_labels(self) -> Mapping[str, str]:
+        return (self.template.get("metadata") or {}).get("labels") or {}
+
+    @property
+    def template_annotations(self) -> Mapping[str, str]:
+        return (self.template.get("metadata") or {}).get("annotations") or {}
+
+    @property
+    def pod_spec(self) -> Mapping[str, Any]:
+        return self.template.get("spec") or {}
+
+
 @dataclass(frozen=True)
-class JobSpec:
+class DataWorkersSpec(Templated):
+    """spec.dataWorkers: pods that run the ranks' DataLoader workers (`<job>-data-<i>`)."""
+
+    replicas: int = DEFAULT_DATA_WORKER_REPLICAS
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    template: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JobSpec(Templated):
     world_size: int
     image: str
     entrypoint: str | None = None
@@ -100,6 +133,11 @@ class JobSpec:
     ttl_seconds_after_finished: int | None = None
     suspend: bool = False
     metrics_from_output: bool = True
+    data_workers: DataWorkersSpec | None = None
+
+    @property
+    def data_worker_replicas(self) -> int:
+        return self.data_workers.replicas if self.data_workers is not None else 0
 
     @property
     def pods(self) -> int:
@@ -118,18 +156,6 @@ class JobSpec:
     def effective_backend(self) -> str:
         """The torch.distributed backend the ranks use: 'auto' is nccl with GPUs, gloo without."""
         return resolve_backend(self.backend, self.gpus_per_rank > 0)
-
-    @property
-    def template_labels(self) -> Mapping[str, str]:
-        return (self.template.get("metadata") or {}).get("labels") or {}
-
-    @property
-    def template_annotations(self) -> Mapping[str, str]:
-        return (self.template.get("metadata") or {}).get("annotations") or {}
-
-    @property
-    def pod_spec(self) -> Mapping[str, Any]:
-        return self.template.get("spec") or {}
 
 
 def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
@@ -155,6 +181,9 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
         _check_env_names(
             env, "env", {envnames.AWS_ACCESS_KEY_ID, envnames.AWS_SECRET_ACCESS_KEY}, "is set from s3.credentialsSecret"
         )
+    data_workers = _data_workers(spec.get("dataWorkers"))
+    if data_workers is not None:
+        _check_env_names(env, "env", DATA_WORKER_ENV, "is set from spec.dataWorkers")
     return JobSpec(
         world_size=world_size,
         image=_image(spec),
@@ -183,6 +212,7 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
         ttl_seconds_after_finished=_int(spec, "ttlSecondsAfterFinished", None, 0, None, optional=True),
         suspend=_bool(spec, "suspend", False),
         metrics_from_output=_bool(spec, "metricsFromOutput", True),
+        data_workers=data_workers,
     )
 
 
@@ -193,13 +223,14 @@ def _ranks_per_pod(spec: Mapping[str, Any], world_size: int) -> int:
     return per_pod
 
 
-def validate_job_name(name: str, world_size: int) -> None:
-    """The job name is the Service name and the prefix of every pod hostname '<name>-<rank>'."""
+def validate_job_name(name: str, world_size: int, data_workers: int = 0) -> None:
+    """The job name is the Service name and the prefix of every pod hostname '<name>-<rank>' (and
+    '<name>-data-<i>' of its data workers)."""
     if not DNS1035_RE.match(name):
         raise InvalidSpec(
             "metadata.name", "must be a DNS-1035 label (lowercase letters, digits, '-'; starts with a letter)"
         )
-    longest = f"{name}-{world_size - 1}"
+    longest = max(f"{name}-{world_size - 1}", f"{name}-data-{data_workers - 1}" if data_workers else "", key=len)
     if len(longest) > DNS_LABEL_MAX:
         raise InvalidSpec("metadata.name", f"pod hostname {longest!r} would exceed {DNS_LABEL_MAX} characters")
 
@@ -208,18 +239,21 @@ def validate_job_name(name: str, world_size: int) -> None:
 
 
 def _int(
-    spec: Mapping[str, Any], key: str, default: int | None, low: int, high: int | None, optional: bool = False
+    spec: Mapping[str, Any], key: str, default: int | None, low: int, high: int | None, optional: bool = False,
+    field: str | None = None,
 ) -> Any:
+    """spec[key]; `field` names it in errors where it is not spec.<key>."""
     value = spec.get(key, default)
+    where = field or key
     if value is None:
         if optional:
             return None
-        raise InvalidSpec(key, "is required")
+        raise InvalidSpec(where, "is required")
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidSpec(key, f"must be an integer, got {value!r}")
+        raise InvalidSpec(where, f"must be an integer, got {value!r}")
     if value < low or (high is not None and value > high):
         bounds = f">= {low}" if high is None else f"between {low} and {high}"
-        raise InvalidSpec(key, f"must be {bounds}, got {value}")
+        raise InvalidSpec(where, f"must be {bounds}, got {value}")
     return value
 
 
@@ -283,16 +317,45 @@ def _strings(value: Any, key: str) -> list[str]:
 # --- resources, env, s3 ----------------------------------------------------------------
 
 
-def _resources(resources: Any) -> dict[str, Any]:
+def _resources(resources: Any, key: str = "resources", gpus: str = "use gpusPerRank") -> dict[str, Any]:
     if not isinstance(resources, Mapping):
-        raise InvalidSpec("resources", "must be an object with limits and/or requests")
+        raise InvalidSpec(key, "must be an object with limits and/or requests")
     for part in ("limits", "requests"):
         values = resources.get(part) or {}
         if not isinstance(values, Mapping):
-            raise InvalidSpec(f"resources.{part}", "must map resource names to quantities")
+            raise InvalidSpec(f"{key}.{part}", "must map resource names to quantities")
         if c.GPU_RESOURCE in values:
-            raise InvalidSpec(f"resources.{part}", f"must not set {c.GPU_RESOURCE}: use gpusPerRank")
+            raise InvalidSpec(f"{key}.{part}", f"must not set {c.GPU_RESOURCE}: {gpus}")
     return copy.deepcopy(dict(resources))
+
+
+
+def _data_workers(value: Any) -> DataWorkersSpec | None:
+    """spec.dataWorkers: replicas, resources (CPU and memory: a data worker needs no GPU), template
+    (labels, annotations and pod fields such as nodeSelector and tolerations, for a CPU node pool)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidSpec("dataWorkers", "must be an object with replicas, resources and template")
+    template = value.get("template") or {}
+    if not isinstance(template, Mapping):
+        raise InvalidSpec("dataWorkers.template", "must be an object with metadata and spec")
+    template = copy.deepcopy(dict(template))
+    _check_template_metadata(template.get("metadata") or {}, "dataWorkers.template")
+    pod = template.get("spec") or {}
+    if not isinstance(pod, Mapping):
+        raise InvalidSpec("dataWorkers.template.spec", "must be an object (PodSpec fields)")
+    for key in DATA_WORKER_OWNED_FIELDS:
+        if key in pod:
+            raise InvalidSpec(f"dataWorkers.template.spec.{key}",
+                              "is set by the operator (a data worker's container is the job's trainer, "
+                              "running the data worker; set its resources in dataWorkers.resources)")
+    return DataWorkersSpec(
+        replicas=_int(value, "replicas", DEFAULT_DATA_WORKER_REPLICAS, 0, MAX_DATA_WORKERS, field="dataWorkers.replicas"),
+        resources=_resources(value.get("resources") or {}, "dataWorkers.resources",
+                             "data workers preprocess on CPUs"),
+        template=template,
+    )
 
 
 def _env(env: Any, key: str) -> tuple[Mapping[str, Any], ...]:
@@ -387,14 +450,14 @@ def _template(template: Any) -> dict[str, Any]:
     return copied
 
 
-def _check_template_metadata(metadata: Mapping[str, Any]) -> None:
+def _check_template_metadata(metadata: Mapping[str, Any], where: str = "template") -> None:
     for key in ("labels", "annotations"):
         values = metadata.get(key) or {}
         if not isinstance(values, Mapping) or not all(isinstance(v, str) for v in values.values()):
-            raise InvalidSpec(f"template.metadata.{key}", "must map strings to strings")
+            raise InvalidSpec(f"{where}.metadata.{key}", "must map strings to strings")
     reserved = sorted(labels.RESERVED_LABELS & set(metadata.get("labels") or {}))
     if reserved:
-        raise InvalidSpec("template.metadata.labels", f"{', '.join(reserved)} is set by the operator")
+        raise InvalidSpec(f"{where}.metadata.labels", f"{', '.join(reserved)} is set by the operator")
 
 
 def _check_pod_spec(pod: Mapping[str, Any]) -> None:

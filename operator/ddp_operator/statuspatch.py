@@ -12,6 +12,7 @@ from typing import Any
 from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
 from ddp_operator.conditions import get_condition, set_condition
+from ddp_operator.dataworkers import data_worker_events
 from ddp_operator.decision import Action, Decision
 from ddp_operator.podsummary import PodSummary
 from ddp_operator.policy import RESTART_COUNTERS
@@ -100,7 +101,7 @@ def _kind_restarts(status: Mapping[str, Any], decision: Decision) -> dict[str, i
 OWNED_STATUS = frozenset({
     *RESTART_COUNTERS.values(), "phase", "attempt", "restarts", "readyRanks", "totalRanks", "readyPods", "totalPods",
     "ready", "reason",
-    "message", "startTime", "completionTime", "conditions", "observedGeneration", "failedRank",
+    "message", "startTime", "completionTime", "conditions", "observedGeneration", "failedRank", "dataWorkers",
 })
 # What moves with every rank that becomes ready; a patch that changes nothing else may wait a little.
 COUNT_FIELDS = frozenset({"readyRanks", "readyPods", "ready", "message"})
@@ -226,4 +227,4 @@ def events_for(status: Mapping[str, Any], patch: Mapping[str, Any]) -> list[tupl
         # A new phase that only says the same (Pending/Starting with this cause as its reason) is this Event.
         events = [event for event in events if event[1] != reason]
         events.append(("Warning", reason, str(after.get("message"))))
-    return events
+    return [*events, *data_worker_events(status.get("conditions") or [], patch.get("conditions") or [])]

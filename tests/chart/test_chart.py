@@ -239,7 +239,7 @@ def test_install_grants_the_operator_what_it_needs_and_uninstall_removes_it(
         job, status, elsewhere = f"{api.PLURAL}.{api.GROUP}", "--subresource=status", ["-n", "any-namespace"]
         allowed = [["create", "pods"], ["delete", "pods"], ["watch", "pods"], ["list", job], ["delete", job],
                    ["patch", job, status], ["get", job, status], ["create", "services"],
-                   ["create", "serviceaccounts"], ["create", "roles"], ["create", "rolebindings"],
+                   ["create", "serviceaccounts"], ["create", "roles"], ["create", "rolebindings"], ["create", "secrets"],
                    ["create", "events"], ["watch", "nodes"], ["list", "nodes"],
                    ["create", WORKLOADS], ["watch", WORKLOADS], ["patch", WORKLOADS], ["patch", WORKLOADS, status]]
         for verb_and_resource in allowed:
@@ -250,7 +250,8 @@ def test_install_grants_the_operator_what_it_needs_and_uninstall_removes_it(
             assert can_i(kube_api, account, verb, "leases.coordination.k8s.io", "-n", namespace), verb
             assert not can_i(kube_api, account, verb, "leases.coordination.k8s.io", *elsewhere), verb
         refused = [["patch", job], ["update", "pods"], ["escalate", "roles"], ["bind", "roles"],
-                   ["create", "pods", "--subresource=exec"], ["get", "secrets"]]
+                   ["create", "pods", "--subresource=exec"], ["get", "secrets"], ["list", "secrets"],
+                   ["update", "secrets"], ["delete", "secrets"]]
         for verb_and_resource in refused:
             assert not can_i(kube_api, account, *verb_and_resource, *elsewhere), verb_and_resource
         admission_policies = "validatingadmissionpolicies.admissionregistration.k8s.io"

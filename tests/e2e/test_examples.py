@@ -9,12 +9,10 @@ Select them with `-m examples`; each takes about a minute on two busy cores.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes.client import AppsV1Api
 from kubernetes.client.rest import ApiException
 
 import demo
@@ -92,38 +90,19 @@ def test_fashion_learns_with_dataloader_workers_preprocessing(jobs, examples_s3)
     assert assert_above_chance(s3, bucket, prefix, "fashion")["workers"] == 2
 
 
-def data_workers(jobs: Jobs, name: str, image: str, replicas: int, token: str) -> str:
-    """`replicas` data worker pods of the trainer image (a StatefulSet behind a headless Service, as a
-    user runs them), Ready; their addresses as DDP_DATA_WORKERS says them."""
-    ns = jobs.namespace
-    jobs.core.create_namespaced_secret(ns, {"metadata": {"name": f"{name}-token"}, "stringData": {"token": token}})
-    labels = {"app": name}
-    jobs.core.create_namespaced_service(ns, {"metadata": {"name": name}, "spec": {
-        "clusterIP": "None", "selector": labels, "publishNotReadyAddresses": True,
-        "ports": [{"name": "data", "port": 29600}]}})
-    container = {
-        "name": "worker", "image": image, "imagePullPolicy": "IfNotPresent", "args": ["data-worker"],
-        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-                {"name": "DDP_DATA_WORKER_TOKEN",
-                 "valueFrom": {"secretKeyRef": {"name": f"{name}-token", "key": "token"}}}],
-        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
-        "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True,
-                            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}}
-    AppsV1Api(jobs.core.api_client).create_namespaced_stateful_set(ns, {"metadata": {"name": name}, "spec": {
-        "serviceName": name, "replicas": replicas, "podManagementPolicy": "Parallel",
-        "selector": {"matchLabels": labels},
-        "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}}}})
-    pods = [f"{name}-{i}" for i in range(replicas)]
-    wait_until(lambda: all(ready(jobs, pod) for pod in pods), 180, f"{name}'s pods to be Ready")
-    return ",".join(f"{pod}.{name}:29600" for pod in pods)
-
-
-def ready(jobs: Jobs, pod: str) -> bool:
+def served(jobs: Jobs, pod: str) -> bool:
+    """Whether data worker `pod` has served a rank's logical worker."""
     try:
-        conditions = jobs.core.read_namespaced_pod(pod, jobs.namespace).status.conditions or []
+        return "serving logical worker" in jobs.core.read_namespaced_pod_log(pod, jobs.namespace)
     except ApiException:
         return False
-    return any(cond.type == "Ready" and cond.status == "True" for cond in conditions)
+
+
+def uid(jobs: Jobs, pod: str) -> str | None:
+    try:
+        return str(jobs.core.read_namespaced_pod(pod, jobs.namespace).metadata.uid)
+    except ApiException:
+        return None
 
 
 def step_losses(s3: Any, bucket: str, prefix: str) -> dict[tuple[int, int], float]:
@@ -131,25 +110,29 @@ def step_losses(s3: Any, bucket: str, prefix: str) -> dict[tuple[int, int], floa
 
 
 def test_fashion_with_data_workers_takes_the_very_steps_it_takes_without(jobs, examples_s3) -> None:
-    """The Dpex example with its DataLoader workers on two data worker pods: every rank's loss at every
-    step equal to the bit to the run with local workers (the same batches, augmentation included, in
-    the same order, and gloo's CPU arithmetic the same), and so the same held-out accuracy."""
+    """The Dpex example with spec.dataWorkers (two data worker pods the operator makes): its ranks'
+    DataLoader workers run there, and one deleted mid-run is made again without a gang restart, yet
+    every rank's loss at every step equals the run with local workers to the bit (the same batches,
+    augmentation included, in the same order, none lost or repeated; gloo's CPU arithmetic the same),
+    and so does the held-out accuracy."""
     _, s3, bucket, prefix = run_example(jobs, "fashion", examples_s3)
     local = step_losses(s3, bucket, prefix)
     evaluation = example.result_json(s3, bucket, prefix, "eval.json")
 
     job = example.load_job("fashion", examples_s3)
-    token = secrets.token_hex(16)
-    addresses = data_workers(jobs, "fashion-data", job["spec"]["image"], 2, token)
     job["metadata"]["name"] = "fashion-remote"
-    job["spec"]["env"] = [*job["spec"].get("env", []), {"name": "DDP_DATA_WORKERS", "value": addresses},
-                          {"name": "DDP_DATA_WORKER_TOKEN", "value": token}]
+    job["spec"]["dataWorkers"] = {"replicas": 2, "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}}}
     jobs.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, jobs.namespace, api.PLURAL, job)
-    jobs.wait_phase("fashion-remote", c.PHASE_SUCCEEDED, timeout=420)
+    workers = ["fashion-remote-data-0", "fashion-remote-data-1"]
+    wait_until(lambda: all(served(jobs, pod) for pod in workers), 240, "both data workers to serve the ranks")
+    first = uid(jobs, workers[0])
+    jobs.core.delete_namespaced_pod(workers[0], jobs.namespace, grace_period_seconds=0)
+    wait_until(lambda: uid(jobs, workers[0]) not in (None, first), 60, "the operator to make the data worker again")
+    status = jobs.wait_phase("fashion-remote", c.PHASE_SUCCEEDED, timeout=420)
     bucket, prefix = example.job_prefix(job, jobs.namespace)
     remote = step_losses(s3, bucket, prefix)
 
-    served = [jobs.core.read_namespaced_pod_log(f"fashion-data-{i}", jobs.namespace) for i in range(2)]
-    assert all("serving logical worker" in log for log in served), served  # made there, not in the ranks
+    assert status["restarts"] == 0, status
     assert len(local) > 20 and remote == local
     assert example.result_json(s3, bucket, prefix, "eval.json")["accuracy"] == evaluation["accuracy"]
+    wait_until(lambda: all(uid(jobs, pod) is None for pod in workers), 60, "the data workers to go with the job's end")

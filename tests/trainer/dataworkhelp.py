@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 import numpy
 import torch
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 
 class Augmented(Dataset[tuple[torch.Tensor, int]]):
@@ -32,3 +33,21 @@ class Augmented(Dataset[tuple[torch.Tensor, int]]):
 def init_worker(worker_id: int) -> None:
     """A worker_init_fn that draws from the worker's stream, so its draw is part of the batches."""
     torch.rand(worker_id + 1)
+
+
+class Stream(IterableDataset[tuple[torch.Tensor, int]]):
+    """An iterable dataset as ShardStream is one: each worker streams its own share (equal shares, so
+    torch's order is the same on every run), each sample drawn from the worker's random streams and
+    marked with the worker that made it; `uneven`: worker 0 streams two samples more."""
+
+    def __init__(self, size: int = 48, uneven: bool = False) -> None:
+        self.size = size
+        self.uneven = uneven
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        extra = [self.size, self.size + 1] if self.uneven and worker == 0 else []
+        for index in [*range(worker, self.size, workers), *extra]:
+            noise = torch.rand(2) + random.random() + float(numpy.random.rand())
+            yield torch.full((2,), float(index)) + noise, index * 10 + worker

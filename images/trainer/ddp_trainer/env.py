@@ -232,7 +232,7 @@ def log_upload_interval_s(environ: Mapping[str, str] | None = None) -> float:
     return _float(env, names.LOG_UPLOAD_INTERVAL_SECONDS, DEFAULT_LOG_UPLOAD_INTERVAL_SECONDS, zero_means_off=True)
 
 
-DEFAULT_DATA_WORKER_PORT = 29600
+DEFAULT_DATA_WORKER_PORT = names.DEFAULT_DATA_WORKER_PORT
 
 
 def data_workers(environ: Mapping[str, str] | None = None) -> list[str]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from dataworkhelp import Augmented, init_worker
+from dataworkhelp import Augmented, Stream, init_worker
 from torch.utils.data import DataLoader as TorchDataLoader
 from trainerhelp import rank_env
 
@@ -223,3 +223,71 @@ def test_a_loader_resumed_mid_epoch_from_its_samplers_state_makes_the_batches_a_
     got, expected = resumed(remote=True), resumed(remote=False)
     assert len(got) == 3 + 7  # the 12 of its 32 samples left in batches of 5, then the next epoch's 32
     assert_same_batches(got, expected)
+
+
+def test_a_dataset_from_a_scripts_folder_is_found_on_the_data_worker(
+        workers: list[Worker], tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`script.py:function` imports the script from its folder, which the rank puts on sys.path; a data
+    worker (whose pod mounts the same code) is not started from there, and finds it from the rank's."""
+    (tmp_path / "myscript_dataset.py").write_text(
+        "import torch\n"
+        "class Squares(torch.utils.data.Dataset):\n"
+        "    def __len__(self):\n        return 12\n"
+        "    def __getitem__(self, i):\n        return torch.tensor([i * i + torch.rand(()).item()])\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from myscript_dataset import Squares  # type: ignore[import-not-found]
+
+    endpoints = start(workers, 1)
+    remote = DataLoader(Squares(), data_workers=endpoints, data_worker_token=TOKEN, num_workers=2, batch_size=3,
+                        generator=torch.Generator().manual_seed(3))
+    local = TorchDataLoader(Squares(), num_workers=2, batch_size=3, generator=torch.Generator().manual_seed(3))
+    got, expected = list(remote), list(local)
+    assert len(got) == 4 and all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+
+
+def stream_arguments(**more: Any) -> dict[str, Any]:
+    return dict(batch_size=4, num_workers=3, prefetch_factor=2, worker_init_fn=init_worker,
+                generator=torch.Generator().manual_seed(11), **more)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_an_iterable_dataset_streams_from_data_workers_as_from_local_workers(
+        workers: list[Worker], persistent: bool) -> None:
+    """As ShardStream runs there: each logical worker iterates its own copy, split by get_worker_info(),
+    batches taken in turn; two epochs, a persistent worker's second a new iterator on the same streams."""
+    endpoints = start(workers, 2)
+    expected = epochs(TorchDataLoader(Stream(), **stream_arguments(persistent_workers=persistent)), 2)
+    loader = DataLoader(Stream(), data_workers=endpoints, data_worker_token=TOKEN,
+                        **stream_arguments(persistent_workers=persistent))
+    assert loader.remote_endpoints() == endpoints  # made there, not in this process
+    got = epochs(loader, 2)
+    assert len(expected) == 24
+    assert_same_batches(got, expected)
+
+
+def test_an_iterable_stream_whose_workers_end_unevenly_yields_every_sample_once(workers: list[Worker]) -> None:
+    """Worker 0 streams two samples more: when the others have ended, its last batches still come,
+    and every sample comes once (torch's own order past the first end depends on timing too)."""
+    endpoints = start(workers, 2)
+    got = epochs(DataLoader(Stream(uneven=True), data_workers=endpoints, data_worker_token=TOKEN,
+                            **stream_arguments()), 1)
+    expected = epochs(TorchDataLoader(Stream(uneven=True), **stream_arguments()), 1)
+    labels = sorted(int(y) // 10 for _, ys in got for y in ys)
+    assert labels == list(range(50)) == sorted(int(y) // 10 for _, ys in expected for y in ys)
+    assert_same_batches(got[:12], expected[:12])  # until the first worker's stream ends
+
+
+def test_an_iterable_streams_data_worker_killed_mid_epoch_changes_no_batch(
+        workers: list[Worker], caplog: pytest.LogCaptureFixture) -> None:
+    """A stream cannot be set to a random state mid-way: the moved logical workers start their epoch
+    again elsewhere and drop what they had delivered, so the batches stay the same."""
+    endpoints = start(workers, 2)
+    expected = epochs(TorchDataLoader(Stream(), **stream_arguments()), 1)
+    got = []
+    for i, batch in enumerate(DataLoader(Stream(), data_workers=endpoints, data_worker_token=TOKEN,
+                                         **stream_arguments())):
+        got.append(batch)
+        if i == 4:
+            workers[0].kill()
+    assert_same_batches(got, expected)
+    assert sum("going on elsewhere" in r.getMessage() for r in caplog.records) == 2

@@ -54,6 +54,14 @@ class Setup:
     num_workers: int
     worker_init_fn: Callable[[int], None] | None
     state: RandomState | None = None  # where to go on from; None: from the seed, as a new worker
+    # The rank's sys.path: a script's folder (`script.py:function` is imported from it) is there, so its
+    # dataset classes unpickle on a data worker whose pod mounts the same code.
+    paths: tuple[str, ...] = ()
+    # An iterable dataset's stream cannot be set to a random state mid-way: a worker started again
+    # elsewhere starts its epoch again from `state` (the epoch's start) and makes, and drops, the
+    # `skip` batches it had delivered (each asked for with `skip_index`).
+    skip: int = 0
+    skip_index: Any = None
 
     def without_code(self) -> Setup:
         """The setup less what `code()` holds, which is sent apart (encoded once for every worker)."""
@@ -108,16 +116,36 @@ class Session:
             id=setup.worker_id, num_workers=setup.num_workers, seed=seed, dataset=setup.dataset)
         if setup.worker_init_fn is not None:
             setup.worker_init_fn(setup.worker_id)
-        self.fetcher = _DatasetKind.create_fetcher(
-            setup.dataset_kind, setup.dataset, setup.auto_collation, setup.collate_fn, setup.drop_last)
         if setup.state is not None:
             set_random_state(setup.state)
+        self.fetcher = self._fetcher()  # an iterable dataset's iterator starts here, from this state
+        for _ in range(setup.skip):
+            self.fetch(setup.skip_index)
+
+    def _fetcher(self) -> Any:
+        setup = self.setup
+        return _DatasetKind.create_fetcher(
+            setup.dataset_kind, setup.dataset, setup.auto_collation, setup.collate_fn, setup.drop_last)
+
+    def resume(self, code: tuple[Any, Any, Any]) -> None:
+        """The next epoch of a persistent worker over an iterable dataset: a new iterator, as torch's
+        worker makes one, over the rank's dataset as it is now (its epoch, which a local worker sees
+        through shared memory where the dataset keeps it there, as ShardStream does)."""
+        self.setup = self.setup.with_code(code)
+        info = torch_worker._worker_info
+        if info is not None:
+            torch_worker._worker_info = torch_worker.WorkerInfo(
+                id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=self.setup.dataset)
+        self.fetcher = self._fetcher()
 
     def fetch(self, index: Any) -> tuple[str, Any, RandomState]:
-        """("data", batch, state after it) or ("error", ExceptionWrapper naming the samples, state)."""
+        """("data", batch, state after it), ("error", ExceptionWrapper naming the samples, state), or
+        ("stop", None, state): an iterable dataset's stream has ended for this worker."""
         try:
             data: Any = self.fetcher.fetch(index)
             kind = "data"
+        except StopIteration:
+            data, kind = None, "stop"
         except Exception:  # noqa: BLE001 - the rank raises it, as a local DataLoader would
             data, kind = ExceptionWrapper(where=f"in {self.where} fetching samples {index}"), "error"
         return kind, data, random_state()
@@ -131,6 +159,7 @@ def serve_session(conn: Connection, where: str) -> None:
         if message[0] != "start":
             raise ValueError(f"a session starts with 'start', not {message[0]!r}")
         try:
+            _extend_path(message[1].paths)
             setup: Setup = message[1].with_code(wire.receive(conn))
             session = Session(setup, f"{where}, logical worker {setup.worker_id}")
         except Exception:  # noqa: BLE001
@@ -139,7 +168,10 @@ def serve_session(conn: Connection, where: str) -> None:
         log.info("serving logical worker %d of %d (base seed %d)", setup.worker_id, setup.num_workers,
                  setup.base_seed)
         wire.send(conn, ("ready",))
-        while (message := wire.receive(conn))[0] == "fetch":
+        while (message := wire.receive(conn))[0] in ("fetch", "resume"):
+            if message[0] == "resume":
+                session.resume(wire.receive(conn))
+                continue
             _, seq, index = message
             kind, data, state = session.fetch(index)
             wire.send(conn, (kind, seq, data, state))
@@ -147,6 +179,12 @@ def serve_session(conn: Connection, where: str) -> None:
         pass
     finally:
         conn.close()
+
+
+def _extend_path(paths: Sequence[str]) -> None:
+    """The rank's sys.path entries this machine has too and lacks, in front, in the rank's order."""
+    missing = [p for p in paths if p and p not in sys.path and os.path.isdir(p)]
+    sys.path[:0] = missing
 
 
 def serve(host: str, port: int, token: bytes, ready: Callable[[int], None] | None = None) -> None:
@@ -161,7 +199,7 @@ def serve(host: str, port: int, token: bytes, ready: Callable[[int], None] | Non
             ready(address[1])
         while True:
             try:
-                conn = listener.accept()
+                conn = wire.accept(listener)
             except multiprocessing.AuthenticationError as error:
                 log.warning("refused a connection that did not prove the job's token: %s", error)
                 continue

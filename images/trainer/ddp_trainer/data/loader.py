@@ -1,17 +1,23 @@
 """`DataLoader`: torch's, whose worker processes run on the job's data workers when it has them.
 
 It takes torch's arguments and is torch's DataLoader wherever it can be: without data workers
-(`spec.dataWorkers` unset, `distribute_mode=False`, `num_workers=0`) or for an iterable dataset it
-is exactly that. With them, its `num_workers` logical workers run on the data worker pods instead
-of as processes here (dataworker.py): the sampler, the base seed and which worker makes which batch
-are torch's own (batch i by worker i mod num_workers, each seeded from the base seed and its id), so
-a rank receives the batches a local DataLoader with the same arguments would have made, in the same
-order, augmentation included. At most `prefetch_factor` batches per logical worker are in flight.
+(`spec.dataWorkers` unset, `distribute_mode=False`, `num_workers=0`) it is exactly that. With them,
+its `num_workers` logical workers run on the data worker pods instead of as processes here
+(dataworker.py): the sampler, the base seed and which worker makes which batch are torch's own
+(batch i by worker i mod num_workers, each seeded from the base seed and its id), so a rank receives
+the batches a local DataLoader with the same arguments would have made, in the same order,
+augmentation included. At most `prefetch_factor` batches per logical worker are in flight.
 
 A logical worker whose data worker goes away (pod deleted, OOM-killed, evicted, unreachable) goes
 on at another data worker from the random state the lost one sent with its last batch, and the
 batches it owed are asked again; with none reachable within DATA_WORKER_WAIT_SECONDS it goes on in
 this process. Either way the batches stay those a local DataLoader makes.
+
+An iterable dataset (ShardStream, or the user's) runs in each logical worker as in a local worker
+process (its own copy, `get_worker_info()` to split the stream); batches go to the workers still
+streaming in turn, as torch's iterator hands them out. Its stream cannot be set to a random state
+mid-way, so a logical worker moved elsewhere starts its epoch again and drops the batches it had
+already delivered. A persistent worker's next epoch iterates the rank's dataset as it is then.
 
 `DpexDataLoader` is the Dpex seed's name for it; its `distribute_mode` (and `head_address`, which
 names a Ray cluster there and nothing here) are accepted.
@@ -22,6 +28,7 @@ from __future__ import annotations
 import collections
 import logging
 import pickle
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -67,11 +74,21 @@ class _InProcess:
             torch_worker._worker_info = rank_info
 
     def fetch(self, index: Any) -> tuple[str, Any, RandomState]:
+        return self._as_worker(lambda: self.session.fetch(index))
+
+    def resume(self, code: tuple[Any, Any, Any]) -> None:
+        def resume() -> tuple[str, Any, None]:
+            self.session.resume(code)
+            return "", None, None
+        self._as_worker(resume)
+
+    def _as_worker(self, work: Any) -> tuple[str, Any, RandomState]:
         rank_state, rank_info = random_state(), torch_worker._worker_info
         set_random_state(self.state)
         torch_worker._worker_info = self.info
         try:
-            kind, data, self.state = self.session.fetch(index)
+            kind, data, _ = work()
+            self.state, self.info = random_state(), torch_worker._worker_info
         finally:
             set_random_state(rank_state)
             torch_worker._worker_info = rank_info
@@ -85,6 +102,9 @@ class LogicalWorker:
         """code: the setup's dataset, collate_fn and worker_init_fn, encoded (once for every worker)."""
         self.setup = setup
         self.code = code
+        self.iterable = setup.dataset_kind == _DatasetKind.Iterable
+        self.delivered = 0  # batches (or errors) taken this epoch
+        self.epoch_state: RandomState | None = None  # at this epoch's start; None: from the seed
         self.endpoints = list(endpoints)
         self.token = token
         self.next_endpoint = setup.worker_id % len(self.endpoints)
@@ -95,6 +115,7 @@ class LogicalWorker:
         self.local: _InProcess | None = None
 
     def put(self, seq: int, index: Any) -> None:
+        self.setup.skip_index = index  # an iterable dataset's indices are all alike (placeholders)
         self.owed.append((seq, index))
         if self.local is None:
             self._send_or_move(("fetch", seq, index))
@@ -119,7 +140,30 @@ class LogicalWorker:
             self.state = state
             break
         self.owed.popleft()
+        if kind != "stop":
+            self.delivered += 1
         return kind, data
+
+    def drain(self) -> None:
+        """Takes what this worker still owes: after its iterable stream ended, only more ends."""
+        while self.owed:
+            self.take(self.owed[0][0])
+
+    def resume(self, setup: Setup, code: list[memoryview | bytes]) -> None:
+        """The next epoch of a persistent worker over an iterable dataset (setup: the rank's dataset now)."""
+        self.setup, self.code = replace(setup, worker_id=self.setup.worker_id), code
+        self.delivered, self.epoch_state = 0, self.state
+        if self.local is not None:
+            self.local.resume(setup.code())
+            return
+        if self.conn is None:
+            self._move("not connected")
+            return
+        try:
+            for frame in [*wire.encode(("resume",)), *code]:
+                self.conn.send_bytes(frame)
+        except OSError as error:
+            self._move(f"{self.where} went away ({error})")
 
     def close(self) -> None:
         if self.conn is not None:
@@ -156,7 +200,8 @@ class LogicalWorker:
             self.conn.close()
             self.conn = None
             log.warning("logical data worker %d: %s; going on elsewhere", self.setup.worker_id, why)
-        setup = replace(self.setup, state=self.state)
+        setup = replace(self.setup, state=self.epoch_state, skip=self.delivered) if self.iterable \
+            else replace(self.setup, state=self.state)
         deadline = time.monotonic() + DATA_WORKER_WAIT_SECONDS
         delay = 0.2
         while True:
@@ -215,42 +260,78 @@ class _RemoteIter(_BaseDataLoaderIter):
     def __init__(self, loader: DataLoader[Any], endpoints: Sequence[str], token: bytes) -> None:
         super().__init__(loader)
         self._prefetch = loader.prefetch_factor or 2
-        base = Setup(dataset=self._dataset, dataset_kind=self._dataset_kind, auto_collation=self._auto_collation,
-                     collate_fn=self._collate_fn, drop_last=self._drop_last, base_seed=int(self._base_seed),
-                     worker_id=0, num_workers=self._num_workers, worker_init_fn=loader.worker_init_fn)
+        self._loader = loader
+        base = self._setup()
         code = _encode_code(base)
         self._workers = [LogicalWorker(replace(base, worker_id=w), code, endpoints, token)
                          for w in range(self._num_workers)]
         self._reset(loader, first_iter=True)
 
+    def _setup(self) -> Setup:
+        return Setup(dataset=self._dataset, dataset_kind=self._dataset_kind, auto_collation=self._auto_collation,
+                     collate_fn=self._collate_fn, drop_last=self._drop_last, base_seed=int(self._base_seed),
+                     worker_id=0, num_workers=self._num_workers, worker_init_fn=self._loader.worker_init_fn,
+                     paths=tuple(sys.path))
+
     def _reset(self, loader: TorchDataLoader[Any], first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)
         self._send_idx = 0
         self._rcvd_idx = 0
+        self._task_worker: dict[int, int] = {}  # batch -> the logical worker making it
+        self._active = [True] * self._num_workers  # an iterable dataset's worker is not once its stream ended
+        self._next_worker = 0
+        if not first_iter and self._dataset_kind == _DatasetKind.Iterable:  # a persistent iterator's next epoch
+            setup = self._setup()
+            code = _encode_code(setup)
+            for worker in self._workers:
+                worker.resume(setup, code)
         for _ in range(self._prefetch * self._num_workers):
             self._try_put()
 
     def _try_put(self) -> None:
+        """The next batch to the next worker still active, in turn (torch's _try_put_index)."""
         try:
             index = self._next_index()
         except StopIteration:
             return
-        self._workers[self._send_idx % self._num_workers].put(self._send_idx, index)
+        for _ in range(self._num_workers):
+            worker = self._next_worker
+            self._next_worker = (worker + 1) % self._num_workers
+            if self._active[worker]:
+                break
+        else:
+            return
+        self._workers[worker].put(self._send_idx, index)
+        self._task_worker[self._send_idx] = worker
         self._send_idx += 1
 
     def _next_data(self) -> Any:
-        if self._rcvd_idx >= self._send_idx:
-            if not self._persistent_workers:
-                self._shutdown()
-            raise StopIteration
-        kind, data = self._workers[self._rcvd_idx % self._num_workers].take(self._rcvd_idx)
-        self._rcvd_idx += 1
+        kind, data = self._next_taken()
         self._try_put()
         if kind == "error":  # raised here, as torch's iterator does; the next batch may still be asked for
             data.reraise()
         if self._pin_memory:
             data = pin_memory(data, self._pin_memory_device)
         return data
+
+    def _next_taken(self) -> tuple[str, Any]:
+        """The next batch in order ("data" or "error"), past those asked of workers whose stream ended."""
+        while True:
+            while self._rcvd_idx < self._send_idx and not self._active[self._task_worker[self._rcvd_idx]]:
+                del self._task_worker[self._rcvd_idx]  # asked of a worker whose stream had ended
+                self._rcvd_idx += 1
+            if self._rcvd_idx >= self._send_idx:
+                if not self._persistent_workers:
+                    self._shutdown()
+                raise StopIteration
+            worker = self._task_worker.pop(self._rcvd_idx)
+            kind, data = self._workers[worker].take(self._rcvd_idx)
+            self._rcvd_idx += 1
+            if kind != "stop":
+                return kind, data
+            self._active[worker] = False
+            self._workers[worker].drain()
+            self._try_put()
 
     def _shutdown(self) -> None:
         for worker in self._workers:
@@ -281,7 +362,7 @@ class DataLoader(TorchDataLoader[_T_co]):
         endpoints = self.data_workers if self.data_workers is not None else env.data_workers()
         for address in endpoints:
             wire.parse_address(address)
-        why_local = _why_local(endpoints, self.num_workers, self._dataset_kind)
+        why_local = _why_local(endpoints, self.num_workers)
         if why_local:
             if endpoints or self.distribute_mode:
                 _say_once(f"DataLoader workers run in this pod: {why_local}")
@@ -299,13 +380,11 @@ class DataLoader(TorchDataLoader[_T_co]):
         return _RemoteIter(self, endpoints, token)
 
 
-def _why_local(endpoints: Sequence[str], num_workers: int, dataset_kind: int) -> str | None:
+def _why_local(endpoints: Sequence[str], num_workers: int) -> str | None:
     if not endpoints:
         return "the job has no data workers (spec.dataWorkers)"
     if num_workers == 0:
         return "num_workers=0 makes every batch in the rank's own process; set num_workers to use data workers"
-    if dataset_kind != _DatasetKind.Map:
-        return "the dataset is iterable; data workers serve map-style datasets"
     return None
 
 

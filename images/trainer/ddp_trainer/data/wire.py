@@ -7,19 +7,27 @@ holds it. On top of that, one message is a few frames: the frames' sizes, the me
 pickled with protocol 5, then every tensor's bytes as a frame of its own (pickle's out-of-band
 buffers): a tensor's storage is never pickled, and is received straight into the buffer it is
 rebuilt on. Only peers of the same job (the token) send pickles, and both sides run the job's code.
+
+A peer that vanishes without closing its connection (a pod deleted at once, a node gone: nothing
+answers on its address any more) is noticed in about DEAD_PEER_SECONDS, by TCP keepalive and
+TCP_USER_TIMEOUT, and a connect gives up after CONNECT_SECONDS: a rank never waits out a batch's
+whole answer time (or the kernel's two-minute connect) on a data worker that is gone.
 """
 
 from __future__ import annotations
 
 import io
 import pickle
+import socket
 import struct
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import Connection, Listener, answer_challenge, deliver_challenge
 from typing import Any
 
 import torch
 
 SIZES = struct.Struct("<Q")
+CONNECT_SECONDS = 10.0
+DEAD_PEER_SECONDS = 15
 
 
 def _rebuild(buffer: bytearray | memoryview, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -71,9 +79,38 @@ def listen(host: str, port: int, token: bytes) -> Listener:
     return Listener((host, port), family="AF_INET", authkey=token)
 
 
+def accept(listener: Listener) -> Connection:
+    """The next connection that proved the token (multiprocessing.AuthenticationError if it did not)."""
+    conn = listener.accept()
+    with socket.fromfd(conn.fileno(), socket.AF_INET, socket.SOCK_STREAM) as sock:  # a duplicate of its socket
+        notice_dead_peer(sock)
+    return conn
+
+
 def connect(host: str, port: int, token: bytes) -> Connection:
-    """Connects and proves the token both ways (multiprocessing.AuthenticationError if either side lacks it)."""
-    return Client((host, port), family="AF_INET", authkey=token)
+    """Connects (within CONNECT_SECONDS) and proves the token both ways, as multiprocessing's Client
+    does (multiprocessing.AuthenticationError if either side lacks it)."""
+    sock = socket.create_connection((host, port), timeout=CONNECT_SECONDS)
+    sock.settimeout(None)
+    notice_dead_peer(sock)
+    conn = Connection(sock.detach())
+    try:
+        answer_challenge(conn, token)
+        deliver_challenge(conn, token)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def notice_dead_peer(sock: socket.socket) -> None:
+    """Keepalive probes after 5 s idle, 2 s apart, and data unacknowledged for DEAD_PEER_SECONDS: the
+    connection then fails (ETIMEDOUT) instead of waiting on a peer that is gone."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 2), ("TCP_KEEPCNT", 5),
+                          ("TCP_USER_TIMEOUT", DEAD_PEER_SECONDS * 1000)):
+        if hasattr(socket, option):  # Linux has them all
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
 def parse_address(address: str) -> tuple[str, int]:
