@@ -55,8 +55,11 @@ def pod_log(core: Any, namespace: str, pod: str) -> str | None:
     from urllib3.exceptions import HTTPError
 
     try:
-        text: str = core.read_namespaced_pod_log(pod, namespace, container=labels.CONTAINER_NAME)
-        return text
+        # The raw body, decoded here: kubernetes 36's client returns str(bytes), "b'...'", for a log
+        # (kubernetes-client/python#2596).
+        response = core.read_namespaced_pod_log(pod, namespace, container=labels.CONTAINER_NAME,
+                                                _preload_content=False)
+        return bytes(response.data).decode("utf-8", errors="replace")
     except (ApiException, HTTPError):
         return None
 

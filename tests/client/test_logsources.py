@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from kubernetes.client.rest import ApiException
@@ -29,10 +30,12 @@ class FakeCore:
     def __init__(self, pod_logs: dict[str, str]) -> None:
         self.pod_logs = pod_logs
 
-    def read_namespaced_pod_log(self, pod: str, namespace: str, container: str) -> str:
+    def read_namespaced_pod_log(self, pod: str, namespace: str, container: str, _preload_content: bool = True) -> Any:
+        """As the API client answers: the raw response (`.data`, the body's bytes) without preloading."""
         if pod not in self.pod_logs:
             raise ApiException(status=400, reason="container not found")
-        return self.pod_logs[pod]
+        body = self.pod_logs[pod]
+        return body if _preload_content else SimpleNamespace(data=body.encode())
 
 
 class OfflineJob(Job):

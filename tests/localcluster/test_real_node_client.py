@@ -122,3 +122,50 @@ def test_code_that_only_prints_its_metrics_shows_progress_while_it_runs_and_plot
     assert [step for step, _ in series["loss"]] == list(range(1, 41))
     assert series["loss"][-1][1] < series["loss"][0][1] / 2  # it learned
     assert (tmp_path / "seed.png").stat().st_size > 1000
+
+
+def printed_batches(logs: str, rank: int) -> list[Any]:
+    prefix = f"[rank {rank}] "
+    return [json.loads(line.removeprefix(prefix))["batch"] for line in logs.splitlines()
+            if line.startswith(prefix + '{"epoch"')]
+
+
+def local_batches(rank: int) -> list[Any]:
+    """What clientcode/datatrain.py's rank gets from a local DataLoader (worker processes here)."""
+    sys.path.insert(0, str(CODE))
+    try:
+        import datatrain
+    finally:
+        sys.path.remove(str(CODE))
+    return [batch.tolist() for _ in range(datatrain.EPOCHS) for batch in datatrain.loader(rank, datatrain.Noisy())]
+
+
+def data_workers(replicas: int, memory: str = "1Gi") -> dict[str, Any]:
+    return {"dataWorkers": {"replicas": replicas, "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
+                                                                "limits": {"memory": memory}}}, "backoffLimit": 0}
+
+
+def test_a_scripts_dataset_on_data_workers_makes_a_local_loaders_batches_through_an_oom_kill(
+        jobs: Jobs, kube_api, real_node, images_on_the_node: None, s3_endpoint_on_the_bridge: str) -> None:
+    """A dataset class of the script itself, on two data worker pods; on data worker 0 each logical
+    worker goes over the pod's memory limit at its third batch, and the kernel kills it (under cgroup
+    v1, as on this node, the session's process; under v2 the whole container, which its kubelet
+    restarts as OOMKilled): no gang restart, and every batch of every rank as a local DataLoader makes
+    it, none lost or repeated."""
+    job = submit_script(jobs, kube_api, s3_endpoint_on_the_bridge, "datatrain.py", {"OOM_AFTER": "2"}, data_workers(2))
+    status = job.wait(timeout=300)
+    assert status["phase"] == "Succeeded" and status["restarts"] == 0, status
+    logs = job.logs()
+    moved = [line for line in logs.splitlines() if "going on elsewhere" in line]
+    assert len(moved) >= 2 and all(f"{job.name}-data-0" in line for line in moved), logs[-3000:]
+    for rank in (0, 1):
+        assert printed_batches(logs, rank) == local_batches(rank), f"rank {rank}"
+
+
+def test_a_dataset_error_on_a_data_worker_fails_the_rank_naming_the_sample(
+        jobs: Jobs, kube_api, real_node, images_on_the_node: None, s3_endpoint_on_the_bridge: str) -> None:
+    job = submit_script(jobs, kube_api, s3_endpoint_on_the_bridge, "datatrain.py", {"FAIL_AT": "13"}, data_workers(1))
+    status = job.wait(timeout=300, raise_on_failure=False)
+    assert status["phase"] == "Failed" and status["failedRank"]["reason"] == "Error", status
+    said = status["failedRank"]["message"]
+    assert "ValueError" in said and "sample 13 is corrupt" in said and f"data worker {job.name}-data-0" in said, said

@@ -268,6 +268,19 @@ def hang(ctx: RankContext) -> None:
         dist.all_reduce(torch.ones(1))
 
 
+def waits_on_a_data_worker(ctx: RankContext) -> None:
+    """Steps 1 and 2, then a batch from the job's data workers ($DDP_DATA_WORKERS), which never comes."""
+    from dataworkhelp import Augmented
+
+    from ddp_trainer import DataLoader
+
+    reporter = default_reporter(ctx.rank)
+    reporter.report(0, 1)
+    reporter.report(0, 2)
+    for _ in DataLoader(Augmented(), batch_size=2, num_workers=1):
+        reporter.report(0, 3)
+
+
 def wait_for_sigterm(ctx: RankContext) -> None:
     """Says it is in the user's code (a file), then waits, as a long training step would."""
     import pathlib

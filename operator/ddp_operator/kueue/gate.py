@@ -36,7 +36,7 @@ from ddp_operator.kueue.rules import (
 )
 from ddp_operator.kueue.workloads import WorkloadCache
 from ddp_operator.listwatch import JobKey
-from ddp_operator.manifests import build_pod
+from ddp_operator.manifests import build_data_worker_pod, build_pod
 from ddp_operator.spec import JobSpec
 
 # Seconds between tries to create a Workload the API refused (a missing WorkloadPriorityClass).
@@ -119,8 +119,9 @@ class KueueGate:
                                        "exist: create it or change the label")
                 return
         pod_spec = build_pod(job, spec, 0, attempt)["spec"]
+        workers = build_data_worker_pod(job, spec, 0)["spec"] if spec.data_worker_replicas else None
         custom = self.kube.custom
-        await self.kube.ensure(adopt(build_workload(job, spec, pod_spec, priority), job),
+        await self.kube.ensure(adopt(build_workload(job, spec, pod_spec, priority, workers), job),
                                calls=(functools.partial(_create_workload, custom), functools.partial(_read_workload, custom)))
         self._problems.pop(key, None)
 

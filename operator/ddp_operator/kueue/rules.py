@@ -1,8 +1,8 @@
 """Kueue: a DDPJob labelled with a LocalQueue runs only while Kueue admits its whole gang.
 
 The operator integrates the way Kueue's own job integrations do, from outside Kueue: for a queued
-job it creates a Workload (one pod set: the job's pods, each with rank 0's pod spec, so its
-resources, nodeSelector, tolerations and affinity) owned by the job, and keeps the job without pods
+job it creates a Workload (a pod set of the job's pods, each with rank 0's pod spec, so its
+resources, nodeSelector, tolerations and affinity; and one of its data workers) owned by the job, and keeps the job without pods
 until Kueue admits that Workload. When Kueue evicts it (preemption by a higher priority, a stopped
 queue) the pods are deleted and, once they are gone, the quota is handed back (the Workload's
 admission cleared, as Kueue's job reconciler does), so Kueue queues it again; on re-admission the
@@ -37,6 +37,7 @@ WORKLOADS = "workloads"
 PRIORITY_CLASSES = "workloadpriorityclasses"
 PRIORITY_CLASS_SOURCE = "kueue.x-k8s.io/workloadpriorityclass"
 POD_SET = "ranks"
+DATA_WORKER_POD_SET = "data-workers"
 # Workload condition types and reasons, as Kueue writes them.
 COND_QUOTA_RESERVED = "QuotaReserved"
 COND_ADMITTED = "Admitted"
@@ -83,16 +84,23 @@ def workload_name(job: Mapping[str, Any]) -> str:
 
 
 def build_workload(job: Mapping[str, Any], spec: JobSpec, pod_spec: Mapping[str, Any],
-                   priority: int | None = None) -> dict[str, Any]:
-    """The job's Workload: one pod set of spec.pods pods, each with the given (rank 0's) pod spec.
+                   priority: int | None = None, data_worker_pod_spec: Mapping[str, Any] | None = None
+                   ) -> dict[str, Any]:
+    """The job's Workload: a pod set of spec.pods pods, each with the given (rank 0's) pod spec, and with
+    spec.dataWorkers one of its data workers (data_worker_pod_spec), so the quota Kueue admits the job
+    into holds both, as a namespace ResourceQuota counts both.
 
     ownerReferences are added by the caller; the Workload goes with its job.
     """
     meta = job["metadata"]
+    pod_sets = [{"name": POD_SET, "count": spec.pods, "template": {"spec": dict(pod_spec)}}]
+    if spec.data_worker_replicas and data_worker_pod_spec is not None:
+        pod_sets.append({"name": DATA_WORKER_POD_SET, "count": spec.data_worker_replicas,
+                         "template": {"spec": dict(data_worker_pod_spec)}})
     workload_spec: dict[str, Any] = {
         "active": not spec.suspend,
         "queueName": queue_name(job),
-        "podSets": [{"name": POD_SET, "count": spec.pods, "template": {"spec": dict(pod_spec)}}],
+        "podSets": pod_sets,
     }
     name = priority_class(job)
     if name:

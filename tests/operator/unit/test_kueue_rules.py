@@ -27,7 +27,7 @@ from ddp_operator.kueue.rules import (
     workload_name,
 )
 from ddp_operator.listwatch import job_key
-from ddp_operator.manifests import build_pod
+from ddp_operator.manifests import build_data_worker_pod, build_pod
 from ddp_operator.statuspatch import compute_status
 from podfixtures import EARLIER, JOB, NOW, job_spec, pod, summary_of
 
@@ -76,6 +76,16 @@ def test_the_workload_asks_for_every_pod_of_the_gang_with_a_rank_pods_spec() -> 
     assert trainer["resources"]["requests"] == {"cpu": "2", c.GPU_RESOURCE: 8}
     assert "priorityClassName" not in built["spec"]
     assert job_key(built) == ("ns", JOB)
+
+
+def test_a_job_with_data_workers_asks_kueue_for_them_as_a_second_pod_set() -> None:
+    job = queued_job(dataWorkers={"replicas": 3, "resources": {"requests": {"cpu": "4", "memory": "8Gi"}}})
+    spec = job_spec(**{k: v for k, v in job["spec"].items() if k != "image"})
+    workers = build_data_worker_pod(job, spec, 0)["spec"]
+    ranks, data = build_workload(job, spec, build_pod(job, spec, 0, 0)["spec"], None, workers)["spec"]["podSets"]
+    assert (ranks["name"], data["name"], data["count"]) == ("ranks", "data-workers", 3)
+    assert data["template"]["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "4", "memory": "8Gi"}}
+    assert len(build_workload(job, job_spec(), {}, None, workers)["spec"]["podSets"]) == 1  # none in the spec
 
 
 def test_the_workload_carries_the_priority_class_and_its_value() -> None:

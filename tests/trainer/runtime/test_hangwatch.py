@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from trainerhelp import ROOT, FakeClock, free_port, launch, rank_env
 from trainerhelp import describe as _describe
 
 from ddp_contract.failures import parse_line
+from ddp_trainer.data import wire
 from ddp_trainer.errors import ExitCode, ObjectNotFoundError
 from ddp_trainer.runtime.hangwatch import STEP_FACTOR, Hang, HangWatch, hang_timeout
 from ddp_trainer.runtime.heartbeat import Heartbeat
 from ddp_trainer.storage import s3
 
 WORLD = 2
+TOKEN = "the-jobs-data-token"
 
 
 def test_timeout_is_configured_or_derived_from_the_slowest_step_with_a_floor() -> None:
@@ -121,3 +127,38 @@ def test_a_stalled_rank_saves_its_stacks_before_its_timeout_in_case_a_peer_s_end
             proc.kill()
         errors = [proc.communicate()[1] for proc in procs]
     assert "stacks saved ahead to s3://" in errors[1], errors[1][-2000:]
+
+
+@pytest.fixture
+def silent_data_worker() -> Iterator[str]:
+    """A data worker that starts a rank's logical worker and then never answers a batch (a process
+    stuck in the dataset, a machine too loaded to serve): its address."""
+    listener = wire.listen("127.0.0.1", 0, TOKEN.encode())
+    held: list[Any] = []
+
+    def serve() -> None:
+        with contextlib.suppress(OSError, EOFError):
+            conn = wire.accept(listener)
+            held.append(conn)
+            wire.receive(conn)  # start
+            wire.receive(conn)  # the dataset
+            wire.send(conn, ("ready",))
+            while True:
+                wire.receive(conn)  # fetch: never answered
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield f"127.0.0.1:{listener.address[1]}"
+    listener.close()
+    for conn in held:
+        conn.close()
+
+
+def test_a_rank_hung_on_a_data_worker_names_it_in_its_failure_line(silent_data_worker: str, tmp_path: Path) -> None:
+    env = {"DDP_HANG_TIMEOUT_SECONDS": "3", "DDP_PROGRESS_FILE": str(tmp_path / "progress.json"),
+           "DDP_DATA_WORKERS": silent_data_worker, "DDP_DATA_WORKER_TOKEN": TOKEN}
+    (result,) = launch("ddp_workloads:waits_on_a_data_worker", 1, env, timeout=90)
+    assert result.returncode == ExitCode.HUNG, _describe([result])
+    hung = parse_line(result.stderr)
+    assert hung is not None and hung.step == 2, result.stderr[-2000:]
+    assert re.search(rf"waiting on data worker {silent_data_worker} \(logical worker 0\) for batch 0 for [3-9]s",
+                     hung.error), hung.error

@@ -43,7 +43,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from .. import env
 from ..errors import ConfigError
-from . import wire
+from . import awaited, wire
 from .dataworker import RandomState, Session, Setup, random_state, set_random_state
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,8 @@ class LogicalWorker:
                 kind, data, self.state = self.local.fetch(index)
                 break
             try:
-                message = self._receive()
+                with awaited.waiting_on(f"{self.where} (logical worker {self.setup.worker_id}) for batch {seq}"):
+                    message = self._receive()
             except DataWorkerLost as lost:
                 self._move(str(lost))
                 continue
@@ -232,7 +233,8 @@ class LogicalWorker:
         try:
             for frame in [*wire.encode(("start", setup.without_code())), *self.code]:
                 conn.send_bytes(frame)
-            answer = wire.receive(conn) if conn.poll(ANSWER_SECONDS) else None
+            with awaited.waiting_on(f"data worker {address} to start logical worker {setup.worker_id}"):
+                answer = wire.receive(conn) if conn.poll(ANSWER_SECONDS) else None
         except (EOFError, OSError):
             answer = None
         if answer is None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from ddp_contract.failures import describe_hang
 
+from ..data import awaited
 from ..errors import ExitCode
 from .failures import last_words
 from .heartbeat import Heartbeat
@@ -56,7 +57,9 @@ class Hang:
     timeout_s: float
 
     def describe(self) -> str:
-        return describe_hang(self.step, self.stalled_s, self.timeout_s)
+        """describe_hang, and what the rank waits on outside torch if anything (a data worker)."""
+        waits = awaited.describe()
+        return describe_hang(self.step, self.stalled_s, self.timeout_s) + (f"; {waits}" if waits else "")
 
 
 class HangWatch:
@@ -184,8 +187,7 @@ def stall_handler(rank: int, attempt: int) -> Callable[[Hang], None]:
     """HangWatch's on_stall for this rank: save the stacks ahead, and go on."""
     def dump_ahead(stall: Hang) -> None:
         where = save_dump(rank, attempt, python_stacks(), nccl_flight_record())
-        log.warning("rank %d: no progress for %.0fs since step %s (hang timeout %.0fs): stacks saved ahead to %s",
-                    rank, stall.stalled_s, stall.step, stall.timeout_s, where)
+        log.warning("rank %d: %s: stacks saved ahead to %s", rank, stall.describe(), where)
 
     return dump_ahead
 
