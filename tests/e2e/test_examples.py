@@ -9,10 +9,12 @@ Select them with `-m examples`; each takes about a minute on two busy cores.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import torch
 from kubernetes.client.rest import ApiException
 
 import demo
@@ -109,15 +111,23 @@ def step_losses(s3: Any, bucket: str, prefix: str) -> dict[tuple[int, int], floa
     return {(r["rank"], r["step"]): r["loss"] for r in example.metrics(s3, bucket, prefix) if r.get("loss") is not None}
 
 
+def model_state(s3: Any, bucket: str, prefix: str) -> dict[str, torch.Tensor]:
+    """The trained model rank 0 stored (`results/model.pt`)."""
+    body = s3.get_object(Bucket=bucket, Key=f"{prefix}results/model.pt")["Body"].read()
+    state: dict[str, torch.Tensor] = torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
+    return state
+
+
 def test_fashion_with_data_workers_takes_the_very_steps_it_takes_without(jobs, examples_s3) -> None:
     """The Dpex example with spec.dataWorkers (two data worker pods the operator makes): its ranks'
     DataLoader workers run there, and one deleted mid-run is made again without a gang restart, yet
     every rank's loss at every step equals the run with local workers to the bit (the same batches,
     augmentation included, in the same order, none lost or repeated; gloo's CPU arithmetic the same),
-    and so does the held-out accuracy."""
+    and so do the held-out accuracy and every trained parameter (torch.equal)."""
     _, s3, bucket, prefix = run_example(jobs, "fashion", examples_s3)
     local = step_losses(s3, bucket, prefix)
     evaluation = example.result_json(s3, bucket, prefix, "eval.json")
+    trained = model_state(s3, bucket, prefix)
 
     job = example.load_job("fashion", examples_s3)
     job["metadata"]["name"] = "fashion-remote"
@@ -135,4 +145,7 @@ def test_fashion_with_data_workers_takes_the_very_steps_it_takes_without(jobs, e
     assert status["restarts"] == 0, status
     assert len(local) > 20 and remote == local
     assert example.result_json(s3, bucket, prefix, "eval.json")["accuracy"] == evaluation["accuracy"]
+    remote_trained = model_state(s3, bucket, prefix)
+    assert trained.keys() == remote_trained.keys() and len(trained) > 4
+    assert all(torch.equal(trained[name], remote_trained[name]) for name in trained), "the trained parameters differ"
     wait_until(lambda: all(uid(jobs, pod) is None for pod in workers), 60, "the data workers to go with the job's end")
