@@ -19,7 +19,7 @@ from ddp_contract import envnames, labels
 from ddp_operator import constants as c
 from ddp_operator.conditions import get_condition, set_condition
 from ddp_operator.failures import RankProblem
-from ddp_operator.podsummary import is_ready, rank_problem
+from ddp_operator.podsummary import is_ready, rank_problem, trainer_status
 from ddp_operator.spec import JobSpec
 
 TOKEN_KEY = "token"
@@ -122,17 +122,10 @@ def is_data_worker(pod: Mapping[str, Any]) -> bool:
     return labels.LABEL_DATA_WORKER in ((pod.get("metadata") or {}).get("labels") or {})
 
 
-def _container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    named = [s for s in statuses if s.get("name") == labels.DATA_WORKER_CONTAINER_NAME]
-    found: Mapping[str, Any] = (named or statuses or [{}])[0]
-    return found
-
-
 def _restarting(pod: Mapping[str, Any], index: int) -> RankProblem | None:
     """A running pod whose container is not ready: starting, or crashing (its last exit says why:
     OOMKilled, Error), which its kubelet restarts in place."""
-    status = _container(pod)
+    status = trainer_status(pod, labels.DATA_WORKER_CONTAINER_NAME)
     last = (status.get("lastState") or {}).get("terminated") or {}
     waiting = (status.get("state") or {}).get("waiting") or {}
     if not last and not waiting:

@@ -83,25 +83,17 @@ def build_pod(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) ->
     meta = job["metadata"]
     name = meta["name"]
     pod_spec = copy.deepcopy(dict(spec.pod_spec))
-    containers = list(pod_spec.get("containers") or [])
-    template_trainer: dict[str, Any] = next((x for x in containers if x.get("name") == labels.CONTAINER_NAME), {})
-    sidecars = [x for x in containers if x.get("name") != labels.CONTAINER_NAME]
+    sidecars = [x for x in pod_spec.get("containers") or [] if x.get("name") != labels.CONTAINER_NAME]
     env = rank_env(job, spec, rank, attempt)
     pod_spec.update(
         hostname=pod_name(name, rank),
         subdomain=service_name(name),
         # The operator restarts the whole gang; a rank restarted alone cannot rejoin (pain 2).
         restartPolicy="Never",
-        containers=[_trainer_container(spec, template_trainer, env, rank, meta), *sidecars],
+        containers=[_trainer_container(spec, template_trainer(spec), env, rank, meta), *sidecars],
     )
     pod_spec["tolerations"] = [*(pod_spec.get("tolerations") or []), *node_lost_tolerations(spec)]
-    pod_spec.setdefault("serviceAccountName", progress_service_account(name))
-    # Service links add env vars for every Service in the namespace (a Service named "master"
-    # injects MASTER_PORT=tcp://...); the ranks need none of them.
-    pod_spec.setdefault("enableServiceLinks", False)
-    pull_secrets = image_pull_secrets(spec)
-    if pull_secrets:
-        pod_spec["imagePullSecrets"] = pull_secrets
+    _job_pod_defaults(pod_spec, spec, name)
     if spec.shm_size:
         pod_spec["volumes"] = [*(pod_spec.get("volumes") or []), shm_volume(spec.shm_size)]
     return {
@@ -129,6 +121,35 @@ def node_lost_tolerations(spec: JobSpec) -> list[dict[str, Any]]:
     own = spec.pod_spec.get("tolerations") or []
     return [{"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": spec.node_lost_grace_seconds}
             for key in NODE_LOST_TAINTS if not tolerates(own, Taint(key, effect="NoExecute"))]
+
+
+def _job_pod_defaults(pod_spec: dict[str, Any], spec: JobSpec, job_name: str) -> None:
+    """What every pod of the job gets, a rank's or a data worker's: the job's ServiceAccount unless the
+    template names one, no Service links, the pull Secrets."""
+    pod_spec.setdefault("serviceAccountName", progress_service_account(job_name))
+    # Service links add env vars for every Service in the namespace (a Service named "master"
+    # injects MASTER_PORT=tcp://...); the pods need none of them.
+    pod_spec.setdefault("enableServiceLinks", False)
+    pull_secrets = image_pull_secrets(spec)
+    if pull_secrets:
+        pod_spec["imagePullSecrets"] = pull_secrets
+
+
+def template_trainer(spec: JobSpec) -> Mapping[str, Any]:
+    """The template's container named 'trainer' (merged into the generated one), or {}."""
+    return next((x for x in spec.pod_spec.get("containers") or [] if x.get("name") == labels.CONTAINER_NAME), {})
+
+
+def user_env(spec: JobSpec) -> list[dict[str, Any]]:
+    """spec.env, copied."""
+    return [dict(item) for item in copy.deepcopy(list(spec.env))]
+
+
+def _add_env_from(container: dict[str, Any], spec: JobSpec) -> None:
+    """spec.envFrom, then the template container's own."""
+    env_from = [*copy.deepcopy(list(spec.env_from)), *(container.get("envFrom") or [])]
+    if env_from:
+        container["envFrom"] = env_from
 
 
 def image_pull_secrets(spec: JobSpec) -> list[dict[str, Any]]:
@@ -209,8 +230,7 @@ def rank_env(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) -> 
     if checkpoint:
         values[envnames.RESUME_FROM] = str(checkpoint)
     env = [{"name": key, "value": value} for key, value in values.items()]
-    return [*env, *rank_data_env(meta["name"], meta["namespace"], spec), *s3_env(spec),
-            *(dict(item) for item in copy.deepcopy(list(spec.env)))]
+    return [*env, *rank_data_env(meta["name"], meta["namespace"], spec), *s3_env(spec), *user_env(spec)]
 
 
 def s3_env(spec: JobSpec) -> list[dict[str, Any]]:
@@ -292,15 +312,13 @@ def build_data_worker_pod(job: Mapping[str, Any], spec: JobSpec, index: int) -> 
     name = meta["name"]
     pod_spec = {key: copy.deepcopy(value) for key, value in spec.pod_spec.items() if key not in RANK_ONLY_POD_FIELDS}
     pod_spec.update(copy.deepcopy(dict(workers.pod_spec)))
-    template: Mapping[str, Any] = next(
-        (x for x in spec.pod_spec.get("containers") or [] if x.get("name") == labels.CONTAINER_NAME), {})
-    container = copy.deepcopy(dict(template))
+    container = copy.deepcopy(dict(template_trainer(spec)))
     for probe in ("livenessProbe", "readinessProbe", "startupProbe", "ports"):
         container.pop(probe, None)
     env = [{"name": envnames.JOB_NAME, "value": name}, {"name": envnames.JOB_NAMESPACE, "value": meta["namespace"]},
            {"name": envnames.POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
            {"name": envnames.DATA_WORKER_PORT, "value": str(envnames.DEFAULT_DATA_WORKER_PORT)},
-           token_env(name), *s3_env(spec), *(dict(item) for item in copy.deepcopy(list(spec.env)))]
+           token_env(name), *s3_env(spec), *user_env(spec)]
     container.update(
         name=labels.DATA_WORKER_CONTAINER_NAME,
         image=spec.image,
@@ -309,19 +327,13 @@ def build_data_worker_pod(job: Mapping[str, Any], spec: JobSpec, index: int) -> 
         ports=[{"name": "data", "containerPort": envnames.DEFAULT_DATA_WORKER_PORT, "protocol": "TCP"}],
     )
     container.pop("args", None)
-    env_from = [*copy.deepcopy(list(spec.env_from)), *(container.get("envFrom") or [])]
-    if env_from:
-        container["envFrom"] = env_from
+    _add_env_from(container, spec)
     if workers.resources:
         container["resources"] = copy.deepcopy(dict(workers.resources))
     pod_spec.update(hostname=data_worker_name(name, index), subdomain=service_name(name), restartPolicy="Always",
                     containers=[container])
-    pod_spec.setdefault("serviceAccountName", progress_service_account(name))
     pod_spec.setdefault("automountServiceAccountToken", False)  # it calls no API
-    pod_spec.setdefault("enableServiceLinks", False)
-    pull_secrets = image_pull_secrets(spec)
-    if pull_secrets:
-        pod_spec["imagePullSecrets"] = pull_secrets
+    _job_pod_defaults(pod_spec, spec, name)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -349,9 +361,7 @@ def _trainer_container(spec: JobSpec, template: Mapping[str, Any], env: list[dic
     # A failed rank's last lines reach the job's status: the runtime's own summary if it wrote one
     # to /dev/termination-log, else the end of the container's log.
     container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
-    env_from = [*copy.deepcopy(list(spec.env_from)), *(container.get("envFrom") or [])]
-    if env_from:
-        container["envFrom"] = env_from
+    _add_env_from(container, spec)
     resources = trainer_resources(spec)
     if resources:
         container["resources"] = resources

@@ -156,9 +156,10 @@ def pod_state(pod: Mapping[str, Any]) -> str:
     return {"Running": "running", "Succeeded": "succeeded", "Failed": "failed"}.get(phase, "pending")
 
 
-def trainer_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+def trainer_status(pod: Mapping[str, Any], container: str = labels.CONTAINER_NAME) -> Mapping[str, Any]:
+    """The status of the pod's `container` (the trainer), else of its first container."""
     statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    named = [s for s in statuses if s.get("name") == labels.CONTAINER_NAME]
+    named = [s for s in statuses if s.get("name") == container]
     found: Mapping[str, Any] = (named or statuses or [{}])[0]
     return found
 

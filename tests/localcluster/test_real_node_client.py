@@ -131,7 +131,10 @@ def printed_batches(logs: str, rank: int) -> list[Any]:
 
 
 def local_batches(rank: int) -> list[Any]:
-    """What clientcode/datatrain.py's rank gets from a local DataLoader (worker processes here)."""
+    """What clientcode/datatrain.py's rank gets from a local DataLoader (worker processes here). Equal to
+    the bit to what the containers make on any CPU: torch's CPU generator (mt19937) draws the same
+    numbers everywhere, each sample is one elementwise float32 add (no reduction whose order a CPU
+    could change), and the image pins the torch this venv has."""
     sys.path.insert(0, str(CODE))
     try:
         import datatrain

@@ -30,7 +30,8 @@ import logging
 import pickle
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
@@ -48,6 +49,7 @@ from .dataworker import RandomState, Session, Setup, random_state, set_random_st
 
 log = logging.getLogger(__name__)
 _T_co = TypeVar("_T_co", covariant=True)
+T = TypeVar("T")
 
 # How long a logical worker whose data worker went away tries the others (and the replacement the
 # operator makes) before it goes on in this process.
@@ -60,39 +62,41 @@ class DataWorkerLost(Exception):
     pass
 
 
+@contextmanager
+def _rank_state_aside() -> Iterator[None]:
+    """The rank's random state and worker info, as they were before the block, after it."""
+    rank_state, rank_info = random_state(), torch_worker._worker_info
+    try:
+        yield
+    finally:
+        set_random_state(rank_state)
+        torch_worker._worker_info = rank_info
+
+
 class _InProcess:
     """A logical worker run in this process: the rank's own random state is set aside around it."""
 
     def __init__(self, setup: Setup) -> None:
-        rank_state, rank_info = random_state(), torch_worker._worker_info
-        try:
+        with _rank_state_aside():
             self.session = Session(setup, "this rank's process (no data worker reachable)")
             self.state = random_state()
             self.info = torch_worker._worker_info
-        finally:
-            set_random_state(rank_state)
-            torch_worker._worker_info = rank_info
 
     def fetch(self, index: Any) -> tuple[str, Any, RandomState]:
-        return self._as_worker(lambda: self.session.fetch(index))
+        kind, data, _ = self._as_worker(lambda: self.session.fetch(index))
+        return kind, data, self.state
 
     def resume(self, code: tuple[Any, Any, Any]) -> None:
-        def resume() -> tuple[str, Any, None]:
-            self.session.resume(code)
-            return "", None, None
-        self._as_worker(resume)
+        self._as_worker(lambda: self.session.resume(code))
 
-    def _as_worker(self, work: Any) -> tuple[str, Any, RandomState]:
-        rank_state, rank_info = random_state(), torch_worker._worker_info
-        set_random_state(self.state)
-        torch_worker._worker_info = self.info
-        try:
-            kind, data, _ = work()
+    def _as_worker(self, work: Callable[[], T]) -> T:
+        """work(), with this worker's random state and worker info in place of the rank's."""
+        with _rank_state_aside():
+            set_random_state(self.state)
+            torch_worker._worker_info = self.info
+            done = work()
             self.state, self.info = random_state(), torch_worker._worker_info
-        finally:
-            set_random_state(rank_state)
-            torch_worker._worker_info = rank_info
-        return kind, data, self.state
+        return done
 
 
 class LogicalWorker:
@@ -161,8 +165,7 @@ class LogicalWorker:
             self._move("not connected")
             return
         try:
-            for frame in [*wire.encode(("resume",)), *code]:
-                self.conn.send_bytes(frame)
+            wire.send(self.conn, ("resume",), code)
         except OSError as error:
             self._move(f"{self.where} went away ({error})")
 
@@ -231,8 +234,7 @@ class LogicalWorker:
             log.debug("data worker %s: %s", address, error)
             return None
         try:
-            for frame in [*wire.encode(("start", setup.without_code())), *self.code]:
-                conn.send_bytes(frame)
+            wire.send(conn, ("start", setup.without_code()), self.code)
             with awaited.waiting_on(f"data worker {address} to start logical worker {setup.worker_id}"):
                 answer = wire.receive(conn) if conn.poll(ANSWER_SECONDS) else None
         except (EOFError, OSError):

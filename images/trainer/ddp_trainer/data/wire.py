@@ -20,6 +20,7 @@ import io
 import pickle
 import socket
 import struct
+from collections.abc import Sequence
 from multiprocessing.connection import Connection, Listener, answer_challenge, deliver_challenge
 from typing import Any
 
@@ -56,8 +57,9 @@ def encode(message: object) -> list[memoryview | bytes]:
     return [sizes, *frames]
 
 
-def send(conn: Connection, message: object) -> None:
-    for frame in encode(message):
+def send(conn: Connection, message: object, then: Sequence[memoryview | bytes] = ()) -> None:
+    """The message, and right after it `then`: another message encoded before (once for many peers)."""
+    for frame in [*encode(message), *then]:
         conn.send_bytes(frame)
 
 
