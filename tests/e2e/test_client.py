@@ -99,7 +99,9 @@ def test_a_seed_style_script_runs_from_the_client_and_its_progress_results_metri
     status = job.wait(timeout=300, out=shown)
     lines = shown.getvalue().splitlines()
     assert status["phase"] == "Succeeded", shown.getvalue()
-    assert any(re.search(r"Running, ready 2/2, epoch \d, step \d+, loss [\d.e-]+, \d+ samples/s", line) for line in lines), lines
+    # Ready 1/2 or 0/2 is as right as 2/2 here: ten steps take about a second, so a report can land while
+    # one rank's pod is still starting or already done.
+    assert any(re.search(r"Running, ready \d/2, epoch \d, step \d+, loss [\d.e-]+, \d+ samples/s", line) for line in lines), lines
     assert lines[-1].startswith(f"seed-style-train: Succeeded at epoch {EPOCHS - 1}, step {STEPS}, loss "), lines
 
     # The same name again is refused before anything is changed (the running job's code included).

@@ -1,7 +1,8 @@
 """DDP training in trainer-image containers on the local cluster's real node: two jobs on the same
 masterPort at once, one of them interrupted three ways (its rank's process killed inside the
-container, a rank's pod deleted, a rank OOM-killed by its memory limit), which resumes from its last
-checkpoint each time and ends with exactly the parameters of the uninterrupted one.
+container, a rank's pod deleted, a rank OOM-killed by its memory limit) and fed by a data worker pod,
+which resumes from its last checkpoint each time and ends with exactly the parameters of the
+uninterrupted one, whose ranks make their batches themselves.
 Select with `pytest -m node`."""
 
 from __future__ import annotations
@@ -57,9 +58,9 @@ def final_params(endpoint: str, namespace: str, job: str) -> dict[str, torch.Ten
     return torch.load(io.BytesIO(body))
 
 
-def training_job(jobs: Jobs, name: str, endpoint: str, **env: str) -> None:
+def training_job(jobs: Jobs, name: str, endpoint: str, spec: dict | None = None, **env: str) -> None:
     """ddp_workloads.train (from a ConfigMap, on the image's PYTHONPATH) on masterPort 29500, paced so
-    faults can land between checkpoints."""
+    faults can land between checkpoints; `spec`: more of the DDPJob's spec."""
     # One thread a rank (as torchrun sets it): the two gangs' parameters are compared to the bit, so they
     # must sum in the same order whatever torch's default thread count on this node would be.
     settings = {"WL_BATCH": str(BATCH), "WL_EPOCHS": str(EPOCHS), "WL_CKPT_EVERY": str(EVERY),
@@ -71,7 +72,8 @@ def training_job(jobs: Jobs, name: str, endpoint: str, **env: str) -> None:
                s3={"endpoint": endpoint, "region": "us-east-1", "credentialsSecret": "s3-credentials",
                    "results": f"s3://{BUCKET}/results"},
                template={"spec": {"volumes": [{"name": "workloads", "configMap": {"name": "workloads"}}],
-                                  "containers": [{"name": labels.CONTAINER_NAME, "volumeMounts": [mount]}]}})
+                                  "containers": [{"name": labels.CONTAINER_NAME, "volumeMounts": [mount]}]}},
+               **(spec or {}))
 
 
 def running_attempt(jobs: Jobs, name: str, attempt: int) -> bool:
@@ -87,12 +89,16 @@ def test_a_job_killed_three_ways_resumes_to_the_parameters_of_an_uninterrupted_o
     jobs.core.create_namespaced_secret(ns, {"metadata": {"name": "s3-credentials"}, "stringData": {
         "AWS_ACCESS_KEY_ID": demo.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": demo.SECRET_KEY}})
     training_job(jobs, "steady", endpoint)
-    # Rank 1 fills 2 GiB in its 1.5 GiB container three steps into attempt 2.
-    training_job(jobs, "bumpy", endpoint, WL_OOM_ON_ATTEMPT="2", WL_OOM_AFTER_STEPS="3")
+    # Rank 1 fills 2 GiB in its 1.5 GiB container three steps into attempt 2. Its batches come from a
+    # data worker pod (two logical workers, prefetching), which stays through the gang restarts.
+    training_job(jobs, "bumpy", endpoint, spec={"dataWorkers": {"replicas": 1, "resources": {
+        "requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}}},
+        WL_OOM_ON_ATTEMPT="2", WL_OOM_AFTER_STEPS="3", WL_DATA_WORKERS="1")
 
     # Both gangs up at once on one node, each with its rank 0 on port 29500 of its own pod address.
     wait_until(lambda: running_attempt(jobs, "steady", 0) and running_attempt(jobs, "bumpy", 0), 300,
                "both jobs Running at the same time")
+    data_worker = jobs.core.read_namespaced_pod("bumpy-data-0", ns).metadata.uid
 
     # Attempt 0: once a checkpoint is committed, rank 1's process is killed inside its container.
     wait_until(lambda: checkpoint_steps(endpoint, ns, "bumpy"), 120, "bumpy's first checkpoint")
@@ -107,6 +113,12 @@ def test_a_job_killed_three_ways_resumes_to_the_parameters_of_an_uninterrupted_o
     jobs.core.delete_namespaced_pod("bumpy-0", ns)
     wait_until(lambda: running_attempt(jobs, "bumpy", 2), 180, "bumpy Running again (attempt 2)")
 
+    # The data worker served every attempt so far from the one pod, without a restart of its own.
+    pod = jobs.core.read_namespaced_pod("bumpy-data-0", ns)
+    assert pod.metadata.uid == data_worker and pod.status.container_statuses[0].restart_count == 0
+    served = kubectl("logs", "bumpy-data-0", "-n", ns).stdout.count("serving logical worker")
+    assert served >= 2 * 2 * 2, served  # attempts 0 and 1 at least, each: 2 ranks x 2 logical workers
+
     # Attempt 2 ends with the OOM kill; attempt 3 finishes.
     bumpy = jobs.wait_phase("bumpy", c.PHASE_SUCCEEDED, timeout=300)
     steady = jobs.wait_phase("steady", c.PHASE_SUCCEEDED, timeout=120)
@@ -117,6 +129,8 @@ def test_a_job_killed_three_ways_resumes_to_the_parameters_of_an_uninterrupted_o
     said = kubectl("logs", "bumpy-0", "-n", ns).stdout
     resumed = re.search(r"rank 0 resumed from step (\d+)", said)
     assert resumed and int(resumed.group(1)) > killed_after and int(resumed.group(1)) % EVERY == 0, said[-3000:]
+    # Its batches came from the data worker all along: none was moved or made in the rank.
+    assert not re.search(r"going on elsewhere|goes on in this process|workers run in this pod", said), said[-3000:]
 
     # Every resumption continued exactly where the checkpoint left off.
     interrupted, uninterrupted = final_params(endpoint, ns, "bumpy"), final_params(endpoint, ns, "steady")

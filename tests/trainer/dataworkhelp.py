@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy
 import torch
@@ -51,3 +52,20 @@ class Stream(IterableDataset[tuple[torch.Tensor, int]]):
         for index in [*range(worker, self.size, workers), *extra]:
             noise = torch.rand(2) + random.random() + float(numpy.random.rand())
             yield torch.full((2,), float(index)) + noise, index * 10 + worker
+
+
+class Large(Dataset[torch.Tensor]):
+    """Samples of 32 MB, more than a socket's buffers hold; each __getitem__ leaves a file named for
+    its index in `folder`, so a test sees which samples a data worker has made."""
+
+    def __init__(self, folder: str, size: int = 4) -> None:
+        self.folder = folder
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        sample = torch.full((8 * 1024 * 1024,), float(index))
+        (Path(self.folder) / str(index)).touch()
+        return sample

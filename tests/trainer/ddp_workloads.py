@@ -66,7 +66,12 @@ def train(ctx: RankContext) -> None:
     opt = optimizer(net)
     ddp = DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
     data_sampler = sampler(ctx.world_size, ctx.rank)
-    loader = DataLoader(dataset(), batch_size=batch, sampler=data_sampler)
+    if os.environ.get("WL_DATA_WORKERS") == "1":  # the job's data workers make the batches
+        import ddp_trainer
+
+        loader: DataLoader = ddp_trainer.DataLoader(dataset(), batch_size=batch, sampler=data_sampler, num_workers=2)
+    else:
+        loader = DataLoader(dataset(), batch_size=batch, sampler=data_sampler)
     checkpoints = CheckpointManager(keep=2, async_save=os.environ.get("WL_ASYNC") == "1") if every else None
     results = S3ResultsHandler(flush_interval_s=5.0) if os.environ.get("DDP_RESULTS_URI") else None
     progress = default_reporter()
@@ -81,7 +86,9 @@ def train(ctx: RankContext) -> None:
     first_step = step
     for epoch in range(data_sampler.epoch, epochs):
         data_sampler.set_epoch(epoch)
+        consumed = data_sampler.start_offset  # workers prefetch: the sampler alone would over-count
         for x, y in loader:
+            consumed += len(x)
             x, y = x.to(device), y.to(device)
             opt.zero_grad()
             loss = loss_fn(ddp(x), y)
@@ -92,7 +99,7 @@ def train(ctx: RankContext) -> None:
             if results is not None:
                 results.log_metrics(step, epoch, loss, lr=LR)
             if checkpoints is not None and step % every == 0:
-                checkpoints.save(step, training_state(ddp, opt, data_sampler))
+                checkpoints.save(step, training_state(ddp, opt, data_sampler, samples_consumed=consumed))
             if step == crash_at and ctx.rank == 0:
                 os.kill(os.getpid(), signal.SIGKILL)
             if step - first_step == balloon_at and ctx.rank == 1:

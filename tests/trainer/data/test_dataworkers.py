@@ -11,11 +11,12 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from dataworkhelp import Augmented, Stream, init_worker
+from dataworkhelp import Augmented, Large, Stream, init_worker
 from torch.utils.data import DataLoader as TorchDataLoader
 from trainerhelp import rank_env
 
@@ -23,6 +24,7 @@ from ddp_trainer import DataLoader, DistributedChunkedSampler, DpexDataLoader
 from ddp_trainer.data import loader as loader_module
 from ddp_trainer.data import wire
 from ddp_trainer.errors import ConfigError
+from kube import wait_until
 
 TOKEN = "a-token-of-this-job"
 # The tests ask for 3 workers on 2 cores on purpose (3 logical workers over 2 data workers).
@@ -172,20 +174,16 @@ def test_data_workers_without_the_token_or_with_a_bad_address_are_refused_by_nam
         DataLoader(Augmented(), data_workers=["data-0"], num_workers=1).remote_endpoints()
 
 
-def test_tensors_travel_outside_the_pickle_and_come_back_equal() -> None:
-    batch = {"x": torch.randn(3, 5), "b": torch.tensor([True, False]), "h": torch.ones(2, dtype=torch.bfloat16),
-             "empty": torch.empty(0, 4), "scalar": torch.tensor(3), "strided": torch.arange(12).reshape(3, 4).t(),
-             "names": ["a", "b"]}
-    frames = wire.encode(batch)
-    assert len(frames) == 2 + 6  # sizes, the structure, one frame per tensor
-    assert len(frames[1]) < 1000  # the structure holds no tensor's data
-    reader, writer = multiprocessing.Pipe(duplex=False)
-    wire.send(writer, batch)
-    got = wire.receive(reader)
-    for key, value in batch.items():
-        if isinstance(value, torch.Tensor):
-            assert got[key].dtype == value.dtype and torch.equal(got[key], value), key
-    assert got["names"] == ["a", "b"]
+def test_a_data_worker_makes_the_next_batch_while_the_last_waits_for_the_rank(
+        workers: list[Worker], tmp_path: Path) -> None:
+    """As a local worker goes on while its batch waits in shared memory: the rank has asked for two
+    batches and read none, and the second is made while the first (32 MB) waits to be sent."""
+    endpoints = start(workers, 1)
+    loader = DataLoader(Large(str(tmp_path)), data_workers=endpoints, data_worker_token=TOKEN, num_workers=1,
+                        batch_size=1, prefetch_factor=2)
+    batches = iter(loader)
+    wait_until(lambda: (tmp_path / "1").exists(), 30, "the data worker to make batch 1 before batch 0 is read")
+    assert [float(batch[0, 0]) for batch in batches] == [0.0, 1.0, 2.0, 3.0]
 
 
 def test_a_dataset_that_cannot_be_sent_is_refused_with_what_to_do(workers: list[Worker]) -> None:

@@ -130,6 +130,16 @@ def test_streaming_resume_with_another_worker_count_is_refused(wds_shards) -> No
         list(loader)
 
 
+def test_streaming_resume_mid_epoch_at_another_world_size_is_refused_and_at_an_epochs_end_allowed(wds_shards) -> None:
+    local, _, _ = wds_shards
+    at_two = ShardStream(str(local / "index.json"), rank=0, world_size=2, decode=False)
+    at_one = ShardStream(str(local / "index.json"), rank=0, world_size=1, decode=False)
+    with pytest.raises(ConfigError, match="saved mid-epoch by 2 ranks and this job has 1"):
+        at_one.load_state_dict(at_two.state_dict(1, 3, num_workers=0))
+    at_one.load_state_dict(at_two.state_dict(at_two.batches_per_epoch(3, 0), 3, num_workers=0))
+    assert at_one.epoch == 1
+
+
 @pytest.mark.timeout(120)
 def test_streaming_ddp_with_uneven_shards_does_not_hang(wds_shards, s3_env) -> None:
     _, bucket, _ = wds_shards

@@ -18,9 +18,12 @@ import argparse
 import logging
 import multiprocessing
 import os
+import queue
 import random
 import signal
+import socket
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
@@ -168,17 +171,63 @@ def serve_session(conn: Connection, where: str) -> None:
         log.info("serving logical worker %d of %d (base seed %d)", setup.worker_id, setup.num_workers,
                  setup.base_seed)
         wire.send(conn, ("ready",))
-        while (message := wire.receive(conn))[0] in ("fetch", "resume"):
-            if message[0] == "resume":
-                session.resume(wire.receive(conn))
-                continue
-            _, seq, index = message
-            kind, data, state = session.fetch(index)
-            wire.send(conn, (kind, seq, data, state))
+        with _Sender(conn) as sender:
+            while not sender.failed and (message := wire.receive(conn))[0] in ("fetch", "resume"):
+                if message[0] == "resume":
+                    session.resume(wire.receive(conn))
+                    continue
+                _, seq, index = message
+                kind, data, state = session.fetch(index)
+                sender.put((kind, seq, data, state))
     except (EOFError, ConnectionError):
         pass
     finally:
         conn.close()
+
+
+class _Sender:
+    """A session's answers, sent from a thread of their own: a batch waits in the socket until the rank
+    reads it (its turn comes round once per num_workers batches), and meanwhile the session makes the
+    next one, as a local worker does while its last batch waits in shared memory. At most QUEUED
+    answers wait here besides the one being sent; the rank asks for no more than prefetch_factor."""
+
+    QUEUED = 2
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.failed = False  # the connection broke: the session ends
+        self.queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue(maxsize=self.QUEUED)
+        self.thread = threading.Thread(target=self._run, name="data-worker-sender", daemon=True)
+        self.thread.start()
+
+    def put(self, message: tuple[Any, ...]) -> None:
+        self.queue.put(message)
+
+    def _run(self) -> None:
+        while (message := self.queue.get()) is not None:
+            if self.failed:
+                continue  # drained, so a put never waits on a sender that stopped sending
+            try:
+                wire.send(self.conn, message)
+            except OSError:
+                self.failed = True
+                _unblock(self.conn)
+
+    def __enter__(self) -> _Sender:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.queue.put(None)
+        self.thread.join()
+
+
+def _unblock(conn: Connection) -> None:
+    """Ends the session's wait for the rank's next message (its receive sees the connection end)."""
+    try:
+        with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def _extend_path(paths: Sequence[str]) -> None:

@@ -6,8 +6,16 @@ rank; the resulting list is padded (by wrapping) to a multiple of the world size
 the r-th contiguous slice. Each rank thus reads few shards at a time, all ranks get the same
 number of samples (no DDP hang), and every rank sees different data each epoch.
 
-Resuming mid-epoch: `state_dict(samples_consumed)` records the epoch and how far this rank got;
-after `load_state_dict`, the next iteration skips what was consumed, later epochs start at 0.
+Resuming mid-epoch: `state_dict(samples_consumed)` records the epoch, the world size and how far
+every rank got (ranks step together, so one rank's count is every rank's); after `load_state_dict`,
+the next iteration skips what was consumed, later epochs start at 0.
+
+Resuming at another world size (an elastic job that shrank or grew): the epoch's samples no rank
+consumed yet are split again over the new world size, the same way (padded, contiguous slices), so
+within the epoch no sample is repeated or skipped however many times the size changes, beyond the
+padding each size needs to give every rank as many (fewer than its world size). The state
+keeps each earlier size of the epoch and how far it got (`segments`), which is all it takes to
+recompute what is left.
 """
 
 from __future__ import annotations
@@ -49,10 +57,9 @@ class DistributedChunkedSampler(Sampler[int]):
         self.epoch = 0
         self._resume_offset = 0
         self._yielded = 0
-        if drop_last:
-            self.num_samples = self.size // num_replicas
-        else:
-            self.num_samples = -(-self.size // num_replicas)
+        # Earlier world sizes of this epoch and the samples each rank consumed at them, oldest first.
+        self._segments: list[tuple[int, int]] = []
+        self.num_samples = _per_rank(self.size, num_replicas, drop_last)
 
     def __len__(self) -> int:
         return self.num_samples
@@ -60,6 +67,8 @@ class DistributedChunkedSampler(Sampler[int]):
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
             self._resume_offset = 0
+            self._segments = []
+            self.num_samples = _per_rank(self.size, self.num_replicas, self.drop_last)
         self.epoch = epoch
 
     @property
@@ -82,12 +91,10 @@ class DistributedChunkedSampler(Sampler[int]):
         return order
 
     def rank_indices(self) -> list[int]:
+        """This rank's samples of the epoch at the current world size (after earlier sizes' shares)."""
         order = self.global_order()
-        total = self.num_samples * self.num_replicas
-        while len(order) < total:
-            order.extend(order[: total - len(order)])
-        start = self.rank * self.num_samples
-        return order[start : start + self.num_samples]
+        remaining = _remaining(len(order), self._segments, self.drop_last)
+        return [order[p] for p in _rank_slice(remaining, self.num_replicas, self.rank, self.num_samples)]
 
     def __iter__(self) -> Iterator[int]:
         indices = self.rank_indices()[self._resume_offset :]
@@ -98,15 +105,60 @@ class DistributedChunkedSampler(Sampler[int]):
             yield index
 
     def state_dict(self, samples_consumed: int | None = None) -> dict[str, Any]:
-        """`samples_consumed` is how many of this epoch's samples the training loop finished;
-        by default, how many this sampler yielded (exact only with num_workers=0)."""
+        """`samples_consumed` is how many samples of this rank's list (`rank_indices()`, at this world
+        size) the training loop finished: `start_offset` plus those of this iteration; by default,
+        how many this sampler yielded (exact only with num_workers=0)."""
         consumed = self._yielded if samples_consumed is None else samples_consumed
         if consumed >= self.num_samples:
-            return {"epoch": self.epoch + 1, "offset": 0, "seed": self.seed}
-        return {"epoch": self.epoch, "offset": int(consumed), "seed": self.seed}
+            return {"epoch": self.epoch + 1, "offset": 0, "seed": self.seed, "worldSize": self.num_replicas,
+                    "segments": []}
+        return {"epoch": self.epoch, "offset": int(consumed), "seed": self.seed, "worldSize": self.num_replicas,
+                "segments": [list(segment) for segment in self._segments]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A state of this sampler's, saved at any world size (states without `worldSize`, from before
+        it was kept, are taken as saved at this one)."""
         if int(state.get("seed", self.seed)) != self.seed:
             raise ValueError(f"sampler state was saved with seed {state['seed']}, this sampler has {self.seed}")
+        saved_world = int(state.get("worldSize", self.num_replicas))
+        segments = [(int(world), int(consumed)) for world, consumed in state.get("segments", [])]
+        offset = int(state["offset"])
+        if saved_world != self.num_replicas and offset > 0:
+            segments.append((saved_world, offset))
+            offset = 0
         self.epoch = int(state["epoch"])
-        self._resume_offset = int(state["offset"])
+        self._segments = segments
+        self._resume_offset = offset
+        self.num_samples = _per_rank(len(_remaining(self.size, segments, self.drop_last)), self.num_replicas,
+                                     self.drop_last)
+        if self.num_samples == 0:  # with drop_last, fewer samples left than ranks: the epoch is over
+            self.set_epoch(self.epoch + 1)
+
+
+def _per_rank(length: int, world: int, drop_last: bool) -> int:
+    return length // world if drop_last else -(-length // world)
+
+
+def _padded(remaining: list[int], length: int) -> list[int]:
+    """`remaining` wrapped round to `length` entries (every rank gets as many samples, as
+    torch's DistributedSampler pads)."""
+    out = list(remaining)
+    while out and len(out) < length:
+        out.extend(out[: length - len(out)])
+    return out[:length]
+
+
+def _rank_slice(remaining: list[int], world: int, rank: int, per_rank: int) -> list[int]:
+    padded = _padded(remaining, per_rank * world)
+    return padded[rank * per_rank : (rank + 1) * per_rank]
+
+
+def _remaining(length: int, segments: list[tuple[int, int]], drop_last: bool) -> list[int]:
+    """Positions of the epoch's order no rank consumed at the earlier world sizes `segments`, in order."""
+    remaining = list(range(length))
+    for world, consumed in segments:
+        per_rank = _per_rank(len(remaining), world, drop_last)
+        padded = _padded(remaining, per_rank * world)
+        taken = {p for rank in range(world) for p in padded[rank * per_rank : rank * per_rank + consumed]}
+        remaining = [p for p in remaining if p not in taken]
+    return remaining

@@ -194,6 +194,7 @@ class ShardStream(IterableDataset[Any]):
             "batch_size": batch_size,
             "num_workers": max(num_workers, 1),
             "seed": self.seed,
+            "world_size": self.world_size,
         }
 
     def loader_state_dict(self, loader: DataLoader[Any], batches_done: int) -> dict[str, int]:
@@ -205,6 +206,13 @@ class ShardStream(IterableDataset[Any]):
     def load_state_dict(self, state: dict[str, int]) -> None:
         if int(state.get("seed", self.seed)) != self.seed:
             raise ConfigError(f"stream state was saved with seed {state['seed']}, this stream has {self.seed}")
+        saved_world = int(state.get("world_size", self.world_size))
+        if int(state["batches"]) and saved_world != self.world_size:
+            raise ConfigError(
+                f"stream state was saved mid-epoch by {saved_world} ranks and this job has {self.world_size}: a "
+                "ShardStream resumes mid-epoch only at the world size that saved it (DistributedChunkedSampler "
+                "resumes at any); resume at that size, or drop the stream's state to start the epoch again"
+            )
         self.set_epoch(int(state["epoch"]))
         self._shared[_RESUME_EPOCH] = int(state["epoch"]) if int(state["batches"]) else -1
         self._shared[_RESUME_BATCHES] = int(state["batches"])
