@@ -238,7 +238,7 @@ def stream_train(ctx: RankContext) -> None:
     if latest is not None:
         restore_training_state(latest.state, net, opt)
         stream.load_state_dict(latest.state["stream"])
-        step, done = latest.step, latest.state["stream"]["batches"]
+        step, done = latest.step, stream.start_batch
         print(f"rank {ctx.rank} resumed from step {step} (epoch {stream.epoch}, batch {done})", flush=True)
     for epoch in range(stream.epoch, epochs):
         stream.set_epoch(epoch)

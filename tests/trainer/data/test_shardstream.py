@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import pickle
 from pathlib import Path
 
@@ -130,14 +131,72 @@ def test_streaming_resume_with_another_worker_count_is_refused(wds_shards) -> No
         list(loader)
 
 
-def test_streaming_resume_mid_epoch_at_another_world_size_is_refused_and_at_an_epochs_end_allowed(wds_shards) -> None:
+def stream_gang(local: Path, world: int, state: dict | None, shuffle_buffer: int) -> list[ShardStream]:
+    """Every rank's stream of a gang of `world`, resumed from rank 0's checkpointed `state`."""
+    streams = [ShardStream(str(local / "index.json"), rank=r, world_size=world, seed=4, shuffle_buffer=shuffle_buffer,
+                           decode=False) for r in range(world)]
+    for stream in streams:
+        stream.set_epoch(2)
+        if state is not None:
+            stream.load_state_dict(state)
+    return streams
+
+
+def stream_steps(streams: list[ShardStream], workers: int, batch: int, steps: int | None,
+                 seen: dict[int, list[str]]) -> dict:
+    """Every rank takes `steps` batches (None: to the epoch's end), as DDP does, through a DataLoader
+    with `workers`, adding their keys to seen[rank]; rank 0's state after, as a checkpoint keeps it."""
+    start, counts = streams[0].start_batch, set()
+    for rank, stream in enumerate(streams):
+        assert stream.start_batch == start
+        loader = DataLoader(stream, batch_size=batch, num_workers=workers, collate_fn=keys,
+                            multiprocessing_context="fork" if workers else None)
+        taken = list(itertools.islice(loader, steps))
+        counts.add(len(taken))
+        seen.setdefault(rank, []).extend(key for b in taken for key in b)
+    assert len(counts) == 1  # every rank as many batches
+    return streams[0].state_dict(start + counts.pop(), batch, workers)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
+@pytest.mark.parametrize("shuffle_buffer", [0, 4])
+def test_an_epoch_streamed_at_other_world_sizes_yields_each_sample_at_most_once(wds_shards, shuffle_buffer: int) -> None:
+    """35 samples: 3 ranks take 2 batches of 2 (2 workers), the gang shrinks to 2 (1 worker, batches of
+    3) for 1 batch, grows to 4 (3 workers) and ends the epoch. No sample twice; left out only what
+    the last size cannot split (35 - 12 - 6 = 17 samples over 4 ranks: 1), as any epoch leaves out
+    fewer than its world size."""
     local, _, _ = wds_shards
-    at_two = ShardStream(str(local / "index.json"), rank=0, world_size=2, decode=False)
-    at_one = ShardStream(str(local / "index.json"), rank=0, world_size=1, decode=False)
-    with pytest.raises(ConfigError, match="saved mid-epoch by 2 ranks and this job has 1"):
-        at_one.load_state_dict(at_two.state_dict(1, 3, num_workers=0))
-    at_one.load_state_dict(at_two.state_dict(at_two.batches_per_epoch(3, 0), 3, num_workers=0))
-    assert at_one.epoch == 1
+    by_rank: dict[int, list[str]] = {}
+    state = stream_steps(stream_gang(local, 3, None, shuffle_buffer), 2, 2, 2, by_rank)
+    assert (state["world_size"], state["batches"], state["segments"]) == (3, 2, [])
+    state = stream_steps(stream_gang(local, 2, state, shuffle_buffer), 1, 3, 1, by_rank)
+    assert state["segments"] == [[3, 2, 2, 2]] and state["batches"] == 1
+    last = stream_gang(local, 4, state, shuffle_buffer)
+    assert len(last[0]) == (35 - 12 - 6) // 4 and last[0].start_batch == 0
+    final = stream_steps(last, 3, 2, None, by_rank)
+    seen = [key for keys_of_rank in by_rank.values() for key in keys_of_rank]
+    assert len(seen) == len(set(seen)) == 35 - 1
+    assert (final["epoch"], final["batches"], final["segments"]) == (3, 0, [])
+    # The samples are the epoch's: those a single rank streams, but one.
+    whole = [key for b in DataLoader(stream_gang(local, 1, None, shuffle_buffer)[0], batch_size=5, collate_fn=keys)
+             for key in b]
+    assert set(seen) < set(whole) and len(whole) == 35
+
+
+def test_a_resized_epoch_resumes_at_its_new_size_too_and_a_state_from_before_sizes_were_kept_loads(wds_shards) -> None:
+    local, _, _ = wds_shards
+    before: dict[int, list[str]] = {}
+    state = stream_steps(stream_gang(local, 2, None, 4), 2, 2, 2, before)
+    expected: dict[int, list[str]] = {}
+    stream_steps(stream_gang(local, 3, state, 4), 2, 2, None, expected)  # the rest of the epoch at 3, in one go
+    again: dict[int, list[str]] = {}
+    resumed = stream_steps(stream_gang(local, 3, state, 4), 2, 2, 1, again)  # or with a restart at 3 after a batch
+    stream_steps(stream_gang(local, 3, resumed, 4), 2, 2, None, again)
+    assert again == expected  # each rank the same samples in the same order
+    assert not {k for keys_of_rank in before.values() for k in keys_of_rank} & {k for v in expected.values() for k in v}
+    old = {key: value for key, value in state.items() if key not in ("world_size", "segments")}
+    plain = stream_gang(local, 3, old, 4)[0]
+    assert plain.start_batch == old["batches"] and len(plain) == 35 // 3
 
 
 @pytest.mark.timeout(120)
