@@ -379,7 +379,7 @@ load_into_node() {
     log "the node has $ref ($digest) already"
     return 0
   fi
-  "$CLUSTER" ctr images import "$2" >&3 || die "ctr could not import $2 into the node's containerd"
+  "$CLUSTER" image-load "$2" "$ref" >&3 || die "ctr could not import $2 into the node's containerd"
   "$CLUSTER" ctr images ls "name==$ref" | grep -q "$digest" || die "the node's containerd has no $ref $digest after importing $2"
   log "loaded $ref ($digest) into the node's containerd"
 }

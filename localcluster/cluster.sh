@@ -550,9 +550,36 @@ cmd_image_import() {
   local tar config='{}'
   [ $# -ge 3 ] && config=$3
   tar=$(mktemp --suffix .tar)
+  # shellcheck disable=SC2064  # the name now: the script ends with this command, outside the function
+  trap "rm -f '$tar'" EXIT
   oci_image "$1" "$2" "$config" "$tar"
-  ctr_node images import "$tar" >/dev/null || { rm -f "$tar"; die "ctr could not import $2 (is the cluster up?)"; }
-  rm -f "$tar"
+  cmd_image_load "$tar" "$2"
+}
+
+# image_digest REF: the digest the node's image REF points at ('' if it has none).
+image_digest() {
+  ctr_node images ls "name==$1" 2>/dev/null | awk 'NR > 1 {print $3}'
+}
+
+# cmd_image_load TARBALL REF: imports the tarball, whose image is REF, into the node's containerd, and
+# forgets the image REF pointed at before. The kubelet keeps every image it ran under its ID as well
+# (a `sha256:` record, which outlives the tag moving on), so without this each rebuild of an image
+# would keep the last one's layers on disk for good (3 GB a trainer build).
+cmd_image_load() {
+  [ $# -eq 2 ] || die "usage: cluster.sh image-load TARBALL REF"
+  local previous current listing id
+  previous=$(image_digest "$2")
+  ctr_node images import "$1" >/dev/null || die "ctr could not import $1 (is the cluster up?)"
+  current=$(image_digest "$2")
+  [ -n "$current" ] || die "the node's containerd has no $2 after importing $1"
+  [ -n "$previous" ] && [ "$previous" != "$current" ] || return 0
+  listing=$(ctr_node images ls)
+  # Another name for the previous image (a tag of its own) keeps it.
+  if awk -v d="$previous" 'NR > 1 && $1 !~ /^sha256:/ && $3 == d' <<<"$listing" | grep -q .; then return 0; fi
+  for id in $(awk -v d="$previous" 'NR > 1 && $1 ~ /^sha256:/ && $3 == d {print $1}' <<<"$listing"); do
+    ctr_node images rm "$id" >/dev/null || die "could not remove $id, the previous $2, from the node's containerd"
+  done
+  log "the node's $2 is now $current; its previous image $previous is forgotten"
 }
 
 case "${1:-}" in
@@ -564,9 +591,10 @@ case "${1:-}" in
   kubectl) shift; kc "$@" ;;
   ctr) shift; ctr_node "$@" ;;
   image-import) shift; cmd_image_import "$@" ;;
+  image-load) shift; cmd_image_load "$@" ;;
   helm) shift; KUBECONFIG=$KUBECONFIG_FILE "$BIN_HELM/helm" "$@" ;;
   bindir) echo "$BIN_K8S:$BIN_HELM" ;;
   sign) shift; sign "$@" ;;  # NAME SUBJECT [SAN]: a key and certificate from the cluster CA in $PKI
   build-patched) shift; build_patched "$@" ;;  # NAME MODULE OUT LDFLAGS PATCH... (kueue.sh's build)
-  *) echo "usage: $0 build|up|down|status|env|kubectl ARGS|helm ARGS|ctr ARGS|image-import ROOTFS REF [CONFIG]" >&2; exit 2 ;;
+  *) echo "usage: $0 build|up|down|status|env|kubectl ARGS|helm ARGS|ctr ARGS|image-import ROOTFS REF [CONFIG]|image-load TARBALL REF" >&2; exit 2 ;;
 esac

@@ -22,8 +22,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from kube import Cluster, wait_until
-from realnode import IMAGE
+from kube import Cluster, cluster_script, wait_until
+from realnode import IMAGE, import_busybox
 
 pytestmark = pytest.mark.node
 
@@ -236,3 +236,29 @@ def test_the_node_never_reclaims_disk_by_evicting_pods_or_deleting_images(kube_a
     assert {k: config["evictionHard"][k] for k in ("nodefs.available", "imagefs.available")} == \
         {"nodefs.available": "0%", "imagefs.available": "0%"}, config["evictionHard"]  # the kubelet ignores 0%
     assert config["imageGCHighThresholdPercent"] == 100
+
+
+def node_images() -> list[tuple[str, str]]:
+    """(name, digest) of every image in the node's containerd (the kubelet's namespace)."""
+    listing = cluster_script("ctr", "images", "ls").stdout.splitlines()[1:]
+    return [(line.split()[0], line.split()[2]) for line in listing if line.strip()]
+
+
+def test_an_image_loaded_again_leaves_nothing_of_the_one_before_on_the_node(
+        core, namespace: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The kubelet keeps each image it ran under its ID too (`sha256:...`) after the tag moves on:
+    loading a new build of a tag (as `make images` does) must forget the old one, or every build of
+    the 3 GB trainer stays on the node's disk. A pod still running the old image keeps running."""
+    ref = "docker.io/library/busybox:ddp-reloaded"
+    import_busybox(tmp_path_factory.mktemp("first"), image=ref, uid=65531)  # no other tag has this image
+    first = dict(node_images())[ref]
+    run_pod(core, namespace, "on-the-first", IDLE, container={"image": ref})
+    wait_until(lambda: any(name.startswith("sha256:") and digest == first for name, digest in node_images()), 30,
+               "the kubelet's record of the first image under its ID")
+    import_busybox(tmp_path_factory.mktemp("second"), image=ref, uid=65532)  # another user: another image
+    images = node_images()
+    second = dict(images)[ref]
+    assert second != first
+    assert [name for name, digest in images if digest == first] == [], images
+    assert core.read_namespaced_pod("on-the-first", namespace).status.phase == "Running"
+    run_pod(core, namespace, "on-the-second", IDLE, container={"image": ref})
