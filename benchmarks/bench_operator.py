@@ -29,6 +29,12 @@ whose ranks cannot be scheduled at all. Measured: from the injection (or the
 create call) to the job's status saying why (status.reason, and failedRank naming rank 1), and to
 the gang Running again at the next attempt.
 
+restartStrategy (`--strategy-sizes`, `--restart-repeats`): the same failure under Recreate and under
+InPlace, per restart: the API writes it takes (pods created, pods deleted, job status patches, from
+the watches) and the operator's CPU seconds, until the job is Running again. The kwok pods run no
+runtime, so under InPlace this script records the new gang formed (status.rendezvous) once every pod
+is Ready, as rank 0 would.
+
 Targets: 64 ranks created < 2 s, 1024 < 20 s, lag < 1 s, RSS < 250 MB with 100 jobs x 8 ranks;
 each gang restart within 2x the bare pods' delete-and-recreate, with no pod of a new attempt deleted;
 every fault said on the job within 2 s.
@@ -57,6 +63,7 @@ REPO = Path(__file__).resolve().parent.parent
 # The benchmark runs from the source tree, like the tests; these imports need the paths first.
 sys.path[:0] = [str(REPO / "contract"), str(REPO / "operator"), str(REPO / "localcluster")]
 from ddp_contract import api, kubeclient, labels  # noqa: E402
+from ddp_contract.api import RESTART_IN_PLACE, RESTART_RECREATE  # noqa: E402
 from ddp_operator import constants as c  # noqa: E402
 from ddp_operator.kubeapi import CONCURRENCY, discard_answer  # noqa: E402
 from fakenodes import FAKE_NODE_TOLERATION, on_fake_nodes  # noqa: E402
@@ -420,6 +427,68 @@ def run_restarts(core, custom, tracker: Tracker, ranks: int, repeats: int, timeo
         wait_pods_gone(tracker, timeout)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds the process has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def strategy_settled(tracker: Tracker, name: str, ranks: int, attempt: int) -> bool:
+    """Running at `attempt` with `ranks` live pods Ready, whichever attempts created them."""
+    with tracker.lock:
+        phase, seen_attempt, _ = tracker.job_states.get(name, (None, -1, 0.0))
+        ready = {x.name for x in tracker.lives.values()
+                 if x.name.startswith(f"{name}-") and x.ready is not None and x.deleting is None}
+    return phase == c.PHASE_RUNNING and seen_attempt == attempt and len(ready) == ranks
+
+
+def run_strategy_restarts(core, custom, tracker: Tracker, ranks: int, repeats: int, timeout: float,
+                          strategy: str) -> dict:
+    """Rank 1's container fails (exit 137, OOMKilled) `repeats` times under `strategy`: the API writes
+    each restart takes (pods created, pods deleted, job status patches) and the operator's CPU time,
+    until the job is Running again. InPlace: the kwok pods run no runtime, so this script records the
+    new gang formed (status.rendezvous) once every pod is Ready, as rank 0 would."""
+    tracker.reset()
+    name = f"{strategy.lower()}{ranks}"
+    body = job_body(name, ranks)
+    body["spec"].pop("command")
+    body["spec"].update(entrypoint="train:main", restartStrategy=strategy, backoffLimit=repeats + 1)
+    in_place = strategy == api.RESTART_IN_PLACE
+    rows = []
+    try:
+        custom.create_namespaced_custom_object(api.GROUP, api.VERSION, NAMESPACE, api.PLURAL, body)
+        wait(lambda: strategy_settled(tracker, name, ranks, 0), timeout, f"{name} Running")
+        for attempt in range(1, repeats + 1):
+            with tracker.lock:
+                before, updates = set(tracker.lives), tracker.job_updates.get(name, 0)
+            assert OPERATOR is not None
+            cpu = cpu_seconds(OPERATOR.pid)
+            t0 = time.monotonic()
+            core.patch_namespaced_pod_status(f"{name}-1", NAMESPACE,
+                                             {"status": pod_status(labels.CONTAINER_NAME, "trainer:bench", 137, "OOMKilled")})
+            if in_place:
+                wait(lambda a=attempt: tracker.job_states.get(name, (None, -1))[1] == a, timeout, f"{name} attempt {attempt}")
+                wait(lambda: len([x for x in tracker.lives.values() if x.name.startswith(f"{name}-") and x.ready
+                                  and x.deleting is None]) == ranks, timeout, f"{name}'s pods Ready")
+                custom.patch_namespaced_custom_object_status(api.GROUP, api.VERSION, NAMESPACE, api.PLURAL, name, {
+                    "status": {"rendezvous": {"attempt": attempt, "formedSeconds": 0.0, "allReduceMillis": 0.0}}})
+            wait(lambda a=attempt: strategy_settled(tracker, name, ranks, a), timeout, f"{name} Running at {attempt}")
+            used = cpu_seconds(OPERATOR.pid) - cpu
+            with tracker.lock:
+                settled = tracker.job_states[name][2] - t0
+                created = len(set(tracker.lives) - before)
+                deleted = sum(1 for uid in before if (tracker.lives[uid].deleting or 0) >= t0)
+                patches = tracker.job_updates.get(name, 0) - updates - (1 if in_place else 0)
+            rows.append({"settle_s": round(settled, 2), "pods_created": created, "pods_deleted": deleted,
+                         "status_patches": patches, "writes": created + deleted + patches,
+                         "operator_cpu_s": round(used, 2)})
+            print(f"{name} restart {attempt}: {rows[-1]}", flush=True)
+    finally:
+        delete_jobs(custom, [name], timeout)
+        wait_pods_gone(tracker, timeout)
+    return {"scenario": name, "strategy": strategy, "ranks": ranks, "restarts": rows}
+
+
 # A fault, how to inject it into rank 1 (a pod status as the kubelet reports it) and the reason
 # the job must then give.
 FAULTS = {
@@ -742,6 +811,9 @@ def main() -> int:
     parser.add_argument("--restart-repeats", type=int, default=3, help="gang restarts per size")
     parser.add_argument("--fault-sizes", default="8,256",
                         help="world sizes for the fault scenario: OOM kill, hang, eviction, node deleted, unschedulable")
+    parser.add_argument("--strategy-sizes", default="1024",
+                        help="world sizes for restartStrategy Recreate next to InPlace: API writes and operator CPU "
+                             "per restart")
     parser.add_argument("--kubeconfig", help="use this cluster instead of starting a separate local one")
     parser.add_argument("--json", type=Path, help="write the results here as JSON")
     parser.add_argument("--timeout", type=float, default=300, help="seconds each wait may take")
@@ -758,6 +830,7 @@ def main() -> int:
     operator = None
     tracker, stop = Tracker(), threading.Event()
     results: list[dict] = []
+    strategies: list[dict] = []
     peak = {"rss_peak_sampled_mb": None, "vm_hwm_mb": None}
     try:
         kubeconfig = args.kubeconfig or start_cluster(BENCH_CLUSTER)
@@ -800,6 +873,10 @@ def main() -> int:
             result = run_faults(core, custom, tracker, size, args.timeout)
             results.append(result)
             print(json.dumps(result), flush=True)
+        for size in [int(x) for x in args.strategy_sizes.split(",") if x]:
+            for strategy in (RESTART_RECREATE, RESTART_IN_PLACE):
+                strategies.append(run_strategy_restarts(core, custom, tracker, size, args.restart_repeats,
+                                                        args.timeout, strategy))
         peak = {"rss_peak_sampled_mb": round(sampler.peak_kb / 1024, 1),
                 "vm_hwm_mb": round(status_kb(operator.pid, "VmHWM") / 1024, 1)}
     finally:
@@ -814,11 +891,25 @@ def main() -> int:
     many = [r for r in results if r["jobs"] > 1]
     checks = verdicts(results, peak["vm_hwm_mb"] if many else None)
     print_table(results, peak, checks)
+    print_strategies(strategies)
     if args.json:
-        args.json.write_text(json.dumps({"results": results, **peak, "targets": TARGETS,
+        args.json.write_text(json.dumps({"results": results, "strategies": strategies, **peak, "targets": TARGETS,
                                          "checks": [{"target": t, "value": v, "pass": ok} for t, v, ok in checks]},
                                         indent=2))
     return 0 if all(ok for _, _, ok in checks) else 1
+
+
+def print_strategies(strategies: list[dict]) -> None:
+    if not strategies:
+        return
+    print()
+    print("restartStrategy, per restart of rank 1's failed container: seconds to Running again, API writes (pods"
+          " created + pods deleted + job status patches) and the operator's CPU seconds:")
+    for run_of in strategies:
+        for row in run_of["restarts"]:
+            print(f"{run_of['strategy']:<9} {run_of['ranks']:>5} ranks: {row['settle_s']:6.2f} s, {row['writes']:5d} writes "
+                  f"({row['pods_created']} + {row['pods_deleted']} + {row['status_patches']}), "
+                  f"{row['operator_cpu_s']:.2f} s CPU")
 
 
 def cleanup_shared(kubeconfig: str, bench_nodes: list[str]) -> None:

@@ -26,6 +26,12 @@ shared) and measures, with this script's clocks and watches:
               recreating as many bare busybox pods on the same node (delete all, create each name
               again once it is free, until all are Running).
 
+  strategies  restartStrategy Recreate next to InPlace, a job of each at --strategy-ranks ranks: rank 1's
+              rank process SIGTERMed inside its container (a process failure), then rank 1's pod
+              deleted; each from the fault's call to the restart decided (status.attempt), to the
+              new gang formed (status.rendezvous: every rank back in the process group, training
+              again from the checkpoint), and how many rank pods were created anew for it.
+
 Prints the figures as tables; --json writes them too.
 """
 
@@ -92,6 +98,7 @@ class Seen:
     rendezvous: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
     progress: dict[str, float] = field(default_factory=dict)  # job -> first progress seen
     phases: dict[str, tuple[str | None, int, float]] = field(default_factory=dict)  # job -> phase, attempt, since
+    attempts: dict[tuple[str, int], float] = field(default_factory=dict)  # (job, attempt) -> first seen
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def of(self, predicate: Callable[[Pod], bool]) -> list[Pod]:
@@ -126,6 +133,7 @@ def watch_jobs(custom: client.CustomObjectsApi, namespace: str, seen: Seen, stop
         name, status = job["metadata"]["name"], job.get("status") or {}
         with seen.lock:
             state = (status.get("phase"), int(status.get("attempt") or 0))
+            seen.attempts.setdefault((name, state[1]), now)
             if seen.phases.get(name, (None, -1, 0.0))[:2] != state:
                 seen.phases[name] = (*state, now)
             rendezvous = status.get("rendezvous")
@@ -214,6 +222,58 @@ def gang_restarts(custom, seen: Seen, namespace: str, ranks: int, repeats: int, 
     return out
 
 
+# Run in rank 1's container: SIGTERM to the process that runs the rank (PID 1 under Recreate; under
+# InPlace the process the runtime started, DDP_SUPERVISED=1), which exits as a failing rank does.
+KILL_RANK_PROCESS = """
+import os, signal
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        env = open(f"/proc/{pid}/environ", "rb").read().split(b"\\0")
+    except OSError:
+        continue
+    if b"DDP_SUPERVISED=1" in env or (pid == "1" and b"DDP_RESTART_STRATEGY=InPlace" not in env):
+        os.kill(int(pid), signal.SIGTERM)
+"""
+
+
+def pod_uids(seen: Seen, prefix: str) -> set[str]:
+    with seen.lock:
+        return {uid for uid, pod in seen.pods.items() if pod.name.startswith(prefix)}
+
+
+def strategy_restarts(core, custom, seen: Seen, namespace: str, strategy: str, ranks: int, repeats: int,
+                      timeout: float) -> dict[str, list[dict]]:
+    """A job of `ranks` ranks under `strategy`: rank 1's rank process SIGTERMed, then its pod deleted,
+    `repeats` times each; seconds from the fault's call to the restart decided and to the gang formed."""
+    name = f"{strategy.lower()}{ranks}"
+    job = quickstart_job(name, ["--epochs", "100000"], ranks)
+    job["spec"].update(restartStrategy=strategy, infrastructureBackoffLimit=100)
+    custom.create_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, job)
+    out: dict[str, list[dict]] = {"process": [], "pod": []}
+    attempt = 0
+    try:
+        wait(lambda: (name, 0) in seen.rendezvous, timeout, f"{name} running")
+        for fault in out:
+            for _ in range(repeats):
+                before = pod_uids(seen, f"{name}-")
+                t0 = time.monotonic()
+                if fault == "process":
+                    kubectl("exec", "-n", namespace, f"{name}-1", "--", "python", "-c", KILL_RANK_PROCESS)
+                else:
+                    core.delete_namespaced_pod(f"{name}-1", namespace)
+                attempt += 1
+                wait(lambda a=attempt: (name, a) in seen.rendezvous, timeout, f"{name} attempt {attempt} formed")
+                with seen.lock:
+                    decided, formed = seen.attempts[(name, attempt)], seen.rendezvous[(name, attempt)][0]
+                created = pod_uids(seen, f"{name}-") - before
+                out[fault].append({"decided": round(decided - t0, 2), "formed": round(formed - t0, 2),
+                                   "pods created": len(created)})
+                print(f"{name} {fault}: {out[fault][-1]}", flush=True)
+    finally:
+        custom.delete_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name)
+    return out
+
+
 def bare_pod(name: str, image: str) -> dict:
     """A pod that runs until deleted and exits at once on SIGTERM, as a rank does."""
     return {"metadata": {"name": name, "labels": {"figures/bare": "1"}},
@@ -283,6 +343,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=2, help="quick-start jobs timed from create to first step")
     parser.add_argument("--restart-ranks", type=int, default=2)
     parser.add_argument("--restart-repeats", type=int, default=3)
+    parser.add_argument("--strategy-ranks", default="2,4",
+                        help="job sizes (comma-separated) for Recreate next to InPlace; empty: skip them")
+    parser.add_argument("--strategy-repeats", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=300, help="seconds each wait may take")
     parser.add_argument("--json", type=Path, help="write the figures here as JSON")
     args = parser.parse_args()
@@ -325,6 +388,10 @@ def main() -> int:
         figures["bare pods"] = bare_restarts(core, seen, namespace, busybox, args.restart_ranks, args.restart_repeats,
                                              args.timeout)
         print(f"{args.restart_ranks} bare pods deleted and recreated: {figures['bare pods']}", flush=True)
+        figures["strategies"] = {
+            f"{strategy} {ranks}": strategy_restarts(core, custom, seen, namespace, strategy, int(ranks),
+                                                     args.strategy_repeats, args.timeout)
+            for ranks in filter(None, args.strategy_ranks.split(",")) for strategy in api.RESTART_STRATEGIES[::-1]}
     finally:
         stop.set()
         bench_operator.OPERATOR = None
@@ -361,6 +428,14 @@ def print_tables(figures: dict, ranks: int) -> None:
         print("   " + " ".join(f"{v:>13.2f}" for v in row.values()))
     print(f"{ranks} bare busybox pods deleted and recreated, seconds from the delete calls to all gone, and to all"
           " running again: " + ", ".join(f"{x['gone']:.2f} / {x['running']:.2f}" for x in figures["bare pods"]))
+    if figures.get("strategies"):
+        print()
+        print("restartStrategy, seconds from the fault's call to the restart decided / the gang formed again, and rank"
+              " pods created anew (process: rank 1's rank process SIGTERMed; pod: rank 1's pod deleted):")
+        for job, faults in figures["strategies"].items():
+            for fault, rows in faults.items():
+                print(f"{job:<12} {fault:<8} " + "  ".join(
+                    f"{r['decided']:.2f} / {r['formed']:.2f} ({r['pods created']})" for r in rows))
 
 
 if __name__ == "__main__":

@@ -49,10 +49,13 @@ def alive(pid: int) -> bool:
         return False
 
 
-def rank_pid(namespace: str, job: str, rank: int) -> int | None:
+def rank_pid(namespace: str, job: str, rank: int, supervised: bool = False) -> int | None:
     """The process of this machine running `rank` of the job, found by its environment: a pod runner's
-    rank, or a rank in a container on the real node (the host sees its processes)."""
+    rank, or a rank in a container on the real node (the host sees its processes). supervised: the
+    rank process an InPlace pod's runtime started (DDP_SUPERVISED), not that runtime."""
     wanted = {f"DDP_JOB_NAMESPACE={namespace}", f"DDP_JOB_NAME={job}", f"RANK={rank}"}
+    if supervised:
+        wanted.add("DDP_SUPERVISED=1")
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue

@@ -12,3 +12,15 @@ PLURAL: Final = "ddpjobs"
 SINGULAR: Final = "ddpjob"
 SHORT_NAME: Final = "ddpj"
 CRD_NAME: Final = f"{PLURAL}.{GROUP}"
+
+# spec.restartStrategy. Recreate: a failure deletes every rank's pod and the next attempt creates them
+# again. InPlace: only pods that cannot go on are replaced; the runtime in every other pod starts its
+# rank processes again for the next attempt.
+RESTART_IN_PLACE: Final = "InPlace"
+RESTART_RECREATE: Final = "Recreate"
+RESTART_STRATEGIES: Final = (RESTART_IN_PLACE, RESTART_RECREATE)
+
+# status.processFailures: under InPlace, a pod's runtime reports here (keyed by the pod's index, as a
+# string) that a rank process failed while its container goes on; the operator reads it as it reads a
+# failed container. Each entry: attempt, exitCode, reason, message (the rank's last words), finishedAt.
+STATUS_PROCESS_FAILURES: Final = "processFailures"

@@ -25,6 +25,11 @@ JOB_UID: Final = "DDP_JOB_UID"
 ATTEMPT: Final = "DDP_ATTEMPT"
 # The job's last committed checkpoint (status.lastCheckpoint.uri) when the attempt's pods were made.
 RESUME_FROM: Final = "DDP_RESUME_FROM"
+# spec.restartStrategy when it is InPlace: the runtime then supervises the pod's rank processes, and
+# starts them again in the same pod for each new attempt (ddp_trainer.runtime.inplace).
+RESTART_STRATEGY: Final = "DDP_RESTART_STRATEGY"
+# Set by that supervisor for the rank processes it starts, so they run the rank instead of supervising.
+SUPERVISED: Final = "DDP_SUPERVISED"
 
 # What the rank runs, and how.
 BACKEND: Final = "DDP_BACKEND"
@@ -73,5 +78,5 @@ RESULTS_URI: Final = "DDP_RESULTS_URI"
 # Set by the operator for every rank; a spec's env or template may not override them.
 RESERVED: Final = frozenset({
     MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, GROUP_RANK,
-    JOB_NAME, JOB_NAMESPACE, JOB_UID, ATTEMPT, BACKEND, ENTRYPOINT, RESUME_FROM,
+    JOB_NAME, JOB_NAMESPACE, JOB_UID, ATTEMPT, BACKEND, ENTRYPOINT, RESUME_FROM, RESTART_STRATEGY, SUPERVISED,
 })

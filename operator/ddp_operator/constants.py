@@ -81,6 +81,7 @@ REASON_DEADLINE: Final = "DeadlineExceeded"
 REASON_INVALID_SPEC: Final = "InvalidSpec"
 REASON_HUNG: Final = "Hung"
 REASON_DETERMINISTIC: Final = "DeterministicFailure"
+REASON_IN_PLACE_TIMED_OUT: Final = "InPlaceRestartTimedOut"
 # The API server refused an object the job needs (admission.py): by who refused. A quota may free up;
 # the others refuse until someone changes the cluster or the spec, so the job fails at once.
 REASON_POD_SECURITY: Final = "PodSecurity"

@@ -10,6 +10,7 @@ from typing import Any
 
 from ddp_contract.timestamps import parse_rfc3339
 from ddp_operator import constants as c
+from ddp_operator.conditions import get_condition
 from ddp_operator.deadlines import deadline_exceeded, startup_remaining
 from ddp_operator.failures import RankFailure, describe_problems
 from ddp_operator.kueue.rules import Gate, QueueState
@@ -22,7 +23,8 @@ from ddp_operator.spec import JobSpec
 class Action(enum.StrEnum):
     CREATE = "Create"  # create decision.create_ranks
     WAIT = "Wait"  # nothing to create; maybe pods to delete (old attempts, leftovers of a finished job)
-    RESTART = "Restart"  # delete the whole gang; the next passes create attempt + 1
+    RESTART = "Restart"  # delete the gang (InPlace: the pods that cannot go on); the next passes create attempt + 1
+    RECREATE = "Recreate"  # an InPlace restart overdue: delete the pods kept from earlier attempts, same attempt
     FAIL = "Fail"
     SUCCEED = "Succeed"
     SUSPEND = "Suspend"
@@ -73,6 +75,9 @@ def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: d
         if wait is not None:
             return Decision(Action.WAIT, attempt, delete_pods=summary.stale_pods, recheck_after=wait)
         return _on_failure(spec, status, summary, failure)
+    overdue = _in_place_overdue(spec, status, summary, now)
+    if overdue is not None:
+        return overdue
     at_once = [problem for problem in summary.problems if problem.reason in c.FAIL_AT_ONCE_REASONS]
     if at_once:
         # Refused by the cluster's rules (Pod Security, a LimitRange, a policy, ...): waiting cannot help.
@@ -88,7 +93,8 @@ def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: d
         return Decision(Action.WAIT, attempt, delete_pods=_whole_gang(summary))
     free = tuple(r for r in range(spec.pods) if r not in summary.occupied_ranks)
     action = Action.CREATE if free else Action.WAIT
-    return Decision(action, attempt, delete_pods=summary.stale_pods, create_ranks=free)
+    return Decision(action, attempt, delete_pods=summary.stale_pods, create_ranks=free,
+                    recheck_after=_in_place_due(spec, status, summary, now))
 
 
 def _on_failure(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, failure: RankFailure) -> Decision:
@@ -108,12 +114,48 @@ def _on_failure(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, f
         message = (f"{failure.describe()}; {BUDGET_FIELDS[kind]} {limit} reached after {used} "
                    f"{kind.lower()} restarts")
         return _fail(summary, c.REASON_BACKOFF_LIMIT, message, failure)
-    message = (f"{failure.describe()}; restarting the gang ({kind.lower()} restart {used + 1} of {limit}, "
+    how = "in place" if spec.in_place else "the gang"
+    message = (f"{failure.describe()}; restarting {how} ({kind.lower()} restart {used + 1} of {limit}, "
                f"{BUDGET_FIELDS[kind]})")
+    replaced = _cannot_go_on(summary) if spec.in_place else _whole_gang(summary)
     return Decision(
-        Action.RESTART, summary.attempt + 1, _restart_reason(failure), message, delete_pods=_whole_gang(summary),
-        failure=failure,
+        Action.RESTART, summary.attempt + 1, _restart_reason(failure), message, delete_pods=replaced, failure=failure,
     )
+
+
+def gang_formed(status: Mapping[str, Any]) -> bool:
+    """Whether rank 0 recorded the current attempt's gang forming (status.rendezvous)."""
+    formed = (status.get("rendezvous") or {}).get("attempt")
+    return isinstance(formed, int) and formed >= int(status.get("attempt", 0))
+
+
+def _in_place_due(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: datetime) -> float | None:
+    """Seconds left for an InPlace restart's gang to form, counted from when the restart was decided or
+    (later) the last of its pods started running; None when no such restart is waiting on pods it kept."""
+    if not spec.in_place or status.get("phase") != c.PHASE_RESTARTING or gang_formed(status):
+        return None
+    if not summary.carried_pods or summary.running < spec.pods:
+        return None  # a rank still pending is held up for its own reasons, reported as such
+    restarted = get_condition(status.get("conditions") or [], c.COND_RESTARTING) or {}
+    since = [t for t in (parse_rfc3339(restarted.get("lastTransitionTime")), parse_rfc3339(summary.last_started))
+             if t is not None]
+    if not since:
+        return None
+    return spec.in_place_deadline_seconds - (now - max(since)).total_seconds()
+
+
+def _in_place_overdue(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: datetime) -> Decision | None:
+    """An InPlace restart whose gang did not form within inPlaceDeadlineSeconds of all its pods
+    running (a rank process that cannot be stopped, a runtime that never starts its rank again): the
+    pods kept from earlier attempts are recreated, for the same attempt, on no budget."""
+    left = _in_place_due(spec, status, summary, now)
+    if left is None or left > 0:
+        return None
+    message = (f"the gang of attempt {summary.attempt} did not form within inPlaceDeadlineSeconds="
+               f"{spec.in_place_deadline_seconds} of all its pods running; recreating the pods kept from earlier "
+               f"attempts: {', '.join(summary.carried_pods)}")
+    return Decision(Action.RECREATE, summary.attempt, c.REASON_IN_PLACE_TIMED_OUT, message,
+                    delete_pods=summary.carried_pods)
 
 
 def _echo_wait(failure: RankFailure, now: datetime) -> float | None:
@@ -151,6 +193,13 @@ def _lost_rank(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary) ->
     name = pod_name(summary.job_name, missing[0]) if summary.job_name else ""
     return RankFailure(rank=missing[0], pod=name, exit_code=None, reason=c.REASON_RANK_MISSING, evicted=True,
                        ranks_per_pod=spec.ranks_per_pod)
+
+
+def _cannot_go_on(summary: PodSummary) -> tuple[str, ...]:
+    """restartStrategy InPlace: the pods a restart replaces: those whose trainer container ended
+    (failed, succeeded or evicted), those on a lost node, and older ones. The runtime in every other
+    pod starts its rank processes again for the next attempt."""
+    return tuple(sorted(set(summary.finished_pods + summary.on_lost_nodes + summary.stale_pods)))
 
 
 def _whole_gang(summary: PodSummary) -> tuple[str, ...]:

@@ -168,9 +168,9 @@ def progress_service_account(job_name: str) -> str:
 
 
 def build_progress_access(job: Mapping[str, Any], spec: JobSpec) -> list[dict[str, Any]]:
-    """What lets rank 0 write progress into its own job's status, and nothing else.
+    """What lets rank 0 write progress into its own job's status and every rank read its job, nothing else.
 
-    A Role limited to this one DDPJob's status (resourceNames), bound to the ranks' ServiceAccount:
+    A Role limited to this one DDPJob (resourceNames), bound to the ranks' ServiceAccount:
     the per-job one (created here) or the one the template names.
     """
     meta = job["metadata"]
@@ -186,7 +186,10 @@ def build_progress_access(job: Mapping[str, Any], spec: JobSpec) -> list[dict[st
         "kind": "Role",
         "metadata": {"name": f"{name}-progress", "namespace": namespace, "labels": job_labels(name)},
         "rules": [{"apiGroups": [api.GROUP], "resources": [f"{api.PLURAL}/status"], "resourceNames": [name],
-                   "verbs": ["get", "patch"]}],
+                   "verbs": ["get", "patch"]},
+                  # restartStrategy InPlace: each pod's runtime watches its job for the next attempt.
+                  {"apiGroups": [api.GROUP], "resources": [api.PLURAL], "resourceNames": [name],
+                   "verbs": ["get", "list", "watch"]}],
     }
     binding = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -222,6 +225,8 @@ def rank_env(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) -> 
     }
     if spec.entrypoint:
         values[envnames.ENTRYPOINT] = spec.entrypoint
+    if spec.in_place:
+        values[envnames.RESTART_STRATEGY] = spec.restart_strategy
     if spec.hang_timeout_seconds is not None:
         values[envnames.HANG_TIMEOUT_SECONDS] = str(spec.hang_timeout_seconds)
     if not spec.metrics_from_output:

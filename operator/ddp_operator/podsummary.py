@@ -6,7 +6,7 @@ created again only once its name is free.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -45,6 +45,9 @@ class PodSummary:
     nodes: frozenset[str] = frozenset()  # the nodes the pods are bound to
     unscheduled_ranks: frozenset[int] = frozenset()  # current attempt, pending, bound to no node yet
     lost_pods: tuple[str, ...] = ()  # being deleted on a lost node, where no kubelet will ever finish it
+    on_lost_nodes: tuple[str, ...] = ()  # current attempt, pending or running on a lost node
+    carried_pods: tuple[str, ...] = ()  # current attempt, created for an earlier one (restartStrategy InPlace)
+    last_started: str | None = None  # the latest start of a running trainer container of the current attempt
     ranks_per_pod: int = 1  # the job's ranksPerPod: a "rank" above is a pod's index when > 1
 
     @property
@@ -67,13 +70,23 @@ class PodSummary:
 
 
 def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: str = "",
-                   lost_nodes: Mapping[str, str] | None = None, ranks_per_pod: int = 1) -> PodSummary:
+                   lost_nodes: Mapping[str, str] | None = None, ranks_per_pod: int = 1, *,
+                   since: int | None = None, replaced: Collection[str] = (),
+                   process_failures: Mapping[str, Any] | None = None) -> PodSummary:
     """Counts and the earliest failure for `attempt`; job_name (else the pods' label) names lost ranks' pods.
+
+    The gang is the pods labelled from attempt `since` (status.recreatedAttempt; default `attempt`) up
+    to `attempt`: restartStrategy InPlace keeps the pods that can go on across attempts. `replaced`:
+    uids of pods whose delete was issued, which count as old whatever their label until the pod watch
+    shows them going. process_failures (status.processFailures): rank processes of this attempt that
+    failed while their pod goes on, as their runtime reported them.
 
     lost_nodes (node -> why, from nodes.lost_nodes): a rank of this attempt still pending or running
     on one is a failure (NodeLost), and any pod being deleted there is to be force-deleted.
     """
     lost_nodes = lost_nodes or {}
+    since = attempt if since is None else min(since, attempt)
+    reported = process_failures or {}
     counts = {"pending": 0, "running": 0, "ready": 0, "succeeded": 0, "failed": 0}
     live: set[int] = set()
     active: list[str] = []
@@ -86,6 +99,9 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
     nodes: set[str] = set()
     unscheduled: set[int] = set()
     lost: list[str] = []
+    on_lost: list[str] = []
+    carried: list[str] = []
+    starts: list[str] = []
     for pod in pods:
         meta = pod.get("metadata") or {}
         name = meta.get("name", "")
@@ -97,27 +113,36 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
             nodes.add(node)
         if rank is not None:
             occupied.add(rank)
-        current = rank is not None and _label_int(meta, labels.LABEL_ATTEMPT) == attempt
+        label = _label_int(meta, labels.LABEL_ATTEMPT)
+        current = rank is not None and label is not None and since <= label <= attempt \
+            and meta.get("uid") not in replaced
         state = pod_state(pod)
         if node in lost_nodes:
             if meta.get("deletionTimestamp"):
                 lost.append(name)
             if current and rank is not None and state in ("pending", "running"):
-                failures.append(node_lost(pod, rank, lost_nodes[node]))
+                failures.append(replace(node_lost(pod, rank, lost_nodes[node]), attempt=attempt))
+                on_lost.append(name)
         if meta.get("deletionTimestamp"):
             continue
         if rank is None or not current:
             stale.append(name)
             continue
         live.add(rank)
+        if label is not None and label < attempt:
+            carried.append(name)
+        if state == "running" and (started := (trainer_status(pod).get("state") or {}).get("running", {}).get("startedAt")):
+            starts.append(str(started))
         if state == "pending" and not node:
             unscheduled.add(rank)
         counts[state] += 1
         (active if state in ("pending", "running") else finished).append(name)
         if state == "running" and is_ready(pod):
             counts["ready"] += 1
-        if state == "failed":
-            failures.append(rank_failure(pod, rank))
+        if state == "failed":  # of this attempt, whichever it was created for
+            failures.append(replace(rank_failure(pod, rank), attempt=attempt))
+        elif state == "running" and (process := process_failure(pod, rank, reported.get(str(rank)), attempt)):
+            failures.append(process)
         problem = rank_problem(pod, rank) if state == "pending" else None
         if problem:
             problems.append(problem)
@@ -139,6 +164,9 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
         nodes=frozenset(nodes),
         unscheduled_ranks=frozenset(unscheduled),
         lost_pods=tuple(sorted(lost)),
+        on_lost_nodes=tuple(sorted(on_lost)),
+        carried_pods=tuple(sorted(carried)),
+        last_started=max(starts) if starts else None,
         **counts,
     )
 
@@ -189,9 +217,7 @@ def rank_failure(pod: Mapping[str, Any], rank: int) -> RankFailure:
     if evicted:
         reason = status.get("reason") or _disruption_reason(status) or "Evicted"
     else:
-        reason = terminated.get("reason") or status.get("reason") or "Failed"
-        if reason == "Error" and exit_code in c.RUNTIME_EXIT_REASONS:
-            reason = c.RUNTIME_EXIT_REASONS[exit_code]
+        reason = _exit_reason(terminated.get("reason") or status.get("reason") or "Failed", exit_code)
     return RankFailure(
         rank=rank,
         pod=(pod.get("metadata") or {}).get("name", ""),
@@ -202,6 +228,27 @@ def rank_failure(pod: Mapping[str, Any], rank: int) -> RankFailure:
         node=(pod.get("spec") or {}).get("nodeName"),
         output=last_lines(terminated.get("message") or status.get("message")),
         attempt=_label_int(pod.get("metadata") or {}, labels.LABEL_ATTEMPT),
+    )
+
+
+def process_failure(pod: Mapping[str, Any], rank: int, report: Mapping[str, Any] | None,
+                    attempt: int) -> RankFailure | None:
+    """The failure a running pod's runtime reported for `attempt` (status.processFailures[rank]), read
+    as the same exit of a container would be; None when it reported none for this attempt."""
+    if not report or report.get("attempt") != attempt or not isinstance(report.get("exitCode"), int):
+        return None
+    exit_code = int(report["exitCode"])
+    reason = _exit_reason(str(report.get("reason") or "Error"), exit_code)
+    return RankFailure(
+        rank=rank,
+        pod=(pod.get("metadata") or {}).get("name", ""),
+        exit_code=exit_code,
+        reason=reason,
+        evicted=False,
+        finished_at=report.get("finishedAt"),
+        node=(pod.get("spec") or {}).get("nodeName"),
+        output=last_lines(report.get("message")),
+        attempt=attempt,
     )
 
 
@@ -245,6 +292,14 @@ def pull_secrets_note(pod: Mapping[str, Any]) -> str:
             "saying so in the pod's events)")
 
 
+
+
+def _exit_reason(reason: str, exit_code: Any) -> str:
+    """The kubelet's reason for a failed container, or for its plain "Error" what the runtime's exit
+    code means (CommunicationError, Hung, ...)."""
+    if reason == "Error" and exit_code in c.RUNTIME_EXIT_REASONS:
+        return str(c.RUNTIME_EXIT_REASONS[exit_code])
+    return str(reason)
 
 
 def _disruption_reason(status: Mapping[str, Any]) -> str | None:

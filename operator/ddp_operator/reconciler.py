@@ -38,6 +38,7 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
+from ddp_contract import api
 from ddp_operator import constants as c
 from ddp_operator import metrics
 from ddp_operator.admission import Refusal, Refused, classify, refused
@@ -77,6 +78,7 @@ from ddp_operator.statuspatch import (
     invalid_spec_status,
     next_phase,
     only_counts_changed,
+    pod_attempt_floor,
 )
 from ddp_operator.workqueue import WorkQueue
 
@@ -272,7 +274,11 @@ class Reconciler:
         nodes = self.nodes()
         bound = {pod["spec"]["nodeName"] for pod in pods if pod["spec"].get("nodeName")}
         lost = lost_nodes(bound, nodes, spec.node_lost_grace_seconds, now)
-        summary = summarize_pods(pods, int(status.get("attempt", 0)), key[1], lost, spec.ranks_per_pod)
+        # In place, a replaced pod keeps a label of the gang's attempts until the watch shows it going.
+        replaced = {uid for uid, _ in self._deleting} if spec.in_place else set()
+        summary = summarize_pods(pods, int(status.get("attempt", 0)), key[1], lost, spec.ranks_per_pod,
+                                 since=pod_attempt_floor(status), replaced=replaced,
+                                 process_failures=status.get(api.STATUS_PROCESS_FAILURES))
         memory = self._of(key)
         held = memory.in_the_way.problems(spec.pods, summary.live_ranks)
         if memory.refused is not None:

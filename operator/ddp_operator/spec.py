@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ddp_contract import backend, envnames, labels
+from ddp_contract import api, backend, envnames, labels
 from ddp_contract.backend import BACKENDS, NCCL, resolve_backend
 from ddp_contract.targets import ENTRYPOINT_RE
 from ddp_operator import constants as c
@@ -28,6 +28,7 @@ DEFAULT_MASTER_PORT: Final = 29500
 DEFAULT_BACKOFF_LIMIT: Final = 3
 DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT: Final = 10
 DEFAULT_STARTUP_DEADLINE_SECONDS: Final = 900
+DEFAULT_IN_PLACE_DEADLINE_SECONDS: Final = 180
 DEFAULT_NODE_LOST_GRACE_SECONDS: Final = 60
 DEFAULT_GPUS_PER_RANK: Final = 1
 DEFAULT_BACKEND: Final = backend.AUTO
@@ -124,6 +125,8 @@ class JobSpec(Templated):
     template: Mapping[str, Any] = field(default_factory=dict)
     s3: S3Spec | None = None
     restart_policy: str = DEFAULT_RESTART_POLICY
+    restart_strategy: str = api.RESTART_RECREATE
+    in_place_deadline_seconds: int = DEFAULT_IN_PLACE_DEADLINE_SECONDS
     backoff_limit: int = DEFAULT_BACKOFF_LIMIT
     infrastructure_backoff_limit: int = DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT
     hang_timeout_seconds: int | None = None
@@ -138,6 +141,11 @@ class JobSpec(Templated):
     @property
     def data_worker_replicas(self) -> int:
         return self.data_workers.replicas if self.data_workers is not None else 0
+
+    @property
+    def in_place(self) -> bool:
+        """Whether a failure restarts rank processes in the pods that can go on (restartStrategy InPlace)."""
+        return self.restart_strategy == api.RESTART_IN_PLACE
 
     @property
     def pods(self) -> int:
@@ -202,6 +210,8 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
         template=template,
         s3=s3,
         restart_policy=_enum(spec, "restartPolicy", DEFAULT_RESTART_POLICY, RESTART_POLICIES),
+        restart_strategy=_restart_strategy(spec),
+        in_place_deadline_seconds=_int(spec, "inPlaceDeadlineSeconds", DEFAULT_IN_PLACE_DEADLINE_SECONDS, 1, None),
         backoff_limit=_int(spec, "backoffLimit", DEFAULT_BACKOFF_LIMIT, 0, None),
         infrastructure_backoff_limit=_int(
             spec, "infrastructureBackoffLimit", DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT, 0, None),
@@ -255,6 +265,14 @@ def _int(
         bounds = f">= {low}" if high is None else f"between {low} and {high}"
         raise InvalidSpec(where, f"must be {bounds}, got {value}")
     return value
+
+
+def _restart_strategy(spec: Mapping[str, Any]) -> str:
+    strategy = _enum(spec, "restartStrategy", api.RESTART_RECREATE, api.RESTART_STRATEGIES)
+    if strategy == api.RESTART_IN_PLACE and spec.get("command") is not None:
+        raise InvalidSpec("restartStrategy", "InPlace restarts rank processes inside their pods, which only the "
+                          "trainer runtime can do: use spec.entrypoint, or restartStrategy Recreate with a command")
+    return strategy
 
 
 def _enum(spec: Mapping[str, Any], key: str, default: str, allowed: Sequence[str]) -> str:

@@ -9,11 +9,12 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from ddp_contract import api
 from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
 from ddp_operator.conditions import get_condition, set_condition
 from ddp_operator.dataworkers import data_worker_events
-from ddp_operator.decision import Action, Decision
+from ddp_operator.decision import Action, Decision, gang_formed
 from ddp_operator.podsummary import PodSummary
 from ddp_operator.policy import RESTART_COUNTERS
 from ddp_operator.spec import InvalidSpec, JobSpec
@@ -28,6 +29,7 @@ PHASE_CONDITION = {
 }
 DECISION_PHASE = {
     Action.RESTART: c.PHASE_RESTARTING,
+    Action.RECREATE: c.PHASE_RESTARTING,
     Action.FAIL: c.PHASE_FAILED,
     Action.SUCCEED: c.PHASE_SUCCEEDED,
     Action.SUSPEND: c.PHASE_SUSPENDED,
@@ -44,7 +46,9 @@ def next_phase(status: Mapping[str, Any], summary: PodSummary, decision: Decisio
         return str(previous)
     if decision.action in DECISION_PHASE:
         return DECISION_PHASE[decision.action]
-    if summary.ready > 0 and summary.ready + summary.succeeded >= spec.pods:
+    # In place, a restarted gang's pods stay ready throughout: it runs again once rank 0 says it formed.
+    regrouping = spec.in_place and previous == c.PHASE_RESTARTING and not gang_formed(status)
+    if summary.ready > 0 and summary.ready + summary.succeeded >= spec.pods and not regrouping:
         return c.PHASE_RUNNING
     if previous == c.PHASE_RESTARTING:
         return c.PHASE_RESTARTING
@@ -69,6 +73,7 @@ def compute_status(
     patch: dict[str, Any] = {
         "phase": phase,
         "attempt": decision.attempt,
+        "recreatedAttempt": recreated_attempt(status, decision, spec),
         "restarts": int(status.get("restarts", 0)) + (1 if decision.action == Action.RESTART else 0),
         **_kind_restarts(status, decision),
         "readyRanks": summary.ready * spec.ranks_per_pod,
@@ -82,11 +87,27 @@ def compute_status(
         "completionTime": status.get("completionTime") or (stamp if phase in c.TERMINAL_PHASES else None),
         "conditions": _conditions(status, phase, reason, message, summary, decision, now, generation),
     }
+    if decision.action == Action.RESTART:
+        patch[api.STATUS_PROCESS_FAILURES] = None  # the attempt they were reported for is over
     if generation is not None:
         patch["observedGeneration"] = generation
     if decision.failure is not None and status.get("phase") not in c.TERMINAL_PHASES:
         patch["failedRank"] = decision.failure.as_status()
     return patch
+
+
+def recreated_attempt(status: Mapping[str, Any], decision: Decision, spec: JobSpec) -> int:
+    """status.recreatedAttempt: the attempt whose pods were last all created anew. A Recreate restart
+    moves it to the new attempt; an InPlace one keeps the pods that go on, and so the value."""
+    if (decision.action == Action.RESTART and not spec.in_place) or decision.action == Action.RECREATE:
+        return decision.attempt
+    return pod_attempt_floor(status)
+
+
+def pod_attempt_floor(status: Mapping[str, Any]) -> int:
+    """The oldest attempt whose pods still belong to the gang (status.recreatedAttempt, else attempt)."""
+    attempt = int(status.get("attempt", 0))
+    return min(int(status.get("recreatedAttempt", attempt)), attempt)
 
 
 def _kind_restarts(status: Mapping[str, Any], decision: Decision) -> dict[str, int]:
@@ -99,7 +120,8 @@ def _kind_restarts(status: Mapping[str, Any], decision: Decision) -> dict[str, i
 
 # Fields of status this operator owns; progress is the trainer's.
 OWNED_STATUS = frozenset({
-    *RESTART_COUNTERS.values(), "phase", "attempt", "restarts", "readyRanks", "totalRanks", "readyPods", "totalPods",
+    *RESTART_COUNTERS.values(), "phase", "attempt", "recreatedAttempt", api.STATUS_PROCESS_FAILURES, "restarts",
+    "readyRanks", "totalRanks", "readyPods", "totalPods",
     "ready", "reason",
     "message", "startTime", "completionTime", "conditions", "observedGeneration", "failedRank", "dataWorkers",
 })
@@ -218,6 +240,8 @@ def events_for(status: Mapping[str, Any], patch: Mapping[str, Any]) -> list[tupl
     if phase and phase != status.get("phase"):
         kind = "Warning" if phase in WARNING_PHASES else "Normal"
         events.append((kind, patch.get("reason") or phase, patch.get("message") or f"phase {phase}"))
+    elif patch.get("reason") == c.REASON_IN_PLACE_TIMED_OUT != status.get("reason"):
+        events.append(("Warning", c.REASON_IN_PLACE_TIMED_OUT, str(patch.get("message"))))
     before = get_condition(status.get("conditions") or [], c.COND_RANKS_BLOCKED) or {}
     after = get_condition(patch.get("conditions") or [], c.COND_RANKS_BLOCKED) or {}
     blocked = after.get("status") == "True"

@@ -7,41 +7,14 @@ import os
 import signal
 import sys
 
-import yaml
-
-from ddp_contract import api, labels
+from ddp_contract import labels
 from ddp_operator import constants as c
-from e2ehelp import BUCKET
-from kube import REPO, Jobs, wait_until
+from e2ehelp import BUCKET, start_job, workload_job
+from kube import REPO, wait_until
 from procs import rank_pid
 
 sys.path.insert(0, str(REPO / "localcluster"))
 import demo
-
-
-def demo_job(endpoint: str, name: str, args: list[str]) -> dict:
-    job = yaml.safe_load((REPO / "examples" / "ddpjob-demo.yaml").read_text())
-    job["metadata"]["name"] = name
-    job["spec"]["s3"].update(endpoint=endpoint, dataset=f"s3://{BUCKET}/shapes/train", results=f"s3://{BUCKET}/results")
-    job["spec"]["args"] = args
-    return demo.on_local_runner(job)  # the file's ranks go to any node; these to the pod runner's
-
-
-def start_job(jobs: Jobs, endpoint: str, name: str, args: list[str], job: dict | None = None) -> None:
-    jobs.core.create_namespaced_secret(jobs.namespace, {
-        "metadata": {"name": "s3-credentials"},
-        "stringData": {"AWS_ACCESS_KEY_ID": demo.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": demo.SECRET_KEY},
-    })
-    job = job or demo_job(endpoint, name, args)
-    jobs.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, jobs.namespace, api.PLURAL, job)
-
-
-def workload_job(endpoint: str, name: str, entrypoint: str, **spec: object) -> dict:
-    """A job running one of tests/trainer/ddp_workloads.py's functions (the pod runner's ranks see the tree)."""
-    job = demo_job(endpoint, name, [])
-    path = os.pathsep.join(str(REPO / p) for p in ("contract", "images/trainer", "tests/trainer"))
-    job["spec"].update(entrypoint=entrypoint, env=[{"name": "PYTHONPATH", "value": path}], **spec)
-    return job
 
 
 def s3_keys(endpoint: str, prefix: str) -> list[str]:

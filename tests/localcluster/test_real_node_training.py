@@ -2,8 +2,8 @@
 masterPort at once, one of them interrupted three ways (its rank's process killed inside the
 container, a rank's pod deleted, a rank OOM-killed by its memory limit) and fed by a data worker pod,
 which resumes from its last checkpoint each time and ends with exactly the parameters of the
-uninterrupted one, whose ranks make their batches themselves.
-Select with `pytest -m node`."""
+uninterrupted one, whose ranks make their batches themselves; and the same with restartStrategy
+InPlace, where only a deleted pod is replaced. Select with `pytest -m node`."""
 
 from __future__ import annotations
 
@@ -138,3 +138,58 @@ def test_a_job_killed_three_ways_resumes_to_the_parameters_of_an_uninterrupted_o
     for name in uninterrupted:
         assert torch.equal(interrupted[name], uninterrupted[name]), name
     ddp_workloads.assert_matches_reference(uninterrupted, 2, BATCH, EPOCHS)
+
+
+def pod_uids(jobs: Jobs, name: str) -> dict[str, str]:
+    return {p.metadata.name: p.metadata.uid for p in jobs.pods(name)}
+
+
+def test_in_place_a_job_killed_three_ways_keeps_its_pods_and_resumes_to_the_uninterrupted_parameters(
+        jobs: Jobs, kube_api, real_node, images_on_the_node: None, s3_on_the_bridge: str, kubectl) -> None:
+    """restartStrategy InPlace in containers: rank 1's process SIGKILLed, then OOM-killed, then its pod
+    deleted. The two process failures reschedule nothing; the deletion replaces that one pod."""
+    endpoint, ns = s3_on_the_bridge, jobs.namespace
+    jobs.core.create_namespaced_config_map(ns, {"metadata": {"name": "workloads"},
+                                                "data": {WORKLOADS.name: WORKLOADS.read_text()}})
+    jobs.core.create_namespaced_secret(ns, {"metadata": {"name": "s3-credentials"}, "stringData": {
+        "AWS_ACCESS_KEY_ID": demo.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": demo.SECRET_KEY}})
+    training_job(jobs, "steady", endpoint)
+    training_job(jobs, "mended", endpoint, spec={"restartStrategy": "InPlace"},
+                 WL_OOM_ON_ATTEMPT="1", WL_OOM_AFTER_STEPS="3")
+    wait_until(lambda: running_attempt(jobs, "mended", 0), 300, "mended Running")
+    first = pod_uids(jobs, "mended")
+    assert len(first) == 2
+
+    # Attempt 0: after a checkpoint, rank 1's rank process is killed inside its container.
+    wait_until(lambda: checkpoint_steps(endpoint, ns, "mended"), 120, "mended's first checkpoint")
+    pid = wait_until(lambda: rank_pid(ns, "mended", 1, supervised=True), 30, "rank 1's process in its container")
+    os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]
+    # Attempt 1: rank 1's process fills 2 GiB of its 1.5 GiB container three steps in; the kernel kills it.
+    wait_until(lambda: running_attempt(jobs, "mended", 2), 240, "mended Running again after the OOM kill (attempt 2)")
+    oom = jobs.status("mended")["failedRank"]
+    assert (oom["rank"], oom["attempt"], oom["oomKilled"], oom["kind"]) == (1, 1, True, c.KIND_PROGRAM), oom
+    kept = pod_uids(jobs, "mended")
+    assert kept["mended-0"] == first["mended-0"]
+    if not os.path.exists("/sys/fs/cgroup/cgroup.controllers"):  # cgroup v1: the kernel killed that process only
+        assert kept == first, (first, kept)
+
+    # Attempt 2: after a checkpoint of its own, rank 1's pod is deleted: that pod alone is replaced.
+    before = max(checkpoint_steps(endpoint, ns, "mended"))
+    wait_until(lambda: max(checkpoint_steps(endpoint, ns, "mended")) > before, 120, "a checkpoint of attempt 2")
+    jobs.core.delete_namespaced_pod("mended-1", ns)
+
+    mended = jobs.wait_phase("mended", c.PHASE_SUCCEEDED, timeout=300)
+    jobs.wait_phase("steady", c.PHASE_SUCCEEDED, timeout=120)
+    assert (mended["restarts"], mended["programRestarts"], mended["infrastructureRestarts"]) == (3, 1, 2), mended
+    last = {p.metadata.name: (p.metadata.uid, p.metadata.labels[labels.LABEL_ATTEMPT]) for p in jobs.pods("mended")}
+    assert last["mended-0"] == (first["mended-0"], "0"), last  # rank 0's pod through all four attempts
+    assert last["mended-1"][0] not in (first["mended-1"], kept["mended-1"]) and last["mended-1"][1] == "3", last
+    said = kubectl("logs", "mended-0", "-n", ns).stdout
+    marks = [said.find(f"attempt {a}: starting the rank process in place") for a in range(4)]
+    assert -1 not in marks and marks == sorted(marks), said[-3000:]
+    assert len(re.findall(r"rank 0 resumed from step \d+", said)) == 3, said[-3000:]
+
+    interrupted, uninterrupted = final_params(endpoint, ns, "mended"), final_params(endpoint, ns, "steady")
+    assert interrupted.keys() == uninterrupted.keys()
+    for name in uninterrupted:
+        assert torch.equal(interrupted[name], uninterrupted[name]), name

@@ -61,6 +61,7 @@ def train(ctx: RankContext) -> None:
     every, crash_at = _int("WL_CKPT_EVERY", 0), _int("WL_CRASH_AT_STEP", -1)
     pace = float(os.environ.get("WL_STEP_SECONDS", "0"))  # slower steps, for faults from outside
     balloon_at = _int("WL_OOM_AFTER_STEPS", -1) if os.environ.get("WL_OOM_ON_ATTEMPT") == os.environ.get("DDP_ATTEMPT") else -1
+    raise_at = _int("WL_RAISE_AT_STEP", -1) if os.environ.get("WL_RAISE_ON_ATTEMPT") == os.environ.get("DDP_ATTEMPT") else -1
     device = ctx.device  # cuda:LOCAL_RANK under nccl, else the CPU
     net = model().to(device)
     opt = optimizer(net)
@@ -102,6 +103,8 @@ def train(ctx: RankContext) -> None:
                 checkpoints.save(step, training_state(ddp, opt, data_sampler, samples_consumed=consumed))
             if step == crash_at and ctx.rank == 0:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if step == raise_at and ctx.rank == 1:
+                raise RuntimeError(f"rank 1 fails at step {step} on attempt {os.environ['DDP_ATTEMPT']}")
             if step - first_step == balloon_at and ctx.rank == 1:
                 print(f"rank 1 fills 2 GiB at step {step}", flush=True)
                 torch.ones(512 * 1024 * 1024)  # past the container's memory limit: the kernel kills it

@@ -10,11 +10,12 @@ from ddp_contract import api, envnames
 from ddp_operator import constants as c
 from ddp_operator.manifests import progress_service_account
 from ddp_trainer.jobstatus import JobStatusSink, last_checkpoint
+from ddp_trainer.jobwatch import JobWatch
 from ddp_trainer.runtime.progress import ProgressReporter
 from kube import client_as, env_of, wait_until
 
 
-def test_rank_identity_can_write_its_own_jobs_progress_and_nothing_else(jobs, kube_api, kubectl) -> None:
+def test_rank_identity_can_write_its_own_jobs_progress_read_that_job_and_nothing_else(jobs, kube_api, kubectl) -> None:
     jobs.create("mine", worldSize=2)
     jobs.create("theirs", worldSize=1)
     jobs.wait_phase("mine", c.PHASE_RUNNING)
@@ -46,6 +47,20 @@ def test_rank_identity_can_write_its_own_jobs_progress_and_nothing_else(jobs, ku
     with pytest.raises(ApiException) as pods:
         client.CoreV1Api(as_rank).list_namespaced_pod(jobs.namespace)
     assert pods.value.status == 403
+    # It may read and watch its own job (restartStrategy InPlace), by name only.
+    mine = custom.list_namespaced_custom_object(api.GROUP, api.VERSION, jobs.namespace, api.PLURAL,
+                                                field_selector="metadata.name=mine")
+    assert [item["metadata"]["name"] for item in mine["items"]] == ["mine"]
+    watched = JobWatch(jobs.namespace, "mine", api_client=as_rank).start()
+    try:
+        assert watched.wait(lambda view: True, 30) is not None
+    finally:
+        watched.stop()
+    for selector in ("metadata.name=theirs", None):
+        with pytest.raises(ApiException) as listed:
+            custom.list_namespaced_custom_object(api.GROUP, api.VERSION, jobs.namespace, api.PLURAL,
+                                                 **({"field_selector": selector} if selector else {}))
+        assert listed.value.status == 403
 
 
 def test_operator_status_updates_keep_the_trainers_progress(jobs, kube_api) -> None:

@@ -253,7 +253,7 @@ def test_rank_out_of_range_is_refused(rank: int) -> None:
         pod_for(make_job(), rank)
 
 
-def test_ranks_run_as_a_per_job_account_allowed_only_their_jobs_status() -> None:
+def test_ranks_run_as_a_per_job_account_allowed_only_to_read_their_job_and_write_its_status() -> None:
     job = make_job()
     spec = parse_spec(job["spec"])
     access = {obj["kind"]: obj for obj in build_progress_access(job, spec)}
@@ -261,7 +261,9 @@ def test_ranks_run_as_a_per_job_account_allowed_only_their_jobs_status() -> None
     assert access["ServiceAccount"]["metadata"]["name"] == "mnist-trainer"
     assert access["Role"]["rules"] == [
         {"apiGroups": [api.GROUP], "resources": [f"{api.PLURAL}/status"], "resourceNames": ["mnist"],
-         "verbs": ["get", "patch"]}
+         "verbs": ["get", "patch"]},
+        {"apiGroups": [api.GROUP], "resources": [api.PLURAL], "resourceNames": ["mnist"],
+         "verbs": ["get", "list", "watch"]},
     ]
     assert access["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": "mnist-trainer",
                                                   "namespace": "team-a"}]

@@ -5,9 +5,10 @@ Usage: ``python -m ddp_trainer run [TARGET] [ARGS...]`` where TARGET is ``module
 A ``module:function`` target is called with no arguments, or with the `RankContext` if it takes
 one positional parameter. The process group is already initialised when the user code runs.
 
-`run` is the sequence; each step is in the module named for it: `supervisor` (a pod of several
-ranks), `target`, `rendezvous`, `context`, `hangwatch`, `signals`, `failures` (exit codes and the
-failure line) and `process_exit`.
+`run` is the sequence; each step is in the module named for it: `inplace` (restartStrategy InPlace:
+the pod's rank processes across attempts), `supervisor` (a pod of several ranks), `target`,
+`rendezvous`, `context`, `hangwatch`, `signals`, `failures` (exit codes and the failure line) and
+`process_exit`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ddp_contract import envnames as names
 
 from .. import env, jobstatus
 from ..errors import ConfigError, ExitCode, TrainerError
-from . import logkeeper, progress, supervisor
+from . import inplace, logkeeper, progress, supervisor
 from .context import RankContext, set_context
 from .failures import classify, exit_code_of_system_exit, report
 from .hangwatch import HangWatch, hang_handler, stall_handler
@@ -40,6 +41,8 @@ def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None 
     rank: int | None = None
     HEARTBEAT.reset()
     try:
+        if inplace.is_in_place(environ):
+            return inplace.serve(target, args, environ)
         if supervisor.is_launcher(environ):
             return supervisor.launch(target, args, environ)
     except TrainerError as exc:

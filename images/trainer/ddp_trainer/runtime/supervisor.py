@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,72 +66,103 @@ class LocalRank:
 
 def launch(target: str | None, args: Sequence[str], environ: Mapping[str, str]) -> int:
     """Start every local rank, wait for them, and return the pod's exit code."""
-    messages = Path(tempfile.mkdtemp(prefix="ddp-local-ranks-"))
-    ranks: list[LocalRank] = []
     stop_requested: list[int] = []
+    with LocalRanks(target, args, environ) as ranks:
 
-    def forward(signum: int, frame: object) -> None:
-        stop_requested.append(signum)
-        for rank in ranks:
-            if rank.process.poll() is None:
-                rank.process.send_signal(signum)
+        def forward(signum: int, frame: object) -> None:
+            stop_requested.append(signum)
+            ranks.signal_all(signum)
 
-    previous = signal.signal(signal.SIGTERM, forward)
-    try:
-        command = [sys.executable, "-m", "ddp_trainer", "run", *([target] if target else []), "--", *args]
-        for local_rank in range(env.local_world_size(environ)):
-            path = messages / f"rank-{local_rank}"
-            path.touch()
-            child_env = local_rank_env(environ, local_rank, str(path))
-            ranks.append(LocalRank(local_rank, subprocess.Popen(command, env=child_env), path))
-        log.info("started %d local ranks (global %s)", len(ranks), ", ".join(
-            str(env.node_rank(environ) * len(ranks) + r.local_rank) for r in ranks))
-        _supervise(ranks)
+        previous = signal.signal(signal.SIGTERM, forward)
+        try:
+            ranks.start(environ)
+            ranks.supervise()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         if stop_requested:
             return ExitCode.TERMINATED
-        return _outcome(ranks)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        for rank in ranks:
+        code, message = ranks.outcome()
+        if message:  # the cause wrote one: it becomes the pod's
+            leave_termination_message(message)
+        return code
+
+
+class LocalRanks:
+    """The rank processes of one pod for one attempt: started, supervised, their outcome judged.
+    A context manager: whatever still runs when it is left is killed."""
+
+    def __init__(self, target: str | None, args: Sequence[str], environ: Mapping[str, str]) -> None:
+        self.command = [sys.executable, "-m", "ddp_trainer", "run", *([target] if target else []), "--", *args]
+        self.count = env.local_world_size(environ)
+        self.first_rank = env.node_rank(environ) * self.count
+        self.ranks: list[LocalRank] = []
+        self._messages = Path(tempfile.mkdtemp(prefix="ddp-local-ranks-"))
+
+    def __enter__(self) -> LocalRanks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+        shutil.rmtree(self._messages, ignore_errors=True)
+
+    def start(self, environ: Mapping[str, str]) -> None:
+        """Start the pod's ranks with `environ` (each with its own RANK, LOCAL_RANK and message file)."""
+        self.kill()
+        self.ranks = []
+        for local_rank in range(self.count):
+            path = self._messages / f"rank-{local_rank}"
+            path.write_bytes(b"")
+            child_env = local_rank_env(environ, local_rank, str(path))
+            self.ranks.append(LocalRank(local_rank, subprocess.Popen(self.command, env=child_env), path))
+        log.info("started %d local rank%s (global %s)", len(self.ranks), "s" if len(self.ranks) > 1 else "",
+                 ", ".join(str(self.first_rank + r.local_rank) for r in self.ranks))
+
+    def supervise(self, interrupted: Callable[[], bool] = lambda: False) -> bool:
+        """Wait until every rank has ended; once one failed (or `interrupted()` says so), stop the
+        others: after PEER_GRACE_SECONDS for a failure, at once for an interruption. True when the
+        ranks were stopped because of an interruption."""
+        first_failure: float | None = None
+        stopping_since: float | None = None
+        was_interrupted = False
+        while any(r.exit_code is None for r in self.ranks):
+            now = time.monotonic()
+            for rank in self.ranks:
+                if rank.exit_code is None and (code := rank.process.poll()) is not None:
+                    rank.exit_code = 128 - code if code < 0 else code  # killed by signal N: 128+N
+                    rank.ended_at = now
+                    if rank.exit_code != 0 and first_failure is None:
+                        first_failure = now
+            if stopping_since is None and interrupted():
+                was_interrupted = True
+                stopping_since = now
+                self.signal_all(signal.SIGTERM)
+            if first_failure is not None and stopping_since is None and now - first_failure > PEER_GRACE_SECONDS:
+                stopping_since = now
+                self.signal_all(signal.SIGTERM)
+            if stopping_since is not None and now - stopping_since > STOP_GRACE_SECONDS:
+                self.signal_all(signal.SIGKILL)
+            time.sleep(POLL_SECONDS)
+        return was_interrupted
+
+    def signal_all(self, signum: int) -> None:
+        for rank in self.ranks:
+            if rank.exit_code is None and rank.process.poll() is None:
+                rank.process.send_signal(signum)
+
+    def kill(self) -> None:
+        for rank in self.ranks:
             if rank.process.poll() is None:
                 rank.process.kill()
                 rank.process.wait()
-        shutil.rmtree(messages, ignore_errors=True)
 
-
-def _supervise(ranks: list[LocalRank]) -> None:
-    """Wait until every local rank has ended; once one failed, stop the others after the grace."""
-    first_failure: float | None = None
-    stopping_since: float | None = None
-    while any(r.exit_code is None for r in ranks):
-        now = time.monotonic()
-        for rank in ranks:
-            if rank.exit_code is None and (code := rank.process.poll()) is not None:
-                rank.exit_code = 128 - code if code < 0 else code  # killed by signal N: 128+N
-                rank.ended_at = now
-                if rank.exit_code != 0 and first_failure is None:
-                    first_failure = now
-        if first_failure is not None and stopping_since is None and now - first_failure > PEER_GRACE_SECONDS:
-            stopping_since = now
-            _signal_all(ranks, signal.SIGTERM)
-        if stopping_since is not None and now - stopping_since > STOP_GRACE_SECONDS:
-            _signal_all(ranks, signal.SIGKILL)
-        time.sleep(POLL_SECONDS)
-
-
-def _signal_all(ranks: list[LocalRank], signum: int) -> None:
-    for rank in ranks:
-        if rank.exit_code is None:
-            rank.process.send_signal(signum)
-
-
-def _outcome(ranks: list[LocalRank]) -> int:
-    """0 when every local rank succeeded; else the cause's code and termination message: the first
-    rank to fail for a reason of its own, before one whose collective broke because a peer died."""
-    failed = [r for r in ranks if r.exit_code]
-    if not failed:
-        return ExitCode.OK
-    cause = min(failed, key=lambda r: (r.exit_code == ExitCode.COMMUNICATION_ERROR, r.ended_at or 0.0, r.local_rank))
-    if cause.message_path.exists():  # the rank wrote one: it becomes the pod's
-        leave_termination_message(cause.message_path.read_text(errors="replace"))
-    return int(cause.exit_code or ExitCode.USER_ERROR)
+    def outcome(self) -> tuple[int, str]:
+        """0 when every local rank succeeded; else the cause's code and last words (its termination
+        message): the first rank to fail for a reason of its own, before one whose collective broke
+        because a peer died."""
+        failed = [r for r in self.ranks if r.exit_code]
+        if not failed:
+            return ExitCode.OK, ""
+        cause = min(failed, key=lambda r: (r.exit_code == ExitCode.COMMUNICATION_ERROR, r.ended_at or 0.0,
+                                           r.local_rank))
+        message = cause.message_path.read_text(errors="replace") if cause.message_path.exists() else ""
+        return int(cause.exit_code or ExitCode.USER_ERROR), message

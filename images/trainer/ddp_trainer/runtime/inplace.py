@@ -1,0 +1,136 @@
+"""restartStrategy InPlace: the container's runtime supervises the pod's rank processes across gang
+attempts, so a restart reschedules only the pods that cannot go on.
+
+The loop, in the container's first process:
+  start the pod's rank processes for the job's attempt (DDP_ATTEMPT, DDP_RESUME_FROM from its status)
+  when the job's status.attempt passes theirs: stop them (their gang is being re-formed), start again
+  when one fails: report it in status.processFailures (the operator reads it as a failed container's
+    exit) and wait for the next attempt; where it cannot be reported, exit with its code as before
+  when they all succeed: exit 0
+  SIGTERM (the pod deleted): stop them and exit TERMINATED
+Every attempt is marked in the container's output, so `kubectl logs` shows them in order.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from ddp_contract import api
+from ddp_contract import envnames as names
+from ddp_contract.exitcodes import SIGKILL_EXIT, ExitCode
+from ddp_contract.timestamps import rfc3339
+
+from .. import env
+from ..jobstatus import JobStatusSink
+from ..jobwatch import JobView, JobWatch
+from .supervisor import LocalRanks
+from .termination import leave_termination_message
+
+log = logging.getLogger(__name__)
+
+# How long the runtime waits at start for the job's status, before it goes on with the pod's own env.
+FIRST_VIEW_WAIT_S = 30.0
+# Where the kernel counts OOM kills of the container's cgroup (v2, then v1).
+OOM_COUNTERS = (Path("/sys/fs/cgroup/memory.events"), Path("/sys/fs/cgroup/memory/memory.oom_control"))
+_OOM_KILL = re.compile(r"^oom_kill (\d+)$", re.MULTILINE)
+
+
+def is_in_place(environ: Mapping[str, str]) -> bool:
+    """The container's first process of an InPlace job (not a rank process it started)."""
+    return environ.get(names.RESTART_STRATEGY) == api.RESTART_IN_PLACE and not environ.get(names.SUPERVISED)
+
+
+def oom_kills(counters: Sequence[Path] = OOM_COUNTERS) -> int | None:
+    """The OOM kills the kernel counted in this container's memory cgroup; None where it says none."""
+    for path in counters:
+        try:
+            found = _OOM_KILL.search(path.read_text())
+        except OSError:
+            continue
+        if found:
+            return int(found.group(1))
+    return None
+
+
+def failure_report(attempt: int, exit_code: int, message: str, oom_killed: bool, now: float) -> dict[str, object]:
+    """One status.processFailures entry: what the kubelet would have said of the container's exit."""
+    reason = "OOMKilled" if oom_killed else "Error"
+    return {"attempt": attempt, "exitCode": exit_code, "reason": reason, "message": message[-4096:],
+            "finishedAt": rfc3339(now)}
+
+
+def attempt_env(environ: Mapping[str, str], view: JobView | None, attempt: int) -> dict[str, str]:
+    """The rank processes' environment for `attempt`: the pod's, with the attempt and the checkpoint
+    the job's status holds now (a pod's own DDP_RESUME_FROM is the one when it was created)."""
+    child = {**environ, names.SUPERVISED: "1", names.ATTEMPT: str(attempt)}
+    if view is not None and view.checkpoint:
+        child[names.RESUME_FROM] = view.checkpoint
+    return child
+
+
+def serve(target: str | None, args: Sequence[str], environ: Mapping[str, str]) -> int:
+    """Run the pod's ranks attempt after attempt; the container's exit code."""
+    job = env.JobInfo.from_env(environ)
+    index = str(env.node_rank(environ))
+    watch = JobWatch(job.namespace, job.name).start()
+    sink = JobStatusSink(job.namespace, job.name)
+    stopping: list[int] = []
+    try:
+        with LocalRanks(target, args, environ) as ranks:
+
+            def stop(signum: int, frame: object) -> None:
+                stopping.append(signum)
+                ranks.signal_all(signum)
+
+            signal.signal(signal.SIGTERM, stop)
+            view = watch.wait(lambda v: True, FIRST_VIEW_WAIT_S)
+            attempt = max(job.attempt, view.attempt if view else 0)
+            while True:
+                _mark(f"attempt {attempt}: starting the rank process{'es' if ranks.count > 1 else ''} in place")
+                ooms = oom_kills()
+                ranks.start(attempt_env(environ, watch.view, attempt))
+                if ranks.supervise(lambda: bool(stopping) or _newer(watch.view, attempt)):
+                    if stopping:
+                        return ExitCode.TERMINATED
+                    _mark(f"attempt {attempt}: the job restarts; its rank processes were stopped")
+                    attempt = _next_attempt(watch, attempt)
+                    continue
+                if stopping:
+                    return ExitCode.TERMINATED
+                code, message = ranks.outcome()
+                if code == ExitCode.OK:
+                    return code
+                after = oom_kills()
+                oom = code == SIGKILL_EXIT and after is not None and ooms is not None and after > ooms
+                report = failure_report(attempt, code, message, oom, time.time())
+                if not sink.patch({api.STATUS_PROCESS_FAILURES: {index: report}}):
+                    leave_termination_message(message)  # no way to say it in place: the pod fails instead
+                    return code
+                _mark(f"attempt {attempt}: a rank process exited with code {code}"
+                      f"{' (OOM-killed)' if oom else ''}; waiting for the job's next attempt")
+                newer = watch.wait(lambda v: v.attempt > attempt, also=lambda: bool(stopping))
+                if newer is None:
+                    return ExitCode.TERMINATED if stopping else code
+                attempt = newer.attempt
+    finally:
+        watch.stop()
+
+
+def _newer(view: JobView | None, attempt: int) -> bool:
+    return view is not None and view.attempt > attempt
+
+
+def _next_attempt(watch: JobWatch, attempt: int) -> int:
+    view = watch.view
+    return view.attempt if view is not None and view.attempt > attempt else attempt + 1
+
+
+def _mark(text: str) -> None:
+    """A line in the container's output between attempts (the rank processes write theirs in between)."""
+    print(f"==== ddp-trainer: {text} ====", file=sys.stderr, flush=True)

@@ -1,0 +1,141 @@
+"""restartStrategy InPlace end to end (operator, pod runner, trainer runtime, S3): a failed rank process
+starts again in its own pod, a deleted pod is the only one replaced, and training resumes exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddp_contract import api, labels
+from ddp_operator import constants as c
+from e2ehelp import start_job, workload_job
+from kube import Jobs, wait_until
+from procs import rank_pid
+
+# 96 samples, 2 ranks, batches of 4: 12 steps an epoch, 36 in all; a checkpoint every 4 steps.
+STEADY = {"WL_BATCH": "4", "WL_EPOCHS": "3", "WL_CKPT_EVERY": "4"}
+
+
+def train_job(endpoint: str, name: str, out: Path, strategy: str = api.RESTART_IN_PLACE, **env: str) -> dict:
+    job = workload_job(endpoint, name, "ddp_workloads:train", restartStrategy=strategy)
+    job["spec"]["env"] += [{"name": k, "value": v} for k, v in {**STEADY, "WL_OUT": str(out), **env}.items()]
+    return job
+
+
+_STEADY: dict[str, torch.Tensor] = {}
+
+
+@pytest.fixture
+def steady_params(jobs: Jobs, s3_endpoint: str, podrunner: Path, tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The parameters of the same training never interrupted (run once, in the first test that asks)."""
+    if not _STEADY:
+        out = tmp_path_factory.mktemp("steady") / "params.pt"
+        start_job(jobs, s3_endpoint, "steady", [], train_job(s3_endpoint, "steady", out, strategy=api.RESTART_RECREATE))
+        status = jobs.wait_phase("steady", c.PHASE_SUCCEEDED, timeout=240)
+        assert status["restarts"] == 0, status
+        _STEADY.update(torch.load(out))
+    return _STEADY
+
+
+def uids(jobs: Jobs, name: str) -> dict[str, str]:
+    return {p.metadata.name: p.metadata.uid for p in jobs.pods(name)}
+
+
+def pod_log(log_dir: Path, namespace: str, pod: str) -> str:
+    return (log_dir / f"{namespace}_{pod}.log").read_text(errors="replace")
+
+
+def test_failed_rank_processes_start_again_in_their_pods_and_the_job_ends_as_if_never_interrupted(
+        jobs: Jobs, s3_endpoint: str, podrunner: Path, steady_params, tmp_path: Path) -> None:
+    out = tmp_path / "params.pt"
+    # Attempt 0: rank 1's code raises at step 6 (a program failure); attempt 1 resumes from step 4 and
+    # rank 0's process is SIGKILLed at step 20 (infrastructure); attempt 2 resumes from step 20.
+    job = train_job(s3_endpoint, "in-place", out, WL_RAISE_AT_STEP="6", WL_RAISE_ON_ATTEMPT="0",
+                    WL_CRASH_AT_STEP="20", WL_STEP_SECONDS="0.05")
+    start_job(jobs, s3_endpoint, "in-place", [], job)
+    first = wait_until(lambda: (found := uids(jobs, "in-place")) and len(found) == 2 and found, 60, "both pods")
+
+    status = jobs.wait_phase("in-place", c.PHASE_SUCCEEDED, timeout=300)
+    assert (status["restarts"], status["programRestarts"], status["infrastructureRestarts"]) == (2, 1, 1), status
+    assert status["attempt"] == 2 and status["recreatedAttempt"] == 0, status
+    assert status["failedRank"]["rank"] == 0 and status["failedRank"]["exitCode"] == 137, status["failedRank"]
+    pods = jobs.pods("in-place")
+    assert {p.metadata.name: p.metadata.uid for p in pods} == first  # nothing was rescheduled
+    assert {p.metadata.labels[labels.LABEL_ATTEMPT] for p in pods} == {"0"}
+    restarts = [e.message for e in jobs.events("in-place") if e.reason in (c.REASON_RANK_FAILED,)]
+    assert any("rank 1" in m and "RuntimeError: rank 1 fails at step 6 on attempt 0" in m and "in place" in m
+               for m in restarts), restarts
+    # Each pod's output holds its attempts in order, each marked.
+    for pod in first:
+        said = pod_log(podrunner, jobs.namespace, pod)
+        marks = [said.index(f"attempt {a}: starting the rank process in place") for a in range(3)]
+        assert marks == sorted(marks), said[-3000:]
+    assert "rank 0 resumed from step 4" in pod_log(podrunner, jobs.namespace, "in-place-0")
+    assert "rank 1 resumed from step 20" in pod_log(podrunner, jobs.namespace, "in-place-1")
+    params = torch.load(out)
+    assert params.keys() == steady_params.keys()
+    assert all(torch.equal(params[k], steady_params[k]) for k in params)  # resumed exactly, twice
+
+
+def test_a_deleted_pod_is_the_only_one_replaced(jobs: Jobs, s3_endpoint: str, podrunner: Path,
+                                                steady_params, tmp_path: Path) -> None:
+    out = tmp_path / "params.pt"
+    start_job(jobs, s3_endpoint, "one-gone", [], train_job(s3_endpoint, "one-gone", out, WL_STEP_SECONDS="0.2"))
+    wait_until(lambda: (jobs.status("one-gone").get("lastCheckpoint") or {}).get("step", 0) >= 8, 120,
+               "a checkpoint at step 8")
+    before = uids(jobs, "one-gone")
+    pid = rank_pid(jobs.namespace, "one-gone", 0, supervised=True)
+    jobs.core.delete_namespaced_pod("one-gone-1", jobs.namespace)
+
+    status = jobs.wait_phase("one-gone", c.PHASE_SUCCEEDED, timeout=300)
+    assert status["restarts"] == 1 and status["infrastructureRestarts"] == 1, status
+    after = {p.metadata.name: (p.metadata.uid, p.metadata.labels[labels.LABEL_ATTEMPT]) for p in jobs.pods("one-gone")}
+    assert after["one-gone-0"] == (before["one-gone-0"], "0")  # kept: its runtime restarted its process
+    assert after["one-gone-1"][0] != before["one-gone-1"] and after["one-gone-1"][1] == "1"
+    assert pid is not None and rank_pid(jobs.namespace, "one-gone", 0, supervised=True) is None  # that process ended
+    params = torch.load(out)
+    assert all(torch.equal(params[k], steady_params[k]) for k in params)
+
+
+def test_the_same_bug_twice_in_place_still_fails_the_job_as_deterministic(
+        jobs: Jobs, s3_endpoint: str, podrunner: Path) -> None:
+    job = workload_job(s3_endpoint, "buggy-in-place", "ddp_workloads:fail_at_step", backoffLimit=5,
+                       restartStrategy=api.RESTART_IN_PLACE)
+    start_job(jobs, s3_endpoint, "buggy-in-place", [], job)
+    status = jobs.wait_phase("buggy-in-place", c.PHASE_FAILED, timeout=180)
+    assert status["reason"] == c.REASON_DETERMINISTIC and status["restarts"] == 1, status
+    failed = status["failedRank"]
+    assert failed["rank"] == 1 and failed["step"] == 3 and failed["attempt"] == 1, failed
+    assert "Traceback" in failed["message"] and "ValueError: a bug that fires at step 3" in failed["message"]
+
+
+def test_a_command_job_cannot_restart_in_place(jobs: Jobs) -> None:
+    job = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "cmd-in-place"},
+           "spec": {"worldSize": 2, "image": "busybox", "command": ["sleep", "1"], "restartStrategy": "InPlace"}}
+    with pytest.raises(Exception) as refused:
+        jobs.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, jobs.namespace,
+                                                          api.PLURAL, job)
+    assert "restartStrategy InPlace restarts rank processes inside their pods" in str(refused.value)
+
+
+
+def test_an_in_place_restart_that_does_not_form_in_time_recreates_the_pods_it_kept(
+        jobs: Jobs, s3_endpoint: str, podrunner: Path, steady_params, tmp_path: Path) -> None:
+    out, mark = tmp_path / "params.pt", tmp_path / "blocked"
+    job = train_job(s3_endpoint, "stuck-rejoin", out, WL_RAISE_AT_STEP="6", WL_RAISE_ON_ATTEMPT="0",
+                    WL_MARK=str(mark))
+    job["spec"].update(entrypoint="rejoin_workloads:train", inPlaceDeadlineSeconds=5)
+    start_job(jobs, s3_endpoint, "stuck-rejoin", [], job)
+    first = wait_until(lambda: (found := uids(jobs, "stuck-rejoin")) and len(found) == 2 and found, 60, "both pods")
+
+    status = jobs.wait_phase("stuck-rejoin", c.PHASE_SUCCEEDED, timeout=300)
+    assert mark.exists()  # rank 1 did block on attempt 1
+    assert status["restarts"] == 1 and status["attempt"] == 1 and status["recreatedAttempt"] == 1, status
+    timed_out = [e.message for e in jobs.events("stuck-rejoin") if e.reason == c.REASON_IN_PLACE_TIMED_OUT]
+    assert len(timed_out) == 1 and "stuck-rejoin-0, stuck-rejoin-1" in timed_out[0], timed_out
+    last = {p.metadata.name: (p.metadata.uid, p.metadata.labels[labels.LABEL_ATTEMPT]) for p in jobs.pods("stuck-rejoin")}
+    assert all(uid != first[name] and label == "1" for name, (uid, label) in last.items()), (first, last)
+    params = torch.load(out)
+    assert all(torch.equal(params[k], steady_params[k]) for k in params)

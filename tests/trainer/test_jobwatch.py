@@ -1,0 +1,32 @@
+"""A rank's watch of its own DDPJob against the API server (no operator acts in the namespace)."""
+
+from __future__ import annotations
+
+import time
+
+from ddp_contract import api
+from ddp_trainer.jobwatch import JobView, JobWatch
+
+
+def test_the_view_follows_the_jobs_status_and_waits_for_what_is_asked(kube_api, own_namespace: str, crd) -> None:
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(kube_api)
+    job = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "watched"},
+           "spec": {"worldSize": 2, "image": "trainer:1", "entrypoint": "train:main"}}
+    custom.create_namespaced_custom_object(api.GROUP, api.VERSION, own_namespace, api.PLURAL, job)
+    watch = JobWatch(own_namespace, "watched", api_client=kube_api).start()
+    try:
+        assert watch.wait(lambda v: True, 30) == JobView(0, None, None)
+        started = time.monotonic()
+        assert watch.wait(lambda v: v.attempt > 0, 0.5) is None and time.monotonic() - started >= 0.5
+        status = {"attempt": 3, "lastCheckpoint": {"step": 8, "uri": "s3://b/ck/step-8", "time": "2026-01-01T00:00:00Z"},
+                  "phase": "Restarting"}
+        custom.patch_namespaced_custom_object_status(api.GROUP, api.VERSION, own_namespace, api.PLURAL, "watched",
+                                                     {"status": status})
+        assert watch.wait(lambda v: v.attempt > 0, 30) == JobView(3, "s3://b/ck/step-8", "Restarting")
+        assert watch.view == JobView(3, "s3://b/ck/step-8", "Restarting")
+        assert watch.wait(lambda v: v.attempt > 3, 30, also=lambda: True) is None  # `also` ends the wait
+    finally:
+        watch.stop()
+    assert watch.wait(lambda v: v.attempt > 3) is None  # a stopped watch answers at once
