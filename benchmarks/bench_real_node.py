@@ -28,7 +28,8 @@ shared) and measures, with this script's clocks and watches:
 
   strategies  restartStrategy Recreate next to InPlace, a job of each at --strategy-ranks ranks: rank 1's
               rank process SIGTERMed inside its container (a process failure), then rank 1's pod
-              deleted; each from the fault's call to the restart decided (status.attempt), to the
+              deleted, each --settle seconds after the gang formed (a fault lands on a job that has
+              trained a while); each from the fault's call to the restart decided (status.attempt), to the
               new gang formed (status.rendezvous: every rank back in the process group, training
               again from the checkpoint), and how many rank pods were created anew for it.
 
@@ -242,7 +243,7 @@ def pod_uids(seen: Seen, prefix: str) -> set[str]:
 
 
 def strategy_restarts(core, custom, seen: Seen, namespace: str, strategy: str, ranks: int, repeats: int,
-                      timeout: float) -> dict[str, list[dict]]:
+                      timeout: float, settle: float) -> dict[str, list[dict]]:
     """A job of `ranks` ranks under `strategy`: rank 1's rank process SIGTERMed, then its pod deleted,
     `repeats` times each; seconds from the fault's call to the restart decided and to the gang formed."""
     name = f"{strategy.lower()}{ranks}"
@@ -253,6 +254,7 @@ def strategy_restarts(core, custom, seen: Seen, namespace: str, strategy: str, r
     attempt = 0
     try:
         wait(lambda: (name, 0) in seen.rendezvous, timeout, f"{name} running")
+        time.sleep(settle)
         for fault in out:
             for _ in range(repeats):
                 before = pod_uids(seen, f"{name}-")
@@ -263,6 +265,7 @@ def strategy_restarts(core, custom, seen: Seen, namespace: str, strategy: str, r
                     core.delete_namespaced_pod(f"{name}-1", namespace)
                 attempt += 1
                 wait(lambda a=attempt: (name, a) in seen.rendezvous, timeout, f"{name} attempt {attempt} formed")
+                time.sleep(settle)  # the next fault lands on a job that has trained a while, as most do
                 with seen.lock:
                     decided, formed = seen.attempts[(name, attempt)], seen.rendezvous[(name, attempt)][0]
                 created = pod_uids(seen, f"{name}-") - before
@@ -346,6 +349,8 @@ def main() -> int:
     parser.add_argument("--strategy-ranks", default="2,4",
                         help="job sizes (comma-separated) for Recreate next to InPlace; empty: skip them")
     parser.add_argument("--strategy-repeats", type=int, default=3)
+    parser.add_argument("--settle", type=float, default=10,
+                        help="seconds a job trains between its gang forming and the next fault")
     parser.add_argument("--timeout", type=float, default=300, help="seconds each wait may take")
     parser.add_argument("--json", type=Path, help="write the figures here as JSON")
     args = parser.parse_args()
@@ -390,7 +395,7 @@ def main() -> int:
         print(f"{args.restart_ranks} bare pods deleted and recreated: {figures['bare pods']}", flush=True)
         figures["strategies"] = {
             f"{strategy} {ranks}": strategy_restarts(core, custom, seen, namespace, strategy, int(ranks),
-                                                     args.strategy_repeats, args.timeout)
+                                                     args.strategy_repeats, args.timeout, args.settle)
             for ranks in filter(None, args.strategy_ranks.split(",")) for strategy in api.RESTART_STRATEGIES[::-1]}
     finally:
         stop.set()

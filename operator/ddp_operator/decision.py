@@ -31,6 +31,10 @@ class Action(enum.StrEnum):
     QUEUE = "Queue"  # wait for Kueue to admit the gang, without pods
 
 
+# How long a failed job waits for the pod of a rank process that failed in place to end by itself.
+IN_PLACE_EXIT_GRACE_SECONDS = 30.0
+
+
 @dataclass(frozen=True)
 class Decision:
     action: Action
@@ -54,9 +58,10 @@ def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: d
     phase = status.get("phase")
     if phase in c.TERMINAL_PHASES:
         # Stop whatever still runs (a failed gang's survivors); keep finished pods for their logs.
-        return Decision(
-            Action.WAIT, attempt, status.get("reason", ""), status.get("message", ""), delete_pods=summary.active_pods
-        )
+        left = _exit_grace_left(spec, status, now)
+        keep = (status.get("failedRank") or {}).get("pod") if left is not None else None
+        return Decision(Action.WAIT, attempt, status.get("reason", ""), status.get("message", ""),
+                        delete_pods=tuple(p for p in summary.active_pods if p != keep), recheck_after=left)
     if deadline_exceeded(status, spec, now):
         message = f"activeDeadlineSeconds={spec.active_deadline_seconds} passed since {status.get('startTime')}"
         return _fail(summary, c.REASON_DEADLINE, message)
@@ -176,7 +181,21 @@ def _restart_reason(failure: RankFailure) -> str:
 
 
 def _fail(summary: PodSummary, reason: str, message: str, failure: RankFailure | None = None) -> Decision:
-    return Decision(Action.FAIL, summary.attempt, reason, message, delete_pods=summary.active_pods, failure=failure)
+    # A rank process that failed in place keeps its pod: its runtime ends the container with the
+    # process's code once the job is Failed, so the pod and its log stay, as a failed container's do.
+    keep = failure.pod if failure is not None and failure.in_place else None
+    return Decision(Action.FAIL, summary.attempt, reason, message, failure=failure,
+                    delete_pods=tuple(p for p in summary.active_pods if p != keep))
+
+
+def _exit_grace_left(spec: JobSpec, status: Mapping[str, Any], now: datetime) -> float | None:
+    """Seconds the pod of a rank process that failed in place (InPlace) still has to end on its own
+    after the job failed; None once past it, or when there is no such pod to wait for."""
+    completed = parse_rfc3339(status.get("completionTime"))
+    if not spec.in_place or completed is None or status.get("phase") != c.PHASE_FAILED:
+        return None
+    left = IN_PLACE_EXIT_GRACE_SECONDS - (now - completed).total_seconds()
+    return left if left > 0 else None
 
 
 def _lost_rank(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary) -> RankFailure | None:

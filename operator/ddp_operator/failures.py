@@ -41,6 +41,7 @@ class RankFailure:
     output: str | None = None  # the container's termination message: its last lines
     attempt: int | None = None
     ranks_per_pod: int = 1  # `rank` is the pod's index when its pod holds several
+    in_place: bool = False  # a rank process its runtime reported (status.processFailures); the pod goes on
 
     @cached_property
     def line(self) -> FailureLine | None:

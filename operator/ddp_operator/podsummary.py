@@ -249,6 +249,7 @@ def process_failure(pod: Mapping[str, Any], rank: int, report: Mapping[str, Any]
         node=(pod.get("spec") or {}).get("nodeName"),
         output=last_lines(report.get("message")),
         attempt=attempt,
+        in_place=True,
     )
 
 

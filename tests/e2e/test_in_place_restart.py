@@ -109,6 +109,11 @@ def test_the_same_bug_twice_in_place_still_fails_the_job_as_deterministic(
     failed = status["failedRank"]
     assert failed["rank"] == 1 and failed["step"] == 3 and failed["attempt"] == 1, failed
     assert "Traceback" in failed["message"] and "ValueError: a bug that fires at step 3" in failed["message"]
+    # Its pod stays, ended by its runtime with the rank's code, for its log; the survivor's was deleted.
+    ended = wait_until(lambda: [p for p in jobs.pods("buggy-in-place") if p.status.phase == "Failed"], 60,
+                       "rank 1's pod ended")
+    assert [p.metadata.name for p in ended] == ["buggy-in-place-1"]
+    assert "ValueError: a bug that fires at step 3" in pod_log(podrunner, jobs.namespace, "buggy-in-place-1")
 
 
 def test_a_command_job_cannot_restart_in_place(jobs: Jobs) -> None:

@@ -173,3 +173,17 @@ def test_the_deadline_counts_from_the_last_pod_running_and_only_while_the_gang_h
     spec, status, summary = overdue_case(started_s_ago=500)
     pending = summarize_pods([pod(0, attempt=0), pod(1, "pending", attempt=1)], 1, JOB, since=0)
     assert decide(spec, status, pending, NOW).action != Action.RECREATE  # a rank still starting is not overdue
+
+
+def test_a_job_failed_by_a_rank_process_keeps_that_pod_until_its_runtime_ends_it() -> None:
+    spec = job_spec(restartPolicy="Never", **IN_PLACE)
+    summary = summarize_pods([pod(0), pod(1)], 0, JOB, since=0, process_failures={"1": reported(0)})
+    decision = decide(spec, {"phase": "Running"}, summary, NOW)
+    assert decision.action == Action.FAIL and decision.delete_pods == (f"{JOB}-0",)
+    failed = {"phase": c.PHASE_FAILED, "failedRank": {"pod": f"{JOB}-1"},
+              "completionTime": rfc3339(NOW - timedelta(seconds=10))}
+    waiting = decide(spec, failed, summarize_pods([pod(1)], 0, JOB), NOW)
+    assert waiting.delete_pods == () and waiting.recheck_after == pytest.approx(20)
+    late = decide(spec, {**failed, "completionTime": rfc3339(NOW - timedelta(seconds=31))},
+                  summarize_pods([pod(1)], 0, JOB), NOW)
+    assert late.delete_pods == (f"{JOB}-1",)  # it did not end by itself: stopped as any survivor is

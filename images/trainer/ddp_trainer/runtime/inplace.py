@@ -5,7 +5,8 @@ The loop, in the container's first process:
   start the pod's rank processes for the job's attempt (DDP_ATTEMPT, DDP_RESUME_FROM from its status)
   when the job's status.attempt passes theirs: stop them (their gang is being re-formed), start again
   when one fails: report it in status.processFailures (the operator reads it as a failed container's
-    exit) and wait for the next attempt; where it cannot be reported, exit with its code as before
+    exit) and wait for the next attempt; where it cannot be reported, or the job fails with it, exit
+    with its code (and its last words as the termination message), as a failed container does
   when they all succeed: exit 0
   SIGTERM (the pod deleted): stop them and exit TERMINATED
 Every attempt is marked in the container's output, so `kubectl logs` shows them in order.
@@ -34,6 +35,8 @@ from .termination import leave_termination_message
 
 log = logging.getLogger(__name__)
 
+FINAL_PHASES = frozenset({"Succeeded", "Failed"})
+REPORT_TRIES_S = 30.0  # how long a failed rank process's report is tried before the container ends instead
 # How long the runtime waits at start for the job's status, before it goes on with the pod's own env.
 FIRST_VIEW_WAIT_S = 30.0
 # Where the kernel counts OOM kills of the container's cgroup (v2, then v1).
@@ -109,17 +112,32 @@ def serve(target: str | None, args: Sequence[str], environ: Mapping[str, str]) -
                 after = oom_kills()
                 oom = code == SIGKILL_EXIT and after is not None and ooms is not None and after > ooms
                 report = failure_report(attempt, code, message, oom, time.time())
-                if not sink.patch({api.STATUS_PROCESS_FAILURES: {index: report}}):
+                if not _report(sink, {api.STATUS_PROCESS_FAILURES: {index: report}}):
                     leave_termination_message(message)  # no way to say it in place: the pod fails instead
                     return code
                 _mark(f"attempt {attempt}: a rank process exited with code {code}"
                       f"{' (OOM-killed)' if oom else ''}; waiting for the job's next attempt")
-                newer = watch.wait(lambda v: v.attempt > attempt, also=lambda: bool(stopping))
-                if newer is None:
+                newer = watch.wait(lambda v: v.attempt > attempt or v.phase in FINAL_PHASES, also=lambda: bool(stopping))
+                if newer is None or newer.attempt <= attempt:  # stopped, or the job ended with this failure
+                    if not stopping:
+                        leave_termination_message(message)
                     return ExitCode.TERMINATED if stopping else code
                 attempt = newer.attempt
     finally:
         watch.stop()
+
+
+def _report(sink: JobStatusSink, fields: dict[str, object]) -> bool:
+    """Write `fields` into the job's status, trying again for REPORT_TRIES_S while the API server is busy
+    or away: without the report, the failure can only be said by ending the container."""
+    deadline = time.monotonic() + REPORT_TRIES_S
+    delay = 0.5
+    while not sink.patch(fields):
+        if time.monotonic() + delay > deadline:
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, 5.0)
+    return True
 
 
 def _newer(view: JobView | None, attempt: int) -> bool:
