@@ -80,9 +80,9 @@ def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: d
         if wait is not None:
             return Decision(Action.WAIT, attempt, delete_pods=summary.stale_pods, recheck_after=wait)
         return _on_failure(spec, status, summary, failure)
-    overdue = _in_place_overdue(spec, status, summary, now)
-    if overdue is not None:
-        return overdue
+    in_place_left = _in_place_due(spec, status, summary, now)
+    if in_place_left is not None and in_place_left <= 0:
+        return _in_place_overdue(spec, summary)
     at_once = [problem for problem in summary.problems if problem.reason in c.FAIL_AT_ONCE_REASONS]
     if at_once:
         # Refused by the cluster's rules (Pod Security, a LimitRange, a policy, ...): waiting cannot help.
@@ -99,7 +99,7 @@ def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: d
     free = tuple(r for r in range(spec.pods) if r not in summary.occupied_ranks)
     action = Action.CREATE if free else Action.WAIT
     return Decision(action, attempt, delete_pods=summary.stale_pods, create_ranks=free,
-                    recheck_after=_in_place_due(spec, status, summary, now))
+                    recheck_after=in_place_left)
 
 
 def _on_failure(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, failure: RankFailure) -> Decision:
@@ -149,13 +149,10 @@ def _in_place_due(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary,
     return spec.in_place_deadline_seconds - (now - max(since)).total_seconds()
 
 
-def _in_place_overdue(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: datetime) -> Decision | None:
+def _in_place_overdue(spec: JobSpec, summary: PodSummary) -> Decision:
     """An InPlace restart whose gang did not form within inPlaceDeadlineSeconds of all its pods
     running (a rank process that cannot be stopped, a runtime that never starts its rank again): the
     pods kept from earlier attempts are recreated, for the same attempt, on no budget."""
-    left = _in_place_due(spec, status, summary, now)
-    if left is None or left > 0:
-        return None
     message = (f"the gang of attempt {summary.attempt} did not form within inPlaceDeadlineSeconds="
                f"{spec.in_place_deadline_seconds} of all its pods running; recreating the pods kept from earlier "
                f"attempts: {', '.join(summary.carried_pods)}")
