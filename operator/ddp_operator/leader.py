@@ -13,6 +13,7 @@ operator's pod creations or a busy event loop.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -164,13 +165,17 @@ class LeaderElector:
         return True
 
     def _read(self) -> dict[str, Any] | None:
+        """The Lease as the API server wrote it: its times are written back unchanged, never re-formatted
+        (the client's datetimes print without a fraction when it is zero, which a MicroTime refuses)."""
         try:
-            lease = self._api.read_namespaced_lease(self.lease.name, self.lease.namespace)
+            response = self._api.read_namespaced_lease(self.lease.name, self.lease.namespace,
+                                                       _preload_content=False)
         except ApiException as error:
             if error.status == 404:
                 return None
             raise
-        return self._api.api_client.sanitize_for_serialization(lease)
+        lease: dict[str, Any] = json.loads(response.data)
+        return lease
 
     def _release(self) -> None:
         """Clears the holder (as client-go does on a graceful stop), so a standby takes over at its next try."""

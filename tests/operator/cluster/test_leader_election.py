@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,9 @@ from ddp_operator.config import (
     ENV_LEASE_RENEW_DEADLINE,
     ENV_LEASE_RETRY_PERIOD,
     ENV_NAMESPACES,
+    LeaseConfig,
 )
+from ddp_operator.leader import LeaderElector
 from kube import Cluster, Jobs, OperatorProcess, PodLives, another_operator_acts, wait_until
 
 P = "ddp_operator_"
@@ -114,3 +117,21 @@ def test_a_leader_stopped_on_purpose_releases_the_lease_at_once(
     jobs.wait_pods("calm", 2, attempt=1)
     assert jobs.wait_phase("calm", c.PHASE_RUNNING)["restarts"] == 1
     assert second.metric(P + "gang_restarts_total", reason=c.REASON_RANK_FAILED, kind=c.KIND_PROGRAM) == 1
+
+
+def test_a_lease_whose_times_fall_on_a_whole_second_is_renewed_and_released(kube_api, namespace: str) -> None:
+    # The client reads MicroTimes as datetimes, which print without a fraction on a whole second; the
+    # API server refuses that form, so the elector must write back the times it read as they were.
+    whole = "2026-11-24T21:45:13.000000Z"
+    leases = client.CoordinationV1Api(kube_api)
+    leases.create_namespaced_lease(namespace, {
+        "metadata": {"name": "ddp-operator"},
+        "spec": {"holderIdentity": "me", "leaseDurationSeconds": 6, "acquireTime": whole, "renewTime": whole}})
+    config = LeaseConfig("ddp-operator", namespace, "me", duration=6, renew_deadline=4, retry_period=1)
+    elector = LeaderElector(kube_api, config, on_lost=lambda: None)
+
+    assert elector.step() and elector.leading.is_set()
+    renewed = leases.read_namespaced_lease("ddp-operator", namespace).spec
+    assert renewed.holder_identity == "me" and renewed.acquire_time == datetime(2026, 11, 24, 21, 45, 13, tzinfo=UTC)
+    elector.stop()
+    assert holder(kube_api, namespace) is None

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import json
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -29,11 +31,12 @@ class Leases:
         if self.down:
             raise ApiException(status=503, reason="Service Unavailable")
 
-    def read_namespaced_lease(self, name: str, namespace: str) -> dict[str, Any]:
+    def read_namespaced_lease(self, name: str, namespace: str, _preload_content: bool = True) -> Any:
+        assert not _preload_content, "the elector reads the Lease's JSON as written, never the client's model"
         self._check()
         if self.stored is None:
             raise ApiException(status=404, reason="Not Found")
-        return copy.deepcopy(self.stored)
+        return SimpleNamespace(data=json.dumps(self.stored).encode())
 
     def create_namespaced_lease(self, namespace: str, body: dict[str, Any]) -> None:
         self._check()
