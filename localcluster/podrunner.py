@@ -49,13 +49,14 @@ HEARTBEAT_S = 10
 log = logging.getLogger("podrunner")
 
 
-def node_manifest(cpus: int, memory_gi: int, node: str = NODE) -> dict[str, Any]:
-    capacity = {"cpu": str(cpus), "memory": f"{memory_gi}Gi", "pods": "64", "nvidia.com/gpu": "0"}
+def node_manifest(cpus: int, memory_gi: int, node: str = NODE, pods: int = 64,
+                  labels: dict[str, str] | None = None) -> dict[str, Any]:
+    capacity = {"cpu": str(cpus), "memory": f"{memory_gi}Gi", "pods": str(pods), "nvidia.com/gpu": "0"}
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": node, "labels": {TAINT_KEY: "true", "kubernetes.io/hostname": node,
-                                               "kubernetes.io/os": "linux"}},
+                                               "kubernetes.io/os": "linux", **(labels or {})}},
         "spec": {"taints": [{"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}]},
         "status": {"capacity": capacity, "allocatable": capacity},
     }
@@ -79,8 +80,11 @@ class Running:
 
 
 class PodRunner:
-    def __init__(self, api: client.ApiClient, log_dir: Path, node: str = NODE) -> None:
+    def __init__(self, api: client.ApiClient, log_dir: Path, node: str = NODE, pods: int = 64,
+                 labels: dict[str, str] | None = None) -> None:
         self.node = node
+        self.pods = pods
+        self.labels = labels or {}
         self.core = client.CoreV1Api(api)
         self.leases = client.CoordinationV1Api(api)
         self.log_dir = log_dir
@@ -92,7 +96,7 @@ class PodRunner:
 
     def register(self) -> None:
         try:
-            self.core.create_node(node_manifest(os.cpu_count() or 2, 16, self.node))
+            self.core.create_node(node_manifest(os.cpu_count() or 2, 16, self.node, self.pods, self.labels))
         except ApiException as error:
             if error.status != 409:
                 raise
@@ -307,10 +311,13 @@ def main() -> int:
     parser.add_argument("--log-dir", type=Path, required=True)
     parser.add_argument("--node", default=NODE, help="the node's name: a runner of its own when several share a "
                         "control plane (pods then select it by kubernetes.io/hostname as well)")
+    parser.add_argument("--pods", type=int, default=64, help="how many pods the node holds (its pods capacity)")
+    parser.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="a label for the node")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s podrunner %(message)s")
     args.log_dir.mkdir(parents=True, exist_ok=True)
-    runner = PodRunner(kubeclient.api_client(args.kubeconfig), args.log_dir, args.node)
+    labels = dict(item.split("=", 1) for item in args.label)
+    runner = PodRunner(kubeclient.api_client(args.kubeconfig), args.log_dir, args.node, args.pods, labels)
     runner.register()
     signal.signal(signal.SIGTERM, lambda *_: runner.stop.set())
     signal.signal(signal.SIGINT, lambda *_: runner.stop.set())

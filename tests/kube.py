@@ -232,7 +232,8 @@ class Jobs:
             "apiVersion": api.API_VERSION,
             "kind": api.KIND,
             "metadata": {"name": name, **({"labels": job_labels} if job_labels else {})},
-            "spec": {"image": "trainer:test", "command": ["python", "train.py"], "gpusPerRank": 0, **spec},
+            "spec": {"image": "trainer:test", **({} if "entrypoint" in spec else {"command": ["python", "train.py"]}),
+                     "gpusPerRank": 0, **spec},
         }
         return self.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, self.namespace, api.PLURAL, body)
 

@@ -136,6 +136,14 @@ class NodeMaker:
         wait_until(lambda: is_ready(self.core, name), 30, f"node {name} Ready")
         return name
 
+    def kwok_many(self, labels: dict[str, str], count: int, gpus: int = 8) -> list[str]:
+        """`count` nodes as `kwok` makes one, created together and then waited for."""
+        names = [self._name() for _ in range(count)]
+        for name in names:
+            self.core.create_node(node_body(name, labels, gpus, KWOK_ANNOTATION))
+        wait_until(lambda: all(is_ready(self.core, name) for name in names), 60, f"{count} nodes Ready")
+        return names
+
     def hand_played(self, labels: dict[str, str], gpus: int = 8) -> HandPlayedNode:
         node = HandPlayedNode(self._api, self._name())
         self._played.append(node)

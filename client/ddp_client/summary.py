@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ddp_contract import labels
+from ddp_contract import api, labels
 
 FINISHED = ("Succeeded", "Failed")
 
@@ -101,13 +101,22 @@ def outcome_text(name: str, status: Mapping[str, Any]) -> str:
     return head
 
 
+def world_size_text(spec: Mapping[str, Any], status: Mapping[str, Any]) -> str:
+    """`4 ranks`, or for an elastic job `2 of 4 ranks (minimum 2)` while its gang runs short."""
+    target, current = spec.get("worldSize"), status.get(api.STATUS_WORLD_SIZE)
+    minimum = spec.get("minWorldSize")
+    if minimum is None or minimum == target:
+        return f"{target} ranks"
+    return f"{current if current is not None else target} of {target} ranks (minimum {minimum})"
+
+
 def status_text(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> str:
     """`kubectl ddp status`: phase, ranks by state, progress, last checkpoint, failure reason."""
     meta, spec, status = job.get("metadata") or {}, job.get("spec") or {}, job.get("status") or {}
     lines = [f"Job:          {meta.get('namespace')}/{meta.get('name')}",
              f"Phase:        {status.get('phase') or 'Pending'}"
              + (f" ({status['reason']})" if status.get("reason") else ""),
-             f"World size:   {spec.get('worldSize')} ranks, {spec.get('gpusPerRank', 1)} GPU(s) each",
+             f"World size:   {world_size_text(spec, status)}, {spec.get('gpusPerRank', 1)} GPU(s) each",
              f"Attempt:      {status.get('attempt', 0)} (restarts: {status.get('restarts', 0)}, program "
              f"{status.get('programRestarts', 0)}, infrastructure {status.get('infrastructureRestarts', 0)})"]
     states = ranks_by_state(pods)

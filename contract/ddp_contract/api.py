@@ -24,3 +24,11 @@ RESTART_STRATEGIES: Final = (RESTART_IN_PLACE, RESTART_RECREATE)
 # string) that a rank process failed while its container goes on; the operator reads it as it reads a
 # failed container. Each entry: attempt, exitCode, reason, message (the rank's last words), finishedAt.
 STATUS_PROCESS_FAILURES: Final = "processFailures"
+
+# Elastic world size (spec.minWorldSize below spec.worldSize): the operator records each attempt's gang
+# in status.members, the pods' indices in rank order (the pod at members[i] holds ranks
+# i*ranksPerPod .. (i+1)*ranksPerPod-1, rank 0's pod is members[0]), and its size in ranks in
+# status.worldSize. A pod whose index is not a member waits, its rank processes not started, until an
+# attempt takes it in. Jobs that are not elastic leave both unset: every pod, in index order.
+STATUS_MEMBERS: Final = "members"
+STATUS_WORLD_SIZE: Final = "worldSize"

@@ -30,6 +30,9 @@ RESUME_FROM: Final = "DDP_RESUME_FROM"
 RESTART_STRATEGY: Final = "DDP_RESTART_STRATEGY"
 # Set by that supervisor for the rank processes it starts, so they run the rank instead of supervising.
 SUPERVISED: Final = "DDP_SUPERVISED"
+# spec.worldSize, the size an elastic job (spec.minWorldSize below it) runs at when every rank fits;
+# WORLD_SIZE is the size of the current attempt's gang, which may be smaller.
+TARGET_WORLD_SIZE: Final = "DDP_TARGET_WORLD_SIZE"
 
 # What the rank runs, and how.
 BACKEND: Final = "DDP_BACKEND"
@@ -79,4 +82,5 @@ RESULTS_URI: Final = "DDP_RESULTS_URI"
 RESERVED: Final = frozenset({
     MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, GROUP_RANK,
     JOB_NAME, JOB_NAMESPACE, JOB_UID, ATTEMPT, BACKEND, ENTRYPOINT, RESUME_FROM, RESTART_STRATEGY, SUPERVISED,
+    TARGET_WORLD_SIZE,
 })

@@ -52,6 +52,8 @@ COND_SUSPENDED: Final = "Suspended"
 # True while some rank of the current attempt is held up for a reason someone gave (the scheduler,
 # the kubelet); its reason is the cause most ranks share, its message names the ranks.
 COND_RANKS_BLOCKED: Final = "RanksBlocked"
+# Elastic jobs: True while the gang runs with fewer ranks than spec.worldSize.
+COND_SHRUNK: Final = "Shrunk"
 # spec.dataWorkers: True while every data worker pod is ready.
 COND_DATA_WORKERS_READY: Final = "DataWorkersReady"
 
@@ -82,6 +84,11 @@ REASON_INVALID_SPEC: Final = "InvalidSpec"
 REASON_HUNG: Final = "Hung"
 REASON_DETERMINISTIC: Final = "DeterministicFailure"
 REASON_IN_PLACE_TIMED_OUT: Final = "InPlaceRestartTimedOut"
+# An elastic job's gang re-formed smaller (ranks that do not fit left out) or bigger (waiting pods
+# taken in); the Shrunk condition is False with FullSize once it has every rank again.
+REASON_SHRUNK: Final = "Shrunk"
+REASON_GROWN: Final = "Grown"
+REASON_FULL_SIZE: Final = "FullSize"
 # The API server refused an object the job needs (admission.py): by who refused. A quota may free up;
 # the others refuse until someone changes the cluster or the spec, so the job fails at once.
 REASON_POD_SECURITY: Final = "PodSecurity"

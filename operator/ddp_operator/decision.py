@@ -10,6 +10,7 @@ from typing import Any
 
 from ddp_contract.timestamps import parse_rfc3339
 from ddp_operator import constants as c
+from ddp_operator import elastic
 from ddp_operator.conditions import get_condition
 from ddp_operator.deadlines import deadline_exceeded, startup_remaining
 from ddp_operator.failures import RankFailure, describe_problems
@@ -25,6 +26,7 @@ class Action(enum.StrEnum):
     WAIT = "Wait"  # nothing to create; maybe pods to delete (old attempts, leftovers of a finished job)
     RESTART = "Restart"  # delete the gang (InPlace: the pods that cannot go on); the next passes create attempt + 1
     RECREATE = "Recreate"  # an InPlace restart overdue: delete the pods kept from earlier attempts, same attempt
+    RESIZE = "Resize"  # an elastic job's gang re-forms in place with decision.members, on no restart budget
     FAIL = "Fail"
     SUCCEED = "Succeed"
     SUSPEND = "Suspend"
@@ -45,6 +47,7 @@ class Decision:
     delete_pods: tuple[str, ...] = ()
     failure: RankFailure | None = None
     recheck_after: float | None = None  # seconds until the decision should be taken again
+    members: tuple[int, ...] | None = None  # elastic jobs: the gang of decision.attempt, when it changes
 
 
 def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: datetime,
@@ -61,7 +64,7 @@ def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: d
         left = _exit_grace_left(spec, status, now)
         keep = (status.get("failedRank") or {}).get("pod") if left is not None else None
         return Decision(Action.WAIT, attempt, status.get("reason", ""), status.get("message", ""),
-                        delete_pods=tuple(p for p in summary.active_pods if p != keep), recheck_after=left)
+                        delete_pods=tuple(p for p in _running(summary) if p != keep), recheck_after=left)
     if deadline_exceeded(status, spec, now):
         message = f"activeDeadlineSeconds={spec.active_deadline_seconds} passed since {status.get('startTime')}"
         return _fail(summary, c.REASON_DEADLINE, message)
@@ -69,8 +72,9 @@ def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: d
         return Decision(
             Action.SUSPEND, attempt, c.REASON_SUSPENDED, "spec.suspend is true", delete_pods=_whole_gang(summary)
         )
-    if summary.succeeded == spec.pods:
-        return Decision(Action.SUCCEED, attempt, c.REASON_SUCCEEDED, f"all {spec.world_size} ranks exited 0")
+    gang = summary.gang_pods(spec.pods)
+    if summary.succeeded == gang:
+        return Decision(Action.SUCCEED, attempt, c.REASON_SUCCEEDED, f"all {gang * spec.ranks_per_pod} ranks exited 0")
     if queue is not None and queue.gate != Gate.ADMITTED:
         action = Action.SUSPEND if queue.gate == Gate.EVICTED else Action.QUEUE
         return Decision(action, attempt, queue.reason, queue.message, delete_pods=_whole_gang(summary))
@@ -78,7 +82,7 @@ def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: d
     if failure is not None:
         wait = _echo_wait(failure, now)
         if wait is not None:
-            return Decision(Action.WAIT, attempt, delete_pods=summary.stale_pods, recheck_after=wait)
+            return Decision(Action.WAIT, attempt, delete_pods=_replaced_anyway(summary), recheck_after=wait)
         return _on_failure(spec, status, summary, failure)
     in_place_left = _in_place_due(spec, status, summary, now)
     if in_place_left is not None and in_place_left <= 0:
@@ -87,6 +91,10 @@ def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: d
     if at_once:
         # Refused by the cluster's rules (Pod Security, a LimitRange, a policy, ...): waiting cannot help.
         return _fail(summary, *describe_problems(at_once, "rank" if spec.ranks_per_pod == 1 else "pod"))
+    resized = elastic.resize(spec, status, summary, now)
+    if resized is not None and resized.due:
+        return Decision(Action.RESIZE, attempt + 1, resized.reason, resized.message,
+                        delete_pods=_replaced_anyway(summary), members=resized.members)
     remaining = startup_remaining(status, spec, now) if summary.problems else None
     if remaining is not None and remaining <= 0:
         # Held up past the startup deadline: fail with the cause, so the other ranks free what they hold.
@@ -98,8 +106,9 @@ def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: d
         return Decision(Action.WAIT, attempt, delete_pods=_whole_gang(summary))
     free = tuple(r for r in range(spec.pods) if r not in summary.occupied_ranks)
     action = Action.CREATE if free else Action.WAIT
-    return Decision(action, attempt, delete_pods=summary.stale_pods, create_ranks=free,
-                    recheck_after=in_place_left)
+    due = [t for t in (in_place_left, resized.recheck_after if resized else None) if t is not None]
+    return Decision(action, attempt, delete_pods=_replaced_anyway(summary), create_ranks=free,
+                    recheck_after=min(due) if due else None)
 
 
 def _on_failure(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, failure: RankFailure) -> Decision:
@@ -125,6 +134,7 @@ def _on_failure(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, f
     replaced = _cannot_go_on(summary) if spec.in_place else _whole_gang(summary)
     return Decision(
         Action.RESTART, summary.attempt + 1, _restart_reason(failure), message, delete_pods=replaced, failure=failure,
+        members=elastic.restart_members(spec, summary),
     )
 
 
@@ -139,7 +149,7 @@ def _in_place_due(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary,
     (later) the last of its pods started running; None when no such restart is waiting on pods it kept."""
     if not spec.in_place or status.get("phase") != c.PHASE_RESTARTING or gang_formed(status):
         return None
-    if not summary.carried_pods or summary.running < spec.pods:
+    if not summary.carried_pods or summary.running < summary.gang_pods(spec.pods):
         return None  # a rank still pending is held up for its own reasons, reported as such
     restarted = get_condition(status.get("conditions") or [], c.COND_RESTARTING) or {}
     since = [t for t in (parse_rfc3339(restarted.get("lastTransitionTime")), parse_rfc3339(summary.last_started))
@@ -182,7 +192,7 @@ def _fail(summary: PodSummary, reason: str, message: str, failure: RankFailure |
     # process's code once the job is Failed, so the pod and its log stay, as a failed container's do.
     keep = failure.pod if failure is not None and failure.in_place else None
     return Decision(Action.FAIL, summary.attempt, reason, message, failure=failure,
-                    delete_pods=tuple(p for p in summary.active_pods if p != keep))
+                    delete_pods=tuple(p for p in _running(summary) if p != keep))
 
 
 def _exit_grace_left(spec: JobSpec, status: Mapping[str, Any], now: datetime) -> float | None:
@@ -203,7 +213,7 @@ def _lost_rank(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary) ->
     """
     if status.get("phase") != c.PHASE_RUNNING or int(status.get("attempt", 0)) != summary.attempt:
         return None
-    missing = [r for r in range(spec.pods) if r not in summary.live_ranks]
+    missing = [r for r in summary.gang or range(spec.pods) if r not in summary.live_ranks]
     if not missing:
         return None
     name = pod_name(summary.job_name, missing[0]) if summary.job_name else ""
@@ -215,9 +225,20 @@ def _cannot_go_on(summary: PodSummary) -> tuple[str, ...]:
     """restartStrategy InPlace: the pods a restart replaces: those whose trainer container ended
     (failed, succeeded or evicted), those on a lost node, and older ones. The runtime in every other
     pod starts its rank processes again for the next attempt."""
-    return tuple(sorted(set(summary.finished_pods + summary.on_lost_nodes + summary.stale_pods)))
+    return tuple(sorted(set(summary.finished_pods + summary.on_lost_nodes + _replaced_anyway(summary))))
 
 
 def _whole_gang(summary: PodSummary) -> tuple[str, ...]:
     """Every pod not already being deleted: the current attempt (finished or not) and older ones."""
-    return tuple(sorted(set(summary.active_pods + summary.finished_pods + summary.stale_pods)))
+    return tuple(sorted(set(_running(summary) + summary.finished_pods + _replaced_anyway(summary))))
+
+
+def _running(summary: PodSummary) -> tuple[str, ...]:
+    """Pods whose trainer still runs or waits to: the gang's, and an elastic job's waiting pods."""
+    return summary.active_pods + summary.probes
+
+
+def _replaced_anyway(summary: PodSummary) -> tuple[str, ...]:
+    """Pods deleted whatever else happens: older attempts', and an elastic job's waiting pods that
+    ended or are on a lost node (created again, to wait on)."""
+    return summary.stale_pods + summary.dead_probes

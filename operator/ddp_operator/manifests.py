@@ -204,6 +204,8 @@ def build_progress_access(job: Mapping[str, Any], spec: JobSpec) -> list[dict[st
 def rank_env(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) -> list[dict[str, Any]]:
     """Env of the trainer container: operator-injected first, then S3, then the user's spec.env.
 
+    WORLD_SIZE and DDP_TARGET_WORLD_SIZE are spec.worldSize; an elastic job's runtime gives the rank
+    processes of each attempt its gang's size, and ranks by the pod's place in status.members.
     One rank per pod: RANK, LOCAL_RANK 0, LOCAL_WORLD_SIZE 1, NODE_RANK = RANK. Several (ranksPerPod):
     LOCAL_WORLD_SIZE and NODE_RANK/GROUP_RANK = the pod's index, no RANK or LOCAL_RANK: whoever starts
     the local ranks (the runtime, torchrun) gives each its own.
@@ -222,6 +224,7 @@ def rank_env(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) -> 
         envnames.JOB_UID: meta.get("uid", ""),
         envnames.ATTEMPT: str(attempt),
         envnames.BACKEND: spec.effective_backend,
+        envnames.TARGET_WORLD_SIZE: str(spec.world_size),
     }
     if spec.entrypoint:
         values[envnames.ENTRYPOINT] = spec.entrypoint

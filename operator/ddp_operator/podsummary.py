@@ -6,7 +6,7 @@ created again only once its name is free.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -49,10 +49,22 @@ class PodSummary:
     carried_pods: tuple[str, ...] = ()  # current attempt, created for an earlier one (restartStrategy InPlace)
     last_started: str | None = None  # the latest start of a running trainer container of the current attempt
     ranks_per_pod: int = 1  # the job's ranksPerPod: a "rank" above is a pod's index when > 1
+    # Elastic jobs: the attempt's gang (pod indices in rank order; () when every pod is in it) and the
+    # job's other current pods, which wait to be taken in. Every count and failure above is the gang's.
+    gang: tuple[int, ...] = ()
+    probes: tuple[str, ...] = ()  # pending or running, not being deleted
+    running_probes: frozenset[int] = frozenset()  # their indices, where the trainer container runs
+    probes_running_since: str | None = None  # the earliest start of those containers
+    dead_probes: tuple[str, ...] = ()  # finished, or on a lost node: to be replaced
+    probe_problems: tuple[RankProblem, ...] = ()  # why the pending ones wait
 
     @property
     def total(self) -> int:
         return len(self.live_ranks)
+
+    def gang_pods(self, pods: int) -> int:
+        """How many pods the attempt's gang has, of the job's `pods`."""
+        return len(self.gang) or pods
 
     @cached_property
     def held_up(self) -> tuple[str, str]:
@@ -72,7 +84,8 @@ class PodSummary:
 def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: str = "",
                    lost_nodes: Mapping[str, str] | None = None, ranks_per_pod: int = 1, *,
                    since: int | None = None, replaced: Collection[str] = (),
-                   process_failures: Mapping[str, Any] | None = None) -> PodSummary:
+                   process_failures: Mapping[str, Any] | None = None,
+                   members: Sequence[int] | None = None) -> PodSummary:
     """Counts and the earliest failure for `attempt`; job_name (else the pods' label) names lost ranks' pods.
 
     The gang is the pods labelled from attempt `since` (status.recreatedAttempt; default `attempt`) up
@@ -80,6 +93,9 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
     uids of pods whose delete was issued, which count as old whatever their label until the pod watch
     shows them going. process_failures (status.processFailures): rank processes of this attempt that
     failed while their pod goes on, as their runtime reported them.
+
+    members (elastic jobs, status.members): the attempt's gang; the job's other current pods are
+    probes, counted apart (PodSummary.probes ...) and never a failure of the gang.
 
     lost_nodes (node -> why, from nodes.lost_nodes): a rank of this attempt still pending or running
     on one is a failure (NodeLost), and any pod being deleted there is to be force-deleted.
@@ -96,6 +112,11 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
     failures: list[RankFailure] = []
     problems: list[RankProblem] = []
     uids: dict[str, str] = {}
+    gang = frozenset(members) if members is not None else None
+    probes: list[str] = []
+    running_probes: dict[int, str] = {}
+    dead_probes: list[str] = []
+    probe_problems: list[RankProblem] = []
     nodes: set[str] = set()
     unscheduled: set[int] = set()
     lost: list[str] = []
@@ -117,10 +138,18 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
         current = rank is not None and label is not None and since <= label <= attempt \
             and meta.get("uid") not in replaced
         state = pod_state(pod)
+        probe = current and gang is not None and rank not in gang
+        if probe and rank is not None and not meta.get("deletionTimestamp"):
+            if state in ("succeeded", "failed") or node in lost_nodes:
+                dead_probes.append(name)
+            else:
+                probes.append(name)
+                _note_probe(pod, rank, state, running_probes, probe_problems)
+            continue
         if node in lost_nodes:
             if meta.get("deletionTimestamp"):
                 lost.append(name)
-            if current and rank is not None and state in ("pending", "running"):
+            if current and rank is not None and not probe and state in ("pending", "running"):
                 failures.append(replace(node_lost(pod, rank, lost_nodes[node]), attempt=attempt))
                 on_lost.append(name)
         if meta.get("deletionTimestamp"):
@@ -167,8 +196,24 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
         on_lost_nodes=tuple(sorted(on_lost)),
         carried_pods=tuple(sorted(carried)),
         last_started=max(starts) if starts else None,
+        gang=tuple(members) if members is not None else (),
+        probes=tuple(sorted(probes)),
+        running_probes=frozenset(running_probes),
+        probes_running_since=min(running_probes.values()) if running_probes else None,
+        dead_probes=tuple(sorted(dead_probes)),
+        probe_problems=tuple(sorted(probe_problems, key=lambda p: p.rank)),
         **counts,
     )
+
+
+def _note_probe(pod: Mapping[str, Any], index: int, state: str, running: dict[int, str],
+                problems: list[RankProblem]) -> None:
+    """Records a pod waiting to be taken into an elastic gang: running since when, or held up why."""
+    if state == "running":
+        started = (trainer_status(pod).get("state") or {}).get("running", {}).get("startedAt")
+        running[index] = str(started or "")
+    elif problem := rank_problem(pod, index):
+        problems.append(problem)
 
 
 def pod_state(pod: Mapping[str, Any]) -> str:

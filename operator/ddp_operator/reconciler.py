@@ -5,6 +5,7 @@ A status pass (`reconcile`), run for a job whenever it or one of its pods change
     summary  = summarize_pods(pods of the job, status.attempt, lost)  podsummary.py
       + ranks held up by names in the way, or by a gang too large     capacity.py
     decision = decide(spec, status, summary, now)                     decision.py
+      (an elastic job's gang: status.members; when to resize it         elastic.py)
     patch status with compute_status(...) first                       statuspatch.py
       (a count-only patch may wait up to COUNTS_INTERVAL)
     delete decision.delete_pods, each by the uid the summary saw
@@ -40,7 +41,7 @@ from kubernetes.client.rest import ApiException
 
 from ddp_contract import api
 from ddp_operator import constants as c
-from ddp_operator import metrics
+from ddp_operator import elastic, metrics
 from ddp_operator.admission import Refusal, Refused, classify, refused
 from ddp_operator.capacity import InTheWay, gang_too_large
 from ddp_operator.dataworkers import (
@@ -278,7 +279,8 @@ class Reconciler:
         replaced = {uid for uid, _ in self._deleting} if spec.in_place else set()
         summary = summarize_pods(pods, int(status.get("attempt", 0)), key[1], lost, spec.ranks_per_pod,
                                  since=pod_attempt_floor(status), replaced=replaced,
-                                 process_failures=status.get(api.STATUS_PROCESS_FAILURES))
+                                 process_failures=status.get(api.STATUS_PROCESS_FAILURES),
+                                 members=elastic.members(spec, status) if spec.elastic else None)
         memory = self._of(key)
         held = memory.in_the_way.problems(spec.pods, summary.live_ranks)
         if memory.refused is not None:

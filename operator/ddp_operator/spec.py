@@ -29,6 +29,7 @@ DEFAULT_BACKOFF_LIMIT: Final = 3
 DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT: Final = 10
 DEFAULT_STARTUP_DEADLINE_SECONDS: Final = 900
 DEFAULT_IN_PLACE_DEADLINE_SECONDS: Final = 180
+DEFAULT_ELASTIC_SETTLE_SECONDS: Final = 60
 DEFAULT_NODE_LOST_GRACE_SECONDS: Final = 60
 DEFAULT_GPUS_PER_RANK: Final = 1
 DEFAULT_BACKEND: Final = backend.AUTO
@@ -127,6 +128,8 @@ class JobSpec(Templated):
     restart_policy: str = DEFAULT_RESTART_POLICY
     restart_strategy: str = api.RESTART_RECREATE
     in_place_deadline_seconds: int = DEFAULT_IN_PLACE_DEADLINE_SECONDS
+    min_world_size: int | None = None  # None: worldSize (not elastic)
+    elastic_settle_seconds: int = DEFAULT_ELASTIC_SETTLE_SECONDS
     backoff_limit: int = DEFAULT_BACKOFF_LIMIT
     infrastructure_backoff_limit: int = DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT
     hang_timeout_seconds: int | None = None
@@ -146,6 +149,16 @@ class JobSpec(Templated):
     def in_place(self) -> bool:
         """Whether a failure restarts rank processes in the pods that can go on (restartStrategy InPlace)."""
         return self.restart_strategy == api.RESTART_IN_PLACE
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the job may train with fewer ranks than worldSize (spec.minWorldSize below it)."""
+        return self.min_world_size is not None and self.min_world_size < self.world_size
+
+    @property
+    def min_pods(self) -> int:
+        """The fewest pods an elastic job's gang may have (all of them when it is not elastic)."""
+        return (self.min_world_size or self.world_size) // self.ranks_per_pod
 
     @property
     def pods(self) -> int:
@@ -212,6 +225,8 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
         restart_policy=_enum(spec, "restartPolicy", DEFAULT_RESTART_POLICY, RESTART_POLICIES),
         restart_strategy=_restart_strategy(spec),
         in_place_deadline_seconds=_int(spec, "inPlaceDeadlineSeconds", DEFAULT_IN_PLACE_DEADLINE_SECONDS, 1, None),
+        min_world_size=_min_world_size(spec, world_size),
+        elastic_settle_seconds=_int(spec, "elasticSettleSeconds", DEFAULT_ELASTIC_SETTLE_SECONDS, 0, None),
         backoff_limit=_int(spec, "backoffLimit", DEFAULT_BACKOFF_LIMIT, 0, None),
         infrastructure_backoff_limit=_int(
             spec, "infrastructureBackoffLimit", DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT, 0, None),
@@ -231,6 +246,20 @@ def _ranks_per_pod(spec: Mapping[str, Any], world_size: int) -> int:
     if world_size % per_pod:
         raise InvalidSpec("ranksPerPod", f"worldSize {world_size} is not a multiple of ranksPerPod {per_pod}")
     return per_pod
+
+
+def _min_world_size(spec: Mapping[str, Any], world_size: int) -> int | None:
+    minimum = _int(spec, "minWorldSize", None, 1, world_size, optional=True)
+    if minimum is None:
+        return None
+    per_pod = _int(spec, "ranksPerPod", 1, 1, MAX_RANKS_PER_POD)
+    if minimum % per_pod:
+        raise InvalidSpec("minWorldSize", f"{minimum} is not a multiple of ranksPerPod {per_pod}: an elastic job "
+                          "gains and loses whole pods")
+    if minimum < world_size and _restart_strategy(spec) != api.RESTART_IN_PLACE:
+        raise InvalidSpec("minWorldSize", f"{minimum} is below worldSize {world_size}, which needs restartStrategy "
+                          "InPlace: a resize restarts the rank processes inside the pods that go on")
+    return minimum
 
 
 def validate_job_name(name: str, world_size: int, data_workers: int = 0) -> None:

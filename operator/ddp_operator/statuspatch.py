@@ -30,6 +30,7 @@ PHASE_CONDITION = {
 DECISION_PHASE = {
     Action.RESTART: c.PHASE_RESTARTING,
     Action.RECREATE: c.PHASE_RESTARTING,
+    Action.RESIZE: c.PHASE_RESTARTING,
     Action.FAIL: c.PHASE_FAILED,
     Action.SUCCEED: c.PHASE_SUCCEEDED,
     Action.SUSPEND: c.PHASE_SUSPENDED,
@@ -48,7 +49,7 @@ def next_phase(status: Mapping[str, Any], summary: PodSummary, decision: Decisio
         return DECISION_PHASE[decision.action]
     # In place, a restarted gang's pods stay ready throughout: it runs again once rank 0 says it formed.
     regrouping = spec.in_place and previous == c.PHASE_RESTARTING and not gang_formed(status)
-    if summary.ready > 0 and summary.ready + summary.succeeded >= spec.pods and not regrouping:
+    if summary.ready > 0 and summary.ready + summary.succeeded >= summary.gang_pods(spec.pods) and not regrouping:
         return c.PHASE_RUNNING
     if previous == c.PHASE_RESTARTING:
         return c.PHASE_RESTARTING
@@ -70,24 +71,31 @@ def compute_status(
     phase = next_phase(status, summary, decision, spec)
     stamp = rfc3339(now)
     reason, message = _reason_message(phase, status, summary, decision, spec)
+    per_pod, gang = spec.ranks_per_pod, summary.gang_pods(spec.pods)
+    members = decision.members or summary.gang or tuple(range(spec.pods))
     patch: dict[str, Any] = {
         "phase": phase,
         "attempt": decision.attempt,
         "recreatedAttempt": recreated_attempt(status, decision, spec),
         "restarts": int(status.get("restarts", 0)) + (1 if decision.action == Action.RESTART else 0),
         **_kind_restarts(status, decision),
-        "readyRanks": summary.ready * spec.ranks_per_pod,
-        "totalRanks": spec.world_size,
+        "readyRanks": summary.ready * per_pod,
+        "totalRanks": gang * per_pod,
         "readyPods": summary.ready,
-        "totalPods": spec.pods,
-        "ready": f"{summary.ready * spec.ranks_per_pod}/{spec.world_size}",
+        "totalPods": gang,
+        "ready": f"{summary.ready * per_pod}/{gang * per_pod}",
+        api.STATUS_WORLD_SIZE: len(members) * per_pod,
         "reason": reason,
         "message": message,
         "startTime": _start_time(status, phase, stamp, decision),
         "completionTime": status.get("completionTime") or (stamp if phase in c.TERMINAL_PHASES else None),
         "conditions": _conditions(status, phase, reason, message, summary, decision, now, generation),
     }
-    if decision.action == Action.RESTART:
+    if spec.elastic:
+        patch[api.STATUS_MEMBERS] = list(members)
+    if decision.action == Action.RESIZE:
+        patch["conditions"] = _shrunk(patch["conditions"], decision, len(members) < spec.pods, now, generation)
+    if decision.action in (Action.RESTART, Action.RESIZE):
         patch[api.STATUS_PROCESS_FAILURES] = None  # the attempt they were reported for is over
     if generation is not None:
         patch["observedGeneration"] = generation
@@ -122,7 +130,7 @@ def _kind_restarts(status: Mapping[str, Any], decision: Decision) -> dict[str, i
 OWNED_STATUS = frozenset({
     *RESTART_COUNTERS.values(), "phase", "attempt", "recreatedAttempt", api.STATUS_PROCESS_FAILURES, "restarts",
     "readyRanks", "totalRanks", "readyPods", "totalPods",
-    "ready", "reason",
+    "ready", "reason", api.STATUS_WORLD_SIZE, api.STATUS_MEMBERS,
     "message", "startTime", "completionTime", "conditions", "observedGeneration", "failedRank", "dataWorkers",
 })
 # What moves with every rank that becomes ready; a patch that changes nothing else may wait a little.
@@ -193,12 +201,20 @@ def _conditions(
     active = PHASE_CONDITION.get(phase)
     for type_ in PHASE_CONDITION.values():
         if type_ == active:
-            if phase == c.PHASE_RESTARTING and decision.action != Action.RESTART:
+            if phase == c.PHASE_RESTARTING and decision.action not in (Action.RESTART, Action.RESIZE):
                 continue  # it keeps why the gang restarted; status.reason may say what holds the new gang up
             conditions = set_condition(conditions, type_, True, reason, message, now, generation)
         elif get_condition(conditions, type_) is not None:
             conditions = set_condition(conditions, type_, False, reason, message, now, generation)
     return conditions
+
+
+def _shrunk(conditions: list[dict[str, Any]], decision: Decision, short: bool, now: datetime,
+            generation: int | None) -> list[dict[str, Any]]:
+    """The Shrunk condition after a resize: True with why while the gang is short of spec.worldSize."""
+    if short:
+        return set_condition(conditions, c.COND_SHRUNK, True, decision.reason, decision.message, now, generation)
+    return set_condition(conditions, c.COND_SHRUNK, False, c.REASON_FULL_SIZE, decision.message, now, generation)
 
 
 def _reason_message(
@@ -211,7 +227,8 @@ def _reason_message(
     if phase == c.PHASE_RUNNING:
         per_pod = spec.ranks_per_pod
         return c.REASON_ALL_READY, f"{summary.ready * per_pod} ranks ready, {summary.succeeded * per_pod} finished"
-    waiting = f"{summary.ready * spec.ranks_per_pod}/{spec.world_size} ranks ready, {summary.total} pods exist"
+    gang = summary.gang_pods(spec.pods) * spec.ranks_per_pod
+    waiting = f"{summary.ready * spec.ranks_per_pod}/{gang} ranks ready, {summary.total} pods exist"
     cause, detail = summary.held_up
     if cause:
         return cause, f"{waiting}; {detail}"
@@ -230,6 +247,7 @@ def _start_time(status: Mapping[str, Any], phase: str, stamp: str, decision: Dec
 
 
 WARNING_PHASES = frozenset({c.PHASE_FAILED, c.PHASE_RESTARTING})
+RESIZE_EVENTS = {c.REASON_SHRUNK: "Warning", c.REASON_GROWN: "Normal"}
 
 
 def events_for(status: Mapping[str, Any], patch: Mapping[str, Any]) -> list[tuple[str, str, str]]:
@@ -238,10 +256,12 @@ def events_for(status: Mapping[str, Any], patch: Mapping[str, Any]) -> list[tupl
     events: list[tuple[str, str, str]] = []
     phase = patch.get("phase")
     if phase and phase != status.get("phase"):
-        kind = "Warning" if phase in WARNING_PHASES else "Normal"
+        kind = RESIZE_EVENTS.get(patch.get("reason") or "") or ("Warning" if phase in WARNING_PHASES else "Normal")
         events.append((kind, patch.get("reason") or phase, patch.get("message") or f"phase {phase}"))
     elif patch.get("reason") == c.REASON_IN_PLACE_TIMED_OUT != status.get("reason"):
         events.append(("Warning", c.REASON_IN_PLACE_TIMED_OUT, str(patch.get("message"))))
+    elif patch.get("reason") in RESIZE_EVENTS and patch.get("attempt") != status.get("attempt"):
+        events.append((RESIZE_EVENTS[patch["reason"]], patch["reason"], str(patch.get("message"))))
     before = get_condition(status.get("conditions") or [], c.COND_RANKS_BLOCKED) or {}
     after = get_condition(patch.get("conditions") or [], c.COND_RANKS_BLOCKED) or {}
     blocked = after.get("status") == "True"

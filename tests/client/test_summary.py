@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp_client.summary import outcome_text, progress_line, ranks_text, status_text
+from ddp_client.summary import outcome_text, progress_line, ranks_text, status_text, world_size_text
 from ddp_contract import labels
 
 
@@ -54,3 +54,11 @@ def test_progress_line_and_outcome() -> None:
     failed = outcome_text("j", FAILED)
     assert failed.startswith("j: Failed at epoch 1") and "reason: BackoffLimitExceeded: rank 1 failed 2 times" in failed
     assert "its last output:\n    Traceback ...\n    ValueError: boom" in failed
+
+
+def test_an_elastic_job_says_how_many_of_its_ranks_the_gang_has() -> None:
+    elastic = {"worldSize": 4, "minWorldSize": 2}
+    assert world_size_text(elastic, {"worldSize": 2}) == "2 of 4 ranks (minimum 2)"
+    assert world_size_text(elastic, {}) == "4 of 4 ranks (minimum 2)"
+    assert world_size_text({"worldSize": 4}, {"worldSize": 4}) == "4 ranks"
+    assert world_size_text({"worldSize": 4, "minWorldSize": 4}, {}) == "4 ranks"

@@ -113,7 +113,7 @@ def test_every_reason_the_operator_writes_is_in_the_reference() -> None:
 # Reasons that need nothing done: the job is fine (or they name a condition, or a failed rank's reason).
 NOTHING_TO_DO = {c.REASON_WAITING, c.REASON_ALL_READY, c.REASON_SUCCEEDED, c.REASON_CREATED, c.REASON_NOT_BLOCKED,
                  c.REASON_RANK_MISSING, c.REASON_DATA_WORKERS_READY, c.REASON_DATA_WORKERS_STARTING,
-                 c.REASON_DATA_WORKERS_NOT_KEPT}
+                 c.REASON_DATA_WORKERS_NOT_KEPT, c.REASON_FULL_SIZE}
 
 
 def test_every_reason_has_a_section_in_the_troubleshooting_guide_saying_what_to_do() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import io
+import json
 import os
 import signal
 import time
@@ -50,6 +51,17 @@ def sampler(world_size: int, rank: int) -> DistributedChunkedSampler:
     return DistributedChunkedSampler(SAMPLES, num_replicas=world_size, rank=rank, chunksize=8, seed=7)
 
 
+def _index_record(ctx: RankContext) -> Any:
+    """WL_INDICES: a directory where each rank of each attempt writes, per step, the samples its batch
+    held as its sampler lists them (one JSON line a step), for tests of data accounting."""
+    folder = os.environ.get("WL_INDICES")
+    if not folder:
+        return None
+    record = open(os.path.join(folder, f"{os.environ.get('DDP_ATTEMPT', '0')}-{ctx.rank}.jsonl"), "a")
+    atexit.register(record.close)
+    return record
+
+
 def _int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 
@@ -85,9 +97,11 @@ def train(ctx: RankContext) -> None:
             print(f"rank {ctx.rank} resumed from step {step}", flush=True)
     loss_fn = nn.MSELoss()
     first_step = step
+    record = _index_record(ctx)
     for epoch in range(data_sampler.epoch, epochs):
         data_sampler.set_epoch(epoch)
         consumed = data_sampler.start_offset  # workers prefetch: the sampler alone would over-count
+        mine = data_sampler.rank_indices() if record else []
         for x, y in loader:
             consumed += len(x)
             x, y = x.to(device), y.to(device)
@@ -96,6 +110,9 @@ def train(ctx: RankContext) -> None:
             loss.backward()
             opt.step()
             step += 1
+            if record:
+                print(json.dumps({"world": ctx.world_size, "epoch": epoch, "step": step,
+                                  "indices": mine[consumed - len(x):consumed]}), file=record, flush=True)
             progress.report(epoch, step, loss.item(), samples=batch * ctx.world_size)
             if results is not None:
                 results.log_metrics(step, epoch, loss, lr=LR)

@@ -3,9 +3,29 @@
 from __future__ import annotations
 
 import time
+from typing import Any
+
+import pytest
 
 from ddp_contract import api
 from ddp_trainer.jobwatch import JobView, JobWatch
+
+
+@pytest.mark.parametrize(("members", "seen"), [
+    ([2, 0, 3], (2, 0, 3)),
+    (None, None),
+    ([], None),
+    ("0,1", None),
+    ([0, "1"], None),
+    ([0, -1], None),
+    ([0, True], None),
+    ([1, 1], None),
+])
+def test_the_view_holds_the_attempts_members_where_they_are_pod_indices(members: Any, seen: tuple[int, ...] | None) -> None:
+    status: dict[str, Any] = {"attempt": 2, "phase": "Running"}
+    if members is not None:
+        status[api.STATUS_MEMBERS] = members
+    assert JobView.of({"status": status}) == JobView(2, None, "Running", seen)
 
 
 def test_the_view_follows_the_jobs_status_and_waits_for_what_is_asked(kube_api, own_namespace: str, crd) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddp_contract import kubeclient
-from ddp_contract.api import GROUP, PLURAL, VERSION
+from ddp_contract.api import GROUP, PLURAL, STATUS_MEMBERS, VERSION
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +29,24 @@ class JobView:
     attempt: int
     checkpoint: str | None  # status.lastCheckpoint.uri
     phase: str | None
+    members: tuple[int, ...] | None = None  # status.members: the attempt's pod indices in rank order (elastic jobs)
 
     @classmethod
     def of(cls, job: Mapping[str, Any]) -> JobView:
         status = job.get("status") or {}
         uri = (status.get("lastCheckpoint") or {}).get("uri")
-        return cls(int(status.get("attempt") or 0), str(uri) if uri else None, status.get("phase"))
+        return cls(int(status.get("attempt") or 0), str(uri) if uri else None, status.get("phase"),
+                   _members(status.get(STATUS_MEMBERS)))
+
+
+def _members(value: object) -> tuple[int, ...] | None:
+    """status.members as pod indices; None where it is absent or not a list of distinct indices."""
+    if not isinstance(value, list) or not value:
+        return None
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value) or len(set(value)) != len(value):
+        log.warning("ignoring status.%s %r: not a list of distinct pod indices", STATUS_MEMBERS, value)
+        return None
+    return tuple(value)
 
 
 class JobWatch:

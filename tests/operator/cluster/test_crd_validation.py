@@ -199,6 +199,21 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "spec.template.spec.containers[1]: Duplicate value",
     ),
     (
+        "min world size above world size",
+        spec_with(minWorldSize=5, restartStrategy="InPlace"),
+        "spec.minWorldSize must not exceed spec.worldSize",
+    ),
+    (
+        "elastic without restarts in place",
+        spec_with(minWorldSize=1),
+        "spec.minWorldSize below spec.worldSize (an elastic job) needs spec.restartStrategy InPlace",
+    ),
+    (
+        "min world size of part of a pod",
+        spec_with(worldSize=4, ranksPerPod=2, minWorldSize=3, restartStrategy="InPlace"),
+        "spec.minWorldSize must be a multiple of spec.ranksPerPod",
+    ),
+    (
         "shm volume name",
         spec_with(shmSize="1Gi", template={"spec": {"volumes": [{"name": "dshm", "emptyDir": {}}]}}),
         "spec.template.spec.volumes: Invalid value: \"object\": spec.template.spec.volumes: the volume name 'dshm' is reserved",
@@ -236,10 +251,11 @@ def test_status_written_by_the_operator_survives_pruning(custom: Any, namespace:
     now = datetime(2025, 1, 1, tzinfo=UTC)
     failure = RankFailure(1, "job-1", 137, "OOMKilled", False)
     patch = compute_status(
-        parse_spec(VALID_SPEC),
+        parse_spec(spec_with(minWorldSize=1, restartStrategy="InPlace")),  # elastic: members too
         {"phase": "Running"},
         summarize_pods([], 0, "job"),
-        Decision(Action.RESTART, 1, c.REASON_RANK_FAILED, "rank 1 (pod job-1) exited with code 137", failure=failure),
+        Decision(Action.RESTART, 1, c.REASON_RANK_FAILED, "rank 1 (pod job-1) exited with code 137", failure=failure,
+                 members=(0, 1)),
         now,
         generation=1,
     )

@@ -100,6 +100,7 @@ def test_rank_env(rank: int) -> None:
         "DDP_JOB_UID": "uid-123",
         "DDP_ATTEMPT": "2",
         "DDP_BACKEND": "nccl",
+        "DDP_TARGET_WORLD_SIZE": "4",
         "DDP_ENTRYPOINT": "train.main:run",
     }
     assert all(isinstance(v, str) for v in env.values())

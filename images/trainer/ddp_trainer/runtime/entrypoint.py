@@ -24,7 +24,7 @@ from ddp_contract import envnames as names
 from .. import env, jobstatus
 from ..errors import ConfigError, ExitCode, TrainerError
 from . import inplace, logkeeper, progress, supervisor
-from .context import RankContext, set_context
+from .context import RankContext, set_context, target_world_size
 from .failures import classify, exit_code_of_system_exit, report
 from .hangwatch import HangWatch, hang_handler, stall_handler
 from .heartbeat import HEARTBEAT
@@ -53,6 +53,7 @@ def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None 
         if not target:
             raise ConfigError(f"no entrypoint: pass `module:function` or a script, or set {names.ENTRYPOINT}")
         settings = env.DistSettings.from_env(environ)
+        target_size = target_world_size(environ, settings.world_size)
         rank = settings.rank
         logkeeper.start(rank, environ)
         stop_on_sigterm(rank)
@@ -85,6 +86,7 @@ def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None 
             backend=backend,
             device=device,
             job=job,
+            target_world_size=target_size,
         )
         set_context(context)
         sys.argv = [target, *args]

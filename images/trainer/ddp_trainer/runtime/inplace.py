@@ -9,6 +9,9 @@ The loop, in the container's first process:
     with its code (and its last words as the termination message), as a failed container does
   when they all succeed: exit 0
   SIGTERM (the pod deleted): stop them and exit TERMINATED
+An elastic job's status names each attempt's gang (status.members, pod indices in rank order): a
+member's rank processes get the gang's WORLD_SIZE and ranks, and rank 0's pod as MASTER_ADDR; a pod
+that is not a member starts none and waits for an attempt that takes it in (or the job's end).
 Every attempt is marked in the container's output, so `kubectl logs` shows them in order.
 """
 
@@ -30,6 +33,7 @@ from ddp_contract.timestamps import rfc3339
 from .. import env
 from ..jobstatus import JobStatusSink
 from ..jobwatch import JobView, JobWatch
+from .context import target_world_size
 from .supervisor import LocalRanks
 from .termination import leave_termination_message
 
@@ -68,19 +72,44 @@ def failure_report(attempt: int, exit_code: int, message: str, oom_killed: bool,
             "finishedAt": rfc3339(now)}
 
 
+def gang_env(environ: Mapping[str, str], members: Sequence[int], index: int) -> dict[str, str]:
+    """What the pod's env (made for the job's full size) becomes in the gang `members` (pod indices
+    in rank order), for the member pod `index`: the gang's WORLD_SIZE, the pod's place in it as its
+    NODE_RANK (and RANK or GROUP_RANK, as the pod env has them), and rank 0's pod as MASTER_ADDR."""
+    if index not in members:
+        raise ValueError(f"pod {index} is not in the gang {list(members)}")
+    place = str(members.index(index))
+    changed = {names.WORLD_SIZE: str(len(members) * env.local_world_size(environ)), names.NODE_RANK: place}
+    changed[names.RANK if environ.get(names.RANK, "").strip() else names.GROUP_RANK] = place
+    job_name = environ.get(names.JOB_NAME, "").strip()
+    master = environ.get(names.MASTER_ADDR, "")
+    first_pod = f"{job_name}-0."
+    if job_name and master.startswith(first_pod):  # else not the operator's name (a harness's 127.0.0.1): kept
+        changed[names.MASTER_ADDR] = f"{job_name}-{members[0]}.{master[len(first_pod):]}"
+    return changed
+
+
 def attempt_env(environ: Mapping[str, str], view: JobView | None, attempt: int) -> dict[str, str]:
     """The rank processes' environment for `attempt`: the pod's, with the attempt and the checkpoint
-    the job's status holds now (a pod's own DDP_RESUME_FROM is the one when it was created)."""
+    the job's status holds now (a pod's own DDP_RESUME_FROM is the one when it was created), in the
+    gang the status names (elastic jobs; this pod must be a member)."""
     child = {**environ, names.SUPERVISED: "1", names.ATTEMPT: str(attempt)}
     if view is not None and view.checkpoint:
         child[names.RESUME_FROM] = view.checkpoint
+    if view is not None and view.members is not None:
+        child.update(gang_env(environ, view.members, env.node_rank(environ)))
     return child
+
+
+def _sizes(world_size: int, target: int) -> str:
+    return f"world size {world_size} of {target}"
 
 
 def serve(target: str | None, args: Sequence[str], environ: Mapping[str, str]) -> int:
     """Run the pod's ranks attempt after attempt; the container's exit code."""
     job = env.JobInfo.from_env(environ)
-    index = str(env.node_rank(environ))
+    index = env.node_rank(environ)
+    target_size = target_world_size(environ, int(environ.get(names.WORLD_SIZE) or 0))
     watch = JobWatch(job.namespace, job.name).start()
     sink = JobStatusSink(job.namespace, job.name)
     stopping: list[int] = []
@@ -95,9 +124,22 @@ def serve(target: str | None, args: Sequence[str], environ: Mapping[str, str]) -
             view = watch.wait(lambda v: True, FIRST_VIEW_WAIT_S)
             attempt = max(job.attempt, view.attempt if view else 0)
             while True:
-                _mark(f"attempt {attempt}: starting the rank process{'es' if ranks.count > 1 else ''} in place")
+                view = watch.view  # one view for the attempt: its number, its gang and this pod's env in it
+                attempt = max(attempt, view.attempt if view else 0)
+                members = view.members if view is not None else None
+                if members is not None and index not in members:
+                    _mark(f"attempt {attempt}: this pod is not in the gang "
+                          f"({_sizes(len(members) * ranks.count, target_size)}); waiting for an attempt that takes it in")
+                    ended = _wait_out(watch, attempt, stopping)
+                    if ended is not None:
+                        return ended
+                    continue
+                child_env = attempt_env(environ, view, attempt)
+                size = int(child_env.get(names.WORLD_SIZE) or 0)
+                resized = f" ({_sizes(size, target_size)})" if size != target_size else ""
+                _mark(f"attempt {attempt}: starting the rank process{'es' if ranks.count > 1 else ''} in place{resized}")
                 ooms = oom_kills()
-                ranks.start(attempt_env(environ, watch.view, attempt))
+                ranks.start(child_env)
                 if ranks.supervise(lambda: bool(stopping) or _newer(watch.view, attempt)):
                     if stopping:
                         return ExitCode.TERMINATED
@@ -112,7 +154,7 @@ def serve(target: str | None, args: Sequence[str], environ: Mapping[str, str]) -
                 after = oom_kills()
                 oom = code == SIGKILL_EXIT and after is not None and ooms is not None and after > ooms
                 report = failure_report(attempt, code, message, oom, time.time())
-                if not _report(sink, {api.STATUS_PROCESS_FAILURES: {index: report}}):
+                if not _report(sink, {api.STATUS_PROCESS_FAILURES: {str(index): report}}):
                     leave_termination_message(message)  # no way to say it in place: the pod fails instead
                     return code
                 _mark(f"attempt {attempt}: a rank process exited with code {code}"
@@ -138,6 +180,17 @@ def _report(sink: JobStatusSink, fields: dict[str, object]) -> bool:
         time.sleep(delay)
         delay = min(delay * 2, 5.0)
     return True
+
+
+def _wait_out(watch: JobWatch, attempt: int, stopping: list[int]) -> int | None:
+    """Wait, with no rank process, for the attempt after `attempt` (the loop sees whether it takes this
+    pod in); the container's exit code where the job ended or the pod is stopped instead."""
+    newer = watch.wait(lambda v: v.attempt > attempt or v.phase in FINAL_PHASES, also=lambda: bool(stopping))
+    if newer is None:
+        return ExitCode.TERMINATED
+    if newer.phase in FINAL_PHASES:
+        return ExitCode.OK if newer.phase == "Succeeded" else ExitCode.TERMINATED
+    return None
 
 
 def _newer(view: JobView | None, attempt: int) -> bool:

@@ -94,7 +94,6 @@ class LocalRanks:
     def __init__(self, target: str | None, args: Sequence[str], environ: Mapping[str, str]) -> None:
         self.command = [sys.executable, "-m", "ddp_trainer", "run", *([target] if target else []), "--", *args]
         self.count = env.local_world_size(environ)
-        self.first_rank = env.node_rank(environ) * self.count
         self.ranks: list[LocalRank] = []
         self._messages = Path(tempfile.mkdtemp(prefix="ddp-local-ranks-"))
 
@@ -114,8 +113,9 @@ class LocalRanks:
             path.write_bytes(b"")
             child_env = local_rank_env(environ, local_rank, str(path))
             self.ranks.append(LocalRank(local_rank, subprocess.Popen(self.command, env=child_env), path))
+        first = env.node_rank(environ) * self.count  # the attempt's: an elastic gang places the pod anew
         log.info("started %d local rank%s (global %s)", len(self.ranks), "s" if len(self.ranks) > 1 else "",
-                 ", ".join(str(self.first_rank + r.local_rank) for r in self.ranks))
+                 ", ".join(str(first + r.local_rank) for r in self.ranks))
 
     def supervise(self, interrupted: Callable[[], bool] = lambda: False) -> bool:
         """Wait until every rank has ended; once one failed (or `interrupted()` says so), stop the

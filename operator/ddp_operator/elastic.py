@@ -1,0 +1,116 @@
+"""Elastic world size (spec.minWorldSize below spec.worldSize): which pods make the next gang.
+
+Every pod of the job exists ('<job>-0' .. '<job>-<pods-1>'); status.members names the ones in the
+current attempt's gang, in rank order. The others wait Pending (capacity probes) or Running (their
+runtime waits to be taken in). A resize is a new attempt with other members, carried out in place:
+  shrink: members that do not fit (Unschedulable, a gang too large, a quota) are left out, at once
+          once the gang has formed before, after elasticSettleSeconds at the job's start; never
+          below the minimum, where the job waits as any other would
+  grow:   pods that run but are not members are taken in at the job's next checkpoint (at once
+          while the gang is re-forming anyway), once none is still starting (scheduled, or not yet
+          judged by the scheduler), so pods coming up together join in one resize
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from ddp_contract import api
+from ddp_contract.timestamps import parse_rfc3339
+from ddp_operator import constants as c
+from ddp_operator.manifests import pod_name
+from ddp_operator.podsummary import PodSummary
+from ddp_operator.spec import JobSpec
+
+# Why a member's pod does not fit: the scheduler found no node, or the namespace's quota has no room.
+DOES_NOT_FIT = frozenset({c.REASON_UNSCHEDULABLE, c.REASON_GANG_TOO_LARGE, c.REASON_QUOTA_EXCEEDED})
+
+
+@dataclass(frozen=True)
+class Resize:
+    members: tuple[int, ...]
+    reason: str  # REASON_SHRUNK or REASON_GROWN
+    message: str
+    recheck_after: float | None = None  # a shrink waiting for elasticSettleSeconds: seconds left
+
+    @property
+    def due(self) -> bool:
+        """Whether the gang re-forms now (else it waits recheck_after for the settle time to pass)."""
+        return bool(self.reason)
+
+
+def members(spec: JobSpec, status: Mapping[str, Any]) -> tuple[int, ...]:
+    """The current attempt's gang: status.members for an elastic job that has one, else every pod."""
+    recorded = status.get(api.STATUS_MEMBERS)
+    if spec.elastic and isinstance(recorded, list) and recorded \
+            and all(isinstance(i, int) and 0 <= i < spec.pods for i in recorded):
+        return tuple(sorted(set(recorded)))
+    return tuple(range(spec.pods))
+
+
+def restart_members(spec: JobSpec, summary: PodSummary) -> tuple[int, ...] | None:
+    """The gang of an attempt a failure starts: the members, and any pod already running to be taken
+    in (the gang re-forms anyway). None for a job that is not elastic."""
+    if not spec.elastic:
+        return None
+    return tuple(sorted(set(summary.gang or range(spec.pods)) | summary.running_probes))
+
+
+def resize(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: datetime) -> Resize | None:
+    """A shrink or a grow the gang is due, if any (see the module's docstring)."""
+    if not spec.elastic:
+        return None
+    gang = summary.gang or tuple(range(spec.pods))
+    return _shrink(spec, status, summary, gang, now) or _grow(spec, status, summary, gang)
+
+
+def _shrink(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, gang: Sequence[int],
+            now: datetime) -> Resize | None:
+    misfits = {p.rank: p for p in summary.problems if p.reason in DOES_NOT_FIT and p.rank in gang}
+    if not misfits:
+        return None
+    fit = tuple(i for i in gang if i not in misfits)
+    placed = all(i in summary.live_ranks and i not in summary.unscheduled_ranks for i in fit)
+    if len(fit) < spec.min_pods or not placed:
+        return None  # below the minimum the job waits for them; or the scheduler has yet to place the rest
+    left = _settle_left(spec, status, now)
+    held = "; ".join(f"{pod_name(summary.job_name, i)}: {p.message or p.reason}" for i, p in sorted(misfits.items()))
+    if left is not None and left > 0:
+        return Resize(tuple(gang), "", "", recheck_after=left)
+    per_pod = spec.ranks_per_pod
+    message = (f"world size {len(gang) * per_pod} -> {len(fit) * per_pod} of {spec.world_size}: "
+               f"{len(misfits)} pod{'s' if len(misfits) > 1 else ''} do not fit ({held}); the gang goes on without "
+               "them and grows back once they run")
+    return Resize(fit, c.REASON_SHRUNK, message)
+
+
+def _grow(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, gang: Sequence[int]) -> Resize | None:
+    starting = len(summary.probes) - len(summary.running_probes) - len(summary.probe_problems)
+    if not summary.running_probes or starting > 0:
+        return None  # pods still on their way in join this resize rather than force another
+    bigger = tuple(sorted(set(gang) | summary.running_probes))
+    per_pod = spec.ranks_per_pod
+    joining = ", ".join(pod_name(summary.job_name, i) for i in sorted(summary.running_probes))
+    head = f"world size {len(gang) * per_pod} -> {len(bigger) * per_pod} of {spec.world_size}: {joining} running"
+    if status.get("phase") != c.PHASE_RUNNING:
+        return Resize(bigger, c.REASON_GROWN, f"{head}; taken into the gang being formed")
+    checkpoint = status.get("lastCheckpoint") or {}
+    committed = parse_rfc3339(checkpoint.get("time"))
+    since = parse_rfc3339(summary.probes_running_since)
+    if committed is None or since is None or committed <= since:
+        return None  # grown at the next checkpoint, so no step is trained twice
+    return Resize(bigger, c.REASON_GROWN, f"{head}; the gang re-forms from the checkpoint at step "
+                                          f"{checkpoint.get('step')}")
+
+
+def _settle_left(spec: JobSpec, status: Mapping[str, Any], now: datetime) -> float | None:
+    """Seconds a gang that never formed still waits for ranks that do not fit; None: it formed before."""
+    if status.get("rendezvous"):
+        return None
+    started = parse_rfc3339(status.get("startTime"))
+    if started is None:
+        return float(spec.elastic_settle_seconds)
+    return spec.elastic_settle_seconds - (now - started).total_seconds()

@@ -1,0 +1,131 @@
+"""Elastic world size end to end (operator, kube-scheduler, two pod runners as two nodes, trainer runtime,
+S3): a 4-rank job with minimum 2 loses the node of two ranks, goes on at 2 at once, grows back to 4
+when the node returns, and its samplers see every sample of each epoch exactly once."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ddp_contract import api, labels
+from ddp_operator import constants as c
+from e2ehelp import start_job, workload_job
+from kube import REPO, Jobs, wait_until
+
+sys.path.insert(0, str(REPO / "localcluster"))
+import demo
+
+POOL = "ddpoperator.io/elastic-test"
+SAMPLES = 96  # ddp_workloads.SAMPLES
+EPOCHS = 12
+
+
+class Runner:
+    """A pod runner whose node holds two pods and carries the test's pool label: a node that can go and come back."""
+
+    def __init__(self, kubeconfig: str, node: str, pool: str, log_dir: Path) -> None:
+        self.argv = [sys.executable, str(REPO / "localcluster" / "podrunner.py"), "--kubeconfig", kubeconfig,
+                     "--log-dir", str(log_dir), "--node", node, "--pods", "2", "--label", f"{POOL}={pool}"]
+        self.node, self.log_dir = node, log_dir
+        self.process: demo.Background | None = None
+
+    def start(self) -> None:
+        self.process = demo.Background(f"runner-{self.node}", self.argv, self.log_dir)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+            self.process = None
+
+
+@pytest.fixture
+def nodes(cluster, operator, jobs: Jobs, tmp_path: Path) -> Iterator[tuple[Runner, Runner]]:
+    pool = pool_of(jobs)
+    runners = (Runner(cluster.kubeconfig, f"{pool}-a", pool, tmp_path), Runner(cluster.kubeconfig, f"{pool}-b", pool, tmp_path))
+    for runner in runners:
+        runner.start()
+    try:
+        yield runners
+    finally:
+        for runner in runners:
+            runner.stop()
+
+
+def pool_of(jobs: Jobs) -> str:
+    return "p" + jobs.namespace[-20:]
+
+
+def elastic_job(endpoint: str, name: str, pool: str, indices: Path) -> dict:
+    job = workload_job(endpoint, name, "ddp_workloads:train", worldSize=4, minWorldSize=2,
+                       restartStrategy=api.RESTART_IN_PLACE)
+    env = {"WL_BATCH": "4", "WL_EPOCHS": str(EPOCHS), "WL_CKPT_EVERY": "4", "WL_STEP_SECONDS": "0.3",
+           "WL_INDICES": str(indices), "OMP_NUM_THREADS": "1"}
+    job["spec"]["env"] += [{"name": k, "value": v} for k, v in env.items()]
+    job["spec"]["template"]["spec"]["nodeSelector"][POOL] = pool
+    return job
+
+
+def kept_steps(indices: Path) -> list[dict]:
+    """Every rank's records of the steps the final model trained on: an attempt's steps up to where the
+    next attempt that trained resumed (the steps after that checkpoint were trained again)."""
+    by_attempt: dict[int, list[dict]] = {}
+    for path in indices.glob("*.jsonl"):
+        attempt = int(path.name.split("-")[0])
+        by_attempt.setdefault(attempt, []).extend(json.loads(line) for line in path.read_text().splitlines())
+    attempts = sorted(by_attempt)
+    kept = []
+    for attempt, following in zip(attempts, [*attempts[1:], None], strict=True):
+        resumed = min(r["step"] for r in by_attempt[following]) - 1 if following is not None else None
+        kept += [r for r in by_attempt[attempt] if resumed is None or r["step"] <= resumed]
+    return kept
+
+
+def test_a_job_that_loses_a_node_goes_on_smaller_and_grows_back_seeing_each_sample_once_an_epoch(
+        jobs: Jobs, s3_endpoint: str, nodes: tuple[Runner, Runner], tmp_path: Path) -> None:
+    a, b = nodes
+    indices = tmp_path / "indices"
+    indices.mkdir()
+    start_job(jobs, s3_endpoint, "elastic", [], elastic_job(s3_endpoint, "elastic", pool_of(jobs), indices))
+    wait_until(lambda: (jobs.status("elastic").get("lastCheckpoint") or {}).get("step", 0) >= 4, 180,
+               "a checkpoint at step 4 at full size")
+    on_b = {p.metadata.name for p in jobs.pods("elastic") if p.spec.node_name == b.node}
+    assert len(on_b) == 2
+
+    b.stop()  # the node and its two ranks go for good
+    shrunk = jobs.wait_condition("elastic", c.COND_SHRUNK, "True", timeout=90)
+    assert shrunk[api.STATUS_WORLD_SIZE] == 2 and len(shrunk[api.STATUS_MEMBERS]) == 2
+    status = jobs.wait_phase("elastic", c.PHASE_RUNNING, timeout=90)
+    assert status[api.STATUS_WORLD_SIZE] == 2 and status["ready"] == "2/2"
+    waiting = {p.metadata.name: p.status.phase for p in jobs.pods("elastic") if p.metadata.name in on_b}
+    assert waiting == dict.fromkeys(on_b, "Pending")  # capacity probes
+    resumed = (jobs.status("elastic").get("lastCheckpoint") or {}).get("step", 0)
+    wait_until(lambda: (jobs.status("elastic").get("lastCheckpoint") or {}).get("step", 0) > resumed, 120,
+               "a checkpoint at the smaller size")
+
+    b.start()  # the node comes back
+    grown = jobs.wait_condition("elastic", c.COND_SHRUNK, "False", timeout=120)
+    assert grown[api.STATUS_WORLD_SIZE] == 4 and grown[api.STATUS_MEMBERS] == [0, 1, 2, 3]
+    status = jobs.wait_phase("elastic", c.PHASE_SUCCEEDED, timeout=300)
+    # The node's loss restarted the gang (once, or twice where the broken collectives' echo was acted on
+    # before the node's deletion was seen), on the infrastructure's budget; the two resizes spent nothing.
+    assert status["restarts"] == shrunk["restarts"] == status["infrastructureRestarts"] >= 1, status
+    # One shrink, then one grow (two where one pod ran before the other, the second while re-forming).
+    resizes = [e.reason for e in sorted(jobs.events("elastic"), key=lambda e: e.metadata.creation_timestamp)
+               if e.reason in (c.REASON_SHRUNK, c.REASON_GROWN)]
+    assert resizes[0] == c.REASON_SHRUNK and set(resizes[1:]) == {c.REASON_GROWN} and len(resizes) <= 3, resizes
+    assert status["attempt"] == status["restarts"] + len(resizes), status
+    kept_on_a = [p for p in jobs.pods("elastic", include_deleting=True) if p.spec.node_name == a.node]
+    assert all(p.metadata.labels[labels.LABEL_ATTEMPT] == "0" for p in kept_on_a)  # never rescheduled
+
+    steps = kept_steps(indices)
+    print(f"resizes {resizes}, restarts {status['restarts']}, steps kept at world size 4: "
+          f"{sum(r['world'] == 4 for r in steps) // 4}, at 2: {sum(r['world'] == 2 for r in steps) // 2}")
+    assert {r["world"] for r in steps} == {2, 4}
+    for epoch in range(EPOCHS):
+        seen = Counter(i for r in steps if r["epoch"] == epoch for i in r["indices"])
+        assert seen == Counter(range(SAMPLES)), f"epoch {epoch}: {sorted((i, n) for i, n in seen.items() if n != 1)}"

@@ -1,0 +1,76 @@
+"""Elastic world size through the operator at scale, on kwok nodes: a 256-rank job that loses four
+nodes goes on with the ranks that fit, and grows back once nodes return, replacing no pod but the
+lost ones. The test plays rank 0 (status.rendezvous, status.lastCheckpoint); kwok plays the kubelets."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from ddp_contract import api
+from ddp_contract.timestamps import rfc3339
+from ddp_operator import constants as c
+from kube import Jobs, PodLives, wait_until
+from testnodes import NodeMaker
+
+WORLD, MINIMUM, GPUS_PER_NODE, LOST_NODES = 256, 128, 8, 4
+
+
+def play_rank_0(jobs: Jobs, name: str, **status: Any) -> None:
+    jobs.custom.patch_namespaced_custom_object_status(api.GROUP, api.VERSION, jobs.namespace, api.PLURAL, name,
+                                                      {"status": status})
+
+
+def formed(jobs: Jobs, name: str, attempt: int, timeout: float = 120) -> dict[str, Any]:
+    """The job Running at `attempt`, once rank 0 (played here) said its gang formed."""
+    def gathered() -> bool:  # as rank 0 would, once every rank of the gang has joined
+        status = jobs.status(name)
+        return status.get("attempt") == attempt and status.get("readyPods") == status.get("totalPods")
+
+    wait_until(gathered, timeout, f"{name}'s gang of attempt {attempt} running")
+    play_rank_0(jobs, name, rendezvous={"attempt": attempt, "time": rfc3339(datetime.now(UTC))})
+    status = jobs.wait_phase(name, c.PHASE_RUNNING, timeout=timeout)
+    assert status["attempt"] == attempt, status
+    return status
+
+
+def test_a_256_rank_job_shrinks_and_grows_replacing_only_the_lost_ranks_pods(jobs: Jobs, own_nodes: NodeMaker) -> None:
+    pool = {"ddp-operator-test/pool": jobs.namespace}
+    nodes = own_nodes.kwok_many(pool, WORLD // GPUS_PER_NODE, GPUS_PER_NODE)
+    with PodLives(jobs, "wide") as lives:
+        jobs.create("wide", worldSize=WORLD, minWorldSize=MINIMUM, gpusPerRank=1, entrypoint="train:main",
+                    restartStrategy=api.RESTART_IN_PLACE, template={"spec": {"nodeSelector": pool}})
+        formed(jobs, "wide", 0, timeout=240)
+        lost = set(nodes[:LOST_NODES])
+        lost_pods = {p.metadata.name for p in jobs.pods("wide") if p.spec.node_name in lost}
+        assert len(lost_pods) == LOST_NODES * GPUS_PER_NODE
+
+        for node in lost:
+            own_nodes.delete(node)
+        shrunk = jobs.wait_condition("wide", c.COND_SHRUNK, "True", timeout=120)
+        left = WORLD - len(lost_pods)
+        assert shrunk[api.STATUS_WORLD_SIZE] == left and len(shrunk[api.STATUS_MEMBERS]) == left
+        assert {f"wide-{i}" for i in range(WORLD)} - {f"wide-{i}" for i in shrunk[api.STATUS_MEMBERS]} == lost_pods
+        status = formed(jobs, "wide", shrunk["attempt"])
+        # Each node's loss may restart the gang (they go one by one); the shrink spent nothing.
+        failures = status["restarts"]
+        assert status["ready"] == f"{left}/{left}" and status["attempt"] == failures + 1
+        assert failures == status["infrastructureRestarts"] >= 1
+        # Only the lost ranks' pods were replaced; theirs wait Pending for capacity.
+        assert sum(lives.created().values()) == WORLD + len(lost_pods)
+        assert sum(lives.deleted_of(a) for a in range(shrunk["attempt"] + 1)) == len(lost_pods)
+        waiting = {p.metadata.name: p.status.phase for p in jobs.pods("wide") if p.metadata.name in lost_pods}
+        assert set(waiting.values()) == {"Pending"}
+
+        own_nodes.kwok_many(pool, LOST_NODES, GPUS_PER_NODE)
+        wait_until(lambda: all(p.status.phase == "Running" for p in jobs.pods("wide")), 120, "every pod Running")
+        assert jobs.status("wide")[api.STATUS_WORLD_SIZE] == left  # grown at the next checkpoint, not before
+        play_rank_0(jobs, "wide", lastCheckpoint={"step": 100, "uri": "s3://b/c", "time": rfc3339(datetime.now(UTC))})
+        grown = jobs.wait_condition("wide", c.COND_SHRUNK, "False", timeout=60)
+        assert grown[api.STATUS_WORLD_SIZE] == WORLD and grown[api.STATUS_MEMBERS] == list(range(WORLD))
+        status = formed(jobs, "wide", grown["attempt"])
+        assert status["ready"] == f"{WORLD}/{WORLD}" and status["restarts"] == failures  # resizes spend nothing
+        assert status["attempt"] == failures + 2
+        assert sum(lives.created().values()) == WORLD + len(lost_pods)  # growing created no pod
+        reasons = [e.reason for e in jobs.events("wide") if e.reason in (c.REASON_SHRUNK, c.REASON_GROWN)]
+        assert sorted(reasons) == [c.REASON_GROWN, c.REASON_SHRUNK]
