@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 
 BENCH_ARGS ?=
 
-.PHONY: demo example images bench-data bench-learning bench-printscan bench-dataworkers bench-train bench-operator bench-real-node chart-check crds lint test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
+.PHONY: demo example images bench-data bench-learning bench-printscan bench-dataworkers bench-train bench-operator bench-real-node bench-elastic chart-check crds lint test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
 
 demo:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/demo.py
@@ -48,12 +48,16 @@ bench-train:
 bench-operator:
 	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $$venv/bin/python benchmarks/bench_operator.py $(BENCH_ARGS)
 
-# Set-up, apply-to-first-step and gang restarts in containers on the local cluster's real node (BENCH_ARGS=--node-setup).
 bench-dataworkers:
 	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $$venv/bin/python benchmarks/bench_dataworkers.py $(BENCH_ARGS)
 
+# Set-up, apply-to-first-step and gang restarts in containers on the local cluster's real node (BENCH_ARGS=--node-setup).
 bench-real-node:
 	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $$venv/bin/python benchmarks/bench_real_node.py $(BENCH_ARGS)
+
+# An elastic job losing a node and getting it back, next to one without minWorldSize (pod-runner nodes).
+bench-elastic:
+	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $$venv/bin/python benchmarks/bench_elastic.py $(BENCH_ARGS)
 
 chart-check:
 	@scripts/sync-crds.sh --check && $$($(CLUSTER) bindir | cut -d: -f2)/helm lint --strict charts/

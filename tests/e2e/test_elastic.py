@@ -4,9 +4,7 @@ when the node returns, and its samplers see every sample of each epoch exactly o
 
 from __future__ import annotations
 
-import json
 import sys
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,11 +15,12 @@ from ddp_operator import constants as c
 from e2ehelp import start_job, workload_job
 from kube import REPO, Jobs, wait_until
 
-sys.path.insert(0, str(REPO / "localcluster"))
-import demo
+sys.path[:0] = [str(REPO / "localcluster"), str(REPO / "tests" / "trainer")]
+import ddp_workloads  # noqa: E402 - what the ranks run; it reads back the samples they record
+
+import demo  # noqa: E402
 
 POOL = "ddpoperator.io/elastic-test"
-SAMPLES = 96  # ddp_workloads.SAMPLES
 EPOCHS = 12
 
 
@@ -70,21 +69,6 @@ def elastic_job(endpoint: str, name: str, pool: str, indices: Path) -> dict:
     return job
 
 
-def kept_steps(indices: Path) -> list[dict]:
-    """Every rank's records of the steps the final model trained on: an attempt's steps up to where the
-    next attempt that trained resumed (the steps after that checkpoint were trained again)."""
-    by_attempt: dict[int, list[dict]] = {}
-    for path in indices.glob("*.jsonl"):
-        attempt = int(path.name.split("-")[0])
-        by_attempt.setdefault(attempt, []).extend(json.loads(line) for line in path.read_text().splitlines())
-    attempts = sorted(by_attempt)
-    kept = []
-    for attempt, following in zip(attempts, [*attempts[1:], None], strict=True):
-        resumed = min(r["step"] for r in by_attempt[following]) - 1 if following is not None else None
-        kept += [r for r in by_attempt[attempt] if resumed is None or r["step"] <= resumed]
-    return kept
-
-
 def test_a_job_that_loses_a_node_goes_on_smaller_and_grows_back_seeing_each_sample_once_an_epoch(
         jobs: Jobs, s3_endpoint: str, nodes: tuple[Runner, Runner], tmp_path: Path) -> None:
     a, b = nodes
@@ -122,10 +106,8 @@ def test_a_job_that_loses_a_node_goes_on_smaller_and_grows_back_seeing_each_samp
     kept_on_a = [p for p in jobs.pods("elastic", include_deleting=True) if p.spec.node_name == a.node]
     assert all(p.metadata.labels[labels.LABEL_ATTEMPT] == "0" for p in kept_on_a)  # never rescheduled
 
-    steps = kept_steps(indices)
+    steps = ddp_workloads.kept_steps(str(indices))
     print(f"resizes {resizes}, restarts {status['restarts']}, steps kept at world size 4: "
           f"{sum(r['world'] == 4 for r in steps) // 4}, at 2: {sum(r['world'] == 2 for r in steps) // 2}")
     assert {r["world"] for r in steps} == {2, 4}
-    for epoch in range(EPOCHS):
-        seen = Counter(i for r in steps if r["epoch"] == epoch for i in r["indices"])
-        assert seen == Counter(range(SAMPLES)), f"epoch {epoch}: {sorted((i, n) for i, n in seen.items() if n != 1)}"
+    assert ddp_workloads.not_seen_once(steps, EPOCHS) == {}

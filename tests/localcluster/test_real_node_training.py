@@ -3,15 +3,18 @@ masterPort at once, one of them interrupted three ways (its rank's process kille
 container, a rank's pod deleted, a rank OOM-killed by its memory limit) and fed by a data worker pod,
 which resumes from its last checkpoint each time and ends with exactly the parameters of the
 uninterrupted one, whose ranks make their batches themselves; and the same with restartStrategy
-InPlace, where only a deleted pod is replaced. Select with `pytest -m node`."""
+InPlace, where only a deleted pod is replaced; and an elastic job that goes on with two of its four
+ranks and grows back. Select with `pytest -m node`."""
 
 from __future__ import annotations
 
 import io
 import os
 import re
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -33,6 +36,7 @@ import ddp_workloads  # noqa: E402 - what the ranks run, and the single-process 
 
 BUCKET = "ddp-node"
 EPOCHS, BATCH, EVERY = 6, 4, 5
+ELASTIC_EPOCHS = 12  # 96 samples: 6 steps an epoch at 4 ranks, 12 at 2
 
 
 @pytest.fixture(scope="module")
@@ -82,14 +86,14 @@ def training_job(jobs: Jobs, name: str, endpoint: str, spec: dict | None = None,
     settings = {"WL_BATCH": str(BATCH), "WL_EPOCHS": str(EPOCHS), "WL_CKPT_EVERY": str(EVERY),
                 "WL_STEP_SECONDS": "0.25", "OMP_NUM_THREADS": "1", **env}
     mount = {"name": "workloads", "mountPath": "/opt/ddp/examples/ddp_workloads.py", "subPath": WORKLOADS.name}
+    template = {"spec": {"volumes": [{"name": "workloads", "configMap": {"name": "workloads"}}],
+                         "containers": [{"name": labels.CONTAINER_NAME, "volumeMounts": [mount]}]}}
     create_job(jobs, name, image=trainer_image(), entrypoint="ddp_workloads:train", masterPort=29500,
                env=[{"name": k, "value": v} for k, v in settings.items()],
                resources={"limits": {"memory": "1536Mi"}}, backoffLimit=2,
                s3={"endpoint": endpoint, "region": "us-east-1", "credentialsSecret": "s3-credentials",
                    "results": f"s3://{BUCKET}/results"},
-               template={"spec": {"volumes": [{"name": "workloads", "configMap": {"name": "workloads"}}],
-                                  "containers": [{"name": labels.CONTAINER_NAME, "volumeMounts": [mount]}]}},
-               **(spec or {}))
+               **{"template": template, **(spec or {})})
 
 
 def running_attempt(jobs: Jobs, name: str, attempt: int) -> bool:
@@ -198,3 +202,65 @@ def test_in_place_a_job_killed_three_ways_keeps_its_pods_and_resumes_to_the_unin
     assert len(re.findall(r"rank 0 resumed from step \d+", said)) == 3, said[-3000:]
 
     assert_equal_params(final_params(endpoint, ns, "mended"), final_params(endpoint, ns, "steady"))
+
+
+@pytest.fixture
+def pool_label(jobs: Jobs, kube_api, real_node: client.V1Node) -> Iterator[tuple[str, str]]:
+    """A label of this test's own on the real node, which its job selects: taken off, the node holds none
+    of the job's new pods (as if its capacity were gone); its running pods stay. Removed afterwards."""
+    core = client.CoreV1Api(kube_api)
+    key, value = "ddp-operator-test/elastic", jobs.namespace[-63:]
+    core.patch_node(real_node.metadata.name, {"metadata": {"labels": {key: value}}})
+    try:
+        yield key, value
+    finally:
+        core.patch_node(real_node.metadata.name, {"metadata": {"labels": {key: None}}})
+
+
+def test_elastic_a_job_that_loses_two_ranks_goes_on_with_two_and_grows_back_seeing_each_sample_once(
+        jobs: Jobs, kube_api, real_node, images_on_the_node: None, s3_on_the_bridge: str,
+        pool_label: tuple[str, str]) -> None:
+    """minWorldSize 2 of 4 in containers: ranks 2 and 3's pods are deleted while no capacity is left for
+    them; the gang goes on with ranks 0 and 1 in their own pods, and takes 2 and 3 back at a checkpoint
+    once they run again. The ranks record the samples they train on in a host folder."""
+    endpoint, ns = s3_on_the_bridge, jobs.namespace
+    core, node = client.CoreV1Api(kube_api), real_node.metadata.name
+    workloads_and_credentials(jobs)
+    indices = tempfile.mkdtemp(prefix="ddp-elastic-indices-")
+    os.chmod(indices, 0o777)  # the ranks run as a user of their own
+    try:
+        volume = {"name": "indices", "hostPath": {"path": indices, "type": "Directory"}}
+        training_job(jobs, "elastic", endpoint, spec={
+            "worldSize": 4, "minWorldSize": 2, "restartStrategy": "InPlace",
+            "template": {"spec": {"nodeSelector": dict([pool_label]),
+                                  "volumes": [{"name": "workloads", "configMap": {"name": "workloads"}}, volume],
+                                  "containers": [{"name": labels.CONTAINER_NAME, "volumeMounts": [
+                                      {"name": "workloads", "mountPath": "/opt/ddp/examples/ddp_workloads.py",
+                                       "subPath": WORKLOADS.name},
+                                      {"name": "indices", "mountPath": "/indices"}]}]}}},
+            WL_EPOCHS=str(ELASTIC_EPOCHS), WL_INDICES="/indices")
+        wait_until(lambda: running_attempt(jobs, "elastic", 0), 300, "elastic Running")
+        first = pod_uids(jobs, "elastic")
+        wait_until(lambda: checkpoint_steps(endpoint, ns, "elastic"), 120, "a checkpoint at full size")
+
+        core.patch_node(node, {"metadata": {"labels": {pool_label[0]: None}}})  # no room for new pods
+        for pod in ("elastic-2", "elastic-3"):
+            core.delete_namespaced_pod(pod, ns)
+        shrunk = jobs.wait_condition("elastic", c.COND_SHRUNK, "True", timeout=120)
+        assert shrunk["members"] == [0, 1] and shrunk["worldSize"] == 2, shrunk
+        wait_until(lambda: running_attempt(jobs, "elastic", shrunk["attempt"]), 120, "the gang of 2 Running")
+        at_shrink = max(checkpoint_steps(endpoint, ns, "elastic"))
+        wait_until(lambda: max(checkpoint_steps(endpoint, ns, "elastic")) > at_shrink, 120, "a checkpoint at 2")
+
+        core.patch_node(node, {"metadata": {"labels": dict([pool_label])}})  # capacity is back
+        grown = jobs.wait_condition("elastic", c.COND_SHRUNK, "False", timeout=180)
+        assert grown["members"] == [0, 1, 2, 3] and grown["worldSize"] == 4, grown
+        done = jobs.wait_phase("elastic", c.PHASE_SUCCEEDED, timeout=300)
+        assert done["restarts"] == shrunk["restarts"] == done["infrastructureRestarts"] >= 1, done
+        last = pod_uids(jobs, "elastic")
+        assert {k: last[k] for k in ("elastic-0", "elastic-1")} == {k: first[k] for k in ("elastic-0", "elastic-1")}
+        steps = ddp_workloads.kept_steps(indices)
+        assert {r["world"] for r in steps} == {2, 4}
+        assert ddp_workloads.not_seen_once(steps, ELASTIC_EPOCHS) == {}
+    finally:
+        shutil.rmtree(indices, ignore_errors=True)

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import time
+from collections import Counter
 from typing import Any
 
 import torch
@@ -60,6 +61,32 @@ def _index_record(ctx: RankContext) -> Any:
     record = open(os.path.join(folder, f"{os.environ.get('DDP_ATTEMPT', '0')}-{ctx.rank}.jsonl"), "a")
     atexit.register(record.close)
     return record
+
+
+def kept_steps(folder: str) -> list[dict[str, Any]]:
+    """The WL_INDICES records of the steps the final model trained on: each attempt's steps up to where
+    the next attempt that trained resumed (the steps after that checkpoint were trained again)."""
+    by_attempt: dict[int, list[dict[str, Any]]] = {}
+    for name in os.listdir(folder):
+        with open(os.path.join(folder, name)) as lines:
+            by_attempt.setdefault(int(name.split("-")[0]), []).extend(json.loads(line) for line in lines if line.strip())
+    attempts = sorted(by_attempt)
+    kept: list[dict[str, Any]] = []
+    for attempt, following in zip(attempts, [*attempts[1:], None], strict=True):
+        resumed = min(r["step"] for r in by_attempt[following]) - 1 if following is not None else None
+        kept += [r for r in by_attempt[attempt] if resumed is None or r["step"] <= resumed]
+    return kept
+
+
+def not_seen_once(steps: list[dict[str, Any]], epochs: int) -> dict[int, list[tuple[int, int]]]:
+    """Per epoch, the samples the steps did not train on exactly once, with how often they did."""
+    off: dict[int, list[tuple[int, int]]] = {}
+    for epoch in range(epochs):
+        seen = Counter(i for r in steps if r["epoch"] == epoch for i in r["indices"])
+        wrong = sorted((i, seen[i]) for i in set(range(SAMPLES)) | set(seen) if seen[i] != 1)
+        if wrong:
+            off[epoch] = wrong
+    return off
 
 
 def _int(name: str, default: int) -> int:

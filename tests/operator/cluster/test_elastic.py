@@ -74,3 +74,21 @@ def test_a_256_rank_job_shrinks_and_grows_replacing_only_the_lost_ranks_pods(job
         assert sum(lives.created().values()) == WORLD + len(lost_pods)  # growing created no pod
         reasons = [e.reason for e in jobs.events("wide") if e.reason in (c.REASON_SHRUNK, c.REASON_GROWN)]
         assert sorted(reasons) == [c.REASON_GROWN, c.REASON_SHRUNK]
+
+
+def test_a_job_starts_with_the_ranks_that_fit_once_the_settle_time_has_passed(jobs: Jobs, own_nodes: NodeMaker) -> None:
+    pool = {"ddp-operator-test/pool": jobs.namespace}
+    own_nodes.kwok(pool, gpus=2)  # room for ranks 0-1 of 4
+    with PodLives(jobs, "eager") as lives:
+        jobs.create("eager", worldSize=4, minWorldSize=2, gpusPerRank=1, entrypoint="train:main",
+                    restartStrategy=api.RESTART_IN_PLACE, elasticSettleSeconds=3,
+                    template={"spec": {"nodeSelector": pool}})
+        shrunk = jobs.wait_condition("eager", c.COND_SHRUNK, "True", timeout=60)
+        started = datetime.fromisoformat(shrunk["startTime"].replace("Z", "+00:00"))
+        resized = next(x for x in shrunk["conditions"] if x["type"] == c.COND_SHRUNK)["lastTransitionTime"]
+        assert (datetime.fromisoformat(resized.replace("Z", "+00:00")) - started).total_seconds() >= 3
+        running = sorted(int(p.metadata.name.rsplit("-", 1)[1]) for p in jobs.pods("eager") if p.status.phase == "Running")
+        assert shrunk[api.STATUS_MEMBERS] == running and shrunk[api.STATUS_WORLD_SIZE] == 2, shrunk
+        assert "do not fit" in shrunk["message"] and shrunk["restarts"] == 0
+        formed(jobs, "eager", shrunk["attempt"])
+        assert sum(lives.created().values()) == 4 and lives.deleted_of(0) == 0  # the two left out wait
