@@ -77,9 +77,9 @@ def _shrink(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, gang:
     if len(fit) < spec.min_pods or not placed:
         return None  # below the minimum the job waits for them; or the scheduler has yet to place the rest
     left = _settle_left(spec, status, now)
-    held = "; ".join(f"{pod_name(summary.job_name, i)}: {p.message or p.reason}" for i, p in sorted(misfits.items()))
     if left is not None and left > 0:
         return Resize(tuple(gang), "", "", recheck_after=left)
+    held = "; ".join(f"{pod_name(summary.job_name, i)}: {p.message or p.reason}" for i, p in sorted(misfits.items()))
     per_pod = spec.ranks_per_pod
     message = (f"world size {len(gang) * per_pod} -> {len(fit) * per_pod} of {spec.world_size}: "
                f"{len(misfits)} pod{'s' if len(misfits) > 1 else ''} do not fit ({held}); the gang goes on without "

@@ -160,8 +160,8 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
         live.add(rank)
         if label is not None and label < attempt:
             carried.append(name)
-        if state == "running" and (started := (trainer_status(pod).get("state") or {}).get("running", {}).get("startedAt")):
-            starts.append(str(started))
+        if state == "running" and (started := running_since(pod)):
+            starts.append(started)
         if state == "pending" and not node:
             unscheduled.add(rank)
         counts[state] += 1
@@ -210,10 +210,15 @@ def _note_probe(pod: Mapping[str, Any], index: int, state: str, running: dict[in
                 problems: list[RankProblem]) -> None:
     """Records a pod waiting to be taken into an elastic gang: running since when, or held up why."""
     if state == "running":
-        started = (trainer_status(pod).get("state") or {}).get("running", {}).get("startedAt")
-        running[index] = str(started or "")
+        running[index] = running_since(pod) or ""
     elif problem := rank_problem(pod, index):
         problems.append(problem)
+
+
+def running_since(pod: Mapping[str, Any]) -> str | None:
+    """When the pod's trainer container started running (its state.running.startedAt), if it runs."""
+    started = (trainer_status(pod).get("state") or {}).get("running", {}).get("startedAt")
+    return str(started) if started else None
 
 
 def pod_state(pod: Mapping[str, Any]) -> str:
