@@ -48,6 +48,7 @@ class Decision:
     failure: RankFailure | None = None
     recheck_after: float | None = None  # seconds until the decision should be taken again
     members: tuple[int, ...] | None = None  # elastic jobs: the gang of decision.attempt, when it changes
+    checkpoint_wanted: str | None = None  # elastic jobs: a grow waits for a checkpoint, asked for since then
 
 
 def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: datetime,
@@ -108,7 +109,8 @@ def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: d
     action = Action.CREATE if free else Action.WAIT
     due = [t for t in (in_place_left, resized.recheck_after if resized else None) if t is not None]
     return Decision(action, attempt, delete_pods=_replaced_anyway(summary), create_ranks=free,
-                    recheck_after=min(due) if due else None)
+                    recheck_after=min(due) if due else None,
+                    checkpoint_wanted=resized.checkpoint_wanted if resized else None)
 
 
 def _on_failure(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, failure: RankFailure) -> Decision:

@@ -8,7 +8,8 @@ runtime waits to be taken in). A resize is a new attempt with other members, car
           below the minimum, where the job waits as any other would
   grow:   pods that run but are not members are taken in at the job's next checkpoint (at once
           while the gang is re-forming anyway), once none is still starting (scheduled, or not yet
-          judged by the scheduler), so pods coming up together join in one resize
+          judged by the scheduler), so pods coming up together join in one resize; meanwhile
+          status.checkpointRequested asks rank 0 for a checkpoint at its next step
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Resize:
     reason: str  # REASON_SHRUNK or REASON_GROWN
     message: str
     recheck_after: float | None = None  # a shrink waiting for elasticSettleSeconds: seconds left
+    checkpoint_wanted: str | None = None  # a grow waiting for a checkpoint: since when (status.checkpointRequested)
 
     @property
     def due(self) -> bool:
@@ -101,7 +103,8 @@ def _grow(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, gang: S
     committed = parse_rfc3339(checkpoint.get("time"))
     since = parse_rfc3339(summary.probes_running_since)
     if committed is None or since is None or committed <= since:
-        return None  # grown at the next checkpoint, so no step is trained twice
+        # Grown at the next checkpoint, so no step is trained twice; rank 0 is asked for one.
+        return Resize(tuple(gang), "", "", checkpoint_wanted=summary.probes_running_since)
     return Resize(bigger, c.REASON_GROWN, f"{head}; the gang re-forms from the checkpoint at step "
                                           f"{checkpoint.get('step')}")
 

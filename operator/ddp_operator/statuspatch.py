@@ -93,6 +93,7 @@ def compute_status(
     }
     if spec.elastic:
         patch[api.STATUS_MEMBERS] = list(members)
+        patch[api.STATUS_CHECKPOINT_REQUESTED] = decision.checkpoint_wanted
     if decision.action == Action.RESIZE:
         patch["conditions"] = _shrunk(patch["conditions"], decision, len(members) < spec.pods, now, generation)
     if decision.action in (Action.RESTART, Action.RESIZE):
@@ -130,7 +131,7 @@ def _kind_restarts(status: Mapping[str, Any], decision: Decision) -> dict[str, i
 OWNED_STATUS = frozenset({
     *RESTART_COUNTERS.values(), "phase", "attempt", "recreatedAttempt", api.STATUS_PROCESS_FAILURES, "restarts",
     "readyRanks", "totalRanks", "readyPods", "totalPods",
-    "ready", "reason", api.STATUS_WORLD_SIZE, api.STATUS_MEMBERS,
+    "ready", "reason", api.STATUS_WORLD_SIZE, api.STATUS_MEMBERS, api.STATUS_CHECKPOINT_REQUESTED,
     "message", "startTime", "completionTime", "conditions", "observedGeneration", "failedRank", "dataWorkers",
 })
 # What moves with every rank that becomes ready; a patch that changes nothing else may wait a little.

@@ -59,11 +59,16 @@ def pool_of(jobs: Jobs) -> str:
     return "p" + jobs.namespace[-20:]
 
 
+def step(jobs: Jobs) -> int:
+    return int((jobs.status("elastic").get("progress") or {}).get("step", 0))
+
+
 def elastic_job(endpoint: str, name: str, pool: str, indices: Path) -> dict:
     job = workload_job(endpoint, name, "ddp_workloads:train", worldSize=4, minWorldSize=2,
                        restartStrategy=api.RESTART_IN_PLACE)
-    env = {"WL_BATCH": "4", "WL_EPOCHS": str(EPOCHS), "WL_CKPT_EVERY": "4", "WL_STEP_SECONDS": "0.3",
-           "WL_INDICES": str(indices), "OMP_NUM_THREADS": "1"}
+    # A checkpoint only when the job asks for one (every 1000 steps is never here): the grow needs one.
+    env = {"WL_BATCH": "4", "WL_EPOCHS": str(EPOCHS), "WL_CKPT_EVERY": "1000", "WL_STEP_SECONDS": "0.3",
+           "WL_INDICES": str(indices), "OMP_NUM_THREADS": "1", "DDP_PROGRESS_INTERVAL_SECONDS": "0.5"}
     job["spec"]["env"] += [{"name": k, "value": v} for k, v in env.items()]
     job["spec"]["template"]["spec"]["nodeSelector"][POOL] = pool
     return job
@@ -75,8 +80,7 @@ def test_a_job_that_loses_a_node_goes_on_smaller_and_grows_back_seeing_each_samp
     indices = tmp_path / "indices"
     indices.mkdir()
     start_job(jobs, s3_endpoint, "elastic", [], elastic_job(s3_endpoint, "elastic", pool_of(jobs), indices))
-    wait_until(lambda: (jobs.status("elastic").get("lastCheckpoint") or {}).get("step", 0) >= 4, 180,
-               "a checkpoint at step 4 at full size")
+    wait_until(lambda: step(jobs) >= 4, 180, "step 4 at full size")
     on_b = {p.metadata.name for p in jobs.pods("elastic") if p.spec.node_name == b.node}
     assert len(on_b) == 2
 
@@ -87,13 +91,16 @@ def test_a_job_that_loses_a_node_goes_on_smaller_and_grows_back_seeing_each_samp
     assert status[api.STATUS_WORLD_SIZE] == 2 and status["ready"] == "2/2"
     waiting = {p.metadata.name: p.status.phase for p in jobs.pods("elastic") if p.metadata.name in on_b}
     assert waiting == dict.fromkeys(on_b, "Pending")  # capacity probes
-    resumed = (jobs.status("elastic").get("lastCheckpoint") or {}).get("step", 0)
-    wait_until(lambda: (jobs.status("elastic").get("lastCheckpoint") or {}).get("step", 0) > resumed, 120,
-               "a checkpoint at the smaller size")
+    at_two = step(jobs)
+    wait_until(lambda: step(jobs) > at_two, 120, "training at the smaller size")
+    assert "lastCheckpoint" not in jobs.status("elastic")  # none so far: the loop saves only when asked
 
     b.start()  # the node comes back
     grown = jobs.wait_condition("elastic", c.COND_SHRUNK, "False", timeout=120)
     assert grown[api.STATUS_WORLD_SIZE] == 4 and grown[api.STATUS_MEMBERS] == [0, 1, 2, 3]
+    # Rank 0 saved the checkpoint the operator asked for at its next step, and the gang grew from it.
+    asked = grown["lastCheckpoint"]["step"]
+    assert asked % 1000 and f"the checkpoint at step {asked}" in grown["message"], grown
     status = jobs.wait_phase("elastic", c.PHASE_SUCCEEDED, timeout=300)
     # The node's loss restarted the gang (once, or twice where the broken collectives' echo was acted on
     # before the node's deletion was seen), on the infrastructure's budget; the two resizes spent nothing.

@@ -143,7 +143,7 @@ def train(ctx: RankContext) -> None:
             progress.report(epoch, step, loss.item(), samples=batch * ctx.world_size)
             if results is not None:
                 results.log_metrics(step, epoch, loss, lr=LR)
-            if checkpoints is not None and step % every == 0:
+            if checkpoints is not None and (step % every == 0 or checkpoints.requested()):
                 checkpoints.save(step, training_state(ddp, opt, data_sampler, samples_consumed=consumed))
             if step == crash_at and ctx.rank == 0:
                 os.kill(os.getpid(), signal.SIGKILL)

@@ -50,3 +50,10 @@ def test_the_view_follows_the_jobs_status_and_waits_for_what_is_asked(kube_api, 
     finally:
         watch.stop()
     assert watch.wait(lambda v: v.attempt > 3) is None  # a stopped watch answers at once
+
+
+def test_the_view_holds_a_checkpoint_request_where_the_job_has_one() -> None:
+    asked = {"attempt": 2, api.STATUS_CHECKPOINT_REQUESTED: "2026-11-24T23:00:00Z"}
+    assert JobView.of({"status": asked}).checkpoint_requested == "2026-11-24T23:00:00Z"
+    assert JobView.of({"status": {"attempt": 2}}).checkpoint_requested is None
+    assert JobView.of({"status": {**asked, api.STATUS_CHECKPOINT_REQUESTED: 7}}).checkpoint_requested is None

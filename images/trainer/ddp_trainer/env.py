@@ -210,6 +210,11 @@ def resume_from(environ: Mapping[str, str] | None = None) -> str | None:
     return (os.environ if environ is None else environ).get(names.RESUME_FROM, "").strip() or None
 
 
+def checkpoint_request_file(environ: Mapping[str, str] | None = None) -> str | None:
+    """$DDP_CHECKPOINT_REQUEST_FILE: where the InPlace runtime says the job asks for a checkpoint."""
+    return (os.environ if environ is None else environ).get(names.CHECKPOINT_REQUEST_FILE, "").strip() or None
+
+
 def local_world_size(environ: Mapping[str, str] | None = None) -> int:
     return _int(os.environ if environ is None else environ, names.LOCAL_WORLD_SIZE, default=1, minimum=1)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddp_contract import kubeclient
-from ddp_contract.api import GROUP, PLURAL, STATUS_MEMBERS, VERSION
+from ddp_contract.api import GROUP, PLURAL, STATUS_CHECKPOINT_REQUESTED, STATUS_MEMBERS, VERSION
 
 log = logging.getLogger(__name__)
 
@@ -30,13 +30,15 @@ class JobView:
     checkpoint: str | None  # status.lastCheckpoint.uri
     phase: str | None
     members: tuple[int, ...] | None = None  # status.members: the attempt's pod indices in rank order (elastic jobs)
+    checkpoint_requested: str | None = None  # status.checkpointRequested: since when a checkpoint is asked for
 
     @classmethod
     def of(cls, job: Mapping[str, Any]) -> JobView:
         status = job.get("status") or {}
         uri = (status.get("lastCheckpoint") or {}).get("uri")
+        requested = status.get(STATUS_CHECKPOINT_REQUESTED)
         return cls(int(status.get("attempt") or 0), str(uri) if uri else None, status.get("phase"),
-                   _members(status.get(STATUS_MEMBERS)))
+                   _members(status.get(STATUS_MEMBERS)), requested if isinstance(requested, str) and requested else None)
 
 
 def _members(value: object) -> tuple[int, ...] | None:

@@ -65,9 +65,11 @@ def test_a_256_rank_job_shrinks_and_grows_replacing_only_the_lost_ranks_pods(job
         own_nodes.kwok_many(pool, LOST_NODES, GPUS_PER_NODE)
         wait_until(lambda: all(p.status.phase == "Running" for p in jobs.pods("wide")), 120, "every pod Running")
         assert jobs.status("wide")[api.STATUS_WORLD_SIZE] == left  # grown at the next checkpoint, not before
+        wait_until(lambda: jobs.status("wide").get(api.STATUS_CHECKPOINT_REQUESTED), 30, "a checkpoint asked of rank 0")
         play_rank_0(jobs, "wide", lastCheckpoint={"step": 100, "uri": "s3://b/c", "time": rfc3339(datetime.now(UTC))})
         grown = jobs.wait_condition("wide", c.COND_SHRUNK, "False", timeout=60)
         assert grown[api.STATUS_WORLD_SIZE] == WORLD and grown[api.STATUS_MEMBERS] == list(range(WORLD))
+        assert api.STATUS_CHECKPOINT_REQUESTED not in grown
         status = formed(jobs, "wide", grown["attempt"])
         assert status["ready"] == f"{WORLD}/{WORLD}" and status["restarts"] == failures  # resizes spend nothing
         assert status["attempt"] == failures + 2

@@ -107,7 +107,9 @@ def test_ranks_that_run_again_are_taken_in_at_the_next_checkpoint() -> None:
     pods = [pod(0), pod(1), pod(2, attempt=1), pod(3, attempt=1)]
     found = summary(pods, status)
     assert found.running_probes == {2, 3} and found.probes_running_since == started
-    assert decide(spec(), status, found, NOW).action == Action.WAIT  # no checkpoint since they came
+    waiting = decide(spec(), status, found, NOW)
+    assert waiting.action == Action.WAIT and waiting.checkpoint_wanted == started  # rank 0 is asked for one
+    assert compute_status(spec(), status, found, waiting, NOW)[api.STATUS_CHECKPOINT_REQUESTED] == started
     status["lastCheckpoint"] = {"step": 48, "uri": "s3://b/c", "time": "2025-01-02T02:00:05Z"}
     decision = decide(spec(), status, found, NOW)
     assert (decision.action, decision.attempt, decision.members, decision.reason) == (
@@ -115,6 +117,7 @@ def test_ranks_that_run_again_are_taken_in_at_the_next_checkpoint() -> None:
     assert "step 48" in decision.message
     patch = compute_status(spec(), status, found, decision, NOW)
     assert patch[api.STATUS_MEMBERS] == [0, 1, 2, 3] and patch[api.STATUS_WORLD_SIZE] == 4
+    assert patch[api.STATUS_CHECKPOINT_REQUESTED] is None  # asked no more: cleared
     shrunk = get_condition(patch["conditions"], c.COND_SHRUNK)
     assert shrunk is not None and (shrunk["status"], shrunk["reason"]) == ("False", c.REASON_FULL_SIZE)
     assert ("Normal", c.REASON_GROWN, decision.message) in events_for(status, patch)

@@ -11,7 +11,14 @@ import pytest
 
 from ddp_contract import envnames
 from ddp_trainer.jobwatch import JobView
-from ddp_trainer.runtime.inplace import attempt_env, failure_report, gang_env, is_in_place, oom_kills
+from ddp_trainer.runtime.inplace import (
+    CheckpointRequest,
+    attempt_env,
+    failure_report,
+    gang_env,
+    is_in_place,
+    oom_kills,
+)
 from ddp_trainer.runtime.supervisor import local_rank_env
 
 
@@ -92,3 +99,16 @@ def test_an_attempt_of_an_elastic_job_runs_in_its_gang_and_one_of_a_job_that_is_
     assert (child[envnames.WORLD_SIZE], child[envnames.RANK], child[envnames.NODE_RANK]) == ("3", "1", "1")
     assert child[envnames.MASTER_ADDR] == "train-0.train.ns.svc" and child[envnames.TARGET_WORLD_SIZE] == "4"
     assert attempt_env(pod, JobView(2, None, "Running"), 2) == {**pod, envnames.SUPERVISED: "1", envnames.ATTEMPT: "2"}
+
+
+def test_the_rank_processes_are_told_of_a_checkpoint_request_while_the_job_has_one(tmp_path: Path) -> None:
+    request = CheckpointRequest(tmp_path / "checkpoint-request")
+    asked = JobView(3, None, "Running", (0, 1), checkpoint_requested="2026-11-24T23:00:00Z")
+    request.sync(JobView(3, None, "Running", (0, 1)))
+    assert not request.path.exists()
+    request.sync(asked)
+    assert request.path.read_text() == "2026-11-24T23:00:00Z"
+    request.sync(JobView(4, "s3://b/c", "Restarting", (0, 1, 2)))  # answered: the job grew
+    assert not request.path.exists()
+    request.sync(None)
+    assert not request.path.exists()

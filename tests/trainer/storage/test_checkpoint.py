@@ -9,6 +9,7 @@ from collections import defaultdict, namedtuple
 import pytest
 import torch
 
+from ddp_contract import envnames
 from ddp_trainer.data.sampler import DistributedChunkedSampler
 from ddp_trainer.storage import s3
 from ddp_trainer.storage.checkpoint import MANIFEST, STATE, CheckpointManager, restore_training_state, training_state
@@ -184,3 +185,19 @@ def test_resume_loads_the_checkpoint_the_operator_names_else_the_newest(bucket: 
     monkeypatch.setenv("DDP_RESUME_FROM", f"s3://{bucket}/elsewhere/step-000000000010")
     assert manager.resume(model) == 30
     assert CheckpointManager(s3.S3Url(bucket, "fresh"), rank=0).resume(model) == 0
+
+
+def test_a_checkpoint_the_job_asks_for_is_requested_of_rank_0_until_one_is_saved(
+        bucket: str, tmp_path, monkeypatch) -> None:
+    request = tmp_path / "checkpoint-request"
+    monkeypatch.setenv(envnames.CHECKPOINT_REQUEST_FILE, str(request))
+    rank_0, rank_1 = (CheckpointManager(s3.S3Url(bucket, "job"), rank=r) for r in (0, 1))
+    assert not rank_0.requested()  # no request file: none asked for
+    request.write_text("2026-11-24T23:00:00Z")
+    assert rank_0.requested() and not rank_1.requested()
+    rank_0.save(7, _state(7))
+    assert not rank_0.requested() and rank_0.committed_steps() == [7]  # answered
+    request.write_text("2026-11-24T23:05:00Z")  # asked again, later
+    assert rank_0.requested()
+    request.unlink()
+    assert not rank_0.requested()

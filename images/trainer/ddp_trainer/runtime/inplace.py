@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -101,6 +103,27 @@ def attempt_env(environ: Mapping[str, str], view: JobView | None, attempt: int) 
     return child
 
 
+class CheckpointRequest:
+    """The file that tells the rank processes the job asks for a checkpoint (status.checkpointRequested):
+    it holds the request's time while there is one, and is gone otherwise."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._written: str | None = None
+
+    def sync(self, view: JobView | None) -> None:
+        wanted = view.checkpoint_requested if view is not None else None
+        if wanted == self._written:
+            return
+        if wanted is None:
+            self.path.unlink(missing_ok=True)
+        else:
+            fresh = self.path.with_suffix(".new")
+            fresh.write_text(wanted)
+            fresh.replace(self.path)  # a reader sees the old request or the new one, never half of it
+        self._written = wanted
+
+
 def _sizes(world_size: int, target: int) -> str:
     return f"world size {world_size} of {target}"
 
@@ -113,6 +136,8 @@ def serve(target: str | None, args: Sequence[str], environ: Mapping[str, str]) -
     watch = JobWatch(job.namespace, job.name).start()
     sink = JobStatusSink(job.namespace, job.name)
     stopping: list[int] = []
+    folder = Path(tempfile.mkdtemp(prefix="ddp-in-place-"))
+    request = CheckpointRequest(folder / "checkpoint-request")
     try:
         with LocalRanks(target, args, environ) as ranks:
 
@@ -134,13 +159,17 @@ def serve(target: str | None, args: Sequence[str], environ: Mapping[str, str]) -
                     if ended is not None:
                         return ended
                     continue
-                child_env = attempt_env(environ, view, attempt)
+                child_env = {**attempt_env(environ, view, attempt), names.CHECKPOINT_REQUEST_FILE: str(request.path)}
                 size = int(child_env.get(names.WORLD_SIZE) or 0)
                 resized = f" ({_sizes(size, target_size)})" if size != target_size else ""
                 _mark(f"attempt {attempt}: starting the rank process{'es' if ranks.count > 1 else ''} in place{resized}")
                 ooms = oom_kills()
                 ranks.start(child_env)
-                if ranks.supervise(lambda: bool(stopping) or _newer(watch.view, attempt)):
+                def interrupted() -> bool:
+                    request.sync(watch.view)
+                    return bool(stopping) or _newer(watch.view, attempt)
+
+                if ranks.supervise(interrupted):
                     if stopping:
                         return ExitCode.TERMINATED
                     _mark(f"attempt {attempt}: the job restarts; its rank processes were stopped")
@@ -167,6 +196,7 @@ def serve(target: str | None, args: Sequence[str], environ: Mapping[str, str]) -
                 attempt = newer.attempt
     finally:
         watch.stop()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _report(sink: JobStatusSink, fields: dict[str, object]) -> bool:

@@ -164,6 +164,29 @@ class CheckpointManager:
         self._pending: Future[s3.S3Url] | None = None
         self._lock = threading.Lock()
         self._job_status = job_status
+        self._honored: str | None = None  # the job's checkpoint request the last save answered
+
+    def requested(self) -> bool:
+        """Whether the job asks for a checkpoint now: an elastic job whose left-out ranks run again grows
+        at the next one, so a loop that checkpoints rarely can save at once instead:
+
+            if step % every == 0 or checkpoints.requested():
+                checkpoints.save(step, training_state(model, optimizer, sampler))
+
+        True on rank 0 only (the one that saves; the others' save() does nothing), from the request
+        until a save after it: do nothing in that branch that needs the other ranks."""
+        stamp = self._request()
+        return self.rank == 0 and stamp is not None and stamp != self._honored
+
+    def _request(self) -> str | None:
+        path = env.checkpoint_request_file()
+        if path is None:
+            return None
+        try:
+            with open(path) as found:
+                return found.read() or None
+        except OSError:
+            return None
 
     def step_url(self, step: int) -> s3.S3Url:
         return self.prefix.join(f"step-{step:012d}")
@@ -181,6 +204,7 @@ class CheckpointManager:
             return None
         if step < 0:
             raise ConfigError(f"checkpoint step {step} must be >= 0")
+        self._honored = self._request()
         if not self.async_save:
             return self._write(step, state)
         self.wait()
