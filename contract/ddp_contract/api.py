@@ -32,7 +32,8 @@ STATUS_PROCESS_FAILURES: Final = "processFailures"
 # attempt takes it in. Jobs that are not elastic leave both unset: every pod, in index order.
 STATUS_MEMBERS: Final = "members"
 STATUS_WORLD_SIZE: Final = "worldSize"
-# Set by the operator while an elastic job waits for a checkpoint to grow at (the time since when): each
-# pod's runtime tells its rank processes (envnames.CHECKPOINT_REQUEST_FILE), and rank 0's
-# CheckpointManager.requested() says so, so the training loop commits one at its next step.
+# Set by the operator while an elastic job waits for a checkpoint to grow at, {since: time, afterStep:
+# lastCheckpoint.step when asked}: each pod's runtime tells its rank processes
+# (envnames.CHECKPOINT_REQUEST_FILE), and rank 0's CheckpointManager.requested() says so, so the training
+# loop commits one at its next step; the first checkpoint past afterStep is the one grown at.
 STATUS_CHECKPOINT_REQUESTED: Final = "checkpointRequested"

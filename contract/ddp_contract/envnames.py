@@ -33,8 +33,8 @@ SUPERVISED: Final = "DDP_SUPERVISED"
 # spec.worldSize, the size an elastic job (spec.minWorldSize below it) runs at when every rank fits;
 # WORLD_SIZE is the size of the current attempt's gang, which may be smaller.
 TARGET_WORLD_SIZE: Final = "DDP_TARGET_WORLD_SIZE"
-# Set by that supervisor on the rank processes: a file that exists, holding status.checkpointRequested,
-# while the job asks for a checkpoint (CheckpointManager.requested()).
+# Set by that supervisor on the rank processes: a file that exists, holding status.checkpointRequested's
+# since, while the job asks for a checkpoint (CheckpointManager.requested()).
 CHECKPOINT_REQUEST_FILE: Final = "DDP_CHECKPOINT_REQUEST_FILE"
 
 # What the rank runs, and how.

@@ -48,7 +48,7 @@ class Decision:
     failure: RankFailure | None = None
     recheck_after: float | None = None  # seconds until the decision should be taken again
     members: tuple[int, ...] | None = None  # elastic jobs: the gang of decision.attempt, when it changes
-    checkpoint_wanted: str | None = None  # elastic jobs: a grow waits for a checkpoint, asked for since then
+    checkpoint_wanted: elastic.CheckpointRequest | None = None  # elastic jobs: a grow waits for a checkpoint
 
 
 def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: datetime,

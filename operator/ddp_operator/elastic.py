@@ -9,7 +9,9 @@ runtime waits to be taken in). A resize is a new attempt with other members, car
   grow:   pods that run but are not members are taken in at the job's next checkpoint (at once
           while the gang is re-forming anyway), once none is still starting (scheduled, or not yet
           judged by the scheduler), so pods coming up together join in one resize; meanwhile
-          status.checkpointRequested asks rank 0 for a checkpoint at its next step
+          status.checkpointRequested asks rank 0 for a checkpoint at its next step, and the first
+          checkpoint past the step the job had when it asked is the one grown at (steps, not clocks:
+          the operator's and rank 0's clocks differ, and a checkpoint may fall in the second asked)
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from ddp_contract import api
-from ddp_contract.timestamps import parse_rfc3339
+from ddp_contract.timestamps import parse_rfc3339, rfc3339
 from ddp_operator import constants as c
 from ddp_operator.manifests import pod_name
 from ddp_operator.podsummary import PodSummary
@@ -31,12 +33,35 @@ DOES_NOT_FIT = frozenset({c.REASON_UNSCHEDULABLE, c.REASON_GANG_TOO_LARGE, c.REA
 
 
 @dataclass(frozen=True)
+class CheckpointRequest:
+    """status.checkpointRequested: a grow waits for a checkpoint, asked for since a time, when the job's
+    last checkpoint was after_step (None: it had none). A checkpoint at a later step answers it."""
+
+    since: str
+    after_step: int | None
+
+    @classmethod
+    def of(cls, value: object) -> CheckpointRequest | None:
+        if not isinstance(value, Mapping) or not isinstance(value.get("since"), str):
+            return None
+        after = value.get("afterStep")
+        return cls(value["since"], after if isinstance(after, int) else None)
+
+    def as_status(self) -> dict[str, Any]:
+        # A request is only ever set where none was (merge patch), so a missing afterStep stays missing.
+        return {"since": self.since} | ({} if self.after_step is None else {"afterStep": self.after_step})
+
+    def answered_by(self, step: int | None) -> bool:
+        return step is not None and (self.after_step is None or step > self.after_step)
+
+
+@dataclass(frozen=True)
 class Resize:
     members: tuple[int, ...]
     reason: str  # REASON_SHRUNK or REASON_GROWN
     message: str
     recheck_after: float | None = None  # a shrink waiting for elasticSettleSeconds: seconds left
-    checkpoint_wanted: str | None = None  # a grow waiting for a checkpoint: since when (status.checkpointRequested)
+    checkpoint_wanted: CheckpointRequest | None = None  # a grow waiting for a checkpoint
 
     @property
     def due(self) -> bool:
@@ -66,7 +91,7 @@ def resize(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: d
     if not spec.elastic:
         return None
     gang = summary.gang or tuple(range(spec.pods))
-    return _shrink(spec, status, summary, gang, now) or _grow(spec, status, summary, gang)
+    return _shrink(spec, status, summary, gang, now) or _grow(spec, status, summary, gang, now)
 
 
 def _shrink(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, gang: Sequence[int],
@@ -89,7 +114,8 @@ def _shrink(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, gang:
     return Resize(fit, c.REASON_SHRUNK, message)
 
 
-def _grow(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, gang: Sequence[int]) -> Resize | None:
+def _grow(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, gang: Sequence[int],
+          now: datetime) -> Resize | None:
     starting = len(summary.probes) - len(summary.running_probes) - len(summary.probe_problems)
     if not summary.running_probes or starting > 0:
         return None  # pods still on their way in join this resize rather than force another
@@ -100,13 +126,12 @@ def _grow(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, gang: S
     if status.get("phase") != c.PHASE_RUNNING:
         return Resize(bigger, c.REASON_GROWN, f"{head}; taken into the gang being formed")
     checkpoint = status.get("lastCheckpoint") or {}
-    committed = parse_rfc3339(checkpoint.get("time"))
-    since = parse_rfc3339(summary.probes_running_since)
-    if committed is None or since is None or committed <= since:
+    step = checkpoint.get("step") if isinstance(checkpoint.get("step"), int) else None
+    asked = CheckpointRequest.of(status.get(api.STATUS_CHECKPOINT_REQUESTED))
+    if asked is None or not asked.answered_by(step):
         # Grown at the next checkpoint, so no step is trained twice; rank 0 is asked for one.
-        return Resize(tuple(gang), "", "", checkpoint_wanted=summary.probes_running_since)
-    return Resize(bigger, c.REASON_GROWN, f"{head}; the gang re-forms from the checkpoint at step "
-                                          f"{checkpoint.get('step')}")
+        return Resize(tuple(gang), "", "", checkpoint_wanted=asked or CheckpointRequest(rfc3339(now), step))
+    return Resize(bigger, c.REASON_GROWN, f"{head}; the gang re-forms from the checkpoint at step {step}")
 
 
 def _settle_left(spec: JobSpec, status: Mapping[str, Any], now: datetime) -> float | None:

@@ -54,7 +54,6 @@ class PodSummary:
     gang: tuple[int, ...] = ()
     probes: tuple[str, ...] = ()  # pending or running, not being deleted
     running_probes: frozenset[int] = frozenset()  # their indices, where the trainer container runs
-    probes_running_since: str | None = None  # the earliest start of those containers
     dead_probes: tuple[str, ...] = ()  # finished, or on a lost node: to be replaced
     probe_problems: tuple[RankProblem, ...] = ()  # why the pending ones wait
 
@@ -114,7 +113,7 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
     uids: dict[str, str] = {}
     gang = frozenset(members) if members is not None else None
     probes: list[str] = []
-    running_probes: dict[int, str] = {}
+    running_probes: set[int] = set()
     dead_probes: list[str] = []
     probe_problems: list[RankProblem] = []
     nodes: set[str] = set()
@@ -199,18 +198,17 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
         gang=tuple(members) if members is not None else (),
         probes=tuple(sorted(probes)),
         running_probes=frozenset(running_probes),
-        probes_running_since=min(running_probes.values()) if running_probes else None,
         dead_probes=tuple(sorted(dead_probes)),
         probe_problems=tuple(sorted(probe_problems, key=lambda p: p.rank)),
         **counts,
     )
 
 
-def _note_probe(pod: Mapping[str, Any], index: int, state: str, running: dict[int, str],
+def _note_probe(pod: Mapping[str, Any], index: int, state: str, running: set[int],
                 problems: list[RankProblem]) -> None:
-    """Records a pod waiting to be taken into an elastic gang: running since when, or held up why."""
+    """Records a pod waiting to be taken into an elastic gang: running, or held up why."""
     if state == "running":
-        running[index] = running_since(pod) or ""
+        running.add(index)
     elif problem := rank_problem(pod, index):
         problems.append(problem)
 

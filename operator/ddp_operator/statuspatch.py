@@ -93,7 +93,8 @@ def compute_status(
     }
     if spec.elastic:
         patch[api.STATUS_MEMBERS] = list(members)
-        patch[api.STATUS_CHECKPOINT_REQUESTED] = decision.checkpoint_wanted
+        asked = decision.checkpoint_wanted
+        patch[api.STATUS_CHECKPOINT_REQUESTED] = asked.as_status() if asked is not None else None
     if decision.action == Action.RESIZE:
         patch["conditions"] = _shrunk(patch["conditions"], decision, len(members) < spec.pods, now, generation)
     if decision.action in (Action.RESTART, Action.RESIZE):

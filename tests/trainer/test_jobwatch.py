@@ -53,7 +53,8 @@ def test_the_view_follows_the_jobs_status_and_waits_for_what_is_asked(kube_api, 
 
 
 def test_the_view_holds_a_checkpoint_request_where_the_job_has_one() -> None:
-    asked = {"attempt": 2, api.STATUS_CHECKPOINT_REQUESTED: "2026-11-24T23:00:00Z"}
+    asked = {"attempt": 2, api.STATUS_CHECKPOINT_REQUESTED: {"since": "2026-11-24T23:00:00Z", "afterStep": 40}}
     assert JobView.of({"status": asked}).checkpoint_requested == "2026-11-24T23:00:00Z"
     assert JobView.of({"status": {"attempt": 2}}).checkpoint_requested is None
-    assert JobView.of({"status": {**asked, api.STATUS_CHECKPOINT_REQUESTED: 7}}).checkpoint_requested is None
+    assert JobView.of({"status": {**asked, api.STATUS_CHECKPOINT_REQUESTED: {"since": 7}}}).checkpoint_requested is None
+    assert JobView.of({"status": {**asked, api.STATUS_CHECKPOINT_REQUESTED: "x"}}).checkpoint_requested is None

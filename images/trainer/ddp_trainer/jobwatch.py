@@ -30,15 +30,19 @@ class JobView:
     checkpoint: str | None  # status.lastCheckpoint.uri
     phase: str | None
     members: tuple[int, ...] | None = None  # status.members: the attempt's pod indices in rank order (elastic jobs)
-    checkpoint_requested: str | None = None  # status.checkpointRequested: since when a checkpoint is asked for
+    checkpoint_requested: str | None = None  # status.checkpointRequested.since: a checkpoint is asked for
 
     @classmethod
     def of(cls, job: Mapping[str, Any]) -> JobView:
         status = job.get("status") or {}
         uri = (status.get("lastCheckpoint") or {}).get("uri")
-        requested = status.get(STATUS_CHECKPOINT_REQUESTED)
         return cls(int(status.get("attempt") or 0), str(uri) if uri else None, status.get("phase"),
-                   _members(status.get(STATUS_MEMBERS)), requested if isinstance(requested, str) and requested else None)
+                   _members(status.get(STATUS_MEMBERS)), _requested(status.get(STATUS_CHECKPOINT_REQUESTED)))
+
+
+def _requested(value: object) -> str | None:
+    since = value.get("since") if isinstance(value, Mapping) else None
+    return since if isinstance(since, str) and since else None
 
 
 def _members(value: object) -> tuple[int, ...] | None:

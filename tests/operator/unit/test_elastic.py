@@ -101,26 +101,50 @@ def test_below_the_minimum_the_job_waits_and_says_why() -> None:
 
 
 def test_ranks_that_run_again_are_taken_in_at_the_next_checkpoint() -> None:
-    started = "2025-01-02T02:00:00Z"  # when the fixtures' containers started
     status = {**FORMED, "attempt": 2, api.STATUS_MEMBERS: [0, 1],
               "lastCheckpoint": {"step": 40, "uri": "s3://b/c", "time": "2025-01-02T01:59:00Z"}}
     pods = [pod(0), pod(1), pod(2, attempt=1), pod(3, attempt=1)]
     found = summary(pods, status)
-    assert found.running_probes == {2, 3} and found.probes_running_since == started
+    assert found.running_probes == {2, 3}
     waiting = decide(spec(), status, found, NOW)
-    assert waiting.action == Action.WAIT and waiting.checkpoint_wanted == started  # rank 0 is asked for one
-    assert compute_status(spec(), status, found, waiting, NOW)[api.STATUS_CHECKPOINT_REQUESTED] == started
-    status["lastCheckpoint"] = {"step": 48, "uri": "s3://b/c", "time": "2025-01-02T02:00:05Z"}
+    asked = {"since": rfc3339(NOW), "afterStep": 40}  # rank 0 is asked for a checkpoint past step 40
+    assert waiting.action == Action.WAIT
+    assert compute_status(spec(), status, found, waiting, NOW)[api.STATUS_CHECKPOINT_REQUESTED] == asked
+    status[api.STATUS_CHECKPOINT_REQUESTED] = asked
+    later = decide(spec(), status, found, NOW + timedelta(seconds=5))
+    assert compute_status(spec(), status, found, later, NOW)[api.STATUS_CHECKPOINT_REQUESTED] == asked  # kept as asked
+    # Rank 0's clock is behind the operator's: its checkpoint's time is before the request, its step past it.
+    status["lastCheckpoint"] = {"step": 41, "uri": "s3://b/c", "time": "2025-01-02T01:59:30Z"}
     decision = decide(spec(), status, found, NOW)
     assert (decision.action, decision.attempt, decision.members, decision.reason) == (
         Action.RESIZE, 3, (0, 1, 2, 3), c.REASON_GROWN)
-    assert "step 48" in decision.message
+    assert "step 41" in decision.message
     patch = compute_status(spec(), status, found, decision, NOW)
     assert patch[api.STATUS_MEMBERS] == [0, 1, 2, 3] and patch[api.STATUS_WORLD_SIZE] == 4
     assert patch[api.STATUS_CHECKPOINT_REQUESTED] is None  # asked no more: cleared
     shrunk = get_condition(patch["conditions"], c.COND_SHRUNK)
     assert shrunk is not None and (shrunk["status"], shrunk["reason"]) == ("False", c.REASON_FULL_SIZE)
     assert ("Normal", c.REASON_GROWN, decision.message) in events_for(status, patch)
+
+
+def test_a_job_without_a_checkpoint_grows_at_its_first_one() -> None:
+    status = {**FORMED, "attempt": 2, api.STATUS_MEMBERS: [0, 1]}
+    found = summary([pod(0), pod(1), pod(2, attempt=1), pod(3, attempt=1)], status)
+    waiting = decide(spec(), status, found, NOW)
+    asked = compute_status(spec(), status, found, waiting, NOW)[api.STATUS_CHECKPOINT_REQUESTED]
+    assert waiting.action == Action.WAIT and asked == {"since": rfc3339(NOW)}  # any checkpoint answers
+    status[api.STATUS_CHECKPOINT_REQUESTED] = asked
+    status["lastCheckpoint"] = {"step": 0, "uri": "s3://b/c", "time": "2025-01-01T00:00:00Z"}
+    assert decide(spec(), status, found, NOW).action == Action.RESIZE
+
+
+def test_a_checkpoint_request_is_withdrawn_when_the_waiting_pods_stop_running() -> None:
+    asked = {"since": rfc3339(NOW), "afterStep": 40}
+    status = {**FORMED, "attempt": 2, api.STATUS_MEMBERS: [0, 1], api.STATUS_CHECKPOINT_REQUESTED: asked,
+              "lastCheckpoint": {"step": 40, "uri": "s3://b/c", "time": "2025-01-02T01:59:00Z"}}
+    found = summary([pod(0), pod(1)], status)  # the waiting pods are gone
+    decision = decide(spec(), status, found, NOW)
+    assert compute_status(spec(), status, found, decision, NOW)[api.STATUS_CHECKPOINT_REQUESTED] is None
 
 
 def test_a_failure_restarts_the_gang_with_its_members_and_any_pod_ready_to_join() -> None:
