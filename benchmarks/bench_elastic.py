@@ -3,8 +3,9 @@
 On the local control plane (started if it is not up, never taken down) with two pod runners as two
 nodes of two pods each, the ranks run as processes of this machine (as in the e2e tests: no
 containers, so the figures are the operator's, the scheduler's and the trainer runtime's). A 4-rank
-job (restartStrategy InPlace, 2 ranks a node, a checkpoint every 4 steps) trains; the second node's
-runner is stopped for good (its processes killed, its node deleted). From that stop, by this
+job (restartStrategy InPlace, 2 ranks a node, a checkpoint every 4 steps) trains; the runner of the
+node without rank 0's pod (--lose rank-0: with it) is stopped for good (its processes killed, its
+node deleted). From that stop, by this
 script's monotonic clock, polling the job's status:
 
   restart    the gang restart decided (status.attempt past the one that was running)
@@ -41,7 +42,7 @@ from kubernetes.client.rest import ApiException
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / p) for p in ("contract", "localcluster")]
 import demo  # noqa: E402
-from ddp_contract import api, kubeclient  # noqa: E402
+from ddp_contract import api, kubeclient, labels  # noqa: E402
 
 NAMESPACE = "bench-elastic"
 BUCKET = "ddp-bench-elastic"
@@ -115,19 +116,23 @@ class Job:
 
 
 def one_loss(custom: client.CustomObjectsApi, endpoint: str, runners: tuple[Runner, Runner], name: str,
-             elastic: bool, wait_s: float, timeout: float, window: float | None) -> dict[str, Any]:
-    """A job of 4 loses the node of ranks 2 and 3 and gets it back; the times, from the stop and from the return."""
-    keep, lose = runners
-    if lose.process is None:
-        lose.start()
+             elastic: bool, wait_s: float, timeout: float, window: float | None, rank_0: bool) -> dict[str, Any]:
+    """A job of 4 loses the node of two of its ranks (rank_0: the node of rank 0's pod, else the other)
+    and gets it back; the times, from the stop and from the return."""
+    for runner in runners:
+        if runner.process is None:
+            runner.start()
     custom.create_namespaced_custom_object(api.GROUP, api.VERSION, NAMESPACE, api.PLURAL, job(name, endpoint, elastic))
     watched = Job(custom, name)
     try:
         wait(lambda: (watched.status().get("lastCheckpoint") or {}).get("step", 0) >= 8, timeout, f"{name} training")
         running = int(watched.status().get("attempt", 0))
+        placed = {p.metadata.name: p.spec.node_name for p in client.CoreV1Api(custom.api_client).list_namespaced_pod(
+            NAMESPACE, label_selector=f"{labels.LABEL_JOB_NAME}={name}").items}
+        lose = next(r for r in runners if (r.node == placed[f"{name}-0"]) == rank_0)
+        figures: dict[str, Any] = {"lost": sorted(int(p.rsplit("-", 1)[1]) for p, n in placed.items() if n == lose.node)}
         stopped = time.monotonic()
         lose.stop()
-        figures: dict[str, Any] = {}
         figures["restart"] = wait(lambda: int(watched.status().get("attempt", 0)) > running and time.monotonic(),
                                   timeout, "the restart") - stopped
         if elastic:
@@ -166,6 +171,8 @@ def main() -> int:
     parser.add_argument("--wait", type=float, default=60, help="seconds the other job is watched waiting")
     parser.add_argument("--timeout", type=float, default=300, help="seconds each wait may take")
     parser.add_argument("--json", type=Path, help="write the figures here as JSON")
+    parser.add_argument("--lose", choices=("others", "rank-0"), default="others",
+                        help="the node lost: the one without rank 0's pod, or the one with it")
     args = parser.parse_args()
 
     demo.start_control_plane()
@@ -181,13 +188,13 @@ def main() -> int:
     figures: dict[str, Any] = {"elastic": [], "plain": None}
     try:
         with demo.s3_server(0, buckets=(BUCKET,)) as endpoint:
-            runners[0].start()
             for i in range(args.repeats):
                 figures["elastic"].append(one_loss(custom, endpoint, runners, f"elastic-{i}", True, args.wait,
-                                                   args.timeout, None))
+                                                   args.timeout, None, args.lose == "rank-0"))
                 print(f"minWorldSize 2: {figures['elastic'][-1]}", flush=True)
             window = statistics.median(f["training"] for f in figures["elastic"])
-            figures["plain"] = one_loss(custom, endpoint, runners, "plain", False, args.wait, args.timeout, window)
+            figures["plain"] = one_loss(custom, endpoint, runners, "plain", False, args.wait, args.timeout, window,
+                                        args.lose == "rank-0")
             print(f"no minWorldSize: {figures['plain']}", flush=True)
     finally:
         for runner in runners:
@@ -208,7 +215,8 @@ def print_table(figures: dict[str, Any]) -> None:
         return f"{statistics.median(values):.2f} s (runs: {', '.join(f'{v:.2f}' for v in values)})"
 
     plain = figures["plain"]
-    print("\nA 4-rank job loses the node of ranks 2 and 3 (2 pod-runner nodes of 2 pods; median of runs)")
+    lost = sorted({tuple(f["lost"]) for f in [*runs, plain]})
+    print(f"\nA 4-rank job loses the node of two ranks (pods lost: {lost}; 2 pod-runner nodes of 2 pods; median of runs)")
     print(f"  minWorldSize 2   restart decided  {cell('restart')}")
     print(f"                   shrunk to 2      {cell('shrunk')}")
     print(f"                   training at 2    {cell('training')}")

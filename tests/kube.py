@@ -317,6 +317,18 @@ class Jobs:
         """Plays the kubelet evicting a pod under node pressure."""
         self.core.patch_namespaced_pod_status(pod, self.namespace, {"status": evicted_status()})
 
+    def quota(self, name: str, hard: dict[str, str], **spec: Any) -> None:
+        """Creates a ResourceQuota and waits for the quota controller to count it: until status.used is
+        filled in, the API server refuses nothing by it."""
+        self.core.create_namespaced_resource_quota(self.namespace, {"metadata": {"name": name},
+                                                                    "spec": {"hard": hard, **spec}})
+
+        def counted() -> bool:
+            found = self.core.read_namespaced_resource_quota(name, self.namespace).status
+            return found is not None and found.used is not None
+
+        wait_until(counted, 30, f"ResourceQuota {name} counted")
+
     def events(self, name: str) -> list[client.CoreV1Event]:
         return [e for e in self.core.list_namespaced_event(self.namespace).items if e.involved_object.name == name]
 

@@ -37,3 +37,13 @@ STATUS_WORLD_SIZE: Final = "worldSize"
 # (envnames.CHECKPOINT_REQUEST_FILE), and rank 0's CheckpointManager.requested() says so, so the training
 # loop commits one at its next step; the first checkpoint past afterStep is the one grown at.
 STATUS_CHECKPOINT_REQUESTED: Final = "checkpointRequested"
+
+
+def members_of(value: object) -> tuple[int, ...] | None:
+    """status.members as pod indices in rank order; None where it is absent or not a list of distinct
+    non-negative integers."""
+    if not isinstance(value, list) or not value:
+        return None
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value) or len(set(value)) != len(value):
+        return None
+    return tuple(value)

@@ -8,7 +8,8 @@ but the classifier is loaded from it and the classifier is new, sized for this d
 Without it the model trains from scratch. Only rank 0 reads the weights: DDP copies rank 0's
 parameters to every rank when it wraps the model.
 
-Checkpoints every `--checkpoint-every` steps; after a gang restart every rank resumes from the
+Checkpoints every `--checkpoint-every` steps, and at the next step when the job asks for one (an
+elastic job whose left-out ranks run again grows at it); after a gang restart every rank resumes from the
 job's last one (which then takes the place of the initial weights). At the end the ranks measure
 the accuracy on `val/` together; rank 0 stores it as `results/eval.json`, the model as `results/model.pt`.
 
@@ -106,7 +107,7 @@ def main(ctx: RankContext) -> None:
             optimizer.step()
             mean = log.record(epoch, loss, len(labels))
             consumed += len(labels)
-            if log.step % args.checkpoint_every == 0:
+            if log.step % args.checkpoint_every == 0 or checkpoints.requested():
                 checkpoints.save(log.step, training_state(ddp, optimizer, sampler, samples_consumed=consumed))
         if ctx.rank == 0:
             print(f"epoch {epoch}: step {log.step}, loss {mean:.4f}", flush=True)

@@ -71,10 +71,9 @@ class Resize:
 
 def members(spec: JobSpec, status: Mapping[str, Any]) -> tuple[int, ...]:
     """The current attempt's gang: status.members for an elastic job that has one, else every pod."""
-    recorded = status.get(api.STATUS_MEMBERS)
-    if spec.elastic and isinstance(recorded, list) and recorded \
-            and all(isinstance(i, int) and 0 <= i < spec.pods for i in recorded):
-        return tuple(sorted(set(recorded)))
+    recorded = api.members_of(status.get(api.STATUS_MEMBERS)) if spec.elastic else None
+    if recorded and max(recorded) < spec.pods:
+        return tuple(sorted(recorded))
     return tuple(range(spec.pods))
 
 
@@ -116,8 +115,8 @@ def _shrink(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, gang:
 
 def _grow(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, gang: Sequence[int],
           now: datetime) -> Resize | None:
-    starting = len(summary.probes) - len(summary.running_probes) - len(summary.probe_problems)
-    if not summary.running_probes or starting > 0:
+    starting = summary.pending_probes - {p.rank for p in summary.probe_problems}
+    if not summary.running_probes or starting:
         return None  # pods still on their way in join this resize rather than force another
     bigger = tuple(sorted(set(gang) | summary.running_probes))
     per_pod = spec.ranks_per_pod

@@ -54,8 +54,9 @@ class PodSummary:
     gang: tuple[int, ...] = ()
     probes: tuple[str, ...] = ()  # pending or running, not being deleted
     running_probes: frozenset[int] = frozenset()  # their indices, where the trainer container runs
+    pending_probes: frozenset[int] = frozenset()  # their indices, where it does not run yet
     dead_probes: tuple[str, ...] = ()  # finished, or on a lost node: to be replaced
-    probe_problems: tuple[RankProblem, ...] = ()  # why the pending ones wait
+    probe_problems: tuple[RankProblem, ...] = ()  # why the pending ones wait, or why one has no pod
 
     @property
     def total(self) -> int:
@@ -71,13 +72,18 @@ class PodSummary:
         return describe_problems(self.problems, "rank" if self.ranks_per_pod == 1 else "pod")
 
     def with_problems(self, found: Iterable[RankProblem]) -> PodSummary:
-        """This summary with more ranks held up; a rank's new problem replaces what was said of it."""
+        """This summary with more ranks held up; a rank's new problem replaces what was said of it. Of an
+        elastic job, those of pods outside the gang are probe_problems."""
         found = tuple(found)
         if not found:
             return self
         ranks = {p.rank for p in found}
         kept = tuple(p for p in self.problems if p.rank not in ranks)
-        return replace(self, problems=tuple(sorted(kept + found, key=lambda p: p.rank)))
+        waiting = tuple(p for p in found if self.gang and p.rank not in self.gang)  # an elastic job's others
+        probes = tuple(p for p in self.probe_problems if p.rank not in ranks) + waiting
+        return replace(self, problems=tuple(sorted(kept + tuple(p for p in found if p not in waiting),
+                                                   key=lambda p: p.rank)),
+                       probe_problems=tuple(sorted(probes, key=lambda p: p.rank)))
 
 
 def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: str = "",
@@ -114,6 +120,7 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
     gang = frozenset(members) if members is not None else None
     probes: list[str] = []
     running_probes: set[int] = set()
+    pending_probes: set[int] = set()
     dead_probes: list[str] = []
     probe_problems: list[RankProblem] = []
     nodes: set[str] = set()
@@ -143,7 +150,9 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
                 dead_probes.append(name)
             else:
                 probes.append(name)
-                _note_probe(pod, rank, state, running_probes, probe_problems)
+                (running_probes if state == "running" else pending_probes).add(rank)
+                if state != "running" and (problem := rank_problem(pod, rank)):
+                    probe_problems.append(problem)
             continue
         if node in lost_nodes:
             if meta.get("deletionTimestamp"):
@@ -198,19 +207,11 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
         gang=tuple(members) if members is not None else (),
         probes=tuple(sorted(probes)),
         running_probes=frozenset(running_probes),
+        pending_probes=frozenset(pending_probes),
         dead_probes=tuple(sorted(dead_probes)),
         probe_problems=tuple(sorted(probe_problems, key=lambda p: p.rank)),
         **counts,
     )
-
-
-def _note_probe(pod: Mapping[str, Any], index: int, state: str, running: set[int],
-                problems: list[RankProblem]) -> None:
-    """Records a pod waiting to be taken into an elastic gang: running, or held up why."""
-    if state == "running":
-        running.add(index)
-    elif problem := rank_problem(pod, index):
-        problems.append(problem)
 
 
 def running_since(pod: Mapping[str, Any]) -> str | None:

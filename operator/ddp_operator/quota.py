@@ -42,10 +42,11 @@ class Shortfall:
 
 def gang_shortfall(pods: Sequence[Mapping[str, Any]], quotas: Iterable[Mapping[str, Any]],
                    limit_ranges: Iterable[Mapping[str, Any]] = (),
-                   leaving: Sequence[Mapping[str, Any]] = ()) -> Shortfall | None:
+                   leaving: Sequence[Mapping[str, Any]] = (), created: int = 0) -> Shortfall | None:
     """Whether the namespace's quotas refuse any of `pods` (a whole gang); None if every quota that
     covers them has room for all of them. `leaving`: pods the quotas still count (an old attempt's,
-    being deleted) that free what they hold before the gang needs it."""
+    being deleted) that free what they hold before the gang needs it. `created`: how many of them are
+    created all the same (an elastic job's that fit), for the message."""
     if not pods:
         return None
     defaults = container_defaults(limit_ranges)
@@ -71,8 +72,24 @@ def gang_shortfall(pods: Sequence[Mapping[str, Any]], quotas: Iterable[Mapping[s
                 if amount + max((parse_quantity(used.get(resource, 0)) or 0) - released.get(resource, 0), 0)
                 > (parse_quantity(hard[resource]) or 0)]
         if over:
-            return Shortfall(c.REASON_QUOTA_EXCEEDED, _exceeded(name, len(covered), over, wanted, hard, used))
+            return Shortfall(c.REASON_QUOTA_EXCEEDED, _exceeded(name, len(covered), over, wanted, hard, used, created))
     return None
+
+
+def pods_that_fit(pod: Mapping[str, Any], most: int, least: int, quotas: Sequence[Mapping[str, Any]],
+                  limit_ranges: Sequence[Mapping[str, Any]] = (), leaving: Sequence[Mapping[str, Any]] = ()) -> int:
+    """The most pods like `pod`, from `least` up to `most`, that the quotas hold together; 0 when not
+    even `least` fit. (What fits shrinks as pods are added, so a bisection finds it.)"""
+    def fit(count: int) -> bool:
+        return gang_shortfall([pod] * count, quotas, limit_ranges, leaving) is None
+
+    if least > most or not fit(least):
+        return 0
+    low, high = least, most  # fit(low) holds
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fit(middle) else (low, middle - 1)
+    return low
 
 
 def container_defaults(limit_ranges: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -185,10 +202,11 @@ def total_usage(specs: Iterable[Mapping[str, Any]], hard: Mapping[str, Any]) -> 
 
 
 def _exceeded(name: str, pods: int, over: list[str], wanted: Mapping[str, Decimal], hard: Mapping[str, Any],
-              used: Mapping[str, Any]) -> str:
+              used: Mapping[str, Any], created: int = 0) -> str:
     """'ResourceQuota team: the gang's 3 pods need requests.nvidia.com/gpu=2, with 1 used of 2 (...)'."""
     parts = [f"{r}={_show(r, wanted[r])} with {used.get(r, 0)} used of {hard[r]}" for r in sorted(over)]
-    return (f"ResourceQuota {name} cannot hold the whole gang, so none of its pods is created: the gang's {pods} "
+    made = f"only {created} of its pods are created (spec.minWorldSize)" if created else "none of its pods is created"
+    return (f"ResourceQuota {name} cannot hold the whole gang, so {made}: the gang's {pods} "
             f"pod{'s' if pods != 1 else ''} need {'; '.join(parts)}")
 
 

@@ -70,7 +70,7 @@ from ddp_operator.manifests import (
 from ddp_operator.nodes import NodeInfo, Nodes, lost_nodes, seconds_until_lost
 from ddp_operator.podsummary import PodSummary, summarize_pods
 from ddp_operator.podwatch import PodCache
-from ddp_operator.quota import gang_shortfall
+from ddp_operator.quota import gang_shortfall, pods_that_fit
 from ddp_operator.spec import InvalidSpec, JobSpec, parse_spec, validate_job_name
 from ddp_operator.statuspatch import (
     changed_fields,
@@ -373,11 +373,13 @@ class Reconciler:
     async def _create(self, job: dict[str, Any], spec: JobSpec, ranks: tuple[int, ...], attempt: int,
                       leaving: int | None = None) -> None:
         """Creates the job's Service and progress identity, then the ranks' pods: all of them or, when a
-        namespace quota could not hold the whole gang, none. `leaving`: for an attempt's first pass, how
+        namespace quota could not hold the whole gang, none (an elastic job: those that fit, if at least
+        its minimum). `leaving`: for an attempt's first pass, how
         many of the job's older pods still exist (the quotas are judged then, not on later passes). What
         is refused is noted for the status pass (`_note_refused`), which says it and decides; this pass
         writes no status."""
         key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        said_before = self._of(key).refused
         # A Kueue-managed job's quota is Kueue's to judge: it admitted the gang as a whole. The quotas
         # are read while the Service and identity are ensured: the read is on the way to the first pods.
         limits = asyncio.ensure_future(self._quota_limits(key[0])) if leaving is not None and queue_name(job) is None \
@@ -410,7 +412,7 @@ class Reconciler:
             if limits is not None and not limits.done():
                 limits.cancel()
         memory = self._of(key)
-        if memory.refused is not None:
+        if memory.refused is not None and memory.refused is said_before:  # nothing refused this pass
             memory.refused = None
             self.add(key)  # the status pass stops saying so
         self._note_in_the_way(key, InTheWay(tuple(objects), pods))
@@ -450,10 +452,19 @@ class Reconciler:
         built = [adopt(build_pod(job, spec, rank, attempt), job) for rank in ranks]
         read = await limits if limits is not None else None
         if read is not None and built:  # every rank's pod asks for what rank 0's does
-            shortfall = gang_shortfall([built[0]] * spec.pods, *read, leaving=[built[0]] * leaving)
+            quotas, limit_ranges = read
+            fits = pods_that_fit(built[0], spec.pods, spec.min_pods, quotas, limit_ranges, [built[0]] * leaving) \
+                if spec.elastic else spec.pods
+            shortfall = gang_shortfall([built[0]] * spec.pods, quotas, limit_ranges, leaving=[built[0]] * leaving,
+                                       created=fits if fits < spec.pods else 0)
+            left_out = spec.pods - fits if shortfall is not None and fits else len(ranks)
             if shortfall is not None:
-                self._note_refused(key, attempt, ranks, Refusal(shortfall.reason, shortfall.message))
-                return None
+                # An elastic job's ranks that fit are created (they start without the rest once
+                # elasticSettleSeconds pass); any other gang is created whole or not at all.
+                self._note_refused(key, attempt, ranks[-left_out:], Refusal(shortfall.reason, shortfall.message))
+                if left_out >= len(ranks):
+                    return None
+                ranks, built = ranks[:-left_out], built[:-left_out]
         results = await asyncio.gather(*(self.kube.ensure(pod) for pod in built), return_exceptions=True)
         refusals: dict[int, Refusal] = {}
         for rank, result in zip(ranks, results, strict=True):

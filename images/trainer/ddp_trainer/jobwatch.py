@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddp_contract import kubeclient
-from ddp_contract.api import GROUP, PLURAL, STATUS_CHECKPOINT_REQUESTED, STATUS_MEMBERS, VERSION
+from ddp_contract.api import GROUP, PLURAL, STATUS_CHECKPOINT_REQUESTED, STATUS_MEMBERS, VERSION, members_of
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +47,10 @@ def _requested(value: object) -> str | None:
 
 def _members(value: object) -> tuple[int, ...] | None:
     """status.members as pod indices; None where it is absent or not a list of distinct indices."""
-    if not isinstance(value, list) or not value:
-        return None
-    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value) or len(set(value)) != len(value):
+    found = members_of(value)
+    if found is None and value is not None:
         log.warning("ignoring status.%s %r: not a list of distinct pod indices", STATUS_MEMBERS, value)
-        return None
-    return tuple(value)
+    return found
 
 
 class JobWatch:

@@ -18,16 +18,6 @@ from kube import Jobs, wait_until
 ROOT_TEMPLATE = {"spec": {"securityContext": {"runAsUser": 0}}}
 
 
-def quota(jobs: Jobs, name: str, hard: dict[str, str], **spec: Any) -> None:
-    jobs.core.create_namespaced_resource_quota(jobs.namespace, {"metadata": {"name": name}, "spec": {"hard": hard, **spec}})
-    # The quota controller fills in status.used; until then the API server refuses nothing by it.
-    def counted() -> bool:
-        return (jobs.core.read_namespaced_resource_quota(name, jobs.namespace).status or client.V1ResourceQuotaStatus()).used \
-            is not None
-
-    wait_until(counted, 30, f"ResourceQuota {name} counted")
-
-
 def said(jobs: Jobs, name: str, reason: str, timeout: float = 30) -> dict[str, Any]:
     """The job's status once its reason is `reason`, with the Warning Event that says so."""
     status = wait_until(lambda: (s := jobs.status(name)).get("reason") == reason and s, timeout, f"{name}: {reason}")
@@ -60,7 +50,7 @@ def test_a_restricted_namespace_runs_a_plain_job_and_fails_one_asking_for_root_a
 
 
 def test_a_pod_quota_too_small_for_the_gang_creates_none_of_it_until_it_is_raised(jobs: Jobs, kubectl) -> None:
-    quota(jobs, "team", {"pods": "1"})
+    jobs.quota("team", {"pods": "1"})
     jobs.create("three", worldSize=3)
 
     status = said(jobs, "three", c.REASON_QUOTA_EXCEEDED)
@@ -75,7 +65,7 @@ def test_a_pod_quota_too_small_for_the_gang_creates_none_of_it_until_it_is_raise
 
 
 def test_one_gpu_left_for_two_one_gpu_ranks_holds_no_gpu_and_fails_at_the_startup_deadline(jobs: Jobs) -> None:
-    quota(jobs, "gpus", {"requests.nvidia.com/gpu": "1"})
+    jobs.quota("gpus", {"requests.nvidia.com/gpu": "1"})
     jobs.create("pair", worldSize=2, gpusPerRank=1, startupDeadlineSeconds=20)
 
     status = said(jobs, "pair", c.REASON_QUOTA_EXCEEDED)
@@ -89,7 +79,7 @@ def test_one_gpu_left_for_two_one_gpu_ranks_holds_no_gpu_and_fails_at_the_startu
 def cross_namespace_pod_quota(jobs: Jobs) -> Iterator[dict[str, Any]]:
     """A quota of one pod that counts only pods with cross-namespace affinity: the operator's check before
     creating leaves that scope to the API server, which then refuses part of the gang mid-creation."""
-    quota(jobs, "affine", {"pods": "1"}, scopeSelector={"matchExpressions": [
+    jobs.quota("affine", {"pods": "1"}, scopeSelector={"matchExpressions": [
         {"scopeName": "CrossNamespacePodAffinity", "operator": "Exists"}]})
     term = {"labelSelector": {"matchLabels": {"nobody": "here"}}, "namespaceSelector": {},
             "topologyKey": "kubernetes.io/hostname"}
@@ -163,7 +153,7 @@ def test_a_denying_admission_policy_fails_the_job_at_once_in_its_words(jobs: Job
 
 
 def test_a_service_quota_holds_every_rank_up_until_it_is_raised(jobs: Jobs) -> None:
-    quota(jobs, "no-services", {"services": "0"})
+    jobs.quota("no-services", {"services": "0"})
     jobs.create("svc", worldSize=2)
 
     status = said(jobs, "svc", c.REASON_QUOTA_EXCEEDED)

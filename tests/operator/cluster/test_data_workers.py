@@ -89,8 +89,7 @@ def test_data_workers_that_cannot_be_placed_are_said_and_the_ranks_run_on(jobs: 
 
 
 def test_a_quota_that_refuses_a_data_worker_is_said_and_tried_again(jobs: Jobs) -> None:
-    jobs.core.create_namespaced_resource_quota(jobs.namespace, {
-        "metadata": {"name": "pods"}, "spec": {"hard": {"pods": "2"}}})
+    jobs.quota("pods", {"pods": "2"})
     jobs.create("tight", worldSize=2, dataWorkers=workers(1),
                 resources={"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}})
     jobs.wait_phase("tight", c.PHASE_RUNNING, timeout=60)

@@ -94,3 +94,34 @@ def test_a_job_starts_with_the_ranks_that_fit_once_the_settle_time_has_passed(jo
         assert "do not fit" in shrunk["message"] and shrunk["restarts"] == 0
         formed(jobs, "eager", shrunk["attempt"])
         assert sum(lives.created().values()) == 4 and lives.deleted_of(0) == 0  # the two left out wait
+
+
+def test_a_job_a_quota_holds_in_part_starts_with_what_fits_and_grows_when_the_quota_does(
+        jobs: Jobs, own_nodes: NodeMaker) -> None:
+    pool = {"ddp-operator-test/pool": jobs.namespace}
+    own_nodes.kwok(pool, gpus=4)
+    jobs.quota("gpus", {"requests.nvidia.com/gpu": "2"})  # room for ranks 0-1 of 4
+    with PodLives(jobs, "quoted") as lives:
+        jobs.create("quoted", worldSize=4, minWorldSize=2, gpusPerRank=1, entrypoint="train:main",
+                    restartStrategy=api.RESTART_IN_PLACE, elasticSettleSeconds=3,
+                    template={"spec": {"nodeSelector": pool}})
+        shrunk = jobs.wait_condition("quoted", c.COND_SHRUNK, "True", timeout=60)
+        assert shrunk[api.STATUS_MEMBERS] == [0, 1] and shrunk[api.STATUS_WORLD_SIZE] == 2, shrunk
+        assert "quoted-2: ResourceQuota gpus cannot hold the whole gang, so only 2 of its pods are created " \
+               "(spec.minWorldSize)" in shrunk["message"], shrunk["message"]
+        assert sorted(p.metadata.name for p in jobs.pods("quoted")) == ["quoted-0", "quoted-1"]
+        status = formed(jobs, "quoted", shrunk["attempt"])
+        assert status["ready"] == "2/2" and status["restarts"] == 0
+        assert status["reason"] != c.REASON_QUOTA_EXCEEDED  # the others wait outside the gang: it is not held up
+
+        jobs.core.patch_namespaced_resource_quota("gpus", jobs.namespace, {"spec": {"hard": {"requests.nvidia.com/gpu": "4"}}})
+        # Tried again on the quota's backoff (5 s, then doubling): pods 2 and 3 come, run, and are asked
+        # to join at the next checkpoint.
+        wait_until(lambda: len([p for p in jobs.pods("quoted") if p.status.phase == "Running"]) == 4, 90, "4 pods Running")
+        asked = wait_until(lambda: jobs.status("quoted").get(api.STATUS_CHECKPOINT_REQUESTED), 30, "a checkpoint asked for")
+        assert asked == {"since": asked["since"]}  # no checkpoint yet: any answers
+        play_rank_0(jobs, "quoted", lastCheckpoint={"step": 7, "uri": "s3://b/c", "time": rfc3339(datetime.now(UTC))})
+        grown = jobs.wait_condition("quoted", c.COND_SHRUNK, "False", timeout=60)
+        assert grown[api.STATUS_MEMBERS] == [0, 1, 2, 3] and grown[api.STATUS_WORLD_SIZE] == 4
+        assert formed(jobs, "quoted", grown["attempt"])["ready"] == "4/4"
+        assert sum(lives.created().values()) == 4 and sum(lives.deleted_of(a) for a in range(grown["attempt"] + 1)) == 0

@@ -13,6 +13,7 @@ from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
 from ddp_operator.conditions import get_condition
 from ddp_operator.decision import Action, decide
+from ddp_operator.failures import RankProblem
 from ddp_operator.podsummary import summarize_pods
 from ddp_operator.spec import InvalidSpec, parse_spec
 from ddp_operator.statuspatch import compute_status, events_for, next_phase
@@ -88,6 +89,28 @@ def test_at_the_start_ranks_that_do_not_fit_are_waited_for_the_settle_time() -> 
     assert waiting.action == Action.WAIT and waiting.recheck_after == pytest.approx(50)
     later = decide(spec(), started, found, NOW + timedelta(seconds=51))
     assert (later.action, later.members) == (Action.RESIZE, (0, 1))
+
+
+def test_ranks_a_quota_refused_are_started_without_after_the_settle_time_and_wait_outside_the_gang() -> None:
+    quota = "ResourceQuota team cannot hold the whole gang, so only 2 of its pods are created (spec.minWorldSize)"
+    refused = [RankProblem(r, c.REASON_QUOTA_EXCEEDED, quota) for r in (2, 3)]
+    started = {"phase": c.PHASE_STARTING, "attempt": 0, "startTime": rfc3339(NOW - timedelta(seconds=10))}
+    found = summary([pod(0, "pending", node="a"), pod(1, "pending", node="a")], started).with_problems(refused)
+    waiting = decide(spec(), started, found, NOW)
+    # The two that fit are kept (a gang that is not elastic would lose them) and the rest waited for.
+    assert (waiting.action, waiting.delete_pods, waiting.create_ranks) == (Action.CREATE, (), (2, 3))
+    assert waiting.recheck_after == pytest.approx(50)
+    later = decide(spec(), started, found, NOW + timedelta(seconds=51))
+    assert (later.action, later.members, later.reason) == (Action.RESIZE, (0, 1), c.REASON_SHRUNK)
+    assert f"{JOB}-2: {quota}" in later.message
+    assert decide(spec(minWorldSize=3), started, found, NOW).delete_pods == (f"{JOB}-0", f"{JOB}-1")  # below it
+    # Shrunk: refused again, the two are waited for outside the gang, which is neither held up nor failed.
+    shrunk = {**started, "phase": c.PHASE_RUNNING, "attempt": 1, api.STATUS_MEMBERS: [0, 1], "rendezvous": {"attempt": 1}}
+    outside = summary([pod(0), pod(1)], shrunk).with_problems(refused)
+    assert outside.problems == () and [p.rank for p in outside.probe_problems] == [2, 3]
+    running = decide(spec(), shrunk, outside, NOW + timedelta(hours=1))
+    assert (running.action, running.create_ranks, running.delete_pods) == (Action.CREATE, (2, 3), ())
+    assert compute_status(spec(), shrunk, outside, running, NOW)["phase"] == c.PHASE_RUNNING
 
 
 def test_below_the_minimum_the_job_waits_and_says_why() -> None:
@@ -189,3 +212,12 @@ def test_a_gang_re_forming_takes_running_pods_in_at_once_when_none_is_still_star
     unplaced = pod(3, "pending", attempt=1, unschedulable=FULL)  # will not come: no reason to wait for it
     grown = decide(spec(), status, summary([pod(0), pod(1), pod(2, attempt=1), unplaced], status), NOW)
     assert grown.members == (0, 1, 2)
+
+
+def test_recorded_members_are_the_gang_only_where_they_are_distinct_indices_of_the_jobs_pods() -> None:
+    from ddp_operator.elastic import members
+
+    assert members(spec(), {api.STATUS_MEMBERS: [2, 0]}) == (0, 2)
+    for recorded in ([0, 4], [0, 0], [0, True], "0,1", [], None):  # 4 pods: index 4 is none of them
+        assert members(spec(), {api.STATUS_MEMBERS: recorded}) == (0, 1, 2, 3)
+    assert members(job_spec(worldSize=4), {api.STATUS_MEMBERS: [0, 1]}) == (0, 1, 2, 3)  # not elastic

@@ -6,7 +6,7 @@ from decimal import Decimal
 from typing import Any
 
 from ddp_operator import constants as c
-from ddp_operator.quota import container_defaults, covers, gang_shortfall, pod_usage, with_defaults
+from ddp_operator.quota import container_defaults, covers, gang_shortfall, pod_usage, pods_that_fit, with_defaults
 
 
 def rank_pod(requests: dict[str, Any] | None = None, limits: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
@@ -30,6 +30,19 @@ def test_one_gpu_left_for_a_gang_of_two_admits_none_of_it() -> None:
     assert shortfall is not None and shortfall.reason == c.REASON_QUOTA_EXCEEDED
     assert "ResourceQuota team" in shortfall.message and "requests.nvidia.com/gpu=2 with 1 used of 2" in shortfall.message
     assert "the gang's 2 pods" in shortfall.message and "none of its pods is created" in shortfall.message
+
+
+def test_an_elastic_gang_is_created_as_large_as_the_quotas_hold_down_to_its_minimum() -> None:
+    pod = rank_pod(limits={"nvidia.com/gpu": 2})
+    quotas = [quota({"requests.nvidia.com/gpu": "16"}, {"requests.nvidia.com/gpu": "3"}), quota({"pods": "100"}, name="b")]
+    assert pods_that_fit(pod, 8, 2, quotas) == 6  # 13 GPUs left: 6 pods of 2
+    assert pods_that_fit(pod, 8, 7, quotas) == 0  # fewer than the minimum: none
+    assert pods_that_fit(pod, 5, 1, quotas) == 5  # all of them
+    assert pods_that_fit(pod, 8, 2, quotas, leaving=[pod]) == 7  # a leaving pod's 2 GPUs come free
+    assert pods_that_fit(pod, 1000, 1, [quota({"pods": "1000"}, {"pods": "1"})]) == 999
+    assert pods_that_fit(rank_pod(), 4, 1, [quota({"requests.cpu": "4"})]) == 0  # unsaid cpu: no count fits
+    shortfall = gang_shortfall([pod] * 8, quotas, created=6)
+    assert shortfall is not None and "only 6 of its pods are created (spec.minWorldSize)" in shortfall.message
 
 
 def test_an_old_attempt_s_pods_still_counted_free_their_share_for_the_new_gang() -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -34,6 +36,42 @@ def test_sigterm_stops_a_rank_at_once_with_its_own_exit_code(tmp_path: Path) -> 
     assert time.monotonic() - sent < 5
     line = parse_line(message.read_text())
     assert line is not None and line.step == 7 and "stopped by SIGTERM" in line.error
+
+
+def test_sigterm_ends_a_rank_stuck_joining_a_rank_0_that_never_answers(tmp_path: Path) -> None:
+    """A rank 0 whose pod is gone leaves its peers inside init_process_group, where Python runs no
+    signal handler; a restart in place must not wait for their SIGKILL (nor for the init timeout)."""
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, and never says a word: a store that hangs
+    joined = threading.Event()
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                peer, _ = silent.accept()
+            except OSError:
+                return
+            held.append(peer)
+            if len(held) > 1:  # the port check's connection, then the store client's
+                joined.set()
+
+    threading.Thread(target=accept, daemon=True).start()
+    env = rank_env({"DDP_TERMINATION_MESSAGE_PATH": str(tmp_path / "termination-log"), "DDP_INIT_TIMEOUT_SECONDS": "120"},
+                   1, 2, silent.getsockname()[1])
+    proc = subprocess.Popen([sys.executable, "-m", "ddp_trainer", "run", "ddp_workloads:wait_for_sigterm"],
+                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert joined.wait(60), proc.poll()
+        sent = time.monotonic()
+        proc.terminate()
+        proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+        silent.close()
+        for peer in held:
+            peer.close()
+    assert proc.returncode == -15 and took < 5  # ended by the signal itself: no handler had to run
 
 
 def test_a_sigterm_while_the_rank_already_exits_lets_that_exit_finish(monkeypatch, tmp_path: Path) -> None:

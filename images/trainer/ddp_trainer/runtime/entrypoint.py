@@ -29,7 +29,7 @@ from .failures import classify, exit_code_of_system_exit, report
 from .hangwatch import HangWatch, hang_handler, stall_handler
 from .heartbeat import HEARTBEAT
 from .rendezvous import destroy_process_group, gang_check, init_distributed, wait_for_master, wait_for_port
-from .signals import stop_on_sigterm
+from .signals import dies_on_sigterm, stop_on_sigterm
 from .target import load_target
 
 log = logging.getLogger("ddp_trainer")
@@ -72,7 +72,8 @@ def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None 
         return code
 
     try:
-        backend, device = init_distributed(settings)
+        with dies_on_sigterm():
+            backend, device = init_distributed(settings)
         check_s = gang_check(device)
         formed_s = time.monotonic() - started
         log.info("rank %d/%d joined (%s on %s): gang formed in %.2fs, all-reduce check %.1f ms", settings.rank,

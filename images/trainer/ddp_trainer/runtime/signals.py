@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from ..errors import ExitCode
 from .failures import last_words
@@ -26,3 +29,20 @@ def stop_on_sigterm(rank: int | None) -> None:
         exit_process(ExitCode.TERMINATED)
 
     signal.signal(signal.SIGTERM, stop)
+
+
+@contextmanager
+def dies_on_sigterm() -> Iterator[None]:
+    """Within: SIGTERM ends the process at once, as it does a process without a handler. For native
+    calls that block where Python runs no handler: init_process_group connecting to a rank 0 whose pod
+    is gone waits out its timeout, and a restart in place would wait for its SIGKILL. Nothing is lost
+    (no step trained yet). A PID 1 (a rank alone in its container) keeps its handler: the kernel
+    ignores SIGTERM there without one."""
+    if os.getpid() == 1 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
