@@ -101,11 +101,12 @@ def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: d
         # Held up past the startup deadline: fail with the cause, so the other ranks free what they hold.
         cause, detail = summary.held_up
         return _fail(summary, cause, f"{detail}; still so after startupDeadlineSeconds={spec.startup_deadline_seconds}")
-    if summary.active_pods and any(problem.reason == c.REASON_QUOTA_EXCEEDED for problem in summary.problems) \
-            and not (spec.elastic and len(summary.live_ranks) >= spec.min_pods):
+    refused = {problem.rank for problem in summary.problems if problem.reason == c.REASON_QUOTA_EXCEEDED}
+    if summary.active_pods and refused and not (spec.elastic and gang - len(refused) >= spec.min_pods):
         # Part of the gang was created before a quota refused the rest: its pods hold what the others
         # need and cannot train alone, so they go; the whole gang is created once the quota has room.
-        # (An elastic job's part that reaches its minimum stays: it starts without the rest.)
+        # An elastic job's part that reaches its minimum stays (it starts without the rest), judged by
+        # what was refused: the pods just created may not all be in the watch's cache yet.
         return Decision(Action.WAIT, attempt, delete_pods=_whole_gang(summary))
     free = tuple(r for r in range(spec.pods) if r not in summary.occupied_ranks)
     action = Action.CREATE if free else Action.WAIT

@@ -104,6 +104,8 @@ def test_ranks_a_quota_refused_are_started_without_after_the_settle_time_and_wai
     assert (later.action, later.members, later.reason) == (Action.RESIZE, (0, 1), c.REASON_SHRUNK)
     assert f"{JOB}-2: {quota}" in later.message
     assert decide(spec(minWorldSize=3), started, found, NOW).delete_pods == (f"{JOB}-0", f"{JOB}-1")  # below it
+    seen = summary([pod(0, "pending")], started).with_problems(refused)  # pod 1 created, not yet in the cache
+    assert decide(spec(), started, seen, NOW).delete_pods == ()
     # Shrunk: refused again, the two are waited for outside the gang, which is neither held up nor failed.
     shrunk = {**started, "phase": c.PHASE_RUNNING, "attempt": 1, api.STATUS_MEMBERS: [0, 1], "rendezvous": {"attempt": 1}}
     outside = summary([pod(0), pod(1)], shrunk).with_problems(refused)
