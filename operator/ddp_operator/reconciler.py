@@ -453,14 +453,14 @@ class Reconciler:
         read = await limits if limits is not None else None
         if read is not None and built:  # every rank's pod asks for what rank 0's does
             quotas, limit_ranges = read
+            # An elastic job's ranks that fit are created (they start without the rest once
+            # elasticSettleSeconds pass); any other gang is created whole or not at all.
             fits = pods_that_fit(built[0], spec.pods, spec.min_pods, quotas, limit_ranges, [built[0]] * leaving) \
-                if spec.elastic else spec.pods
+                if spec.elastic else 0
             shortfall = gang_shortfall([built[0]] * spec.pods, quotas, limit_ranges, leaving=[built[0]] * leaving,
-                                       created=fits if fits < spec.pods else 0)
-            left_out = spec.pods - fits if shortfall is not None and fits else len(ranks)
+                                       created=fits)
             if shortfall is not None:
-                # An elastic job's ranks that fit are created (they start without the rest once
-                # elasticSettleSeconds pass); any other gang is created whole or not at all.
+                left_out = spec.pods - fits if fits else len(ranks)
                 self._note_refused(key, attempt, ranks[-left_out:], Refusal(shortfall.reason, shortfall.message))
                 if left_out >= len(ranks):
                     return None

@@ -175,8 +175,10 @@ class CheckpointManager:
 
         True on rank 0 only (the one that saves; the others' save() does nothing), from the request
         until a save after it: do nothing in that branch that needs the other ranks."""
+        if self.rank != 0:  # asked every step on every rank: the others read nothing
+            return False
         stamp = self._request()
-        return self.rank == 0 and stamp is not None and stamp != self._honored
+        return stamp is not None and stamp != self._honored
 
     def _request(self) -> str | None:
         path = env.checkpoint_request_file()
