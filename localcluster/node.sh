@@ -21,12 +21,17 @@ stop() {
 
 # node_network: the pod bridge with the gateway address, and the DNAT rule from the kubernetes
 # Service's address to the API server (no kube-proxy here); route_localnet lets the DNAT'ed
-# packets reach the API server on 127.0.0.1.
+# packets reach the API server on 127.0.0.1. The bridge's MAC address is set (locally
+# administered, from the gateway's address): one left to the kernel follows the lowest of its
+# ports' and changes as pods come and go, and pods that stay send to the old one until their
+# neighbour entry expires (a DNS query then waits out the resolver's 5 s timeout).
 node_network() {
   if ip link show "$BRIDGE" >/dev/null 2>&1; then
     die "interface $BRIDGE exists already: another local cluster uses it (give this one DDP_BRIDGE and DDP_NODE_SUBNET), or run cluster.sh down"
   fi
-  ip link add "$BRIDGE" type bridge
+  local mac
+  mac=$(printf '02:00:%02x:%02x:%02x:%02x' ${NODE_GATEWAY//./ })
+  ip link add "$BRIDGE" address "$mac" type bridge
   touch "$NODE_DIR/network"  # this cluster made the bridge: its down removes it
   ip addr add "$NODE_GATEWAY/${NODE_SUBNET#*/}" dev "$BRIDGE"
   ip link set "$BRIDGE" up

@@ -227,6 +227,31 @@ def test_deleting_a_pod_is_quick_when_it_handles_sigterm_and_waits_out_the_grace
     assert delete_and_time(core, namespace, "deaf") >= grace
 
 
+def interface_with(address: str) -> str:
+    """The name of this machine's interface that has `address`."""
+    links = json.loads(subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True, check=True).stdout)
+    names = [link["ifname"] for link in links if any(a.get("local") == address for a in link.get("addr_info", []))]
+    assert names, f"no interface of this machine has {address}"
+    return names[0]
+
+
+def test_the_pod_bridge_keeps_its_mac_address_while_pods_come_and_go(
+        core, namespace: str, real_node: client.V1Node, busybox_image: str) -> None:
+    """A bridge whose MAC address the kernel takes from its ports changes it as veths come and go;
+    a pod that stays keeps sending to the old one until its neighbour entry expires, and a DNS query
+    in that window waits out the resolver's 5 s timeout (an InPlace rank 0 resolving its own name
+    while another rank's pod was replaced did, one restart in three)."""
+    internal = next(a.address for a in real_node.status.addresses if a.type == "InternalIP")
+    bridge = Path("/sys/class/net") / interface_with(internal)
+    run_pod(core, namespace, "stays", IDLE)
+    before = (bridge / "address").read_text().strip()
+    for i in range(3):
+        run_pod(core, namespace, f"passes-{i}", IDLE)
+        delete_and_time(core, namespace, f"passes-{i}")
+        assert (bridge / "address").read_text().strip() == before, f"pod passes-{i} changed the bridge's address"
+    assert (bridge / "addr_assign_type").read_text().strip() == "3"  # NET_ADDR_SET: not a port's
+
+
 def test_the_node_never_reclaims_disk_by_evicting_pods_or_deleting_images(kube_api, real_node: client.V1Node) -> None:
     """Its images were imported, not pulled: a kubelet that deleted one to free disk (image builds
     beside it fill the disk for a while) would leave every later pod of it in ImagePullBackOff."""

@@ -63,8 +63,10 @@ def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None 
                                hang_handler(rank, job.attempt), on_stall=stall_handler(rank, job.attempt))
         started = time.monotonic()
         wait_for_master(settings.master_addr, settings.master_wait_s)
+        resolved_s = time.monotonic() - started
         if rank != 0:
             wait_for_port(settings.master_addr, settings.master_port, settings.master_wait_s, since=started)
+        listening_s = time.monotonic() - started
     except BaseException as exc:  # noqa: BLE001 - every startup failure becomes an exit code
         # Anything but our own errors comes from importing the user's module: a user error.
         code = exc.exit_code if isinstance(exc, TrainerError) else ExitCode.USER_ERROR
@@ -76,8 +78,9 @@ def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None 
             backend, device = init_distributed(settings)
         check_s = gang_check(device)
         formed_s = time.monotonic() - started
-        log.info("rank %d/%d joined (%s on %s): gang formed in %.2fs, all-reduce check %.1f ms", settings.rank,
-                 settings.world_size, backend, device, formed_s, check_s * 1000)
+        log.info("rank %d/%d joined (%s on %s): gang formed in %.2fs (rank 0's name resolved after %.2fs, its port"
+                 " open after %.2fs), all-reduce check %.1f ms", settings.rank, settings.world_size, backend, device,
+                 formed_s, resolved_s, listening_s, check_s * 1000)
         if settings.rank == 0:
             jobstatus.record({"rendezvous": jobstatus.rendezvous(job.attempt, formed_s, check_s)})
         context = RankContext(

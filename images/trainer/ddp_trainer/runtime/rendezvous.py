@@ -22,7 +22,10 @@ from .hangwatch import enable_nccl_flight_recorder
 log = logging.getLogger("ddp_trainer")
 
 _RESOLVE_ATTEMPT_TIMEOUT_S = 5.0
-_RESOLVE_MAX_BACKOFF_S = 5.0
+# Ranks kept through a restart may wait minutes for a replaced rank 0 and then join as soon as it
+# listens: a longer gap between tries would be paid by the whole gang (a DNS query and a refused
+# connection a second per rank is little to CoreDNS and rank 0's node).
+_RESOLVE_MAX_BACKOFF_S = 1.0
 
 
 def _resolve_once(host: str, timeout_s: float) -> bool:
