@@ -31,7 +31,10 @@ shared) and measures, with this script's clocks and watches:
               deleted, each --settle seconds after the gang formed (a fault lands on a job that has
               trained a while); each from the fault's call to the restart decided (status.attempt), to the
               new gang formed (status.rendezvous: every rank back in the process group, training
-              again from the checkpoint), and how many rank pods were created anew for it.
+              again from the checkpoint), and how many rank pods were created anew for it. Then the
+              memory of rank 0's pod (kept through those faults under InPlace, where its processes
+              are the runtime, the zygote and the rank forked from it): its memory cgroup's figure
+              and each process's resident, proportional and private memory.
 
 Prints the figures as tables; --json writes them too.
 """
@@ -224,17 +227,69 @@ def gang_restarts(custom, seen: Seen, namespace: str, ranks: int, repeats: int, 
 
 
 # Run in rank 1's container: SIGTERM to the process that runs the rank (PID 1 under Recreate; under
-# InPlace the process the runtime started, DDP_SUPERVISED=1), which exits as a failing rank does.
+# InPlace the process the runtime started, DDP_SUPERVISED=1, or forked by its zygote, DDP_ZYGOTE=1,
+# whose environ a forked child shows), which exits as a failing rank does.
 KILL_RANK_PROCESS = """
 import os, signal
-for pid in filter(str.isdigit, os.listdir("/proc")):
+def environ(pid):
     try:
-        env = open(f"/proc/{pid}/environ", "rb").read().split(b"\\0")
+        return open(f"/proc/{pid}/environ", "rb").read().split(b"\\0")
     except OSError:
+        return []
+def parent(pid):
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]
+    except (OSError, IndexError):
+        return ""
+marked = {pid for pid in filter(str.isdigit, os.listdir("/proc")) if b"DDP_ZYGOTE=1" in environ(pid)}
+zygotes = {pid for pid in marked if parent(pid) not in marked}  # its children show its environ too
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    env = environ(pid)
+    if pid in zygotes:
         continue
-    if b"DDP_SUPERVISED=1" in env or (pid == "1" and b"DDP_RESTART_STRATEGY=InPlace" not in env):
+    recreate_rank = pid == "1" and b"DDP_RESTART_STRATEGY=InPlace" not in env
+    if (b"DDP_SUPERVISED=1" in env and pid not in marked) or parent(pid) in zygotes or recreate_rank:
         os.kill(int(pid), signal.SIGTERM)
 """
+
+
+# Run in a rank's container: the memory of its processes (smaps_rollup: resident, proportional share,
+# private to the process) by role, and the container's as its memory cgroup counts it, in MiB.
+MEMORY_PROBE = """
+import json, os
+def read(path):
+    try:
+        return open(path, "rb").read()
+    except OSError:
+        return b""
+def parent(pid):
+    return read(f"/proc/{pid}/stat").rsplit(b")", 1)[-1].split()[1:2] or [b""]
+pids = [p for p in os.listdir("/proc") if p.isdigit() and p != str(os.getpid())]
+marked = {p for p in pids if b"DDP_ZYGOTE=1" in read(f"/proc/{p}/environ").split(b"\\0")}
+zygotes = {p for p in marked if parent(p)[0].decode() not in marked}  # its children show its environ too
+out = []
+for pid in pids:
+    env = read(f"/proc/{pid}/environ").split(b"\\0")
+    up = parent(pid)[0].decode()
+    role = ("rank, forked" if up in zygotes else "zygote" if pid in zygotes else None if pid in marked
+            else "rank" if b"DDP_SUPERVISED=1" in env or (pid == "1" and b"DDP_RESTART_STRATEGY=InPlace" not in env)
+            else "runtime" if pid == "1" else None)
+    fields = dict(line.split(b":")[0:2] for line in read(f"/proc/{pid}/smaps_rollup").splitlines()[1:])
+    if role and fields:
+        kib = {k.decode(): int(v.split()[0]) for k, v in fields.items()}
+        out.append({"role": role, "rss": kib["Rss"] // 1024, "pss": kib["Pss"] // 1024,
+                    "private": (kib["Private_Clean"] + kib["Private_Dirty"]) // 1024})
+v1 = "/sys/fs/cgroup/memory/"
+stat = dict(line.split() for line in (read(v1 + "memory.stat") or read("/sys/fs/cgroup/memory.stat")).decode().splitlines())
+current = read(v1 + "memory.usage_in_bytes") or read("/sys/fs/cgroup/memory.current")
+print(json.dumps({"processes": sorted(out, key=lambda p: p["role"]), "container": int(current or 0) // 2**20,
+                  "container anon": int(stat.get("total_rss", stat.get("anon", 0))) // 2**20}))
+"""
+
+
+def pod_memory(namespace: str, pod: str) -> dict:
+    """MEMORY_PROBE's figures for `pod`'s trainer container."""
+    return json.loads(kubectl("exec", "-n", namespace, pod, "--", "python", "-c", MEMORY_PROBE))
 
 
 def pod_uids(seen: Seen, prefix: str) -> set[str]:
@@ -243,9 +298,10 @@ def pod_uids(seen: Seen, prefix: str) -> set[str]:
 
 
 def strategy_restarts(core, custom, seen: Seen, namespace: str, strategy: str, ranks: int, repeats: int,
-                      timeout: float, settle: float) -> dict[str, list[dict]]:
+                      timeout: float, settle: float) -> tuple[dict[str, list[dict]], dict]:
     """A job of `ranks` ranks under `strategy`: rank 1's rank process SIGTERMed, then its pod deleted,
-    `repeats` times each; seconds from the fault's call to the restart decided and to the gang formed."""
+    `repeats` times each; seconds from the fault's call to the restart decided and to the gang formed.
+    Then the memory of rank 0's pod (MEMORY_PROBE), kept through them under InPlace."""
     name = f"{strategy.lower()}{ranks}"
     job = quickstart_job(name, ["--epochs", "100000"], ranks)
     job["spec"].update(restartStrategy=strategy, infrastructureBackoffLimit=100)
@@ -272,9 +328,11 @@ def strategy_restarts(core, custom, seen: Seen, namespace: str, strategy: str, r
                 out[fault].append({"decided": round(decided - t0, 2), "formed": round(formed - t0, 2),
                                    "pods created": len(created)})
                 print(f"{name} {fault}: {out[fault][-1]}", flush=True)
+        memory = pod_memory(namespace, f"{name}-0")
+        print(f"{name} memory of rank 0's pod: {memory}", flush=True)
     finally:
         custom.delete_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name)
-    return out
+    return out, memory
 
 
 def bare_pod(name: str, image: str) -> dict:
@@ -393,10 +451,13 @@ def main() -> int:
         figures["bare pods"] = bare_restarts(core, seen, namespace, busybox, args.restart_ranks, args.restart_repeats,
                                              args.timeout)
         print(f"{args.restart_ranks} bare pods deleted and recreated: {figures['bare pods']}", flush=True)
-        figures["strategies"] = {
-            f"{strategy} {ranks}": strategy_restarts(core, custom, seen, namespace, strategy, int(ranks),
-                                                     args.strategy_repeats, args.timeout, args.settle)
-            for ranks in filter(None, args.strategy_ranks.split(",")) for strategy in api.RESTART_STRATEGIES[::-1]}
+        figures["strategies"], figures["memory"] = {}, {}
+        for ranks in filter(None, args.strategy_ranks.split(",")):
+            for strategy in api.RESTART_STRATEGIES[::-1]:
+                job = f"{strategy} {ranks}"
+                figures["strategies"][job], figures["memory"][job] = strategy_restarts(
+                    core, custom, seen, namespace, strategy, int(ranks), args.strategy_repeats, args.timeout,
+                    args.settle)
     finally:
         stop.set()
         bench_operator.OPERATOR = None
@@ -441,6 +502,12 @@ def print_tables(figures: dict, ranks: int) -> None:
             for fault, rows in faults.items():
                 print(f"{job:<12} {fault:<8} " + "  ".join(
                     f"{r['decided']:.2f} / {r['formed']:.2f} ({r['pods created']})" for r in rows))
+        print()
+        print("Memory of rank 0's pod after those faults, MiB: the container's (its memory cgroup: all / anonymous),"
+              " and each process's resident / proportional share / private:")
+        for job, memory in figures["memory"].items():
+            print(f"{job:<12} container {memory['container']} / {memory['container anon']}; " + "; ".join(
+                f"{p['role']} {p['rss']} / {p['pss']} / {p['private']}" for p in memory["processes"]))
 
 
 if __name__ == "__main__":

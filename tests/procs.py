@@ -52,17 +52,36 @@ def alive(pid: int) -> bool:
 def rank_pid(namespace: str, job: str, rank: int, supervised: bool = False) -> int | None:
     """The process of this machine running `rank` of the job, found by its environment: a pod runner's
     rank, or a rank in a container on the real node (the host sees its processes). supervised: the
-    rank process an InPlace pod's runtime started (DDP_SUPERVISED), not that runtime."""
+    rank process an InPlace pod's runtime started (DDP_SUPERVISED), not that runtime; or, from the
+    attempt after a gang formed, the child of the pod's zygote (whose environ it shows)."""
     wanted = {f"DDP_JOB_NAMESPACE={namespace}", f"DDP_JOB_NAME={job}", f"RANK={rank}"}
-    if supervised:
-        wanted.add("DDP_SUPERVISED=1")
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
+    found = _with_environ(wanted | ({"DDP_SUPERVISED=1"} if supervised else set()))
+    if found or not supervised:
+        return found[0] if found else None
+    marked = set(_with_environ(wanted | {"DDP_ZYGOTE=1"}))
+    zygotes = {pid for pid in marked if _parent(pid) not in marked}  # its children show its environ too
+    children = [pid for pid in _pids() if _parent(pid) in zygotes]
+    return children[0] if children else None
+
+
+def _pids() -> list[int]:
+    return [int(proc.name) for proc in Path("/proc").iterdir() if proc.name.isdigit()]
+
+
+def _with_environ(wanted: set[str]) -> list[int]:
+    found = []
+    for pid in _pids():
         try:
-            environ = set((proc / "environ").read_bytes().decode(errors="replace").split("\0"))
+            environ = set(Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0"))
         except OSError:
             continue
         if wanted <= environ:
-            return int(proc.name)
-    return None
+            found.append(pid)
+    return found
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None

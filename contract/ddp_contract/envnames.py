@@ -30,6 +30,9 @@ RESUME_FROM: Final = "DDP_RESUME_FROM"
 RESTART_STRATEGY: Final = "DDP_RESTART_STRATEGY"
 # Set by that supervisor for the rank processes it starts, so they run the rank instead of supervising.
 SUPERVISED: Final = "DDP_SUPERVISED"
+# Set by that supervisor on its zygote (ddp_trainer.runtime.zygote), whose forked children run the
+# later attempts' ranks: their /proc/<pid>/environ is the zygote's, their own env is the attempt's.
+ZYGOTE: Final = "DDP_ZYGOTE"
 # spec.worldSize, the size an elastic job (spec.minWorldSize below it) runs at when every rank fits;
 # WORLD_SIZE is the size of the current attempt's gang, which may be smaller.
 TARGET_WORLD_SIZE: Final = "DDP_TARGET_WORLD_SIZE"

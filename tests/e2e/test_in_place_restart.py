@@ -74,6 +74,9 @@ def test_failed_rank_processes_start_again_in_their_pods_and_the_job_ends_as_if_
         said = pod_log(podrunner, jobs.namespace, pod)
         marks = [said.index(f"attempt {a}: starting the rank process in place") for a in range(3)]
         assert marks == sorted(marks), said[-3000:]
+        # Once a gang formed, the pod's zygote had torch imported: the last attempt's process was forked.
+        started = [line for line in said.splitlines() if "started 1 local rank (global" in line]
+        assert len(started) == 3 and "1 forked by the zygote" in started[-1], started
     assert "rank 0 resumed from step 4" in pod_log(podrunner, jobs.namespace, "in-place-0")
     assert "rank 1 resumed from step 20" in pod_log(podrunner, jobs.namespace, "in-place-1")
     params = torch.load(out)

@@ -30,6 +30,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if rest and rest[0] == "--":
             rest = rest[1:]
         return run(target, rest)
+    if command == "zygote":  # started by an InPlace pod's supervisor (runtime/zygote.py)
+        from .runtime.entrypoint import run as run_rank
+        from .runtime.zygote import serve
+
+        return serve(int(rest[0]), run_rank)
     if command == "data-worker":
         from .data.dataworker import main as data_worker_main
 

@@ -31,13 +31,16 @@ class JobView:
     phase: str | None
     members: tuple[int, ...] | None = None  # status.members: the attempt's pod indices in rank order (elastic jobs)
     checkpoint_requested: str | None = None  # status.checkpointRequested.since: a checkpoint is asked for
+    formed: int | None = None  # status.rendezvous.attempt: the last attempt whose gang formed
 
     @classmethod
     def of(cls, job: Mapping[str, Any]) -> JobView:
         status = job.get("status") or {}
         uri = (status.get("lastCheckpoint") or {}).get("uri")
+        formed = (status.get("rendezvous") or {}).get("attempt")
         return cls(int(status.get("attempt") or 0), str(uri) if uri else None, status.get("phase"),
-                   _members(status.get(STATUS_MEMBERS)), _requested(status.get(STATUS_CHECKPOINT_REQUESTED)))
+                   _members(status.get(STATUS_MEMBERS)), _requested(status.get(STATUS_CHECKPOINT_REQUESTED)),
+                   formed if isinstance(formed, int) and not isinstance(formed, bool) else None)
 
 
 def _requested(value: object) -> str | None:

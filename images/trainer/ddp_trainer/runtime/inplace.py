@@ -12,7 +12,9 @@ The loop, in the container's first process:
 An elastic job's status names each attempt's gang (status.members, pod indices in rank order): a
 member's rank processes get the gang's WORLD_SIZE and ranks, and rank 0's pod as MASTER_ADDR; a pod
 that is not a member starts none and waits for an attempt that takes it in (or the job's end).
-Every attempt is marked in the container's output, so `kubectl logs` shows them in order.
+Every attempt is marked in the container's output, so `kubectl logs` shows them in order. Once an
+attempt's gang has formed the pod starts its zygote (runtime/zygote.py): the next attempt's rank
+processes are forked from it, torch and the runtime already imported.
 """
 
 from __future__ import annotations
@@ -166,8 +168,11 @@ def serve(target: str | None, args: Sequence[str], environ: Mapping[str, str]) -
                 ooms = oom_kills()
                 ranks.start(child_env)
                 def interrupted() -> bool:
-                    request.sync(watch.view)
-                    return bool(stopping) or _newer(watch.view, attempt)
+                    view = watch.view
+                    request.sync(view)
+                    if view is not None and view.formed is not None and view.formed >= attempt:
+                        ranks.prepare_zygote(environ)  # the gang formed: the next attempt's imports, now
+                    return bool(stopping) or _newer(view, attempt)
 
                 if ranks.supervise(interrupted):
                     if stopping:

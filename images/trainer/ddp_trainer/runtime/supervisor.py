@@ -28,6 +28,7 @@ from ddp_contract.exitcodes import ExitCode
 from .. import env
 from ..errors import ConfigError
 from .termination import leave_termination_message
+from .zygote import ForkedProcess, Zygote
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def local_rank_env(environ: Mapping[str, str], local_rank: int, message_path: st
 @dataclass
 class LocalRank:
     local_rank: int
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | ForkedProcess
     message_path: Path
     exit_code: int | None = None
     ended_at: float | None = None
@@ -93,8 +94,10 @@ class LocalRanks:
 
     def __init__(self, target: str | None, args: Sequence[str], environ: Mapping[str, str]) -> None:
         self.command = [sys.executable, "-m", "ddp_trainer", "run", *([target] if target else []), "--", *args]
+        self.target, self.args = target, list(args)
         self.count = env.local_world_size(environ)
         self.ranks: list[LocalRank] = []
+        self.zygote: Zygote | None = None
         self._messages = Path(tempfile.mkdtemp(prefix="ddp-local-ranks-"))
 
     def __enter__(self) -> LocalRanks:
@@ -102,7 +105,15 @@ class LocalRanks:
 
     def __exit__(self, *exc: object) -> None:
         self.kill()
+        if self.zygote is not None:
+            self.zygote.close()
         shutil.rmtree(self._messages, ignore_errors=True)
+
+    def prepare_zygote(self, environ: Mapping[str, str]) -> None:
+        """Start the pod's zygote (once): later attempts' rank processes are forked from it, their
+        imports done."""
+        if self.zygote is None:
+            self.zygote = Zygote(environ)
 
     def start(self, environ: Mapping[str, str]) -> None:
         """Start the pod's ranks with `environ` (each with its own RANK, LOCAL_RANK and message file)."""
@@ -112,10 +123,12 @@ class LocalRanks:
             path = self._messages / f"rank-{local_rank}"
             path.write_bytes(b"")
             child_env = local_rank_env(environ, local_rank, str(path))
-            self.ranks.append(LocalRank(local_rank, subprocess.Popen(self.command, env=child_env), path))
+            forked = self.zygote.fork(self.target, self.args, child_env) if self.zygote is not None else None
+            self.ranks.append(LocalRank(local_rank, forked or subprocess.Popen(self.command, env=child_env), path))
         first = env.node_rank(environ) * self.count  # the attempt's: an elastic gang places the pod anew
-        log.info("started %d local rank%s (global %s)", len(self.ranks), "s" if len(self.ranks) > 1 else "",
-                 ", ".join(str(first + r.local_rank) for r in self.ranks))
+        warm = sum(isinstance(r.process, ForkedProcess) for r in self.ranks)
+        log.info("started %d local rank%s (global %s)%s", len(self.ranks), "s" if len(self.ranks) > 1 else "",
+                 ", ".join(str(first + r.local_rank) for r in self.ranks), f", {warm} forked by the zygote" if warm else "")
 
     def supervise(self, interrupted: Callable[[], bool] = lambda: False) -> bool:
         """Wait until every rank has ended; once one failed (or `interrupted()` says so), stop the
