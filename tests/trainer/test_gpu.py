@@ -14,8 +14,9 @@ import ddp_workloads
 import pytest
 import torch
 from trainerhelp import describe as _describe
-from trainerhelp import launch, workload_env
+from trainerhelp import free_port, launch, rank_env, workload_env
 
+from ddp_trainer.runtime.zygote import Zygote
 from ddp_trainer.storage import s3
 from ddp_trainer.storage.checkpoint import CheckpointManager
 
@@ -61,3 +62,24 @@ def test_nccl_rank_trains_on_its_gpu_and_resumes_from_a_checkpoint(s3_env, bucke
     resumed = torch.load(resumed_out)
     for name in params:
         assert torch.allclose(resumed[name], params[name], rtol=0, atol=1e-6), name
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_forked_by_an_in_place_pods_zygote_trains_with_nccl_on_its_gpu(tmp_path, capfd) -> None:
+    """The zygote imports torch but never initialises CUDA (a child forked after its parent did could
+    not use it), so a rank process it forks picks nccl, pins its GPU and trains as one started anew."""
+    out = tmp_path / "forked.pt"
+    env = rank_env({**GPU, "WL_BATCH": str(BATCH), "WL_EPOCHS": str(EPOCHS), "WL_OUT": str(out),
+                    "DDP_PROGRESS_FILE": str(tmp_path / "progress.json")}, 0, 1, free_port())
+    zygote = Zygote(env)
+    try:
+        forked = zygote.fork("ddp_workloads:train", [], env)
+        assert forked is not None, "the zygote did not fork the rank"
+        assert forked.wait(240) == 0, capfd.readouterr().err[-3000:]
+    finally:
+        zygote.close()
+    assert "rank 0/1 joined (nccl on cuda:0)" in capfd.readouterr().err
+    params = torch.load(out)
+    reference = ddp_workloads.reference(1, BATCH, EPOCHS)
+    for name in params:
+        assert torch.allclose(params[name], reference[name], rtol=1e-4, atol=1e-5), name
