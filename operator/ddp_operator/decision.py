@@ -150,15 +150,16 @@ def gang_formed(status: Mapping[str, Any]) -> bool:
 
 
 def _in_place_due(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: datetime) -> float | None:
-    """Seconds left for an InPlace restart's gang to form, counted from when the restart was decided or
-    (later) the last of its pods started running; None when no such restart is waiting on pods it kept."""
+    """Seconds left for an InPlace restart's gang to form, counted from when the restart was decided
+    (status.attemptTime; the Restarting condition's time for a status written before it) or, later,
+    the last of its pods started running; None when no such restart is waiting on pods it kept."""
     if not spec.in_place or status.get("phase") != c.PHASE_RESTARTING or gang_formed(status):
         return None
     if not summary.carried_pods or summary.running < summary.gang_pods(spec.pods):
         return None  # a rank still pending is held up for its own reasons, reported as such
     restarted = get_condition(status.get("conditions") or [], c.COND_RESTARTING) or {}
-    since = [t for t in (parse_rfc3339(restarted.get("lastTransitionTime")), parse_rfc3339(summary.last_started))
-             if t is not None]
+    since = [t for t in (parse_rfc3339(restarted.get("lastTransitionTime")), parse_rfc3339(summary.last_started),
+                         parse_rfc3339(status.get(c.STATUS_ATTEMPT_TIME))) if t is not None]
     if not since:
         return None
     return spec.in_place_deadline_seconds - (now - max(since)).total_seconds()

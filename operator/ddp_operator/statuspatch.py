@@ -77,6 +77,7 @@ def compute_status(
         "phase": phase,
         "attempt": decision.attempt,
         "recreatedAttempt": recreated_attempt(status, decision, spec),
+        c.STATUS_ATTEMPT_TIME: attempt_time(status, decision, stamp),
         "restarts": int(status.get("restarts", 0)) + (1 if decision.action == Action.RESTART else 0),
         **_kind_restarts(status, decision),
         "readyRanks": summary.ready * per_pod,
@@ -114,6 +115,16 @@ def recreated_attempt(status: Mapping[str, Any], decision: Decision, spec: JobSp
     return pod_attempt_floor(status)
 
 
+def attempt_time(status: Mapping[str, Any], decision: Decision, stamp: str) -> str:
+    """status.attemptTime: when the current attempt began (the job's first pods, a gang restart, a
+    resize); a restart that follows another while the job is Restarting moves it, where the Restarting
+    condition's lastTransitionTime stays."""
+    kept = status.get(c.STATUS_ATTEMPT_TIME)
+    if kept and decision.attempt == int(status.get("attempt", 0)):
+        return str(kept)
+    return stamp
+
+
 def pod_attempt_floor(status: Mapping[str, Any]) -> int:
     """The oldest attempt whose pods still belong to the gang (status.recreatedAttempt, else attempt)."""
     attempt = int(status.get("attempt", 0))
@@ -130,7 +141,8 @@ def _kind_restarts(status: Mapping[str, Any], decision: Decision) -> dict[str, i
 
 # Fields of status this operator owns; progress is the trainer's.
 OWNED_STATUS = frozenset({
-    *RESTART_COUNTERS.values(), "phase", "attempt", "recreatedAttempt", api.STATUS_PROCESS_FAILURES, "restarts",
+    *RESTART_COUNTERS.values(), "phase", "attempt", c.STATUS_ATTEMPT_TIME, "recreatedAttempt",
+    api.STATUS_PROCESS_FAILURES, "restarts",
     "readyRanks", "totalRanks", "readyPods", "totalPods",
     "ready", "reason", api.STATUS_WORLD_SIZE, api.STATUS_MEMBERS, api.STATUS_CHECKPOINT_REQUESTED,
     "message", "startTime", "completionTime", "conditions", "observedGeneration", "failedRank", "dataWorkers",

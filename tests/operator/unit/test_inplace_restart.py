@@ -175,6 +175,28 @@ def test_the_deadline_counts_from_the_last_pod_running_and_only_while_the_gang_h
     assert decide(spec, status, pending, NOW).action != Action.RECREATE  # a rank still starting is not overdue
 
 
+def test_a_restart_that_follows_another_while_restarting_has_its_own_deadline() -> None:
+    """The Restarting condition keeps the first restart's time while the job stays Restarting; the
+    deadline of the restart after it counts from status.attemptTime, which that restart moved."""
+    spec, status, summary = overdue_case(started_s_ago=900, attemptTime=rfc3339(NOW - timedelta(seconds=100)))
+    decision = decide(spec, status, summary, NOW)
+    assert decision.action == Action.WAIT and decision.recheck_after == pytest.approx(80)
+    spec, status, summary = overdue_case(started_s_ago=900, attemptTime=rfc3339(NOW - timedelta(seconds=181)))
+    assert decide(spec, status, summary, NOW).action == Action.RECREATE
+
+
+def test_the_attempt_time_moves_with_the_attempt_only() -> None:
+    spec = job_spec(**IN_PLACE)
+    summary = summarize_pods([pod(0), pod(1)], 1, JOB, since=0)
+    before = rfc3339(NOW - timedelta(seconds=300))
+    status = {"phase": c.PHASE_RUNNING, "attempt": 1, "recreatedAttempt": 0, c.STATUS_ATTEMPT_TIME: before}
+    waiting = Decision(Action.WAIT, 1)
+    assert compute_status(spec, status, summary, waiting, NOW)[c.STATUS_ATTEMPT_TIME] == before
+    restart = Decision(Action.RESTART, 2, c.REASON_RANK_FAILED, "rank 1 failed")
+    assert compute_status(spec, status, summary, restart, NOW)[c.STATUS_ATTEMPT_TIME] == rfc3339(NOW)
+    assert compute_status(spec, {}, summary, Decision(Action.CREATE, 0), NOW)[c.STATUS_ATTEMPT_TIME] == rfc3339(NOW)
+
+
 def test_a_job_failed_by_a_rank_process_keeps_that_pod_until_its_runtime_ends_it() -> None:
     spec = job_spec(restartPolicy="Never", **IN_PLACE)
     summary = summarize_pods([pod(0), pod(1)], 0, JOB, since=0, process_failures={"1": reported(0)})
