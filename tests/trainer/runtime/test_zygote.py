@@ -3,6 +3,7 @@ runtime already, in real processes (gloo DDP, signals, exit codes)."""
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import torch
 from trainerhelp import describe, free_port, launch, rank_env
 
 from ddp_trainer.errors import ExitCode
+from ddp_trainer.runtime import zygote as zygote_module
 from ddp_trainer.runtime.supervisor import LocalRanks
 from ddp_trainer.runtime.zygote import ForkedProcess, Zygote
 from kube import wait_until
@@ -75,3 +77,27 @@ def test_without_its_zygote_a_pod_starts_its_ranks_anew(zygote: Zygote) -> None:
     zygote.process.kill()
     zygote.process.wait()
     assert zygote.fork("ddp_workloads:fail", [], rank_env({}, 0, 1, free_port())) is None
+
+
+def test_a_child_forked_after_its_request_was_given_up_on_is_killed(zygote: Zygote, monkeypatch,
+                                                                     tmp_path: Path) -> None:
+    """A zygote too slow to answer (stopped here) has its rank started anew by the supervisor; the
+    child it forks once it goes on would be a second process of that rank, and is killed."""
+    monkeypatch.setattr(zygote_module, "ANSWER_WAIT_S", 0.5)
+    os.kill(zygote.process.pid, signal.SIGSTOP)
+    try:
+        waits = {"WL_READY_FILE": str(tmp_path / "ready"), "DDP_PROGRESS_FILE": str(tmp_path / "progress")}
+        assert zygote.fork("ddp_workloads:wait_for_sigterm", [], rank_env(waits, 0, 1, free_port())) is None
+    finally:
+        os.kill(zygote.process.pid, signal.SIGCONT)
+
+    def late_child_ended() -> dict[int, int]:
+        zygote.read()
+        return zygote.ended
+
+    try:
+        ended = wait_until(late_child_ended, 30, "the late child's end")
+        assert list(ended.values()) == [-signal.SIGKILL] and zygote.pids == []
+    finally:
+        for pid in zygote.pids:  # kept as a rank's (the failure this test is for): not left running
+            os.kill(pid, signal.SIGKILL)

@@ -75,7 +75,7 @@ def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None 
 
     try:
         with dies_on_sigterm():
-            backend, device = init_distributed(settings)
+            backend, device = init_distributed(settings, job.attempt)
         check_s = gang_check(device)
         formed_s = time.monotonic() - started
         log.info("rank %d/%d joined (%s on %s): gang formed in %.2fs (rank 0's name resolved after %.2fs, its port"

@@ -117,8 +117,61 @@ def select_backend(requested: str, cuda_available: bool) -> str:
     return backend
 
 
-def init_distributed(settings: env.DistSettings) -> tuple[str, Any]:
-    """Initialise the default process group; returns (backend, device)."""
+# The key rank 0 stamps its rendezvous store with: the attempt (DDP_ATTEMPT) whose gang it gathers.
+ATTEMPT_KEY = "ddp-trainer/attempt"
+_STORE_TRY_S = 5.0  # how long one try to reach rank 0's store and read its stamp may take
+_STORE_RETRY_S = 0.1
+
+
+def gang_store(settings: env.DistSettings, attempt: int) -> Any:
+    """The rendezvous store (a TCPStore on MASTER_PORT) of this attempt's gang.
+
+    Rank 0 serves it and stamps it with `attempt`; every other rank joins only a store stamped with
+    its own attempt. Under restartStrategy InPlace a kept rank 0's previous process can still serve the
+    previous attempt's store (it is ending, or saving its logs) when the other ranks' next processes,
+    forked in milliseconds, arrive: they wait for the store of their attempt instead of joining that
+    one and failing with it. A rank of an attempt the store has passed fails at once."""
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=settings.init_timeout_s)
+    host, port = settings.master_addr, settings.master_port
+    if settings.rank == 0:
+        store = dist.TCPStore(host, port, settings.world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+        store.set(ATTEMPT_KEY, str(attempt))
+        return store
+    deadline = time.monotonic() + settings.init_timeout_s
+    said: int | None = None
+    last: BaseException | None = None
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            store = dist.TCPStore(host, port, settings.world_size, is_master=False,
+                                  timeout=timedelta(seconds=max(min(_STORE_TRY_S, left), 0.1)), wait_for_workers=False)
+            stamp = int(store.get(ATTEMPT_KEY))
+        except (RuntimeError, ValueError) as exc:  # not listening yet, gone mid-read, or no stamp in time
+            last = exc
+        else:
+            if stamp == attempt:
+                store.set_timeout(timeout)
+                return store
+            if stamp > attempt:
+                raise RendezvousError(f"rank 0's store at {host}:{port} gathers attempt {stamp}'s gang, not "
+                                      f"this rank's attempt {attempt}: the job has restarted since this process started")
+            if said != stamp:
+                log.info("rank %d: rank 0's store at %s:%d still gathers attempt %d's gang; waiting for attempt %d's",
+                         settings.rank, host, port, stamp, attempt)
+                said = stamp
+            del store
+        if time.monotonic() + _STORE_RETRY_S > deadline:
+            seen = f"the store of attempt {said}" if said is not None else f"last error: {last}"
+            raise RendezvousError(f"no store of attempt {attempt}'s gang at {host}:{port} within "
+                                  f"{settings.init_timeout_s:g}s ({seen})")
+        time.sleep(_STORE_RETRY_S)
+
+
+def init_distributed(settings: env.DistSettings, attempt: int) -> tuple[str, Any]:
+    """Initialise the default process group through this attempt's store (gang_store); returns
+    (backend, device)."""
     import torch
     import torch.distributed as dist
 
@@ -138,7 +191,7 @@ def init_distributed(settings: env.DistSettings) -> tuple[str, Any]:
     try:
         dist.init_process_group(
             backend=backend,
-            init_method="env://",
+            store=gang_store(settings, attempt),
             rank=settings.rank,
             world_size=settings.world_size,
             timeout=timedelta(seconds=settings.init_timeout_s),

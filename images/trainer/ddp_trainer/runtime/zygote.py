@@ -49,6 +49,7 @@ class Zygote:
         self.ready = False
         self.pids: list[int] = []
         self.ended: dict[int, int] = {}
+        self._abandoned = 0  # requests given up on: the children they fork later are killed on arrival
 
     def fork(self, target: str | None, args: Sequence[str], environ: Mapping[str, str]) -> ForkedProcess | None:
         """A rank process forked to run `target` with `args` and `environ` (as `python -m ddp_trainer run`
@@ -66,7 +67,10 @@ class Zygote:
         except OSError:
             return None
         self._wait(lambda: len(self.pids) > known, ANSWER_WAIT_S)
-        return ForkedProcess(self, self.pids[known]) if len(self.pids) > known else None
+        if len(self.pids) > known:
+            return ForkedProcess(self, self.pids[known])
+        self._abandoned += 1  # the caller starts this rank anew: a child forked late would be a second one
+        return None
 
     def _wait(self, done: Callable[[], bool], timeout: float) -> None:
         """Reads what the zygote says until `done()`, `timeout` seconds, or the zygote's end."""
@@ -95,6 +99,9 @@ class Zygote:
     def _take(self, answer: Mapping[str, Any]) -> None:
         if answer.get("ready"):
             self.ready = True
+        elif "pid" in answer and self._abandoned:  # answers come in the order asked
+            self._abandoned -= 1
+            _kill(int(answer["pid"]))
         elif "pid" in answer:
             self.pids.append(int(answer["pid"]))
         elif "exited" in answer:
@@ -126,10 +133,7 @@ class ForkedProcess:
 
     def send_signal(self, signum: int) -> None:
         if self.poll() is None:
-            try:
-                os.kill(self.pid, signum)
-            except ProcessLookupError:
-                pass
+            _kill(self.pid, signum)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
@@ -141,6 +145,13 @@ class ForkedProcess:
                 raise subprocess.TimeoutExpired(str(self.pid), timeout or 0)
             select.select([self.zygote._answers], [], [], POLL_S)
         return code
+
+
+def _kill(pid: int, signum: int = signal.SIGKILL) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
 
 
 def _orphan_code(pid: int) -> int | None:
