@@ -366,7 +366,9 @@ def bare_restarts(core, seen: Seen, namespace: str, image: str, count: int, repe
                 time.sleep(0.02)
             gone = time.monotonic()
             running = wait(lambda: all_up(seen, "bare-", None, count, "running"), timeout, "the bare pods running again")
-            times.append({"gone": round(gone - t0, 2), "running": round(running - t0, 2)})
+            ended = [p.terminated for p in seen.of(lambda p: id(p) in old) if p.terminated is not None]
+            times.append({"ended": round(max(ended) - t0, 2) if len(ended) == count else None,
+                          "gone": round(gone - t0, 2), "running": round(running - t0, 2)})
     finally:
         core.delete_collection_namespaced_pod(namespace, label_selector="figures/bare=1", grace_period_seconds=0)
     return times
@@ -479,12 +481,13 @@ def print_tables(figures: dict, ranks: int) -> None:
         node = figures["node"]
         print(f"second cluster with its real node: cold up {node['cold up']} s, down {node['cold down']} s;"
               f" warm up {node['warm up']} s, down {node['warm down']} s")
-    print()
-    print("Quick-start job (2 CPU ranks), seconds from the create call; each stage ends when the last rank reaches it:")
-    stages = list(figures["first step"][0])
-    print("run " + " ".join(f"{s:>11}" for s in stages))
-    for i, row in enumerate(figures["first step"]):
-        print(f"{i:<3} " + " ".join(f"{row[s]:>11.2f}" for s in stages))
+    if figures["first step"]:
+        print()
+        print("Quick-start job (2 CPU ranks), seconds from the create call; each stage ends when the last rank reaches it:")
+        stages = list(figures["first step"][0])
+        print("run " + " ".join(f"{s:>11}" for s in stages))
+        for i, row in enumerate(figures["first step"]):
+            print(f"{i:<3} " + " ".join(f"{row[s]:>11.2f}" for s in stages))
     print()
     print(f"Gang restart of {ranks} ranks (rank 1 SIGTERMed), seconds from the failure seen (first column: from the"
           " exec call) to the old pods gone, the new ones created, all running, Ready, rank 0's runtime started and"
@@ -492,8 +495,10 @@ def print_tables(figures: dict, ranks: int) -> None:
     print("   " + " ".join(f"{s:>13}" for s in figures["gang restart"][0]))
     for row in figures["gang restart"]:
         print("   " + " ".join(f"{v:>13.2f}" for v in row.values()))
-    print(f"{ranks} bare busybox pods deleted and recreated, seconds from the delete calls to all gone, and to all"
-          " running again: " + ", ".join(f"{x['gone']:.2f} / {x['running']:.2f}" for x in figures["bare pods"]))
+    print(f"{ranks} bare busybox pods deleted and recreated, seconds from the delete calls to their containers ended (as"
+          " the kubelet reports it), to the pods gone, and to all running again: " + ", ".join(
+              f"{x['ended'] if x['ended'] is not None else '?'} / {x['gone']:.2f} / {x['running']:.2f}"
+              for x in figures["bare pods"]))
     if figures.get("strategies"):
         print()
         print("restartStrategy, seconds from the fault's call to the restart decided / the gang formed again, and rank"
