@@ -226,58 +226,54 @@ def gang_restarts(custom, seen: Seen, namespace: str, ranks: int, repeats: int, 
     return out
 
 
-# Run in rank 1's container: SIGTERM to the process that runs the rank (PID 1 under Recreate; under
-# InPlace the process the runtime started, DDP_SUPERVISED=1, or forked by its zygote, DDP_ZYGOTE=1,
-# whose environ a forked child shows), which exits as a failing rank does.
-KILL_RANK_PROCESS = """
-import os, signal
-def environ(pid):
+# Python run in a rank's container (kubectl exec) that names its processes' roles: role(pid) is
+# "runtime" (PID 1 under InPlace), "rank" (PID 1 under Recreate, or a rank process the InPlace runtime
+# started, DDP_SUPERVISED=1), "zygote" (DDP_ZYGOTE=1), "rank, forked" (a child of the zygote, which
+# shows the zygote's environ), else None (this probe, a rank's own workers under the zygote).
+PROCESS_ROLES = """
+import os
+def read(path):
     try:
-        return open(f"/proc/{pid}/environ", "rb").read().split(b"\\0")
+        return open(path, "rb").read()
     except OSError:
-        return []
+        return b""
+def environ(pid):
+    return read(f"/proc/{pid}/environ").split(b"\\0")
 def parent(pid):
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]
-    except (OSError, IndexError):
-        return ""
-marked = {pid for pid in filter(str.isdigit, os.listdir("/proc")) if b"DDP_ZYGOTE=1" in environ(pid)}
-zygotes = {pid for pid in marked if parent(pid) not in marked}  # its children show its environ too
-for pid in filter(str.isdigit, os.listdir("/proc")):
+    return (read(f"/proc/{pid}/stat").rsplit(b")", 1)[-1].split()[1:2] or [b""])[0].decode()
+pids = [p for p in os.listdir("/proc") if p.isdigit() and p != str(os.getpid())]
+marked = {p for p in pids if b"DDP_ZYGOTE=1" in environ(p)}
+zygotes = {p for p in marked if parent(p) not in marked}  # its children show its environ too
+def role(pid):
     env = environ(pid)
-    if pid in zygotes:
-        continue
-    recreate_rank = pid == "1" and b"DDP_RESTART_STRATEGY=InPlace" not in env
-    if (b"DDP_SUPERVISED=1" in env and pid not in marked) or parent(pid) in zygotes or recreate_rank:
+    if parent(pid) in zygotes:
+        return "rank, forked"
+    if pid in marked:
+        return "zygote" if pid in zygotes else None
+    if b"DDP_SUPERVISED=1" in env or (pid == "1" and b"DDP_RESTART_STRATEGY=InPlace" not in env):
+        return "rank"
+    return "runtime" if pid == "1" else None
+"""
+
+# Run in rank 1's container: SIGTERM to the processes that run the rank, which exit as a failing rank does.
+KILL_RANK_PROCESS = PROCESS_ROLES + """
+import signal
+for pid in pids:
+    if role(pid) in ("rank", "rank, forked"):
         os.kill(int(pid), signal.SIGTERM)
 """
 
 
 # Run in a rank's container: the memory of its processes (smaps_rollup: resident, proportional share,
 # private to the process) by role, and the container's as its memory cgroup counts it, in MiB.
-MEMORY_PROBE = """
-import json, os
-def read(path):
-    try:
-        return open(path, "rb").read()
-    except OSError:
-        return b""
-def parent(pid):
-    return read(f"/proc/{pid}/stat").rsplit(b")", 1)[-1].split()[1:2] or [b""]
-pids = [p for p in os.listdir("/proc") if p.isdigit() and p != str(os.getpid())]
-marked = {p for p in pids if b"DDP_ZYGOTE=1" in read(f"/proc/{p}/environ").split(b"\\0")}
-zygotes = {p for p in marked if parent(p)[0].decode() not in marked}  # its children show its environ too
+MEMORY_PROBE = PROCESS_ROLES + """
+import json
 out = []
 for pid in pids:
-    env = read(f"/proc/{pid}/environ").split(b"\\0")
-    up = parent(pid)[0].decode()
-    role = ("rank, forked" if up in zygotes else "zygote" if pid in zygotes else None if pid in marked
-            else "rank" if b"DDP_SUPERVISED=1" in env or (pid == "1" and b"DDP_RESTART_STRATEGY=InPlace" not in env)
-            else "runtime" if pid == "1" else None)
     fields = dict(line.split(b":")[0:2] for line in read(f"/proc/{pid}/smaps_rollup").splitlines()[1:])
-    if role and fields:
+    if (kind := role(pid)) and fields:
         kib = {k.decode(): int(v.split()[0]) for k, v in fields.items()}
-        out.append({"role": role, "rss": kib["Rss"] // 1024, "pss": kib["Pss"] // 1024,
+        out.append({"role": kind, "rss": kib["Rss"] // 1024, "pss": kib["Pss"] // 1024,
                     "private": (kib["Private_Clean"] + kib["Private_Dirty"]) // 1024})
 v1 = "/sys/fs/cgroup/memory/"
 stat = dict(line.split() for line in (read(v1 + "memory.stat") or read("/sys/fs/cgroup/memory.stat")).decode().splitlines())

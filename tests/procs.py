@@ -59,8 +59,8 @@ def rank_pid(namespace: str, job: str, rank: int, supervised: bool = False) -> i
     if found or not supervised:
         return found[0] if found else None
     marked = set(_with_environ(wanted | {"DDP_ZYGOTE=1"}))
-    zygotes = {pid for pid in marked if _parent(pid) not in marked}  # its children show its environ too
-    children = [pid for pid in _pids() if _parent(pid) in zygotes]
+    zygotes = {pid for pid in marked if parent_of(pid) not in marked}  # its children show its environ too
+    children = [pid for pid in _pids() if parent_of(pid) in zygotes]
     return children[0] if children else None
 
 
@@ -80,7 +80,8 @@ def _with_environ(wanted: set[str]) -> list[int]:
     return found
 
 
-def _parent(pid: int) -> int | None:
+def parent_of(pid: int) -> int | None:
+    """The pid's parent, None once it has gone."""
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
