@@ -20,6 +20,19 @@ RESTART_IN_PLACE: Final = "InPlace"
 RESTART_RECREATE: Final = "Recreate"
 RESTART_STRATEGIES: Final = (RESTART_IN_PLACE, RESTART_RECREATE)
 
+# spec.trainerRuntime, for a command job. Auto: the command runs under the trainer runtime where the
+# image has it (the trainer image and images built FROM it), as it is elsewhere. Off: always as it is.
+TRAINER_RUNTIME_AUTO: Final = "Auto"
+TRAINER_RUNTIME_OFF: Final = "Off"
+TRAINER_RUNTIMES: Final = (TRAINER_RUNTIME_AUTO, TRAINER_RUNTIME_OFF)
+
+# spec.launcher, for a command in a pod of several ranks (ranksPerPod > 1): who starts them. Auto: a
+# launcher the command names (torchrun, accelerate launch, ...) does, else torchrun --no-python starts one
+# copy of the command per rank. Command: the command itself does (mp.spawn), so it runs once per pod.
+LAUNCHER_AUTO: Final = "Auto"
+LAUNCHER_COMMAND: Final = "Command"
+LAUNCHERS: Final = (LAUNCHER_AUTO, LAUNCHER_COMMAND)
+
 # status.processFailures: under InPlace, a pod's runtime reports here (keyed by the pod's index, as a
 # string) that a rank process failed while its container goes on; the operator reads it as it reads a
 # failed container. Each entry: attempt, exitCode, reason, message (the rank's last words), finishedAt.

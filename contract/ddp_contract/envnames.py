@@ -18,6 +18,16 @@ LOCAL_WORLD_SIZE: Final = "LOCAL_WORLD_SIZE"
 NODE_RANK: Final = "NODE_RANK"
 GROUP_RANK: Final = "GROUP_RANK"  # torchrun's name for the pod's (node's) index, = NODE_RANK
 
+# torchrun's own settings: `torchrun` and `python -m torch.distributed.run/launch` take each flag not given
+# on their command line from PET_<FLAG>, so a launcher in a rank's pod joins the job's world (the names
+# Kubeflow's PyTorchJob and TrainJob set): the gang's pods, the ranks of each, this pod's place, rank 0's pod.
+PET_NNODES: Final = "PET_NNODES"
+PET_NPROC_PER_NODE: Final = "PET_NPROC_PER_NODE"
+PET_NODE_RANK: Final = "PET_NODE_RANK"
+PET_MASTER_ADDR: Final = "PET_MASTER_ADDR"
+PET_MASTER_PORT: Final = "PET_MASTER_PORT"
+PET_NAMES: Final = (PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT)
+
 # The DDPJob this rank belongs to, and its gang attempt.
 JOB_NAME: Final = "DDP_JOB_NAME"
 JOB_NAMESPACE: Final = "DDP_JOB_NAMESPACE"
@@ -30,6 +40,18 @@ RESUME_FROM: Final = "DDP_RESUME_FROM"
 RESTART_STRATEGY: Final = "DDP_RESTART_STRATEGY"
 # Set by that supervisor for the rank processes it starts, so they run the rank instead of supervising.
 SUPERVISED: Final = "DDP_SUPERVISED"
+# The size of the current attempt's gang in ranks, which every process group a command's processes form
+# must have (a launcher sets WORLD_SIZE for its own workers; this one it leaves alone).
+GANG_WORLD_SIZE: Final = "DDP_GANG_WORLD_SIZE"
+# Set by the runtime on a command's processes: the folder where each Python process of the command says
+# how it failed (its failure line), and the file rank 0 writes once its process group formed.
+FAILURE_DIR: Final = "DDP_FAILURE_DIR"
+FORMED_FILE: Final = "DDP_FORMED_FILE"
+# ... and the socket where rank 0's Hugging Face or Lightning trainer says how far it is (its step of how
+# many, epoch, loss), as the in-process hook reads them off the trainer.
+PROGRESS_SOCKET: Final = "DDP_PROGRESS_SOCKET"
+# spec.launcher Command: the job's command starts the pod's ranks itself, so the runtime runs it once.
+LAUNCHER: Final = "DDP_LAUNCHER"
 # Set by that supervisor on its zygote (ddp_trainer.runtime.zygote), whose forked children run the
 # later attempts' ranks: their /proc/<pid>/environ is the zygote's, their own env is the attempt's.
 ZYGOTE: Final = "DDP_ZYGOTE"
@@ -88,5 +110,5 @@ RESULTS_URI: Final = "DDP_RESULTS_URI"
 RESERVED: Final = frozenset({
     MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, GROUP_RANK,
     JOB_NAME, JOB_NAMESPACE, JOB_UID, ATTEMPT, BACKEND, ENTRYPOINT, RESUME_FROM, RESTART_STRATEGY, SUPERVISED,
-    TARGET_WORLD_SIZE,
+    TARGET_WORLD_SIZE, GANG_WORLD_SIZE, FAILURE_DIR, FORMED_FILE, PROGRESS_SOCKET, LAUNCHER, *PET_NAMES,
 })

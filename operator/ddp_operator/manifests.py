@@ -6,10 +6,14 @@ ownerReferences are added by the caller (kopf.adopt).
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+import os
+import shlex
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ddp_contract import api, envnames, labels
+from ddp_contract import api, commands, envnames, labels
+from ddp_contract.exitcodes import ExitCode
+from ddp_contract.failures import format_line
 from ddp_operator import constants as c
 from ddp_operator.dataworkers import (
     DATA_WORKER_COMMAND,
@@ -225,11 +229,14 @@ def rank_env(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) -> 
         envnames.ATTEMPT: str(attempt),
         envnames.BACKEND: spec.effective_backend,
         envnames.TARGET_WORLD_SIZE: str(spec.world_size),
+        **pet_env(spec, rank, master_addr(meta["name"], meta["namespace"])),
     }
     if spec.entrypoint:
         values[envnames.ENTRYPOINT] = spec.entrypoint
     if spec.in_place:
         values[envnames.RESTART_STRATEGY] = spec.restart_strategy
+    if spec.launcher == api.LAUNCHER_COMMAND:
+        values[envnames.LAUNCHER] = spec.launcher
     if spec.hang_timeout_seconds is not None:
         values[envnames.HANG_TIMEOUT_SECONDS] = str(spec.hang_timeout_seconds)
     if not spec.metrics_from_output:
@@ -239,6 +246,14 @@ def rank_env(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) -> 
         values[envnames.RESUME_FROM] = str(checkpoint)
     env = [{"name": key, "value": value} for key, value in values.items()]
     return [*env, *rank_data_env(meta["name"], meta["namespace"], spec), *s3_env(spec), *user_env(spec)]
+
+
+def pet_env(spec: JobSpec, index: int, master: str) -> dict[str, str]:
+    """torchrun's settings for pod `index`, as Kubeflow's operators set them: a launcher the command starts
+    (torchrun, torch.distributed.launch, accelerate launch) forms the job's world from them."""
+    return {envnames.PET_NNODES: str(spec.pods), envnames.PET_NPROC_PER_NODE: str(spec.ranks_per_pod),
+            envnames.PET_NODE_RANK: str(index), envnames.PET_MASTER_ADDR: master,
+            envnames.PET_MASTER_PORT: str(spec.master_port)}
 
 
 def s3_env(spec: JobSpec) -> list[dict[str, Any]]:
@@ -278,17 +293,38 @@ def trainer_resources(spec: JobSpec) -> dict[str, Any]:
     return resources
 
 
-def trainer_command(spec: JobSpec, index: int = 0, namespace: str = "", job_name: str = "") -> list[str]:
-    """spec.command, or the trainer runtime, which runs DDP_ENTRYPOINT (and, with ranksPerPod > 1,
-    starts the pod's ranks itself). A command of a pod of several ranks runs under torchrun, which
-    starts them with the same environment names."""
+def trainer_command(spec: JobSpec) -> list[str]:
+    """The trainer container's command: the runtime for an entrypoint. A command runs under the trainer
+    runtime where the image has it (trainerRuntime Auto: a shell line looks for the runtime's command),
+    as it is otherwise, or always with trainerRuntime Off; a program that is one rank runs under
+    `torchrun --no-python` then when the pod holds several (torchrun reads the pod's PET_* settings), a
+    launcher never does, nor a command that starts them itself (spec.launcher Command). The container's
+    args (spec.args) follow the command in each case."""
     if not spec.command:
         return list(c.TRAINER_COMMAND)
-    if spec.ranks_per_pod == 1:
-        return list(spec.command)
-    return ["torchrun", f"--nnodes={spec.pods}", f"--nproc-per-node={spec.ranks_per_pod}", f"--node-rank={index}",
-            f"--master-addr={master_addr(job_name, namespace)}", f"--master-port={spec.master_port}",
-            "--no-python", *spec.command]
+    kind = commands.command_kind(spec.command)
+    one_process = spec.ranks_per_pod == 1 or spec.launcher == api.LAUNCHER_COMMAND
+    prefix = TORCHRUN_PREFIX if kind == commands.PROGRAM and not one_process else ()
+    if kind == commands.RUNTIME or spec.trainer_runtime == api.TRAINER_RUNTIME_OFF:
+        return [*prefix, *spec.command]
+    return ["/bin/sh", "-c", runtime_shim(prefix, spec.in_place), os.path.basename(commands.RUNTIME_BIN),
+            *spec.command]
+
+
+TORCHRUN_PREFIX: tuple[str, ...] = ("torchrun", "--no-python")
+
+
+def runtime_shim(prefix: Sequence[str], in_place: bool) -> str:
+    """The shell line a command job's container runs (its arguments: the command and spec.args): the
+    command under the runtime where the image has it; else as it is, after `prefix`, or, for an InPlace
+    job, which needs the runtime, a failure that says so."""
+    supervised = f'if [ -x {commands.RUNTIME_BIN} ]; then exec {commands.RUNTIME_BIN} exec -- "$@"; fi'
+    if not in_place:
+        return f'{supervised}\nexec {shlex.join(prefix) + " " if prefix else ""}"$@"'
+    line = format_line(None, None, int(ExitCode.CONFIG_ERROR), ExitCode.CONFIG_ERROR.name, False,
+                       f"restartStrategy InPlace needs the trainer runtime ({commands.RUNTIME_BIN}), which the "
+                       "image does not have: build it FROM the trainer image, or use restartStrategy Recreate")
+    return f"{supervised}\necho {shlex.quote(line)} >&2\nexit {int(ExitCode.CONFIG_ERROR)}"
 
 
 # Fields of the job's pod template a data worker does not take: where a rank runs (GPU nodes) and what
@@ -361,7 +397,7 @@ def _trainer_container(spec: JobSpec, template: Mapping[str, Any], env: list[dic
     container.update(
         name=labels.CONTAINER_NAME,
         image=spec.image,
-        command=trainer_command(spec, index, meta["namespace"], meta["name"]),
+        command=trainer_command(spec),
         env=[*env, *(container.get("env") or [])],
     )
     if spec.args:

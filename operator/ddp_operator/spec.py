@@ -127,6 +127,8 @@ class JobSpec(Templated):
     s3: S3Spec | None = None
     restart_policy: str = DEFAULT_RESTART_POLICY
     restart_strategy: str = api.RESTART_RECREATE
+    trainer_runtime: str = api.TRAINER_RUNTIME_AUTO
+    launcher: str = api.LAUNCHER_AUTO
     in_place_deadline_seconds: int = DEFAULT_IN_PLACE_DEADLINE_SECONDS
     min_world_size: int | None = None  # None: worldSize (not elastic)
     elastic_settle_seconds: int = DEFAULT_ELASTIC_SETTLE_SECONDS
@@ -224,6 +226,8 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
         s3=s3,
         restart_policy=_enum(spec, "restartPolicy", DEFAULT_RESTART_POLICY, RESTART_POLICIES),
         restart_strategy=_restart_strategy(spec),
+        trainer_runtime=_trainer_runtime(spec),
+        launcher=_launcher(spec),
         in_place_deadline_seconds=_int(spec, "inPlaceDeadlineSeconds", DEFAULT_IN_PLACE_DEADLINE_SECONDS, 1, None),
         min_world_size=_min_world_size(spec, world_size),
         elastic_settle_seconds=_int(spec, "elasticSettleSeconds", DEFAULT_ELASTIC_SETTLE_SECONDS, 0, None),
@@ -298,10 +302,26 @@ def _int(
 
 def _restart_strategy(spec: Mapping[str, Any]) -> str:
     strategy = _enum(spec, "restartStrategy", api.RESTART_RECREATE, api.RESTART_STRATEGIES)
-    if strategy == api.RESTART_IN_PLACE and spec.get("command") is not None:
+    if strategy == api.RESTART_IN_PLACE and spec.get("trainerRuntime") == api.TRAINER_RUNTIME_OFF:
         raise InvalidSpec("restartStrategy", "InPlace restarts rank processes inside their pods, which only the "
-                          "trainer runtime can do: use spec.entrypoint, or restartStrategy Recreate with a command")
+                          "trainer runtime can do: set trainerRuntime Auto (the image must have the runtime), or "
+                          "restartStrategy Recreate")
     return strategy
+
+
+def _launcher(spec: Mapping[str, Any]) -> str:
+    value = _enum(spec, "launcher", api.LAUNCHER_AUTO, api.LAUNCHERS)
+    if value == api.LAUNCHER_COMMAND and spec.get("entrypoint") is not None:
+        raise InvalidSpec("launcher", "Command is for a command that starts the pod's ranks itself: an entrypoint's "
+                          "ranks are started by the trainer runtime")
+    return value
+
+
+def _trainer_runtime(spec: Mapping[str, Any]) -> str:
+    value = _enum(spec, "trainerRuntime", api.TRAINER_RUNTIME_AUTO, api.TRAINER_RUNTIMES)
+    if value == api.TRAINER_RUNTIME_OFF and spec.get("entrypoint") is not None:
+        raise InvalidSpec("trainerRuntime", "Off is for a command: an entrypoint always runs in the trainer runtime")
+    return value
 
 
 def _enum(spec: Mapping[str, Any], key: str, default: str, allowed: Sequence[str]) -> str:

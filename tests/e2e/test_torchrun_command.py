@@ -1,4 +1,5 @@
-"""A `command` job with ranksPerPod > 1: the operator's torchrun line, run as two pods would run it."""
+"""A `command` job with ranksPerPod > 1 in an image without the trainer runtime: the operator's torchrun
+line, run as two pods would run it, with nothing but the pods' PET_* settings to say the job's world."""
 
 from __future__ import annotations
 
@@ -24,20 +25,19 @@ dist.destroy_process_group()
 
 def test_two_pods_of_two_ranks_run_the_users_command_under_torchrun() -> None:
     job = {"metadata": {"name": "cmd", "namespace": "team", "uid": "u"},
-           "spec": {"worldSize": 4, "ranksPerPod": 2, "gpusPerRank": 0, "image": "trainer:1",
+           "spec": {"worldSize": 4, "ranksPerPod": 2, "gpusPerRank": 0, "image": "pytorch:2", "trainerRuntime": "Off",
                     "command": ["python", "-c", SCRIPT]}}
     spec, port = parse_spec(job["spec"]), free_port()
     procs = []
     for index in range(spec.pods):
         trainer = build_pod(job, spec, index, 0)["spec"]["containers"][0]
-        # This machine is both pods: rank 0's address is loopback, not its cluster DNS name.
-        command = [arg.replace("cmd-0.cmd.team.svc", "127.0.0.1").replace("=29500", f"={port}")
-                   for arg in trainer["command"]]
-        assert command[0] == "torchrun"
-        command = [sys.executable, "-m", "torch.distributed.run", *command[1:]]
+        assert trainer["command"] == ["torchrun", "--no-python", "python", "-c", SCRIPT]
+        command = [sys.executable, "-m", "torch.distributed.run", *trainer["command"][1:]]
         # `python` in the command is this venv's, as it would be the image's.
         env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
         env |= {e["name"]: e["value"] for e in trainer["env"] if "value" in e}
+        # This machine is both pods: rank 0's address is loopback, not its cluster DNS name.
+        env |= {"PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port)}
         procs.append(subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
     outputs = []

@@ -120,13 +120,17 @@ def test_in_place_the_phase_stays_restarting_until_rank_0_records_the_new_gang()
     assert next_phase({**status, "rendezvous": {"attempt": 0}}, summary, decision, job_spec()) == c.PHASE_RUNNING
 
 
-def test_the_spec_takes_a_restart_strategy_and_refuses_in_place_for_a_command() -> None:
+def test_the_spec_takes_a_restart_strategy_and_refuses_in_place_for_a_command_without_the_runtime() -> None:
     assert job_spec().restart_strategy == api.RESTART_RECREATE and not job_spec().in_place
     assert job_spec(**IN_PLACE).in_place
     with pytest.raises(InvalidSpec, match="restartStrategy: must be one of InPlace, Recreate"):
         job_spec(restartStrategy="Sometimes")
+    command = {"worldSize": 2, "image": "trainer:1", "command": ["python", "train.py"], **IN_PLACE}
+    assert parse_spec(command).in_place  # the runtime runs it (trainerRuntime Auto, the default)
     with pytest.raises(InvalidSpec, match="restartStrategy: InPlace restarts rank processes inside their pods"):
-        parse_spec({"worldSize": 2, "image": "trainer:1", "command": ["python", "train.py"], **IN_PLACE})
+        parse_spec({**command, "trainerRuntime": "Off"})
+    with pytest.raises(InvalidSpec, match="trainerRuntime: Off is for a command"):
+        job_spec(trainerRuntime="Off")
 
 
 def test_in_place_ranks_are_told_so_and_recreate_ranks_are_not() -> None:

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ddp_contract import api, envnames, labels
+from ddp_contract import api, commands, envnames, labels
+from ddp_contract.failures import parse_line
 from ddp_operator import constants as c
 from ddp_operator.manifests import (
     build_pod,
@@ -102,8 +105,21 @@ def test_rank_env(rank: int) -> None:
         "DDP_BACKEND": "nccl",
         "DDP_TARGET_WORLD_SIZE": "4",
         "DDP_ENTRYPOINT": "train.main:run",
+        # torchrun's, as Kubeflow's PyTorchJob and TrainJob set them: a launcher forms the job's world.
+        "PET_NNODES": "4",
+        "PET_NPROC_PER_NODE": "1",
+        "PET_NODE_RANK": str(rank),
+        "PET_MASTER_ADDR": "mnist-0.mnist.team-a.svc",
+        "PET_MASTER_PORT": "29500",
     }
     assert all(isinstance(v, str) for v in env.values())
+
+
+def test_a_pod_of_several_ranks_tells_a_launcher_its_place_and_the_ranks_to_start() -> None:
+    env = env_of(pod_for(make_job(worldSize=8, ranksPerPod=4, masterPort=23456), 1))
+    assert {k: v for k, v in env.items() if k.startswith("PET_")} == {
+        "PET_NNODES": "2", "PET_NPROC_PER_NODE": "4", "PET_NODE_RANK": "1",
+        "PET_MASTER_ADDR": "mnist-0.mnist.team-a.svc", "PET_MASTER_PORT": "23456"}
 
 
 def test_entrypoint_runs_the_trainer_runtime() -> None:
@@ -113,11 +129,59 @@ def test_entrypoint_runs_the_trainer_runtime() -> None:
     assert container["image"] == "trainer:1"
 
 
-def test_command_replaces_the_runtime() -> None:
-    pod = pod_for(make_job(entrypoint=None, command=["torchrun", "train.py"]))
-    assert trainer(pod)["command"] == ["torchrun", "train.py"]
-    assert "args" not in trainer(pod)
-    assert envnames.ENTRYPOINT not in env_of(pod)
+def command_job(command: list[str], **spec: object) -> dict:
+    job = make_job(command=command, **spec)
+    del job["spec"]["entrypoint"]
+    return job
+
+
+def run_shell(container: dict, tmp_path: Path, runtime: bool) -> list[str]:
+    """What the container's shell line runs, with the runtime's command present or not: a stand-in
+    records its arguments (the real `sh` runs the line; the runtime's path is pointed at the stand-in)."""
+    stand_in = tmp_path / "ddp-trainer"
+    stand_in.write_text('#!/bin/sh\nprintf "%s\\n" runtime "$@"\n')
+    stand_in.chmod(0o755)
+    if not runtime:
+        stand_in = tmp_path / "missing" / "ddp-trainer"
+    line = container["command"][2].replace(commands.RUNTIME_BIN, str(stand_in))
+    argv = [*container["command"][3:], *container.get("args", [])]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name in ("torchrun", "python", "accelerate"):  # stand-ins for the image's
+        (bin_dir / name).write_text(f'#!/bin/sh\nprintf "%s\\n" {name} "$@"\n')
+        (bin_dir / name).chmod(0o755)
+    done = subprocess.run(["/bin/sh", "-c", line, *argv], capture_output=True, text=True,
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    return [*done.stdout.splitlines(), *(["exit", str(done.returncode)] if done.returncode else []),
+            *done.stderr.splitlines()]
+
+
+def test_a_command_runs_under_the_runtime_where_the_image_has_it_and_as_it_is_elsewhere(tmp_path: Path) -> None:
+    container = trainer(pod_for(command_job(["torchrun", "train.py"], args=["--lr", "0.1"])))
+    assert container["command"][:2] == ["/bin/sh", "-c"] and container["args"] == ["--lr", "0.1"]
+    assert run_shell(container, tmp_path, runtime=True) == ["runtime", "exec", "--", "torchrun", "train.py", "--lr", "0.1"]
+    assert run_shell(container, tmp_path, runtime=False) == ["torchrun", "train.py", "--lr", "0.1"]
+    assert envnames.ENTRYPOINT not in env_of(pod_for(command_job(["torchrun", "train.py"])))
+
+
+def test_trainer_runtime_off_runs_the_command_as_it_is() -> None:
+    container = trainer(pod_for(command_job(["torchrun", "train.py"], trainerRuntime="Off")))
+    assert container["command"] == ["torchrun", "train.py"]
+    assert "args" not in container
+
+
+def test_a_command_that_is_the_runtime_is_not_wrapped_in_it() -> None:
+    command = ["python", "-m", "ddp_trainer", "run", "train.py", "--"]  # as ddp_client ships a script
+    assert trainer(pod_for(command_job(command)))["command"] == command
+
+
+def test_an_in_place_command_needs_the_runtime_and_says_so_where_the_image_has_none(tmp_path: Path) -> None:
+    container = trainer(pod_for(command_job(["python", "train.py"], restartStrategy="InPlace")))
+    assert run_shell(container, tmp_path, runtime=True) == ["runtime", "exec", "--", "python", "train.py"]
+    said = run_shell(container, tmp_path, runtime=False)
+    assert said[:2] == ["exit", "2"]
+    line = parse_line(said[-1])
+    assert line is not None and line.exit_code == 2 and "needs the trainer runtime" in line.error
 
 
 @pytest.mark.parametrize(("gpus", "backend"), [(0, "gloo"), (1, "nccl"), (8, "nccl")])
@@ -330,14 +394,18 @@ def test_a_pod_of_several_ranks_gets_torchruns_environment_and_their_gpus() -> N
         pod_for(job, 2)
 
 
-def test_a_command_in_a_pod_of_several_ranks_runs_under_torchrun() -> None:
-    job = make_job(worldSize=4, ranksPerPod=2, command=["python", "train.py"], args=["--lr", "0.1"])
-    del job["spec"]["entrypoint"]
-    container = trainer(pod_for(job, 1))
-    assert container["command"] == ["torchrun", "--nnodes=2", "--nproc-per-node=2", "--node-rank=1",
-                                    "--master-addr=mnist-0.mnist.team-a.svc", "--master-port=29500", "--no-python",
-                                    "python", "train.py"]
-    assert container["args"] == ["--lr", "0.1"]
+def test_a_program_in_a_pod_of_several_ranks_runs_under_torchrun_a_launcher_never(tmp_path: Path) -> None:
+    program = trainer(pod_for(command_job(["python", "train.py"], worldSize=4, ranksPerPod=2, args=["--lr", "0.1"]), 1))
+    # Without the runtime, torchrun starts the pod's two ranks from its PET_* settings; the runtime decides
+    # the same itself (it can also look into a script the command runs).
+    assert run_shell(program, tmp_path, runtime=False) == ["torchrun", "--no-python", "python", "train.py", "--lr", "0.1"]
+    assert run_shell(program, tmp_path, runtime=True) == ["runtime", "exec", "--", "python", "train.py", "--lr", "0.1"]
+    for launcher in (["torchrun", "train.py"], ["python", "-m", "torch.distributed.launch", "main.py"],
+                     ["accelerate", "launch", "train.py"]):
+        container = trainer(pod_for(command_job(launcher, worldSize=4, ranksPerPod=2), 1))
+        assert run_shell(container, tmp_path, runtime=False)[0] == launcher[0], launcher
+    off = trainer(pod_for(command_job(["python", "train.py"], worldSize=4, ranksPerPod=2, trainerRuntime="Off"), 1))
+    assert off["command"] == ["torchrun", "--no-python", "python", "train.py"]
 
 
 def test_metric_lines_the_ranks_print_are_read_unless_the_spec_turns_it_off() -> None:
