@@ -68,14 +68,22 @@ def _pids() -> list[int]:
     return [int(proc.name) for proc in Path("/proc").iterdir() if proc.name.isdigit()]
 
 
-def _with_environ(wanted: set[str]) -> list[int]:
+def command_pids(namespace: str, job: str, rank: int) -> list[int]:
+    """The processes of a job's command in rank `rank`'s container, seen from this machine: the runtime
+    sets DDP_FAILURE_DIR on them (ddp_trainer.runtime.command), not on itself."""
+    return _with_environ({f"DDP_JOB_NAMESPACE={namespace}", f"DDP_JOB_NAME={job}", f"RANK={rank}"},
+                         names=("DDP_FAILURE_DIR",))
+
+
+def _with_environ(wanted: set[str], names: tuple[str, ...] = ()) -> list[int]:
+    """Processes whose environment holds every NAME=value of `wanted` and each of `names`, whatever its value."""
     found = []
     for pid in _pids():
         try:
             environ = set(Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0"))
         except OSError:
             continue
-        if wanted <= environ:
+        if wanted <= environ and all(any(item.startswith(f"{name}=") for item in environ) for name in names):
             found.append(pid)
     return found
 

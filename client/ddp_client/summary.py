@@ -43,7 +43,8 @@ def _number(value: Any, digits: int = 4) -> str:
 
 
 def progress_text(status: Mapping[str, Any]) -> str:
-    """`epoch 2, step 120, loss 0.4321, 812 samples/s` from status.progress ('' before the first report)."""
+    """`epoch 2, step 120, loss 0.4321, 812 samples/s, 45% done, 12m30s left` from status.progress (''
+    before the first report; how far only where the code says it)."""
     progress = status.get("progress") or {}
     if not progress:
         return ""
@@ -51,6 +52,10 @@ def progress_text(status: Mapping[str, Any]) -> str:
              f"loss {_number(progress.get('loss'))}"]
     if progress.get("samplesPerSecond") is not None:
         parts.append(f"{progress['samplesPerSecond']:.0f} samples/s")
+    if progress.get("percent") is not None:
+        parts.append(f"{progress['percent']:g}% done")
+    if progress.get("remaining"):
+        parts.append(f"{progress['remaining']} left")
     return ", ".join(parts)
 
 

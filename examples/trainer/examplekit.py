@@ -43,11 +43,12 @@ def distributed(model: nn.Module, ctx: RankContext) -> DistributedDataParallel:
 
 class StepLog:
     """What every step reports: this rank's loss into its metrics in S3 (`S3ResultsHandler.log_metrics`)
-    and, from rank 0, the gang's mean loss and samples/s into the job's status (`default_reporter`)."""
+    and, from rank 0, the gang's mean loss and samples/s into the job's status (`default_reporter`), with
+    how far the run is when it knows its total steps."""
 
-    def __init__(self, ctx: RankContext, step: int = 0) -> None:
+    def __init__(self, ctx: RankContext, step: int = 0, total_steps: int | None = None) -> None:
         self.results = S3ResultsHandler()
-        self.progress = default_reporter()
+        self.progress = default_reporter(total_steps=total_steps)
         self.world_size = ctx.world_size
         self.step = step
 

@@ -105,7 +105,7 @@ def main(ctx: RankContext) -> None:
     ddp = distributed(net, ctx)
     optimizer = torch.optim.Adam(ddp.parameters(), lr=args.lr)
     loss_fn = nn.CrossEntropyLoss()
-    log = StepLog(ctx)
+    log = StepLog(ctx, total_steps=args.epochs * len(train_loader))
     for epoch in range(args.epochs):
         train_loader.sampler.set_epoch(epoch)
         started, waited = time.monotonic(), 0.0

@@ -112,7 +112,7 @@ def main(ctx: RankContext) -> None:
     ddp = distributed(model, ctx)
     optimizer = torch.optim.Adam(ddp.parameters(), lr=args.lr)
     loss_fn = nn.CrossEntropyLoss()
-    log = StepLog(ctx)
+    log = StepLog(ctx, total_steps=args.epochs * len(loader))
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         for inputs, targets in loader:

@@ -66,7 +66,7 @@ def main(ctx: RankContext) -> None:
     ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
-    reporter = default_reporter(ctx.rank)
+    reporter = default_reporter(ctx.rank, total_steps=args.epochs * len(loader))
     print(f"rank {ctx.rank}/{ctx.world_size}: accuracy before training {accuracy(model, test, device):.3f}", flush=True)
     step = 0
     for epoch in range(args.epochs):

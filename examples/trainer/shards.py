@@ -102,7 +102,7 @@ def main(ctx: RankContext) -> None:
     ddp = distributed(model, ctx)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
     loss_fn = nn.CrossEntropyLoss()
-    log = StepLog(ctx)
+    log = StepLog(ctx, total_steps=args.epochs * len(loader))
     for epoch in range(args.epochs):
         epochs.set_epoch(epoch)
         for images, labels in loader:

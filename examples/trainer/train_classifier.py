@@ -84,7 +84,7 @@ def main(ctx: RankContext) -> None:
 
     checkpoints = CheckpointManager(keep=3, async_save=True)
     results = S3ResultsHandler()
-    progress = default_reporter()
+    progress = default_reporter(total_steps=args.epochs * len(loader))
     # After a gang restart: the job's last checkpoint (status.lastCheckpoint); 0 on a fresh start.
     step = checkpoints.resume(ddp, optimizer, sampler, map_location=ctx.device)
 

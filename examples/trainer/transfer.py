@@ -95,7 +95,8 @@ def main(ctx: RankContext) -> None:
 
     checkpoints = CheckpointManager(keep=2, async_save=True)
     # After a gang restart: the job's last checkpoint (model, optimizer, sampler); step 0 on a fresh start.
-    log = StepLog(ctx, step=checkpoints.resume(ddp, optimizer, sampler, map_location=ctx.device))
+    log = StepLog(ctx, step=checkpoints.resume(ddp, optimizer, sampler, map_location=ctx.device),
+                  total_steps=args.epochs * len(loader))
     for epoch in range(sampler.epoch, args.epochs):
         sampler.set_epoch(epoch)
         consumed = sampler.start_offset

@@ -56,6 +56,14 @@ def test_progress_line_and_outcome() -> None:
     assert "its last output:\n    Traceback ...\n    ValueError: boom" in failed
 
 
+def test_how_far_the_run_is_and_the_time_left_where_the_code_says_them() -> None:
+    running = {"phase": "Running", "progress": {"epoch": 3, "step": 480, "loss": 0.25, "percent": 62.5,
+                                                "remainingSeconds": 750, "remaining": "12m30s"}}
+    assert progress_line("j", running) == "j: Running, epoch 3, step 480, loss 0.25, 62.5% done, 12m30s left"
+    job = {"metadata": {"name": "j", "namespace": "ns"}, "spec": {"worldSize": 2}, "status": running}
+    assert "Progress:     epoch 3, step 480, loss 0.25, 62.5% done, 12m30s left" in status_text(job, [])
+
+
 def test_an_elastic_job_says_how_many_of_its_ranks_the_gang_has() -> None:
     elastic = {"worldSize": 4, "minWorldSize": 2}
     assert world_size_text(elastic, {"worldSize": 2}) == "2 of 4 ranks (minimum 2)"

@@ -57,6 +57,7 @@ def pip_installs(dockerfile: str) -> dict[str, str]:
 @pytest.mark.parametrize(("dockerfile", "needed"), [
     ("images/operator/Dockerfile", {"kopf", "kubernetes", "pyyaml", "prometheus-client"}),
     ("images/trainer/Dockerfile", {"torch", "torchvision", "boto3", "kubernetes", "pyyaml"}),
+    ("examples/frameworks/Dockerfile", {"transformers", "accelerate", "lightning"}),
 ])
 def test_images_pin_the_versions_the_tests_run(dockerfile: str, needed: set[str]) -> None:
     """Every package an image installs is pinned exactly as requirements/test.txt pins it."""
@@ -65,6 +66,25 @@ def test_images_pin_the_versions_the_tests_run(dockerfile: str, needed: set[str]
     assert needed <= installs.keys(), f"{dockerfile} does not install {sorted(needed - installs.keys())}"
     for name, requirement in installs.items():
         assert requirement == pins.get(name), f"{dockerfile} installs {requirement}, requirements/test.txt has {pins.get(name)}"
+
+
+def test_the_trainer_image_makes_the_runtime_s_command_where_the_operator_looks_for_it(tmp_path: Path) -> None:
+    """The RUN step that writes ddp_contract.commands.RUNTIME_BIN, run here with its paths moved (the
+    runtime's folder, /opt/ddp, is this checkout's): the script it writes runs the Python the build
+    found, with the runtime first on PYTHONPATH whatever a job set there, and whatever comes first on
+    PATH when a job runs."""
+    from ddp_contract.commands import RUNTIME_BIN
+
+    dockerfile = (REPO / "images" / "trainer" / "Dockerfile").read_text().replace("\\\n", " ")
+    step = next(line.removeprefix("RUN ") for line in dockerfile.splitlines() if line.startswith("RUN ") and RUNTIME_BIN in line)
+    assert "PYTHONPATH=/opt/ddp$" in step
+    written = tmp_path / "ddp-trainer"
+    here = f"{REPO / 'images' / 'trainer'}:{REPO / 'contract'}"
+    step = step.replace("mkdir -p /opt/ddp/bin && ", "").replace(RUNTIME_BIN, str(written)).replace("/opt/ddp$", f"{here}$")
+    subprocess.run(["sh", "-c", step], check=True, env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"})
+    done = subprocess.run([str(written), "--help"], capture_output=True, text=True,
+                          env={"PYTHONPATH": "/elsewhere", "PATH": "/nowhere"})
+    assert done.returncode == 0 and "python -m ddp_trainer exec -- CMD" in done.stdout, done.stderr
 
 
 def test_torch_and_torchvision_are_pinned_to_one_release() -> None:

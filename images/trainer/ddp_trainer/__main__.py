@@ -9,6 +9,7 @@ from collections.abc import Sequence
 USAGE = """usage:
   python -m ddp_trainer run [TARGET] [ARGS...]   run TARGET (module:function, module or script.py;
                                                  default $DDP_ENTRYPOINT) in this rank
+  python -m ddp_trainer exec -- CMD [ARGS...]     run a job's command in this pod under the runtime
   python -m ddp_trainer make-shards --help       convert an image folder into indexed tar shards
   python -m ddp_trainer data-worker [--port P]   serve the job's ranks' DataLoader workers here
 """
@@ -30,6 +31,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if rest and rest[0] == "--":
             rest = rest[1:]
         return run(target, rest)
+    if command == "exec":
+        from .runtime.entrypoint import run_command
+
+        return run_command(rest[1:] if rest[:1] == ["--"] else rest)
     if command == "zygote":  # started by an InPlace pod's supervisor (runtime/zygote.py)
         from .runtime.entrypoint import run as run_rank
         from .runtime.zygote import serve

@@ -68,10 +68,14 @@ def in_cluster_sink() -> JobStatusSink | None:
     return JobStatusSink(os.environ.get(names.JOB_NAMESPACE, env.DEFAULT_JOB_NAMESPACE), name)
 
 
-def rendezvous(attempt: int, formed_s: float, check_s: float, now: float | None = None) -> dict[str, Any]:
-    """status.rendezvous: how long this attempt's gang took to form, and its all-reduce check."""
-    return {"attempt": int(attempt), "formedSeconds": round(formed_s, 3), "allReduceMillis": round(check_s * 1000, 3),
-            "time": rfc3339(time.time() if now is None else now)}
+def rendezvous(attempt: int, formed_s: float, check_s: float | None, now: float | None = None) -> dict[str, Any]:
+    """status.rendezvous: how long this attempt's gang took to form, and its all-reduce check (the
+    runtime's own, which a command's rank 0 does not run: None)."""
+    record: dict[str, Any] = {"attempt": int(attempt), "formedSeconds": round(formed_s, 3),
+                              "time": rfc3339(time.time() if now is None else now)}
+    if check_s is not None:
+        record["allReduceMillis"] = round(check_s * 1000, 3)
+    return record
 
 
 def record(fields: dict[str, Any]) -> bool:

@@ -65,7 +65,9 @@ def _pod_env(index: int, pods: int, per_pod: int = 1, master: str = "train-0.tra
 def test_a_member_pod_of_one_rank_takes_its_place_in_the_gang_and_rank_0s_pod_as_master() -> None:
     assert gang_env(_pod_env(3, 4), (1, 3), 3) == {
         envnames.WORLD_SIZE: "2", envnames.RANK: "1", envnames.NODE_RANK: "1",
-        envnames.MASTER_ADDR: "train-1.train.ns.svc"}
+        envnames.MASTER_ADDR: "train-1.train.ns.svc",
+        # and alike for a launcher the pod's command starts
+        envnames.PET_NNODES: "2", envnames.PET_NODE_RANK: "1", envnames.PET_MASTER_ADDR: "train-1.train.ns.svc"}
     assert gang_env(_pod_env(1, 4), (1, 3), 1)[envnames.RANK] == "0"
 
 
@@ -73,7 +75,8 @@ def test_a_member_pod_of_several_ranks_gives_its_local_ranks_the_gangs_ranks() -
     pod = _pod_env(2, 4, per_pod=4)
     changed = gang_env(pod, (2, 0), 2)
     assert changed == {envnames.WORLD_SIZE: "8", envnames.NODE_RANK: "0", envnames.GROUP_RANK: "0",
-                       envnames.MASTER_ADDR: "train-2.train.ns.svc"}
+                       envnames.MASTER_ADDR: "train-2.train.ns.svc", envnames.PET_NNODES: "2",
+                       envnames.PET_NODE_RANK: "0", envnames.PET_MASTER_ADDR: "train-2.train.ns.svc"}
     ranks = [local_rank_env({**pod, **changed}, local, "/dev/null") for local in range(4)]
     assert [r[envnames.RANK] for r in ranks] == ["0", "1", "2", "3"]
     second = {**_pod_env(0, 4, per_pod=4), **gang_env(_pod_env(0, 4, per_pod=4), (2, 0), 0)}
@@ -82,7 +85,8 @@ def test_a_member_pod_of_several_ranks_gives_its_local_ranks_the_gangs_ranks() -
 
 @pytest.mark.parametrize("master", ["127.0.0.1", "train-07.train.ns.svc", "training-0.training.ns.svc", "train-0"])
 def test_only_the_operators_name_for_pod_0_is_moved_to_the_gangs_first_pod(master: str) -> None:
-    assert envnames.MASTER_ADDR not in gang_env(_pod_env(1, 4, master=master), (1, 2), 1)
+    changed = gang_env(_pod_env(1, 4, master=master), (1, 2), 1)
+    assert envnames.MASTER_ADDR not in changed and envnames.PET_MASTER_ADDR not in changed
 
 
 def test_a_pod_outside_the_gang_has_no_env_in_it() -> None:

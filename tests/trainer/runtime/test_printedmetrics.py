@@ -1,6 +1,7 @@
-"""Progress and metrics from what training code already prints, in real rank processes: the seed's JSON
-lines and Hugging Face's dict lines recognised among lines that are none, the code's own reports winning,
-and a setting that turns it off."""
+"""Progress and metrics from what training code already prints, in real rank processes: the dask example's
+JSON lines and Hugging Face's dict lines recognised among lines that are none, the code's own reports
+winning, and a setting that turns it off; and, fed captured output, how lines, bars and what the code's
+trainer says merge into one progress."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from typing import Any
 import pytest
 from trainerhelp import describe, launch
 
+from ddp_trainer.runtime.heartbeat import Heartbeat
+from ddp_trainer.runtime.printedmetrics import PrintedMetrics, Probed
+from ddp_trainer.runtime.progress import ProgressReporter
 from ddp_trainer.storage import s3
 from ddp_trainer.storage.results import PRINTED, read_metrics
 
@@ -72,3 +76,46 @@ def test_without_a_results_prefix_the_printed_lines_still_drive_progress(s3_env,
                                                          "WL_STEPS": "3"})
     assert [r.returncode for r in results] == [0, 0], describe(results)
     assert json.loads(progress.read_text())["step"] == 3
+
+
+PRINTED_RUNS = Path(__file__).resolve().parents[2] / "contract" / "printed"
+
+
+def printed_metrics(heartbeat: Heartbeat | None = None) -> tuple[PrintedMetrics, list[dict[str, Any]]]:
+    records: list[dict[str, Any]] = []
+    return PrintedMetrics(ProgressReporter(records.append, min_interval_s=0.0, by_code=False), None, heartbeat), records
+
+
+def test_hugging_face_s_lines_and_its_bar_on_the_other_stream_merge_into_one_progress() -> None:
+    printed, records = printed_metrics()
+    out = (PRINTED_RUNS / "transformers-5.23-trainer.stdout").read_bytes()
+    err = (PRINTED_RUNS / "transformers-5.23-trainer.stderr").read_bytes()
+    for start in range(0, max(len(out), len(err)), 64):  # interleaved as the tee reads two pipes
+        printed.feed(err[start:start + 64], 2)
+        printed.feed(out[start:start + 64], 1)
+    printed.flush()
+    last = records[-1]
+    assert (last["step"], last["percent"], last["epoch"]) == (16, 100.0, 1)
+    assert last["loss"] == 3.907  # the last log dict's, kept while the bar moves on
+    assert all(r["loss"] is not None for r in records if r["step"] and r["step"] > 2)
+
+
+def test_what_the_code_s_trainer_says_wins_over_its_bars_and_gives_the_time_left() -> None:
+    clock = Heartbeat()
+    printed, records = printed_metrics(clock)
+    printed.record_probe(Probed(step=10, total=100, epoch=0.5, loss=1.25), now=100.0)
+    printed.record_probe(Probed(step=30, total=100, epoch=1.5, loss=1.0), now=110.0)
+    printed.feed(b"Epoch 1:  10%|#         | 1/10 [00:01<00:09,  1.00it/s, train_loss=9.9]\r")
+    printed.flush()
+    assert (records[-1]["step"], records[-1]["epoch"], records[-1]["loss"], records[-1]["percent"]) == (30, 1, 1.0, 30.0)
+    assert records[-1]["remainingSeconds"] == 35  # 70 steps at 0.5 s each
+    assert clock.step is not None  # every message ticked the command's hang-watch clock
+
+
+def test_a_progress_line_of_the_code_s_own_reporter_in_the_output_stops_the_printed_progress() -> None:
+    printed, records = printed_metrics()
+    printed.feed(b'{"loss": 0.5, "step": 1}\n')
+    printed.flush()
+    printed.feed(b'{"event": "ddp-progress", "step": 1, "loss": 0.5}\n{"loss": 0.25, "step": 2}\n')
+    printed.flush()
+    assert [r["step"] for r in records] == [1]

@@ -8,7 +8,7 @@ import pytest
 import torch
 from trainerhelp import FakeClock
 
-from ddp_trainer.runtime.progress import FileSink, LogSink, ProgressReporter, default_reporter
+from ddp_trainer.runtime.progress import FileSink, LogSink, ProgressReporter, default_reporter, duration
 
 
 def test_rate_limit_and_samples_per_second() -> None:
@@ -24,10 +24,37 @@ def test_rate_limit_and_samples_per_second() -> None:
     assert records[0]["samplesPerSecond"] == 32.0
     assert records[1]["samplesPerSecond"] == pytest.approx(5 * 32 / 5.0)
     assert records[1] == {"epoch": 0, "step": 6, "loss": 1.0, "samplesPerSecond": 32.0, "stepSeconds": 1.0,
+                          "percent": None, "remainingSeconds": None, "remaining": None,
                           "updatedAt": "1970-01-01T00:00:00.000Z"}
     assert reporter.flush() and records[-1]["step"] == 9
     assert records[-1]["stepSeconds"] == 1.0  # steps 7-9, one second each
     assert not reporter.flush()  # nothing new
+
+
+def test_a_reporter_with_the_runs_total_says_the_percent_and_the_time_left_at_the_recent_pace() -> None:
+    clock, records = FakeClock(0.0), []
+    reporter = ProgressReporter(records.append, min_interval_s=10.0, clock=clock, total_steps=1000)
+    for step in range(1, 251):
+        clock.now += 0.5
+        reporter.report(0, step, 1.0, samples=8)
+    reporter.flush()
+    assert (records[-1]["step"], records[-1]["percent"]) == (250, 25.0)
+    assert records[-1]["remainingSeconds"] == 375 and records[-1]["remaining"] == "6m15s"  # 750 steps of 0.5 s
+
+
+def test_percent_and_time_left_given_with_a_report_win_and_are_bounded() -> None:
+    records: list[dict] = []
+    reporter = ProgressReporter(records.append, min_interval_s=0.0, total_steps=10)
+    reporter.report(1, 3, 0.5, percent=71.25, remaining_s=7322.4)
+    assert (records[-1]["percent"], records[-1]["remainingSeconds"], records[-1]["remaining"]) == (71.2, 7322, "2h02m")
+    reporter.report(1, 4, 0.5, percent=140.0, remaining_s=float("inf"))
+    assert (records[-1]["percent"], records[-1]["remainingSeconds"]) == (100.0, None)
+
+
+@pytest.mark.parametrize(("seconds", "shown"), [(0, "0s"), (59, "59s"), (60, "1m00s"), (3599, "59m59s"),
+                                                (3600, "1h00m"), (90061, "1d01h")])
+def test_time_left_reads_as_kubectl_shows_ages(seconds: int, shown: str) -> None:
+    assert duration(seconds) == shown
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,8 @@ from ddp_contract import envnames as names
 from .. import env, jobstatus
 from ..errors import ConfigError, ExitCode, TrainerError
 from . import inplace, logkeeper, progress, supervisor
+from .command import CommandProcess
+from .command import run as run_command_once
 from .context import RankContext, set_context, target_world_size
 from .failures import classify, exit_code_of_system_exit, report
 from .hangwatch import HangWatch, hang_handler, stall_handler
@@ -35,6 +37,19 @@ from .target import load_target
 log = logging.getLogger("ddp_trainer")
 
 
+def run_command(command: Sequence[str], environ: dict[str, str] | None = None) -> int:
+    """`ddp-trainer exec -- CMD...`: a job's command in this pod under the runtime (runtime/command.py),
+    attempt after attempt under restartStrategy InPlace; the container's exit code."""
+    environ = dict(os.environ) if environ is None else environ
+    try:
+        if inplace.is_in_place(environ):
+            return inplace.serve(CommandProcess(command, environ), environ)
+        return run_command_once(command, environ)
+    except TrainerError as exc:
+        report(exc.exit_code, None, exc)
+        return exc.exit_code
+
+
 def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None = None) -> int:
     """Run one rank to completion and return the process exit code."""
     environ = dict(os.environ) if environ is None else environ
@@ -42,7 +57,7 @@ def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None 
     HEARTBEAT.reset()
     try:
         if inplace.is_in_place(environ):
-            return inplace.serve(target, args, environ)
+            return inplace.serve(supervisor.LocalRanks(target, args, environ), environ)
         if supervisor.is_launcher(environ):
             return supervisor.launch(target, args, environ)
     except TrainerError as exc:

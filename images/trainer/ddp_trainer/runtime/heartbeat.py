@@ -29,6 +29,12 @@ class Heartbeat:
             self.step = int(step)
             self._advanced_at = now
 
+    def tick(self) -> None:
+        """An advance that has no step number of its own (a command's output, a progress bar's update)."""
+        with self._lock:
+            step = (self.step or 0) + 1
+        self.beat(step)
+
     def stalled_for(self) -> float | None:
         """Seconds since the step last advanced; None before the first step."""
         with self._lock:

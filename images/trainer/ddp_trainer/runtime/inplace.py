@@ -38,7 +38,7 @@ from .. import env
 from ..jobstatus import JobStatusSink
 from ..jobwatch import JobView, JobWatch
 from .context import target_world_size
-from .supervisor import LocalRanks
+from .supervisor import RankProcesses
 from .termination import leave_termination_message
 
 log = logging.getLogger(__name__)
@@ -79,17 +79,19 @@ def failure_report(attempt: int, exit_code: int, message: str, oom_killed: bool,
 def gang_env(environ: Mapping[str, str], members: Sequence[int], index: int) -> dict[str, str]:
     """What the pod's env (made for the job's full size) becomes in the gang `members` (pod indices
     in rank order), for the member pod `index`: the gang's WORLD_SIZE, the pod's place in it as its
-    NODE_RANK (and RANK or GROUP_RANK, as the pod env has them), and rank 0's pod as MASTER_ADDR."""
+    NODE_RANK (and RANK or GROUP_RANK, as the pod env has them), and rank 0's pod as MASTER_ADDR; and
+    torchrun's settings alike (PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR) for a launcher."""
     if index not in members:
         raise ValueError(f"pod {index} is not in the gang {list(members)}")
     place = str(members.index(index))
-    changed = {names.WORLD_SIZE: str(len(members) * env.local_world_size(environ)), names.NODE_RANK: place}
+    changed = {names.WORLD_SIZE: str(len(members) * env.local_world_size(environ)), names.NODE_RANK: place,
+               names.PET_NNODES: str(len(members)), names.PET_NODE_RANK: place}
     changed[names.RANK if environ.get(names.RANK, "").strip() else names.GROUP_RANK] = place
     job_name = environ.get(names.JOB_NAME, "").strip()
     master = environ.get(names.MASTER_ADDR, "")
     first_pod = f"{job_name}-0."
     if job_name and master.startswith(first_pod):  # else not the operator's name (a harness's 127.0.0.1): kept
-        changed[names.MASTER_ADDR] = f"{job_name}-{members[0]}.{master[len(first_pod):]}"
+        changed[names.MASTER_ADDR] = changed[names.PET_MASTER_ADDR] = f"{job_name}-{members[0]}.{master[len(first_pod):]}"
     return changed
 
 
@@ -130,8 +132,9 @@ def _sizes(world_size: int, target: int) -> str:
     return f"world size {world_size} of {target}"
 
 
-def serve(target: str | None, args: Sequence[str], environ: Mapping[str, str]) -> int:
-    """Run the pod's ranks attempt after attempt; the container's exit code."""
+def serve(ranks: RankProcesses, environ: Mapping[str, str]) -> int:
+    """Run the pod's ranks (an entrypoint's LocalRanks, a command's CommandProcess) attempt after
+    attempt; the container's exit code."""
     job = env.JobInfo.from_env(environ)
     index = env.node_rank(environ)
     target_size = target_world_size(environ, int(environ.get(names.WORLD_SIZE) or 0))
@@ -141,7 +144,7 @@ def serve(target: str | None, args: Sequence[str], environ: Mapping[str, str]) -
     folder = Path(tempfile.mkdtemp(prefix="ddp-in-place-"))
     request = CheckpointRequest(folder / "checkpoint-request")
     try:
-        with LocalRanks(target, args, environ) as ranks:
+        with ranks:
 
             def stop(signum: int, frame: object) -> None:
                 stopping.append(signum)

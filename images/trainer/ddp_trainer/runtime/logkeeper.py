@@ -23,7 +23,7 @@ import selectors
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from ddp_contract import envnames, layout
@@ -31,6 +31,7 @@ from ddp_contract import envnames, layout
 from .. import env
 from ..errors import TrainerError
 from ..storage import s3
+from .heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ Upload = Callable[[int, bytes], None]  # (part number, the part's bytes so far)
 class Listener(Protocol):
     """What else reads the rank's output: `feed` must return at once (the rank's writes wait on it)."""
 
-    def feed(self, data: bytes) -> None: ...
+    def feed(self, data: bytes, stream: int = 1) -> None: ...
 
     def flush(self) -> None: ...
 
@@ -94,8 +95,9 @@ class Parts:
 
 
 class LogKeeper:
-    """Tees fds 1 and 2 into `Parts`, uploaded every `interval_s` (0: only at `finish`; upload None:
-    nothing kept), and into each listener, flushed on the same interval and closed at `finish`."""
+    """Tees fds 1 and 2 (`start`), or a child's output pipes (`attach`), into `Parts`, uploaded every
+    `interval_s` (0: only at `finish`; upload None: nothing kept), and into each listener, flushed on
+    the same interval and closed at `finish`."""
 
     def __init__(self, upload: Upload | None, interval_s: float, part_bytes: int = PART_BYTES,
                  listeners: Sequence[Listener] = ()) -> None:
@@ -105,6 +107,8 @@ class LogKeeper:
         self.parts = Parts(part_bytes)
         self._originals: dict[int, int] = {}  # pipe read end -> a copy of the original fd it writes on to
         self._saved: dict[int, int] = {}  # fd 1 or 2 -> its copy of the original
+        self._attached: list[int] = []  # a child's pipe read ends, closed at finish
+        self._streams: dict[int, int] = {}  # pipe read end -> the stream it carries (1 or 2)
         self._stop = threading.Event()
         self._closing = threading.Event()
         self._finisher: int | None = None  # the thread that runs finish()
@@ -121,8 +125,20 @@ class LogKeeper:
             read_end, write_end = os.pipe()
             self._saved[fd] = os.dup(fd)
             self._originals[read_end] = self._saved[fd]
+            self._streams[read_end] = fd
             os.dup2(write_end, fd)
             os.close(write_end)
+        return self._run()
+
+    def attach(self, outputs: Sequence[tuple[int, int]]) -> LogKeeper:
+        """Tee the read ends of a child's output pipes, each on to its fd (the child's stdout to 1, its
+        stderr to 2): this process's own output is left as it is."""
+        for read_end, out in outputs:
+            self._originals[read_end] = self._streams[read_end] = out
+            self._attached.append(read_end)
+        return self._run()
+
+    def _run(self) -> LogKeeper:
         self._reader.start()
         if self.interval_s > 0:
             self._uploader.start()
@@ -162,15 +178,15 @@ class LogKeeper:
                 _write_all(self._originals[key.fd], data)
                 if self.upload is not None:
                     self.parts.add(data)
-                self._feed(data)
+                self._feed(data, self._streams[key.fd])
             if drain_until is not None and time.monotonic() > drain_until:
                 break
         selector.close()
 
-    def _feed(self, data: bytes) -> None:
+    def _feed(self, data: bytes, stream: int) -> None:
         for listener in list(self.listeners):
             try:
-                listener.feed(data)
+                listener.feed(data, stream)
             except Exception:
                 self.listeners.remove(listener)
                 log.exception("%s no longer reads this rank's output", type(listener).__name__)
@@ -225,6 +241,10 @@ class LogKeeper:
         self._closing.set()
         if self._reader.is_alive() and self._reader is not threading.current_thread():
             self._reader.join(DRAIN_SECONDS + 1)
+        if not self._reader.is_alive():
+            for read_end in self._attached:
+                os.close(read_end)
+            self._attached = []
         last = threading.Thread(target=self._last, name="ddp-log-last-upload", daemon=True)
         last.start()
         last.join(FINAL_UPLOAD_SECONDS)
@@ -259,13 +279,24 @@ def start(rank: int, environ: dict[str, str] | None = None) -> LogKeeper | None:
     """Start the tee on this rank's output: kept in S3 where the job has a results prefix, and read
     for metric lines unless $DDP_METRICS_FROM_OUTPUT says not to; None where neither is wanted."""
     global _keeper
+    environ = dict(os.environ) if environ is None else environ
+    if _keeper is not None:
+        return _keeper
+    keeper = make_keeper(rank, environ)
+    _keeper = keeper.start() if keeper is not None else None
+    return _keeper
+
+
+def make_keeper(rank: int, environ: Mapping[str, str], extra: Sequence[Listener] = (),
+                progress: Heartbeat | None = None) -> LogKeeper | None:
+    """A LogKeeper, not started, for `rank`'s output in the attempt `environ` names: its parts go to
+    S3 where the job has a results prefix, and metric lines feed rank 0's progress and every rank's
+    metrics (printedmetrics.py) unless $DDP_METRICS_FROM_OUTPUT says not to (and tick `progress`, a
+    command's hang watch clock); `extra` listeners read it besides. None where nothing would read it."""
     from ..storage.results import S3ResultsHandler, job_prefix
     from .printedmetrics import PrintedMetrics
     from .progress import default_reporter
 
-    environ = dict(os.environ) if environ is None else environ
-    if _keeper is not None:
-        return _keeper
     upload: Upload | None = None
     results: S3ResultsHandler | None = None
     try:
@@ -280,11 +311,11 @@ def start(rank: int, environ: dict[str, str] | None = None) -> LogKeeper | None:
     except TrainerError as error:
         log.warning("this rank's output is not kept in S3 nor read for metrics: %s", error)
         return None
-    if upload is None and not scan:
+    if upload is None and not scan and not extra:
         return None
-    listeners = [PrintedMetrics(default_reporter(rank, by_code=False) if rank == 0 else None, results)] if scan else []
-    _keeper = LogKeeper(upload, interval, listeners=listeners).start()
-    return _keeper
+    reporter = default_reporter(rank, by_code=False) if scan and rank == 0 else None
+    listeners = [*([PrintedMetrics(reporter, results, progress)] if scan else []), *extra]
+    return LogKeeper(upload, interval, listeners=listeners)
 
 
 def finish() -> None:

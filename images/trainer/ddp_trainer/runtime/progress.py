@@ -4,7 +4,9 @@ Rank 0 writes the latest progress as one JSON object to $DDP_PROGRESS_FILE (atom
 one structured log line and, when it runs under the operator with the `kubernetes` package
 installed, patches the DDPJob's status.progress (jobstatus.py). A failing sink is logged and
 skipped; progress never stops training.
-Record: {"epoch", "step", "loss", "samplesPerSecond", "stepSeconds", "updatedAt" (RFC 3339, UTC)}.
+Record: {"epoch", "step", "loss", "samplesPerSecond", "stepSeconds", "percent", "remainingSeconds",
+"remaining" (the same, as 1h02m), "updatedAt" (RFC 3339, UTC)}; how far the run is comes from the
+reporter's total steps, or from a progress bar (printedmetrics.py).
 """
 
 from __future__ import annotations
@@ -98,9 +100,11 @@ class ProgressReporter:
         clock: Callable[[], float] = time.monotonic,
         wallclock: Callable[[], float] = time.time,
         by_code: bool = True,
+        total_steps: int | None = None,
     ) -> None:
         """by_code: the training code's reporter (its reports are heartbeats, and mark progress as the
-        code's own); False for the one printed metric lines feed."""
+        code's own); False for the one printed metric lines feed. total_steps: the steps the run takes,
+        from which each record says the percent done and the time left at the pace since the last."""
         if min_interval_s < 0:
             raise ValueError(f"min_interval_s={min_interval_s} must be >= 0")
         self.sink = sink
@@ -109,16 +113,20 @@ class ProgressReporter:
         self._wallclock = wallclock
         self._last_emit: float | None = None
         self._window_start = clock()
+        self._window_first_step: int | None = None  # the step of the last emitted record
         self._window_samples = 0
         self._window_steps = 0
         self._latest: dict[str, Any] | None = None
         self._latest_emitted = True
         self.by_code = by_code
+        self.total_steps = total_steps
         self._rate_known = True  # whether the reports say how many samples they processed
 
-    def report(self, epoch: float | None, step: int | None, loss: float | None = None, samples: int | None = 0) -> bool:
+    def report(self, epoch: float | None, step: int | None, loss: float | None = None, samples: int | None = 0,
+               *, percent: float | None = None, remaining_s: float | None = None) -> bool:
         """Record progress; `samples` is how many samples this step processed (all ranks; None: not
-        known, and no samplesPerSecond is said). An epoch is shown whole (0.5: epoch 0).
+        known, and no samplesPerSecond is said). An epoch is shown whole (0.5: epoch 0). `percent` and
+        `remaining_s` say how far the run is where the reporter has no total_steps to work them out.
 
         Returns True when a record was emitted. Every rank's report by the training code is its
         heartbeat (hangwatch.py)."""
@@ -130,7 +138,7 @@ class ProgressReporter:
         self._window_samples += samples or 0
         self._window_steps += 1
         self._latest = {"epoch": None if epoch is None else math.floor(epoch), "step": None if step is None else int(step),
-                        "loss": _float(loss)}
+                        "loss": _float(loss), "percent": percent, "remainingSeconds": remaining_s}
         self._latest_emitted = False
         now = self._clock()
         if self._last_emit is not None and now - self._last_emit < self.min_interval_s:
@@ -148,16 +156,50 @@ class ProgressReporter:
         assert self._latest is not None
         elapsed = now - self._window_start
         rate = self._window_samples / elapsed if elapsed > 0 else 0.0
-        step_seconds = round(elapsed / self._window_steps, 6) if self._window_steps else None
+        steps = self._window_steps
+        step = self._latest.get("step")
+        if step is not None and self._window_first_step is not None and step > self._window_first_step:
+            steps = step - self._window_first_step  # reports need not come every step (printed lines, bars)
+        step_seconds = round(elapsed / steps, 6) if steps else None
         record = {**self._latest, "samplesPerSecond": round(rate, 3) if self._rate_known else None,
                   "stepSeconds": step_seconds,
+                  **self._how_far(self._latest, step_seconds),
                   "updatedAt": rfc3339(self._wallclock(), millis=True)}
         self._last_emit = now
         self._window_start = now
+        self._window_first_step = step
         self._window_samples = 0
         self._window_steps = 0
         self._latest_emitted = True
         self.sink(record)
+
+
+    def _how_far(self, latest: dict[str, Any], step_seconds: float | None) -> dict[str, Any]:
+        percent, remaining = latest.get("percent"), latest.get("remainingSeconds")
+        step = latest.get("step")
+        if percent is None and self.total_steps and step is not None:
+            percent = 100 * min(step, self.total_steps) / self.total_steps
+            if step_seconds is not None:
+                remaining = max(0, self.total_steps - step) * step_seconds
+        return how_far(percent, remaining)
+
+
+def how_far(percent: float | None, remaining_s: float | None) -> dict[str, Any]:
+    """The record's percent (one decimal) and time left (whole seconds, and as 1h02m)."""
+    seconds = None if remaining_s is None or not math.isfinite(remaining_s) else max(0, round(remaining_s))
+    return {"percent": None if percent is None or not math.isfinite(percent) else round(min(max(percent, 0.0), 100.0), 1),
+            "remainingSeconds": seconds, "remaining": None if seconds is None else duration(seconds)}
+
+
+def duration(seconds: int) -> str:
+    """Seconds as kubectl shows ages: 45s, 12m30s, 1h02m, 3d04h."""
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
 
 
 def _float(value: Any) -> float | None:
@@ -181,9 +223,10 @@ def flush_reporters() -> None:
             log.warning("flushing progress failed: %s", exc)
 
 
-def default_reporter(rank: int | None = None, by_code: bool = True) -> ProgressReporter:
+def default_reporter(rank: int | None = None, by_code: bool = True, total_steps: int | None = None) -> ProgressReporter:
     """Rank 0: file ($DDP_PROGRESS_FILE), log line and, under the operator, the DDPJob's status,
-    every $DDP_PROGRESS_INTERVAL_SECONDS.
+    every $DDP_PROGRESS_INTERVAL_SECONDS; with `total_steps` (the run's), the percent done and the time
+    left too.
 
     Other ranks get a reporter whose sink does nothing, so training code need not branch.
     by_code False: the reporter printed metric lines feed, which prints no log line of its own (the
@@ -192,7 +235,7 @@ def default_reporter(rank: int | None = None, by_code: bool = True) -> ProgressR
     rank = env.rank() if rank is None else rank
     interval = env.progress_interval_s()
     if rank != 0:
-        return ProgressReporter(lambda record: None, interval, by_code=by_code)
+        return ProgressReporter(lambda record: None, interval, by_code=by_code, total_steps=total_steps)
     from ..jobstatus import in_cluster_sink
 
     sinks: list[Sink] = [FileSink(env.progress_file()), *([LogSink()] if by_code else [])]
@@ -206,6 +249,6 @@ def default_reporter(rank: int | None = None, by_code: bool = True) -> ProgressR
         job_status = None
     if job_status is not None:
         sinks.append(job_status)
-    reporter = ProgressReporter(fanout(sinks), interval, by_code=by_code)
+    reporter = ProgressReporter(fanout(sinks), interval, by_code=by_code, total_steps=total_steps)
     _made.append(reporter)
     return reporter

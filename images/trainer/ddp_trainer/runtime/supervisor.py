@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from ddp_contract import envnames as names
 from ddp_contract.exitcodes import ExitCode
@@ -56,6 +57,27 @@ def local_rank_env(environ: Mapping[str, str], local_rank: int, message_path: st
             names.TERMINATION_MESSAGE_PATH: message_path}
 
 
+class RankProcesses(Protocol):
+    """A pod's rank processes for one attempt after another, as runtime/inplace.py runs them: an
+    entrypoint's LocalRanks, or a job command's CommandProcess (runtime/command.py)."""
+
+    count: int  # the pod's ranks
+
+    def __enter__(self) -> RankProcesses: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+    def prepare_zygote(self, environ: Mapping[str, str]) -> None: ...
+
+    def start(self, environ: Mapping[str, str]) -> None: ...
+
+    def supervise(self, interrupted: Callable[[], bool] = ...) -> bool: ...
+
+    def signal_all(self, signum: int) -> None: ...
+
+    def outcome(self) -> tuple[int, str]: ...
+
+
 @dataclass
 class LocalRank:
     local_rank: int
@@ -67,25 +89,31 @@ class LocalRank:
 
 def launch(target: str | None, args: Sequence[str], environ: Mapping[str, str]) -> int:
     """Start every local rank, wait for them, and return the pod's exit code."""
-    stop_requested: list[int] = []
     with LocalRanks(target, args, environ) as ranks:
-
-        def forward(signum: int, frame: object) -> None:
-            stop_requested.append(signum)
-            ranks.signal_all(signum)
-
-        previous = signal.signal(signal.SIGTERM, forward)
-        try:
-            ranks.start(environ)
-            ranks.supervise()
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-        if stop_requested:
+        if run_once(ranks, environ):
             return ExitCode.TERMINATED
         code, message = ranks.outcome()
         if message:  # the cause wrote one: it becomes the pod's
             leave_termination_message(message)
         return code
+
+
+def run_once(ranks: RankProcesses, environ: Mapping[str, str]) -> bool:
+    """Start the pod's rank processes and supervise them until they end, a SIGTERM the container gets
+    passed on to them (and SIGKILL after STOP_GRACE_SECONDS); True when a SIGTERM stopped them."""
+    stopping: list[int] = []
+
+    def forward(signum: int, frame: object) -> None:
+        stopping.append(signum)
+        ranks.signal_all(signum)
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        ranks.start(environ)
+        ranks.supervise(lambda: bool(stopping))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return bool(stopping)
 
 
 class LocalRanks:
