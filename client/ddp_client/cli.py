@@ -1,4 +1,5 @@
-"""`kubectl ddp` (the executable `kubectl-ddp`): logs, results, plot and status of a DDPJob."""
+"""`kubectl ddp` (the executable `kubectl-ddp`): logs, results, plot and status of a DDPJob; convert a
+PyTorchJob to one."""
 
 from __future__ import annotations
 
@@ -6,18 +7,22 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
+import yaml
 from kubernetes.client.rest import ApiException
 from kubernetes.config import ConfigException
 from urllib3.exceptions import HTTPError
 
+from .convert import ConvertError, from_pytorchjob
 from .job import Job
 from .store import S3Access, StoreError
 from .submit import attach
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="kubectl ddp", description="Logs, results, metrics and status of DDPJobs.")
+    top = argparse.ArgumentParser(prog="kubectl ddp", description="Logs, results, metrics and status of DDPJobs; "
+                                  "a PyTorchJob converted to one.")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("job", help="the DDPJob's name")
     common.add_argument("-n", "--namespace", help="the job's namespace (default: the kubeconfig context's)")
@@ -40,7 +45,19 @@ def parser() -> argparse.ArgumentParser:
     plot.add_argument("--metric", action="append", help="only this metric (repeatable; default: all)")
     plot.add_argument("--rank", type=int, default=0, help="whose metrics (default 0; -1: mean of all ranks)")
     commands.add_parser("status", parents=[common], help="phase, ranks by state, progress, checkpoint, failure")
+    convert = commands.add_parser("convert", help="a Kubeflow PyTorchJob manifest as a DDPJob (YAML on stdout)")
+    convert.add_argument("-f", "--filename", required=True, help="the PyTorchJob's YAML file, or - for stdin")
     return top
+
+
+def convert_file(path: str) -> int:
+    """`kubectl ddp convert -f FILE`: the DDPJob on stdout, what was not carried over on stderr."""
+    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    conversion = from_pytorchjob(yaml.safe_load(text) or {})
+    sys.stdout.write(yaml.safe_dump(conversion.job, sort_keys=False))
+    for note in conversion.notes:
+        print(f"kubectl ddp convert: not carried over: {note}", file=sys.stderr)
+    return 0
 
 
 def s3_access(args: argparse.Namespace) -> S3Access:
@@ -75,6 +92,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.getLogger("urllib3").setLevel(logging.ERROR)  # its retries' warnings: the one line below says it
     job: Job | None = None
+    if args.command == "convert":
+        try:
+            return convert_file(args.filename)
+        except (OSError, yaml.YAMLError, ConvertError) as error:
+            print(f"kubectl ddp convert: {error}", file=sys.stderr)
+            return 1
     try:
         job = attach(args.job, args.namespace, args.kubeconfig, s3_access=s3_access(args), results_uri=args.results)
         return run(job, args)
