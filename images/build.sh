@@ -15,6 +15,10 @@
 #        images/build.sh probe NAME DIR
 #                                     build DIR/Dockerfile, in which the image NAME is available as
 #                                     ddp-operator/NAME:<tag>, and export its result into DIR/out
+#        images/build.sh derived NAME DIR
+#                                     build DIR/Dockerfile (FROM ddp-operator/trainer:<tag>, as a user
+#                                     builds on it) into ddp-operator/NAME:<tag>, load it into the local
+#                                     node if it is up, and print its tarball's path
 #
 # No registry is reachable here, so the base the Dockerfiles name (python:3.11-slim) is made from
 # Debian's packages (make_base) and handed to BuildKit as a named build context from an OCI layout
@@ -450,6 +454,52 @@ cmd_probe() {
     { tail -20 "$dir/build.log" >&3; die "probing $name failed; the whole log is $dir/build.log"; }
 }
 
+# derived_key DIR TRAINER: a hash of what an image built FROM the trainer is made of: the trainer image
+# (its tarball's manifest digest), DIR's files and the export settings.
+derived_key() {
+  {
+    echo "$BUILDKIT_VERSION $EXPORT $(tarball_digest "$2")"
+    (cd "$1" && find . -type f ! -name '*.pyc' ! -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum)
+  } | sha256sum | cut -c1-16
+}
+
+# cmd_derived NAME DIR: builds DIR/Dockerfile, whose FROM is the trainer image, into the tarball of
+# ddp-operator/NAME:<tag> (unless one of these inputs exists), keeps the newest KEEP_TARBALLS, and loads
+# it into the node when the node is up.
+cmd_derived() {
+  local name=$1 dir base trainer out
+  dir=$(cd "$2" && pwd) || die "no folder $2"
+  [ -f "$dir/Dockerfile" ] || die "no Dockerfile in $dir"
+  [ -z "${DOCKERFILE[$name]:-}" ] || die "$name is one of the project's own images"
+  prepare
+  base=$(make_base)
+  trainer=$(image_path trainer "$base")
+  ensure_image trainer "$base" "$trainer"
+  out=$IMAGE_CACHE/$name-$(derived_key "$dir" "$trainer").tar
+  if [ -f "$out" ]; then
+    touch "$out"
+  else
+    local started=$SECONDS
+    [ -n "$BUILDKIT_RUN" ] || start_buildkitd
+    image_context trainer "$trainer"
+    log "building $REPOSITORY/$name:$TAG from $dir/Dockerfile on $REPOSITORY/trainer:$TAG"
+    buildctl build --progress plain --frontend dockerfile.v0 --local context="$dir" --local dockerfile="$dir" \
+      "${IMAGE_CONTEXT[@]}" --output "$EXPORT,name=$REPOSITORY/$name:$TAG,dest=$out.tmp" >"$out.log" 2>&1 ||
+      { tail -20 "$out.log" >&3; die "building $name failed; the whole log is $out.log"; }
+    chmod 644 "$out.tmp" && mv "$out.tmp" "$out"
+    rm -rf "$BUILDKIT_RUN/image-trainer"
+    log "$name: $(du -m "$out" | cut -f1) MB tarball, built in $((SECONDS - started)) s: $out"
+  fi
+  local old
+  for old in $(ls -t "$IMAGE_CACHE/$name"-*.tar | tail -n +$((KEEP_TARBALLS + 1))); do
+    rm -f "$old" "$old.log"
+  done
+  if node_up; then
+    load_into_node "$name" "$out"
+  fi
+  echo "$out"
+}
+
 # push_image NAME TARBALL: pushes the image in TARBALL (the one `build` loads, so what is pushed is what
 # was built and tested, layer for layer) to PUSH_REGISTRY/ddp-operator/NAME:<tag> with BuildKit's own
 # push: a Dockerfile of just `FROM` that image, exported to the registry.
@@ -496,5 +546,6 @@ case "${1:-build}" in
   tarball) [ $# -eq 2 ] || die "usage: $0 tarball NAME"; cmd_tarball "$2" ;;
   push) [ $# -ge 2 ] && [ $# -le 3 ] || die "usage: $0 push REGISTRY [CA]"; cmd_push "$2" "${3:-}" ;;
   probe) [ $# -eq 3 ] || die "usage: $0 probe NAME DIR"; cmd_probe "$2" "$3" ;;
-  *) echo "usage: $0 [build] | tarball NAME | push REGISTRY [CA] | probe NAME DIR" >&2; exit 2 ;;
+  derived) [ $# -eq 3 ] || die "usage: $0 derived NAME DIR"; cmd_derived "$2" "$3" ;;
+  *) echo "usage: $0 [build] | tarball NAME | push REGISTRY [CA] | probe NAME DIR | derived NAME DIR" >&2; exit 2 ;;
 esac

@@ -110,6 +110,21 @@ def real_node(cluster: Cluster, kube_api):
     return the_real_node(kube_api)
 
 
+@pytest.fixture
+def pool_label(jobs: Jobs, kube_api, real_node) -> Iterator[tuple[str, str]]:
+    """A label of this test's own on the real node, which its job selects: taken off, the node holds none
+    of the job's new pods (as if its capacity were gone); its running pods stay. Removed afterwards."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(kube_api)
+    key, value = "ddp-operator-test/pool", jobs.namespace[-63:]
+    core.patch_node(real_node.metadata.name, {"metadata": {"labels": {key: value}}})
+    try:
+        yield key, value
+    finally:
+        core.patch_node(real_node.metadata.name, {"metadata": {"labels": {key: None}}})
+
+
 @pytest.fixture(scope="session")
 def busybox_image(real_node, tmp_path_factory: pytest.TempPathFactory) -> str:
     return import_busybox(tmp_path_factory.mktemp("busybox-rootfs"))

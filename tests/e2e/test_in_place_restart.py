@@ -121,13 +121,16 @@ def test_the_same_bug_twice_in_place_still_fails_the_job_as_deterministic(
     assert "ValueError: a bug that fires at step 3" in pod_log(podrunner, jobs.namespace, "buggy-in-place-1")
 
 
-def test_a_command_job_cannot_restart_in_place(jobs: Jobs) -> None:
+def test_a_command_job_without_the_trainer_runtime_cannot_restart_in_place(jobs: Jobs) -> None:
     job = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "cmd-in-place"},
-           "spec": {"worldSize": 2, "image": "busybox", "command": ["sleep", "1"], "restartStrategy": "InPlace"}}
+           "spec": {"worldSize": 2, "image": "busybox", "command": ["sleep", "1"], "restartStrategy": "InPlace",
+                    "trainerRuntime": "Off"}}
     with pytest.raises(Exception) as refused:
         jobs.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, jobs.namespace,
                                                           api.PLURAL, job)
     assert "restartStrategy InPlace restarts rank processes inside their pods" in str(refused.value)
+    job["spec"]["trainerRuntime"] = "Auto"  # the runtime runs it where the image has it
+    jobs.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, jobs.namespace, api.PLURAL, job)
 
 
 

@@ -204,19 +204,6 @@ def test_in_place_a_job_killed_three_ways_keeps_its_pods_and_resumes_to_the_unin
     assert_equal_params(final_params(endpoint, ns, "mended"), final_params(endpoint, ns, "steady"))
 
 
-@pytest.fixture
-def pool_label(jobs: Jobs, kube_api, real_node: client.V1Node) -> Iterator[tuple[str, str]]:
-    """A label of this test's own on the real node, which its job selects: taken off, the node holds none
-    of the job's new pods (as if its capacity were gone); its running pods stay. Removed afterwards."""
-    core = client.CoreV1Api(kube_api)
-    key, value = "ddp-operator-test/elastic", jobs.namespace[-63:]
-    core.patch_node(real_node.metadata.name, {"metadata": {"labels": {key: value}}})
-    try:
-        yield key, value
-    finally:
-        core.patch_node(real_node.metadata.name, {"metadata": {"labels": {key: None}}})
-
-
 def test_elastic_a_job_that_loses_two_ranks_goes_on_with_two_and_grows_back_seeing_each_sample_once(
         jobs: Jobs, kube_api, real_node, images_on_the_node: None, s3_on_the_bridge: str,
         pool_label: tuple[str, str]) -> None:

@@ -58,6 +58,16 @@ def spec_with(**changes: Any) -> dict[str, Any]:
     return changed(VALID_SPEC, **changes)
 
 
+def test_a_command_job_defaults_to_the_runtime_and_takes_launchers_and_restarts_in_place(
+        custom: Any, namespace: str) -> None:
+    created = create(custom, namespace, ddpjob(spec_with(entrypoint=None, command=["torchrun", "train.py"],
+                                                         restartStrategy="InPlace")))
+    assert (created["spec"]["trainerRuntime"], created["spec"]["launcher"]) == ("Auto", "Auto")
+    spawned = create(custom, namespace, ddpjob(spec_with(entrypoint=None, command=["python", "spawn.py"], worldSize=4,
+                                                         ranksPerPod=2, launcher="Command")))
+    assert parse_spec(spawned["spec"]).launcher == "Command"
+
+
 def test_valid_job_is_accepted_with_defaults(custom: Any, namespace: str) -> None:
     created = create(custom, namespace, ddpjob(VALID_SPEC))
     spec = created["spec"]
@@ -214,6 +224,15 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "spec.minWorldSize must be a multiple of spec.ranksPerPod",
     ),
     (
+        "in place without the runtime",
+        spec_with(entrypoint=None, command=["torchrun", "t.py"], restartStrategy="InPlace", trainerRuntime="Off"),
+        "spec.restartStrategy InPlace restarts rank processes inside their pods",
+    ),
+    ("an entrypoint without the runtime", spec_with(trainerRuntime="Off"), "spec.trainerRuntime Off is for a command"),
+    ("an entrypoint that starts ranks", spec_with(launcher="Command"), "spec.launcher Command is for a command"),
+    ("unknown launcher", spec_with(launcher="mpirun"), 'spec.launcher: Unsupported value: "mpirun"'),
+    ("torchrun's settings", spec_with(env=[{"name": "PET_NNODES", "value": "1"}]), "spec.env must not set MASTER_ADDR"),
+    (
         "shm volume name",
         spec_with(shmSize="1Gi", template={"spec": {"volumes": [{"name": "dshm", "emptyDir": {}}]}}),
         "spec.template.spec.volumes: Invalid value: \"object\": spec.template.spec.volumes: the volume name 'dshm' is reserved",
@@ -265,6 +284,9 @@ def test_status_written_by_the_operator_survives_pruning(custom: Any, namespace:
             "step": 300,
             "loss": 0.25,
             "samplesPerSecond": 812.5,
+            "percent": 37.5,
+            "remainingSeconds": 750,
+            "remaining": "12m30s",
             "updatedAt": "2025-01-01T00:00:00Z",
             "accuracy": 0.9,
         },

@@ -22,7 +22,6 @@ import queue
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any, NamedTuple
 
 from ddp_contract.metriclines import (
@@ -132,9 +131,10 @@ class PrintedMetrics:
         self._tick(line.step)
         if self.code_reports:
             return
-        epoch = None if line.epoch is None else int(line.epoch)
-        self._report(replace(self.state, loss=line.loss, epoch=epoch if epoch is not None else self.state.epoch,
-                             step=line.step if line.step is not None else self.state.step))
+        state = self.state
+        self._report(BarProgress(state.epoch if line.epoch is None else int(line.epoch),
+                                 state.step if line.step is None else line.step, line.loss, state.percent,
+                                 state.remaining_s))
         if self.results is not None and not logged_by_code():
             extra = {k: v for k, v in line.values.items() if k not in RECORD_KEYS}
             step = line.step if line.step is not None else self.lines
@@ -185,9 +185,8 @@ class PrintedMetrics:
     def _merged(self, said: BarProgress) -> BarProgress:
         """What a bar or a probe says, its epoch, step and loss kept from before where it says none."""
         state = self.state
-        return replace(said, epoch=state.epoch if said.epoch is None else said.epoch,
-                       step=state.step if said.step is None else said.step,
-                       loss=state.loss if said.loss is None else said.loss)
+        return BarProgress(state.epoch if said.epoch is None else said.epoch, state.step if said.step is None else said.step,
+                           state.loss if said.loss is None else said.loss, said.percent, said.remaining_s)
 
     def _report(self, state: BarProgress) -> None:
         self.state = state
