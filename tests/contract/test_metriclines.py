@@ -77,6 +77,10 @@ def test_a_line_longer_than_the_limit_is_dropped_to_its_end() -> None:
     scanner.feed(b'{"loss": 1, "step": 1, "x": "' + b"y" * (MAX_LINE + 10))
     scanner.feed(b'", "z": 0}\n{"loss": 0.5, "step": 2}\n')
     assert [line.step for line in seen] == [2]
+    scanner.feed(b'{"loss": 1, "step": 3, "x": "' + b"y" * (MAX_LINE + 10))
+    scanner.feed(b'yyy"}\n')  # its end: no brace to read in it, the line after is read again
+    scanner.feed(b'{"loss": 0.5, "step": 4}\n')
+    assert [line.step for line in seen] == [2, 4]
 
 
 PRINTED = Path(__file__).parent / "printed"  # real runs' output: printed/README.md says which

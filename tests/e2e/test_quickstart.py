@@ -14,7 +14,7 @@ from ddp_trainer.runtime.progress import ProgressReporter
 from fakenodes import FAKE_NODE_NAMESPACE_ANNOTATIONS
 from kube import REPO, Cluster, Jobs, cluster_script, wait_until
 
-COLUMNS = ["NAME", "PHASE", "READY", "RESTARTS", "EPOCH", "STEP", "LOSS", "REASON", "AGE"]
+COLUMNS = ["NAME", "PHASE", "READY", "RESTARTS", "EPOCH", "STEP", "LOSS", "PROGRESS%", "REASON", "AGE"]
 
 
 def quick_start_commands() -> list[str]:
@@ -62,14 +62,14 @@ def test_readme_quick_start_runs_as_written(cluster: Cluster, jobs: Jobs, kube_a
         job = yaml.safe_load((REPO / apply.split("-f", 1)[1].strip()).read_text())
         jobs.wait_phase("quickstart", c.PHASE_RUNNING, timeout=60)
         world = job["spec"]["worldSize"]
-        # What rank 0 of the quick-start job reports (the pods run on kwok nodes here).
+        # What rank 0 of the quick-start job reports (the pods run on kwok nodes here), as README shows it.
         ProgressReporter(JobStatusSink(jobs.namespace, "quickstart", api_client=kube_api), 0).report(
-            epoch=7, step=512, loss=0.0731, samples=128)
+            epoch=7, step=512, loss=0.0731, samples=128, percent=87.5)
         wait_until(lambda: jobs.status("quickstart").get("progress"), 10, "progress in the status")
 
         header, *rows = [line.split() for line in run(get).splitlines()]
         assert header == COLUMNS
-        assert rows == [["quickstart", "Running", f"{world}/{world}", "0", "7", "512", "0.0731", "AllRanksReady",
+        assert rows == [["quickstart", "Running", f"{world}/{world}", "0", "7", "512", "0.0731", "87.5", "AllRanksReady",
                          rows[0][-1]]], rows
         assert rows[0][-1].endswith("s"), rows  # AGE, e.g. 5s
     finally:

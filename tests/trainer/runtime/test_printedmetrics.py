@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from trainerhelp import describe, launch
 
+from ddp_trainer.runtime import printedmetrics
 from ddp_trainer.runtime.heartbeat import Heartbeat
 from ddp_trainer.runtime.printedmetrics import PrintedMetrics, Probed
 from ddp_trainer.runtime.progress import ProgressReporter
@@ -81,12 +82,18 @@ def test_without_a_results_prefix_the_printed_lines_still_drive_progress(s3_env,
 PRINTED_RUNS = Path(__file__).resolve().parents[2] / "contract" / "printed"
 
 
+@pytest.fixture
+def no_code_reports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process's earlier tests' reporters said the code reports itself (a flag for the process): not here."""
+    monkeypatch.setattr(printedmetrics, "reported_by_code", lambda: False)
+
+
 def printed_metrics(heartbeat: Heartbeat | None = None) -> tuple[PrintedMetrics, list[dict[str, Any]]]:
     records: list[dict[str, Any]] = []
     return PrintedMetrics(ProgressReporter(records.append, min_interval_s=0.0, by_code=False), None, heartbeat), records
 
 
-def test_hugging_face_s_lines_and_its_bar_on_the_other_stream_merge_into_one_progress() -> None:
+def test_hugging_face_s_lines_and_its_bar_on_the_other_stream_merge_into_one_progress(no_code_reports: None) -> None:
     printed, records = printed_metrics()
     out = (PRINTED_RUNS / "transformers-5.23-trainer.stdout").read_bytes()
     err = (PRINTED_RUNS / "transformers-5.23-trainer.stderr").read_bytes()
@@ -100,7 +107,7 @@ def test_hugging_face_s_lines_and_its_bar_on_the_other_stream_merge_into_one_pro
     assert all(r["loss"] is not None for r in records if r["step"] and r["step"] > 2)
 
 
-def test_what_the_code_s_trainer_says_wins_over_its_bars_and_gives_the_time_left() -> None:
+def test_what_the_code_s_trainer_says_wins_over_its_bars_and_gives_the_time_left(no_code_reports: None) -> None:
     clock = Heartbeat()
     printed, records = printed_metrics(clock)
     printed.record_probe(Probed(step=10, total=100, epoch=0.5, loss=1.25), now=100.0)
@@ -112,7 +119,8 @@ def test_what_the_code_s_trainer_says_wins_over_its_bars_and_gives_the_time_left
     assert clock.step is not None  # every message ticked the command's hang-watch clock
 
 
-def test_a_progress_line_of_the_code_s_own_reporter_in_the_output_stops_the_printed_progress() -> None:
+def test_a_progress_line_of_the_code_s_own_reporter_in_the_output_stops_the_printed_progress(
+        no_code_reports: None) -> None:
     printed, records = printed_metrics()
     printed.feed(b'{"loss": 0.5, "step": 1}\n')
     printed.flush()
