@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 
 BENCH_ARGS ?=
 
-.PHONY: demo example images bench-data bench-learning bench-printscan bench-dataworkers bench-train bench-operator bench-real-node bench-elastic chart-check crds lint test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
+.PHONY: demo example images bench-data bench-learning bench-printscan bench-command bench-dataworkers bench-train bench-operator bench-real-node bench-elastic chart-check crds lint test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
 
 demo:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/demo.py
@@ -40,6 +40,10 @@ bench-learning:
 # What reading a rank's output for metric lines costs, at 1000 lines a second.
 bench-printscan:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python benchmarks/bench_printscan.py $(BENCH_ARGS)
+
+# A user's torchrun script as a job's command, bare and under the trainer runtime (a GPU; CPUs with smaller BENCH_ARGS).
+bench-command:
+	@venv=$$(scripts/venv.sh) && $$venv/bin/python benchmarks/bench_command.py $(BENCH_ARGS)
 
 # ResNet-50 on one GPU fed by ShardStream next to synthetic data (the CPU runs it with BENCH_ARGS="--device cpu --model resnet18 ...").
 bench-train:

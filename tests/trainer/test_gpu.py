@@ -7,6 +7,7 @@ exercises the backend choice, device pinning, DDP on CUDA and resume from a chec
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -16,9 +17,11 @@ import torch
 from trainerhelp import describe as _describe
 from trainerhelp import free_port, launch, rank_env, workload_env
 
+from commandpods import command_job, run_pods
 from ddp_trainer.runtime.zygote import Zygote
 from ddp_trainer.storage import s3
 from ddp_trainer.storage.checkpoint import CheckpointManager
+from kube import REPO
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -83,3 +86,20 @@ def test_a_rank_forked_by_an_in_place_pods_zygote_trains_with_nccl_on_its_gpu(tm
     reference = ddp_workloads.reference(1, BATCH, EPOCHS)
     for name in params:
         assert torch.allclose(params[name], reference[name], rtol=1e-4, atol=1e-5), name
+
+
+@pytest.mark.timeout(300)
+def test_a_torchrun_command_under_the_runtime_trains_on_its_gpu_and_its_bar_is_read(tmp_path) -> None:
+    """A job's command, a user's torchrun script that picks nccl itself, runs under `ddp-trainer exec` as its
+    pod would: the runtime's hook in the rank's interpreter lets nccl form the gang on the GPU, and the
+    progress comes from the script's tqdm bar."""
+    speed = tmp_path / "speed.json"
+    script = ["torchrun", str(REPO / "benchmarks" / "resnet_torchrun.py"), "--model", "resnet18", "--batch", "8",
+              "--size", "64", "--steps", "20", "--warmup", "5", "--out", str(speed)]
+    job = command_job("gpu-command", script, worldSize=1, gpusPerRank=1)
+    (pod,) = run_pods(job, free_port(), tmp_path, {**GPU, "DDP_PROGRESS_FILE": str(tmp_path / "progress.json")})
+    assert pod.code == 0, pod.output[-3000:]
+    assert json.loads(speed.read_text())["world_size"] == 1
+    progress = json.loads((tmp_path / "progress.json").read_text())
+    assert (progress["step"], progress["percent"]) == (20, 100), progress
+    assert progress["loss"] is not None, progress
