@@ -36,6 +36,8 @@ class WorkQueue(Generic[K]):
         self._max_backoff = max_backoff
         self._failures: dict[K, int] = {}
         self._tasks: list[asyncio.Task] = []
+        self._idle = asyncio.Event()
+        self._idle.set()
         metrics.QUEUE_DEPTH.labels(name).set_function(lambda: len(self._queued))
 
     def add(self, key: K) -> None:
@@ -44,7 +46,16 @@ class WorkQueue(Generic[K]):
             self._dirty.add(key)
         elif key not in self._queued:
             self._queued.add(key)
+            self._idle.clear()
             self._queue.put_nowait(key)
+
+    def pending(self) -> frozenset[K]:
+        """The keys waiting for a worker (not those being reconciled, nor those waiting out a delay)."""
+        return frozenset(self._queued)
+
+    async def join(self) -> None:
+        """Returns once no key waits for a worker or is being reconciled (those waiting out a delay aside)."""
+        await self._idle.wait()
 
     def add_after(self, key: K, delay: float) -> None:
         """Schedules a reconcile of key after delay seconds, unless an earlier one is pending."""
@@ -109,3 +120,5 @@ class WorkQueue(Generic[K]):
                 self.add(key)
             elif requeue_after is not None:
                 self.add_after(key, requeue_after)
+            if not self._queued and not self._running:
+                self._idle.set()

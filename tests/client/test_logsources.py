@@ -9,6 +9,7 @@ from kubernetes.client.rest import ApiException
 
 from ddp_client.job import Job
 from ddp_client.logsources import rank_texts
+from ddp_client.store import ResultsPrefix, S3Access
 from ddp_contract import labels, layout
 
 
@@ -39,19 +40,24 @@ class FakeCore:
 
 
 class OfflineJob(Job):
-    """A Job whose API answers are given: its pods, which pod logs the API can serve, the job itself."""
+    """A Job whose API answers are given: its pods, which pod logs the API can serve, the job itself; and
+    whose results prefix is `kept`, the log parts its ranks kept."""
 
     def __init__(self, pods: list[dict[str, Any]], pod_logs: dict[str, str], kept: dict[str, str]) -> None:
-        self.name, self.namespace, self.results_uri = "j", "ns", None
-        self._pods, self.core = pods, FakeCore(pod_logs)
-        self._store = FakeStore(kept)  # type: ignore[assignment]
-        self._kept = None
+        from kubernetes import client
+
+        super().__init__("j", "ns", client.ApiClient(), s3_access=S3Access())
+        self._given_pods, self.core = pods, FakeCore(pod_logs)
+        self.kept = FakeStore(kept)
 
     def get(self) -> dict[str, Any]:
         return {"spec": {"s3": {"results": "s3://b/r"}}, "status": {"failedRank": {"rank": 1, "attempt": 1}}}
 
     def pods(self) -> list[dict[str, Any]]:
-        return self._pods
+        return self._given_pods
+
+    def store(self) -> ResultsPrefix:
+        return self.kept  # type: ignore[return-value]
 
 
 def pod(rank: int, attempt: int) -> dict[str, Any]:
@@ -71,7 +77,7 @@ def test_a_readable_pod_log_wins_and_the_others_come_from_s3_in_part_order() -> 
 
 def test_a_kept_part_is_downloaded_again_only_when_it_grew() -> None:
     job = OfflineJob([], {}, dict(KEPT))
-    store = job._store
+    store = job.kept
     job.log_texts()
     first = store.gets
     assert job.log_texts() == (1, {0: "kept 0 a\nkept 0 b\n", 1: "kept 1\n"}) and store.gets == first

@@ -3,33 +3,41 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from ddp_operator.workqueue import WorkQueue
+
+WAIT_S = 10.0  # how long a test waits for something the queue is to do before it fails
 
 
 def run(coro):
     return asyncio.run(coro)
 
 
+async def within(awaitable) -> None:
+    await asyncio.wait_for(awaitable, WAIT_S)
+
+
 def test_keys_added_during_a_reconcile_are_coalesced_into_one_more_run() -> None:
     async def scenario() -> list[str]:
         calls: list[str] = []
-        gate = asyncio.Event()
+        started, gate = asyncio.Event(), asyncio.Event()
 
         async def reconcile(key):
             calls.append(key)
             if len(calls) == 1:
+                started.set()
                 await gate.wait()
             return None
 
         queue = WorkQueue(reconcile, workers=4)
         queue.start()
         queue.add("a")
-        await asyncio.sleep(0.01)
+        await within(started.wait())
         for _ in range(5):
             queue.add("a")  # while the first run is in flight
         gate.set()
-        await asyncio.sleep(0.05)
+        await within(queue.join())
         await queue.stop()
         return calls
 
@@ -37,48 +45,67 @@ def test_keys_added_during_a_reconcile_are_coalesced_into_one_more_run() -> None
 
 
 def test_a_key_is_never_reconciled_twice_at_once() -> None:
-    async def scenario() -> int:
-        running, most = 0, 0
+    async def scenario() -> tuple[int, int]:
+        running, most, calls = 0, 0, 0
+        started, gate = asyncio.Event(), asyncio.Event()
 
         async def reconcile(key):
-            nonlocal running, most
+            nonlocal running, most, calls
             running += 1
+            calls += 1
             most = max(most, running)
-            await asyncio.sleep(0.01)
+            started.set()
+            await gate.wait()
             running -= 1
             return None
 
         queue = WorkQueue(reconcile, workers=8)
         queue.start()
+        queue.add("job")
+        await within(started.wait())
         for _ in range(20):
-            queue.add("job")
-            await asyncio.sleep(0.002)
-        await asyncio.sleep(0.1)
+            queue.add("job")  # seven idle workers, each given its turn to take it
+            for _ in range(3):
+                await asyncio.sleep(0)
+        gate.set()
+        await within(queue.join())
         await queue.stop()
-        return most
+        return most, calls
 
-    assert run(scenario()) == 1
+    assert run(scenario()) == (1, 2)
 
 
 def test_requeue_after_runs_the_key_again_later() -> None:
-    async def scenario() -> int:
+    delay = 0.05
+
+    async def scenario() -> tuple[int, float]:
+        loop = asyncio.get_running_loop()
+        returned_at, again_at, again = 0.0, 0.0, asyncio.Event()
         calls = 0
 
         async def reconcile(key):
-            nonlocal calls
+            nonlocal calls, returned_at, again_at
             calls += 1
-            return 0.05 if calls == 1 else None
+            if calls == 1:
+                returned_at = loop.time()
+                return delay
+            again_at = loop.time()
+            again.set()
+            return None
 
         queue = WorkQueue(reconcile, workers=1)
         queue.start()
         queue.add("job")
-        await asyncio.sleep(0.02)
-        assert calls == 1
-        await asyncio.sleep(0.1)
+        await within(queue.join())
+        assert calls == 1  # the first run is over and the key waits out its delay
+        await within(again.wait())
+        await within(queue.join())
         await queue.stop()
-        return calls
+        return calls, again_at - returned_at
 
-    assert run(scenario()) == 2
+    calls, waited = run(scenario())
+    assert calls == 2
+    assert waited >= delay - time.get_clock_info("monotonic").resolution
 
 
 def test_failures_back_off_exponentially_up_to_a_cap_and_reset_on_success() -> None:

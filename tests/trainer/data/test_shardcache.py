@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing
 import os
-import time
 from pathlib import Path
 
 import pytest
 from shardhelp import upload_wds_shards
 
+from ddp_trainer.data import shardcache
 from ddp_trainer.data.mapdataset import ShardedDataset
 from ddp_trainer.data.shardcache import ShardCache
 from ddp_trainer.data.shardindex import load_index
 from ddp_trainer.storage import readahead, s3
+
+WAIT_S = 30.0  # how long a slow download waits for the others to ask for its shard
 
 
 @pytest.fixture
@@ -44,15 +47,25 @@ def test_processes_asking_for_one_shard_at_once_download_it_once(wds_shards, tmp
     _, bucket, _ = wds_shards
     url = load_index(f"s3://{bucket}/sets/wds/index.json").shards[2].url
     context = multiprocessing.get_context("fork")
-    downloads, barrier = context.Value("i", 0), context.Barrier(4)
-    real_download = readahead.download
+    downloads, asking, barrier = context.Value("i", 0), context.Value("i", 0), context.Barrier(4)
+    asked = context.Condition()
+    real_download, real_flock = readahead.download, shardcache.flock
+
+    def counted_flock(file, operation: int) -> None:
+        if operation != fcntl.LOCK_UN:
+            with asked:
+                asking.value += 1
+                asked.notify_all()
+        real_flock(file, operation)
 
     def counted_download(*args, **kwargs):
         with downloads.get_lock():
             downloads.value += 1
-        time.sleep(0.3)  # a slow link: the others ask while this download runs
+        with asked:  # a slow link: the download lasts until every process has asked for the shard's lock
+            asked.wait_for(lambda: asking.value == 4, timeout=WAIT_S)
         return real_download(*args, **kwargs)
 
+    monkeypatch.setattr(shardcache, "flock", counted_flock)
     monkeypatch.setattr(readahead, "download", counted_download)
     cache = ShardCache(str(tmp_path / "cache"), limit_bytes=1 << 30)
 
@@ -67,6 +80,7 @@ def test_processes_asking_for_one_shard_at_once_download_it_once(wds_shards, tmp
     for process in processes:
         process.join(60)
     assert [p.exitcode for p in processes] == [0, 0, 0, 0]
+    assert asking.value == 4  # each asked while the shard was not there yet
     assert downloads.value == 1
     assert cache.size_bytes() == len(s3.get_bytes(s3.parse_uri(url)))
 
@@ -78,13 +92,21 @@ def test_a_process_forked_during_a_download_is_not_locked_out(wds_shards, tmp_pa
 
     _, bucket, _ = wds_shards
     url = load_index(f"s3://{bucket}/sets/wds/index.json").shards[1].url
-    real_download, downloading = readahead.download, threading.Event()
+    context = multiprocessing.get_context("fork")
+    real_download, real_flock, downloading, child_asked = readahead.download, shardcache.flock, threading.Event(), context.Event()
+    parent = os.getpid()
+
+    def watched_flock(file, operation: int) -> None:
+        if operation != fcntl.LOCK_UN and os.getpid() != parent:
+            child_asked.set()
+        real_flock(file, operation)
 
     def slow_download(*args, **kwargs):
         downloading.set()
-        time.sleep(1.0)
+        child_asked.wait(WAIT_S)  # a slow link: the download lasts until the forked worker asks for the lock
         return real_download(*args, **kwargs)
 
+    monkeypatch.setattr(shardcache, "flock", watched_flock)
     monkeypatch.setattr(readahead, "download", slow_download)
     cache = ShardCache(str(tmp_path / "cache"), limit_bytes=1 << 30)
     s3.client()  # the parent's client exists before the thread: only the lock is in play here
@@ -96,10 +118,11 @@ def test_a_process_forked_during_a_download_is_not_locked_out(wds_shards, tmp_pa
         path = cache.get(url)
         os._exit(0 if Path(path).read_bytes() == s3.get_bytes(s3.parse_uri(url)) else 1)
 
-    child = multiprocessing.get_context("fork").Process(target=worker)
+    child = context.Process(target=worker)
     child.start()  # forked while the download holds the lock
     downloader.join(30)
     child.join(30)
     if child.exitcode is None:
         child.kill()
+    assert child_asked.is_set()  # the worker asked for the lock while the download held it
     assert child.exitcode == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import time
@@ -113,17 +114,34 @@ def test_the_log_is_uploaded_every_interval_so_a_sigkill_loses_at_most_the_last_
 FINISH_TWICE = """
 import os, sys, threading, time
 from ddp_trainer.runtime.logkeeper import LogKeeper
-kept = []
+main = threading.get_ident()
+kept, seen, uploading, second_returned = [], [], threading.Event(), threading.Event()
+
+def main_waits_in_finish():
+    names, frame = [], sys._current_frames().get(main)
+    while frame is not None:
+        names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    return names[:1] == ["wait"] and "finish" in names
+
 def upload(part, data):
-    time.sleep(1.0)  # a slow last upload
+    uploading.set()
+    deadline = time.monotonic() + 30
+    while not (main_waits_in_finish() or second_returned.is_set()) and time.monotonic() < deadline:
+        second_returned.wait(0.01)  # a slow last upload: it runs until the second caller waits in finish()
+    second_returned.wait(0.5)  # and half a second more, in which a caller that stopped waiting would return
     kept.append(data)
+
 keeper = LogKeeper(upload, 0).start()
 print("the rank's last words", flush=True)
 first = threading.Thread(target=keeper.finish)
 first.start()
-time.sleep(0.3)
+in_upload = uploading.wait(30)  # the first caller is in finish(), uploading
 keeper.finish()  # a second caller, as the hang watchdog's thread can be: returns once the first is done
-os.write(sys.__stderr__.fileno(), repr(kept).encode())
+seen.extend(kept)
+second_returned.set()
+first.join(30)
+os.write(sys.__stderr__.fileno(), ("@" + repr((in_upload, seen))).encode())
 os._exit(0)
 """
 
@@ -131,4 +149,6 @@ os._exit(0)
 def test_a_second_finish_waits_for_the_first_ones_upload(tmp_path: Path) -> None:
     env = rank_env({}, 0, 1, free_port())
     result = subprocess.run([sys.executable, "-c", FINISH_TWICE], env=env, capture_output=True, text=True, timeout=60)
-    assert "the rank's last words" in result.stderr.split("[", 1)[-1], result.stderr
+    in_upload, seen = ast.literal_eval(result.stderr.rsplit("@", 1)[-1])
+    assert in_upload, result.stderr
+    assert seen == [b"the rank's last words\n"], result.stderr  # what was uploaded when the second finish() returned

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import posixpath
 import tempfile
 from collections.abc import Iterator
+from fcntl import LOCK_EX, LOCK_UN, flock
 
 from .. import env
 from ..errors import ConfigError
@@ -47,14 +47,14 @@ class ShardCache:
         # Workers of one DataLoader ask for the same shard at once (a chunked sampler hands them
         # consecutive batches): one downloads it, the rest wait instead of downloading it again.
         with open(os.path.join(locks, os.path.basename(path)), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            flock(lock, LOCK_EX)
             try:
                 self._fetch(url, path)
             finally:
                 # Unlock explicitly: a process forked meanwhile (a DataLoader worker, while a
                 # prefetch thread downloads) shares this open file, and closing ours alone
                 # would leave the lock held until that process exits.
-                fcntl.flock(lock, fcntl.LOCK_UN)
+                flock(lock, LOCK_UN)
         self.evict(keep=path)
         return path
 
