@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ddp_contract.resource import JobStatus
+
 
 def prefix_lines(rank: int, text: str) -> str:
     """Each line of `text` with `[rank N] ` in front (a last line without a newline gets one)."""
@@ -25,7 +27,7 @@ def rank_order(ranks: Iterable[int], failed: int | None = None) -> list[int]:
 
 def failed_rank(status: Mapping[str, Any], attempt: int | None) -> int | None:
     """The rank whose failure ended `attempt` (the job's status.failedRank), if that attempt's failure is the one recorded."""
-    failed = status.get("failedRank") or {}
+    failed = JobStatus.of(status).failed_rank or {}
     if failed.get("rank") is None or failed.get("attempt") not in (None, attempt):
         return None
     return int(failed["rank"])

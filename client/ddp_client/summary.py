@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ddp_contract import api, labels
+from ddp_contract.resource import JobStatus
 
 FINISHED = ("Succeeded", "Failed")
 
@@ -77,7 +78,7 @@ def failure_text(status: Mapping[str, Any]) -> str:
     lines = []
     if status.get("reason") or status.get("message"):
         lines.append(f"reason: {status.get('reason') or '-'}: {status.get('message') or ''}".rstrip(": "))
-    failed = status.get("failedRank") or {}
+    failed = JobStatus.of(status).failed_rank or {}
     if failed:
         where = f"rank {failed.get('rank')} (pod {failed.get('pod')}"
         where += f" on node {failed['node']})" if failed.get("node") else ")"
@@ -118,11 +119,12 @@ def world_size_text(spec: Mapping[str, Any], status: Mapping[str, Any]) -> str:
 def status_text(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> str:
     """`kubectl ddp status`: phase, ranks by state, progress, last checkpoint, failure reason."""
     meta, spec, status = job.get("metadata") or {}, job.get("spec") or {}, job.get("status") or {}
+    read = JobStatus.of(status)
     lines = [f"Job:          {meta.get('namespace')}/{meta.get('name')}",
              f"Phase:        {status.get('phase') or 'Pending'}"
              + (f" ({status['reason']})" if status.get("reason") else ""),
              f"World size:   {world_size_text(spec, status)}, {spec.get('gpusPerRank', 1)} GPU(s) each",
-             f"Attempt:      {status.get('attempt', 0)} (restarts: {status.get('restarts', 0)}, program "
+             f"Attempt:      {read.attempt} (restarts: {read.restarts}, program "
              f"{status.get('programRestarts', 0)}, infrastructure {status.get('infrastructureRestarts', 0)})"]
     states = ranks_by_state(pods)
     lines.append("Ranks:        " + ("; ".join(f"{state} {ranks_text(ranks)}" for state, ranks in states.items())

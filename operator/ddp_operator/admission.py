@@ -83,11 +83,11 @@ class Refused:
     tries: int = 1
     retry_at: float = 0.0
 
-    def problems(self, attempt: int, live_ranks: Iterable[int]) -> tuple[RankProblem, ...]:
+    def problems(self, attempt: int, live_indices: Iterable[int]) -> tuple[RankProblem, ...]:
         """The refused ranks that still have no pod, as held-up ranks of `attempt` (none for another)."""
         if attempt != self.attempt:
             return ()
-        live = set(live_ranks)
+        live = set(live_indices)
         return tuple(RankProblem(rank, self.refusal.reason, self.refusal.message) for rank in self.ranks if rank not in live)
 
     def again(self, attempt: int, ranks: Iterable[int], refusal: Refusal, now: float) -> Refused:

@@ -103,13 +103,13 @@ class InTheWay:
     def __bool__(self) -> bool:
         return bool(self.objects or self.pods)
 
-    def problems(self, world_size: int, live_ranks: Iterable[int]) -> tuple[RankProblem, ...]:
+    def problems(self, world_size: int, live_indices: Iterable[int]) -> tuple[RankProblem, ...]:
         """The ranks they hold up: every rank not yet created for a job-wide one, the rank for a pod."""
         advice = "; the operator never adopts, changes or deletes it: delete it, or rename the job"
         found: list[RankProblem] = []
         if self.objects:
             held = ", ".join(self.objects)
-            live = set(live_ranks)
+            live = set(live_indices)
             found += [RankProblem(r, c.REASON_NAME_IN_USE, f"{held} exists and is not this job's{advice}")
                       for r in range(world_size) if r not in live]
         found += [RankProblem(rank, c.REASON_NAME_IN_USE, f"pod {pod} exists and is not this job's{advice}")

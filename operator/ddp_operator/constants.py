@@ -42,9 +42,6 @@ PHASES: Final = (
 )
 TERMINAL_PHASES: Final = frozenset({PHASE_SUCCEEDED, PHASE_FAILED})
 
-# status.attemptTime: when the current attempt (status.attempt) began; an InPlace restart's
-# inPlaceDeadlineSeconds counts from it.
-STATUS_ATTEMPT_TIME: Final = "attemptTime"
 
 # Condition types (metav1.Condition); one per phase that a client may wait on.
 COND_CREATED: Final = "Created"

@@ -19,7 +19,7 @@ from ddp_contract import envnames, labels
 from ddp_operator import constants as c
 from ddp_operator.conditions import get_condition, set_condition
 from ddp_operator.failures import RankProblem
-from ddp_operator.podsummary import is_ready, rank_problem, trainer_status
+from ddp_operator.podstate import is_ready, rank_problem, trainer_status
 from ddp_operator.spec import JobSpec
 
 TOKEN_KEY = "token"
@@ -154,7 +154,7 @@ def keeps_data_workers(phase: str, queued: bool) -> bool:
     return phase in KEEPS_DATA_WORKERS and not queued
 
 
-def data_worker_status(job_name: str, summary: DataWorkerSummary, phase: str, kept: bool,
+def data_worker_status(job_name: str, summary: DataWorkerSummary, *, phase: str, kept: bool,
                        refused: tuple[str, str] | None, conditions: Iterable[Mapping[str, Any]], now: datetime,
                        generation: int | None) -> dict[str, Any]:
     """The status fields for the job's data workers: `dataWorkers` and the DataWorkersReady condition.

@@ -3,26 +3,27 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
+from ddp_contract.resource import JobStatus
 from ddp_contract.timestamps import parse_rfc3339
 from ddp_operator import constants as c
-from ddp_operator import elastic
-from ddp_operator.conditions import get_condition
 from ddp_operator.deadlines import deadline_exceeded, startup_remaining
 from ddp_operator.failures import RankFailure, describe_problems
 from ddp_operator.kueue.rules import Gate, QueueState
 from ddp_operator.manifests import pod_name
+from ddp_operator.modes import elastic, inplace, recreate
 from ddp_operator.podsummary import PodSummary
 from ddp_operator.policy import BUDGET_FIELDS, RESTART_COUNTERS, budget, is_retryable, repeats_previous
 from ddp_operator.spec import JobSpec
 
 
 class Action(enum.StrEnum):
-    CREATE = "Create"  # create decision.create_ranks
+    CREATE = "Create"  # create decision.create_indices
     WAIT = "Wait"  # nothing to create; maybe pods to delete (old attempts, leftovers of a finished job)
     RESTART = "Restart"  # delete the gang (InPlace: the pods that cannot go on); the next passes create attempt + 1
     RECREATE = "Recreate"  # an InPlace restart overdue: delete the pods kept from earlier attempts, same attempt
@@ -33,17 +34,13 @@ class Action(enum.StrEnum):
     QUEUE = "Queue"  # wait for Kueue to admit the gang, without pods
 
 
-# How long a failed job waits for the pod of a rank process that failed in place to end by itself.
-IN_PLACE_EXIT_GRACE_SECONDS = 30.0
-
-
 @dataclass(frozen=True)
 class Decision:
     action: Action
     attempt: int  # the gang attempt after this decision: label new pods with it, store it in status
     reason: str = ""
     message: str = ""
-    create_ranks: tuple[int, ...] = ()
+    create_indices: tuple[int, ...] = ()
     delete_pods: tuple[str, ...] = ()
     failure: RankFailure | None = None
     recheck_after: float | None = None  # seconds until the decision should be taken again
@@ -51,69 +48,150 @@ class Decision:
     checkpoint_wanted: elastic.CheckpointRequest | None = None  # elastic jobs: a grow waits for a checkpoint
 
 
+@dataclass(frozen=True)
+class Pass:
+    """What one decision is taken from. queue: for a job in a Kueue queue, what its Workload allows."""
+
+    spec: JobSpec
+    status: Mapping[str, Any]
+    summary: PodSummary
+    now: datetime
+    queue: QueueState | None = None
+
+    @property
+    def attempt(self) -> int:
+        return self.summary.attempt
+
+    @cached_property
+    def in_place_left(self) -> float | None:
+        """Seconds left for an InPlace restart's kept gang to form (modes/inplace.py)."""
+        return inplace.deadline_left(self.spec, self.status, self.summary, self.summary.kept, self.now)
+
+    @cached_property
+    def resized(self) -> elastic.Resize | None:
+        return elastic.resize(self.spec, self.status, self.summary, self.summary.waiting, self.now)
+
+
 def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: datetime,
            queue: QueueState | None = None) -> Decision:
-    """What to do next. Success means every rank's trainer exited 0 (not just rank 0): a rank still
-    running may be writing results. Any failed rank ends the attempt for the whole gang.
+    """What to do next: the first of RULES that decides, else create the pods whose names are free.
+    Success means every rank's trainer exited 0 (not just rank 0): a rank still running may be writing
+    results. Any failed rank ends the attempt for the whole gang.
 
     queue: for a job in a Kueue queue, what its Workload allows; a gang not admitted (or evicted)
     has no pods, and its pods going is no failure."""
-    attempt = summary.attempt
-    phase = status.get("phase")
-    if phase in c.TERMINAL_PHASES:
-        # Stop whatever still runs (a failed gang's survivors); keep finished pods for their logs.
-        left = _exit_grace_left(spec, status, now)
-        keep = (status.get("failedRank") or {}).get("pod") if left is not None else None
-        return Decision(Action.WAIT, attempt, status.get("reason", ""), status.get("message", ""),
-                        delete_pods=tuple(p for p in _running(summary) if p != keep), recheck_after=left)
-    if deadline_exceeded(status, spec, now):
-        message = f"activeDeadlineSeconds={spec.active_deadline_seconds} passed since {status.get('startTime')}"
-        return _fail(summary, c.REASON_DEADLINE, message)
-    if spec.suspend:
-        return Decision(
-            Action.SUSPEND, attempt, c.REASON_SUSPENDED, "spec.suspend is true", delete_pods=_whole_gang(summary)
-        )
-    gang = summary.gang_pods(spec.pods)
-    if summary.succeeded == gang:
-        return Decision(Action.SUCCEED, attempt, c.REASON_SUCCEEDED, f"all {gang * spec.ranks_per_pod} ranks exited 0")
-    if queue is not None and queue.gate != Gate.ADMITTED:
-        action = Action.SUSPEND if queue.gate == Gate.EVICTED else Action.QUEUE
-        return Decision(action, attempt, queue.reason, queue.message, delete_pods=_whole_gang(summary))
-    failure = summary.failure or _lost_rank(spec, status, summary)
-    if failure is not None:
-        wait = _echo_wait(failure, now)
-        if wait is not None:
-            return Decision(Action.WAIT, attempt, delete_pods=_replaced_anyway(summary), recheck_after=wait)
-        return _on_failure(spec, status, summary, failure)
-    in_place_left = _in_place_due(spec, status, summary, now)
-    if in_place_left is not None and in_place_left <= 0:
-        return _in_place_overdue(spec, summary)
-    at_once = [problem for problem in summary.problems if problem.reason in c.FAIL_AT_ONCE_REASONS]
-    if at_once:
-        # Refused by the cluster's rules (Pod Security, a LimitRange, a policy, ...): waiting cannot help.
-        return _fail(summary, *describe_problems(at_once, "rank" if spec.ranks_per_pod == 1 else "pod"))
-    resized = elastic.resize(spec, status, summary, now)
-    if resized is not None and resized.due:
-        return Decision(Action.RESIZE, attempt + 1, resized.reason, resized.message,
-                        delete_pods=_replaced_anyway(summary), members=resized.members)
-    remaining = startup_remaining(status, spec, now) if summary.problems else None
-    if remaining is not None and remaining <= 0:
-        # Held up past the startup deadline: fail with the cause, so the other ranks free what they hold.
-        cause, detail = summary.held_up
-        return _fail(summary, cause, f"{detail}; still so after startupDeadlineSeconds={spec.startup_deadline_seconds}")
-    refused = {problem.rank for problem in summary.problems if problem.reason == c.REASON_QUOTA_EXCEEDED}
-    if summary.active_pods and refused and not (spec.elastic and gang - len(refused) >= spec.min_pods):
-        # Part of the gang was created before a quota refused the rest: its pods hold what the others
-        # need and cannot train alone, so they go; the whole gang is created once the quota has room.
-        # An elastic job's part that reaches its minimum stays (it starts without the rest), judged by
-        # what was refused: the pods just created may not all be in the watch's cache yet.
-        return Decision(Action.WAIT, attempt, delete_pods=_whole_gang(summary))
-    free = tuple(r for r in range(spec.pods) if r not in summary.occupied_ranks)
-    action = Action.CREATE if free else Action.WAIT
-    due = [t for t in (in_place_left, resized.recheck_after if resized else None) if t is not None]
-    return Decision(action, attempt, delete_pods=_replaced_anyway(summary), create_ranks=free,
-                    recheck_after=min(due) if due else None,
-                    checkpoint_wanted=resized.checkpoint_wanted if resized else None)
+    taken_from = Pass(spec, status, summary, now, queue)
+    for rule in RULES:
+        decision = rule(taken_from)
+        if decision is not None:
+            return decision
+    return _create(taken_from)
+
+
+def _finished(p: Pass) -> Decision | None:
+    """Stop whatever still runs (a failed gang's survivors); keep finished pods for their logs."""
+    if p.status.get("phase") not in c.TERMINAL_PHASES:
+        return None
+    left = inplace.exit_grace_left(p.spec, p.status, p.now)
+    keep = (p.status.get("failedRank") or {}).get("pod") if left is not None else None
+    return Decision(Action.WAIT, p.attempt, p.status.get("reason", ""), p.status.get("message", ""),
+                    delete_pods=tuple(n for n in p.summary.running_pods if n != keep), recheck_after=left)
+
+
+def _past_deadline(p: Pass) -> Decision | None:
+    if not deadline_exceeded(p.status, p.spec, p.now):
+        return None
+    message = f"activeDeadlineSeconds={p.spec.active_deadline_seconds} passed since {p.status.get('startTime')}"
+    return _fail(p.summary, c.REASON_DEADLINE, message)
+
+
+def _suspended(p: Pass) -> Decision | None:
+    if not p.spec.suspend:
+        return None
+    return Decision(Action.SUSPEND, p.attempt, c.REASON_SUSPENDED, "spec.suspend is true",
+                    delete_pods=p.summary.every_pod())
+
+
+def _succeeded(p: Pass) -> Decision | None:
+    gang = p.summary.gang_pods(p.spec.pods)
+    if p.summary.succeeded != gang:
+        return None
+    return Decision(Action.SUCCEED, p.attempt, c.REASON_SUCCEEDED, f"all {gang * p.spec.ranks_per_pod} ranks exited 0")
+
+
+def _not_admitted(p: Pass) -> Decision | None:
+    if p.queue is None or p.queue.gate == Gate.ADMITTED:
+        return None
+    action = Action.SUSPEND if p.queue.gate == Gate.EVICTED else Action.QUEUE
+    return Decision(action, p.attempt, p.queue.reason, p.queue.message, delete_pods=p.summary.every_pod())
+
+
+def _failed(p: Pass) -> Decision | None:
+    failure = p.summary.failure or _lost_rank(p.spec, p.status, p.summary)
+    if failure is None:
+        return None
+    wait = _echo_wait(failure, p.now)
+    if wait is not None:
+        return Decision(Action.WAIT, p.attempt, delete_pods=p.summary.replaced_anyway, recheck_after=wait)
+    return _on_failure(p.spec, p.status, p.summary, failure)
+
+
+def _in_place_overdue(p: Pass) -> Decision | None:
+    if p.in_place_left is None or p.in_place_left > 0:
+        return None
+    reason, message, replaced = inplace.overdue(p.spec, p.summary, p.summary.kept)
+    return Decision(Action.RECREATE, p.attempt, reason, message, delete_pods=replaced)
+
+
+def _refused(p: Pass) -> Decision | None:
+    """Refused by the cluster's rules (Pod Security, a LimitRange, a policy, ...): waiting cannot help."""
+    at_once = [problem for problem in p.summary.problems if problem.reason in c.FAIL_AT_ONCE_REASONS]
+    if not at_once:
+        return None
+    return _fail(p.summary, *describe_problems(at_once, "rank" if p.spec.ranks_per_pod == 1 else "pod"))
+
+
+def _resize_due(p: Pass) -> Decision | None:
+    if p.resized is None or not p.resized.due:
+        return None
+    return Decision(Action.RESIZE, p.attempt + 1, p.resized.reason, p.resized.message,
+                    delete_pods=p.summary.replaced_anyway, members=p.resized.members)
+
+
+def _held_past_startup(p: Pass) -> Decision | None:
+    """Held up past the startup deadline: fail with the cause, so the other ranks free what they hold."""
+    remaining = startup_remaining(p.status, p.spec, p.now) if p.summary.problems else None
+    if remaining is None or remaining > 0:
+        return None
+    cause, detail = p.summary.held_up
+    return _fail(p.summary, cause, f"{detail}; still so after startupDeadlineSeconds={p.spec.startup_deadline_seconds}")
+
+
+def _partly_refused_by_quota(p: Pass) -> Decision | None:
+    """Part of the gang was created before a quota refused the rest: its pods hold what the others
+    need and cannot train alone, so they go; the whole gang is created once the quota has room. An
+    elastic job's part that reaches its minimum stays (it starts without the rest), judged by what was
+    refused: the pods just created may not all be in the watch's cache yet."""
+    refused = {problem.rank for problem in p.summary.problems if problem.reason == c.REASON_QUOTA_EXCEEDED}
+    gang = p.summary.gang_pods(p.spec.pods)
+    if not (p.summary.active_pods and refused) or (p.spec.elastic and gang - len(refused) >= p.spec.min_pods):
+        return None
+    return Decision(Action.WAIT, p.attempt, delete_pods=p.summary.every_pod())
+
+
+def _create(p: Pass) -> Decision:
+    free = tuple(r for r in range(p.spec.pods) if r not in p.summary.taken_indices)
+    due = [t for t in (p.in_place_left, p.resized.recheck_after if p.resized else None) if t is not None]
+    return Decision(Action.CREATE if free else Action.WAIT, p.attempt, delete_pods=p.summary.replaced_anyway,
+                    create_indices=free, recheck_after=min(due) if due else None,
+                    checkpoint_wanted=p.resized.checkpoint_wanted if p.resized else None)
+
+
+# In order: the first that decides wins.
+RULES: tuple[Callable[[Pass], Decision | None], ...] = (
+    _finished, _past_deadline, _suspended, _succeeded, _not_admitted, _failed, _in_place_overdue, _refused,
+    _resize_due, _held_past_startup, _partly_refused_by_quota,
+)
 
 
 def _on_failure(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, failure: RankFailure) -> Decision:
@@ -136,44 +214,12 @@ def _on_failure(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, f
     how = "in place" if spec.in_place else "the gang"
     message = (f"{failure.describe()}; restarting {how} ({kind.lower()} restart {used + 1} of {limit}, "
                f"{BUDGET_FIELDS[kind]})")
-    replaced = _cannot_go_on(summary) if spec.in_place else _whole_gang(summary)
+    replaced = (inplace.replaced_by_restart(summary, summary.replaced_anyway) if spec.in_place
+                else recreate.replaced_by_restart(summary, summary.running_pods, summary.replaced_anyway))
     return Decision(
         Action.RESTART, summary.attempt + 1, _restart_reason(failure), message, delete_pods=replaced, failure=failure,
-        members=elastic.restart_members(spec, summary),
+        members=elastic.restart_members(spec, summary, summary.waiting),
     )
-
-
-def gang_formed(status: Mapping[str, Any]) -> bool:
-    """Whether rank 0 recorded the current attempt's gang forming (status.rendezvous)."""
-    formed = (status.get("rendezvous") or {}).get("attempt")
-    return isinstance(formed, int) and formed >= int(status.get("attempt", 0))
-
-
-def _in_place_due(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: datetime) -> float | None:
-    """Seconds left for an InPlace restart's gang to form, counted from when the restart was decided
-    (status.attemptTime; the Restarting condition's time for a status written before it) or, later,
-    the last of its pods started running; None when no such restart is waiting on pods it kept."""
-    if not spec.in_place or status.get("phase") != c.PHASE_RESTARTING or gang_formed(status):
-        return None
-    if not summary.carried_pods or summary.running < summary.gang_pods(spec.pods):
-        return None  # a rank still pending is held up for its own reasons, reported as such
-    restarted = get_condition(status.get("conditions") or [], c.COND_RESTARTING) or {}
-    since = [t for t in (parse_rfc3339(restarted.get("lastTransitionTime")), parse_rfc3339(summary.last_started),
-                         parse_rfc3339(status.get(c.STATUS_ATTEMPT_TIME))) if t is not None]
-    if not since:
-        return None
-    return spec.in_place_deadline_seconds - (now - max(since)).total_seconds()
-
-
-def _in_place_overdue(spec: JobSpec, summary: PodSummary) -> Decision:
-    """An InPlace restart whose gang did not form within inPlaceDeadlineSeconds of all its pods
-    running (a rank process that cannot be stopped, a runtime that never starts its rank again): the
-    pods kept from earlier attempts are recreated, for the same attempt, on no budget."""
-    message = (f"the gang of attempt {summary.attempt} did not form within inPlaceDeadlineSeconds="
-               f"{spec.in_place_deadline_seconds} of all its pods running; recreating the pods kept from earlier "
-               f"attempts: {', '.join(summary.carried_pods)}")
-    return Decision(Action.RECREATE, summary.attempt, c.REASON_IN_PLACE_TIMED_OUT, message,
-                    delete_pods=summary.carried_pods)
 
 
 def _echo_wait(failure: RankFailure, now: datetime) -> float | None:
@@ -198,17 +244,7 @@ def _fail(summary: PodSummary, reason: str, message: str, failure: RankFailure |
     # process's code once the job is Failed, so the pod and its log stay, as a failed container's do.
     keep = failure.pod if failure is not None and failure.in_place else None
     return Decision(Action.FAIL, summary.attempt, reason, message, failure=failure,
-                    delete_pods=tuple(p for p in _running(summary) if p != keep))
-
-
-def _exit_grace_left(spec: JobSpec, status: Mapping[str, Any], now: datetime) -> float | None:
-    """Seconds the pod of a rank process that failed in place (InPlace) still has to end on its own
-    after the job failed; None once past it, or when there is no such pod to wait for."""
-    completed = parse_rfc3339(status.get("completionTime"))
-    if not spec.in_place or completed is None or status.get("phase") != c.PHASE_FAILED:
-        return None
-    left = IN_PLACE_EXIT_GRACE_SECONDS - (now - completed).total_seconds()
-    return left if left > 0 else None
+                    delete_pods=tuple(p for p in summary.running_pods if p != keep))
 
 
 def _lost_rank(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary) -> RankFailure | None:
@@ -217,9 +253,9 @@ def _lost_rank(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary) ->
     Before the gang formed (phase not yet Running), a missing rank is simply created again: the
     others are still waiting for it at the rendezvous.
     """
-    if status.get("phase") != c.PHASE_RUNNING or int(status.get("attempt", 0)) != summary.attempt:
+    if status.get("phase") != c.PHASE_RUNNING or JobStatus.of(status).attempt != summary.attempt:
         return None
-    missing = [r for r in summary.gang or range(spec.pods) if r not in summary.live_ranks]
+    missing = [r for r in summary.gang or range(spec.pods) if r not in summary.live_indices]
     if not missing:
         return None
     name = pod_name(summary.job_name, missing[0]) if summary.job_name else ""
@@ -227,24 +263,3 @@ def _lost_rank(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary) ->
                        ranks_per_pod=spec.ranks_per_pod)
 
 
-def _cannot_go_on(summary: PodSummary) -> tuple[str, ...]:
-    """restartStrategy InPlace: the pods a restart replaces: those whose trainer container ended
-    (failed, succeeded or evicted), those on a lost node, and older ones. The runtime in every other
-    pod starts its rank processes again for the next attempt."""
-    return tuple(sorted(set(summary.finished_pods + summary.on_lost_nodes + _replaced_anyway(summary))))
-
-
-def _whole_gang(summary: PodSummary) -> tuple[str, ...]:
-    """Every pod not already being deleted: the current attempt (finished or not) and older ones."""
-    return tuple(sorted(set(_running(summary) + summary.finished_pods + _replaced_anyway(summary))))
-
-
-def _running(summary: PodSummary) -> tuple[str, ...]:
-    """Pods whose trainer still runs or waits to: the gang's, and an elastic job's waiting pods."""
-    return summary.active_pods + summary.probes
-
-
-def _replaced_anyway(summary: PodSummary) -> tuple[str, ...]:
-    """Pods deleted whatever else happens: older attempts', and an elastic job's waiting pods that
-    ended or are on a lost node (created again, to wait on)."""
-    return summary.stale_pods + summary.dead_probes

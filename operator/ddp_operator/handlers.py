@@ -16,6 +16,7 @@ import kopf
 from prometheus_client import REGISTRY
 
 from ddp_contract import api
+from ddp_contract.resource import job_key
 from ddp_operator import metrics
 from ddp_operator.config import OperatorConfig, exact, served
 from ddp_operator.kubeapi import KubeApi, make_api_client
@@ -116,7 +117,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
 async def job_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime = memo.runtime
-    key = (body["metadata"]["namespace"], body["metadata"]["name"])
+    key = job_key(body)
     if not served(key[0], runtime.namespaces):  # kopf watches the whole cluster for a glob
         return
     if event.get("type") == "DELETED":

@@ -19,9 +19,9 @@ from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from ddp_contract.labels import LABEL_JOB_NAME
+from ddp_contract.resource import JobKey
 from ddp_operator.config import exact, served
 
-JobKey = tuple[str, str]  # (namespace, job name)
 OnChange = Callable[[JobKey], None]
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class ListWatch(ABC):
         return version
 
 
-def job_key(obj: dict) -> JobKey | None:
+def owning_job_key(obj: dict) -> JobKey | None:
     """(namespace, job name) of one of a job's children, by its job-name label."""
     meta = obj.get("metadata", {})
     job = meta.get("labels", {}).get(LABEL_JOB_NAME)
@@ -189,7 +189,7 @@ class JobObjects(ABC):
         """Keeps a fresh list of the namespace's objects (None: every namespace's)."""
         fresh: dict[JobKey, dict[str, dict]] = {}
         for obj in items:
-            key = job_key(obj)
+            key = owning_job_key(obj)
             if key and self._wanted(key):
                 fresh.setdefault(key, {})[obj["metadata"]["name"]] = self._slim(obj)
         with self._lock:
@@ -199,7 +199,7 @@ class JobObjects(ABC):
         self._notify(changed)
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
-        key = job_key(obj)
+        key = owning_job_key(obj)
         if key is None or not self._wanted(key):
             return
         name = obj["metadata"]["name"]

@@ -1,6 +1,6 @@
 """Pure builders for a DDPJob's children: one headless Service and one Pod per rank.
 
-ownerReferences are added by the caller (kopf.adopt).
+ownerReferences are added by the caller (kubeapi.adopt).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def build_service(job: Mapping[str, Any], spec: JobSpec) -> dict[str, Any]:
         "spec": {
             "clusterIP": "None",
             # Ranks resolve MASTER_ADDR while rank 0 is still starting; without this the name
-            # does not exist until rank 0 is Ready (field notes, pain 1).
+            # does not exist until rank 0 is Ready.
             "publishNotReadyAddresses": True,
             "selector": {labels.LABEL_JOB_NAME: meta["name"]},
             "ports": [{"name": "master", "port": port, "targetPort": port, "protocol": "TCP"}],
@@ -79,22 +79,23 @@ def build_service(job: Mapping[str, Any], spec: JobSpec) -> dict[str, Any]:
     }
 
 
-def build_pod(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) -> dict[str, Any]:
-    """Pod `rank` of the gang (with ranksPerPod > 1: the pod's index, holding spec.pod_ranks(rank))
+def build_pod(job: Mapping[str, Any], spec: JobSpec, index: int, attempt: int) -> dict[str, Any]:
+    """Pod `index` of the gang (the rank's own when ranksPerPod is 1, else holding spec.pod_ranks(index))
     for one gang attempt; the pod template's fields are kept and merged."""
-    if not 0 <= rank < spec.pods:
-        raise ValueError(f"pod index {rank} is outside 0..{spec.pods - 1}")
+    if not 0 <= index < spec.pods:
+        raise ValueError(f"pod index {index} is outside 0..{spec.pods - 1}")
     meta = job["metadata"]
     name = meta["name"]
     pod_spec = copy.deepcopy(dict(spec.pod_spec))
     sidecars = [x for x in pod_spec.get("containers") or [] if x.get("name") != labels.CONTAINER_NAME]
-    env = rank_env(job, spec, rank, attempt)
+    env = rank_env(job, spec, index, attempt)
     pod_spec.update(
-        hostname=pod_name(name, rank),
+        hostname=pod_name(name, index),
         subdomain=service_name(name),
-        # The operator restarts the whole gang; a rank restarted alone cannot rejoin (pain 2).
+        # Restarts are the gang's (its pods recreated, or its ranks restarted in place by the
+        # runtime): a container the kubelet restarted alone could not rejoin the gang.
         restartPolicy="Never",
-        containers=[_trainer_container(spec, template_trainer(spec), env, rank, meta), *sidecars],
+        containers=[_trainer_container(spec, template_trainer(spec), env, index, meta), *sidecars],
     )
     pod_spec["tolerations"] = [*(pod_spec.get("tolerations") or []), *node_lost_tolerations(spec)]
     _job_pod_defaults(pod_spec, spec, name)
@@ -104,12 +105,12 @@ def build_pod(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) ->
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": pod_name(name, rank),
+            "name": pod_name(name, index),
             "namespace": meta["namespace"],
             "labels": {
                 **spec.template_labels,
                 **job_labels(name),
-                labels.LABEL_RANK: str(rank),
+                labels.LABEL_RANK: str(index),
                 labels.LABEL_ATTEMPT: str(attempt),
             },
             "annotations": {**spec.template_annotations, labels.ANNOTATION_WORLD_SIZE: str(spec.world_size)},

@@ -17,14 +17,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, Final
 
 from ddp_operator import constants as c
 from ddp_operator.capacity import parse_quantity
 
-COMPUTE = ("cpu", "memory", "ephemeral-storage")
+COMPUTE: Final = ("cpu", "memory", "ephemeral-storage")
 # Quota names that count pods' requests under a name without the "requests." prefix.
-PLAIN_REQUESTS = {"cpu": "requests.cpu", "memory": "requests.memory", "ephemeral-storage": "requests.ephemeral-storage"}
+PLAIN_REQUESTS: Final = {resource: f"requests.{resource}" for resource in COMPUTE}
 # A quota on one of these makes every container say it (else "failed quota: must specify ...").
 MUST_SPECIFY = {"requests.cpu": ("requests", "cpu"), "requests.memory": ("requests", "memory"),
                 "limits.cpu": ("limits", "cpu"), "limits.memory": ("limits", "memory"),
@@ -76,7 +76,7 @@ def gang_shortfall(pods: Sequence[Mapping[str, Any]], quotas: Iterable[Mapping[s
     return None
 
 
-def pods_that_fit(pod: Mapping[str, Any], most: int, least: int, quotas: Sequence[Mapping[str, Any]],
+def pods_that_fit(pod: Mapping[str, Any], quotas: Sequence[Mapping[str, Any]], *, most: int, least: int,
                   limit_ranges: Sequence[Mapping[str, Any]] = (), leaving: Sequence[Mapping[str, Any]] = ()) -> int:
     """The most pods like `pod`, from `least` up to `most`, that the quotas hold together; 0 when not
     even `least` fit. (What fits shrinks as pods are added, so a bisection finds it.)"""

@@ -10,11 +10,12 @@ from datetime import datetime
 from typing import Any
 
 from ddp_contract import api
+from ddp_contract.resource import STATUS_ATTEMPT_TIME, JobStatus
 from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
 from ddp_operator.conditions import get_condition, set_condition
 from ddp_operator.dataworkers import data_worker_events
-from ddp_operator.decision import Action, Decision, gang_formed
+from ddp_operator.decision import Action, Decision
 from ddp_operator.podsummary import PodSummary
 from ddp_operator.policy import RESTART_COUNTERS
 from ddp_operator.spec import InvalidSpec, JobSpec
@@ -48,7 +49,7 @@ def next_phase(status: Mapping[str, Any], summary: PodSummary, decision: Decisio
     if decision.action in DECISION_PHASE:
         return DECISION_PHASE[decision.action]
     # In place, a restarted gang's pods stay ready throughout: it runs again once rank 0 says it formed.
-    regrouping = spec.in_place and previous == c.PHASE_RESTARTING and not gang_formed(status)
+    regrouping = spec.in_place and previous == c.PHASE_RESTARTING and not JobStatus.of(status).gang_formed
     if summary.ready > 0 and summary.ready + summary.succeeded >= summary.gang_pods(spec.pods) and not regrouping:
         return c.PHASE_RUNNING
     if previous == c.PHASE_RESTARTING:
@@ -77,7 +78,7 @@ def compute_status(
         "phase": phase,
         "attempt": decision.attempt,
         "recreatedAttempt": recreated_attempt(status, decision, spec),
-        c.STATUS_ATTEMPT_TIME: attempt_time(status, decision, stamp),
+        STATUS_ATTEMPT_TIME: attempt_time(status, decision, stamp),
         "restarts": int(status.get("restarts", 0)) + (1 if decision.action == Action.RESTART else 0),
         **_kind_restarts(status, decision),
         "readyRanks": summary.ready * per_pod,
@@ -119,16 +120,17 @@ def attempt_time(status: Mapping[str, Any], decision: Decision, stamp: str) -> s
     """status.attemptTime: when the current attempt began (the job's first pods, a gang restart, a
     resize); a restart that follows another while the job is Restarting moves it, where the Restarting
     condition's lastTransitionTime stays."""
-    kept = status.get(c.STATUS_ATTEMPT_TIME)
-    if kept and decision.attempt == int(status.get("attempt", 0)):
+    kept = status.get(STATUS_ATTEMPT_TIME)
+    if kept and decision.attempt == JobStatus.of(status).attempt:
         return str(kept)
     return stamp
 
 
 def pod_attempt_floor(status: Mapping[str, Any]) -> int:
     """The oldest attempt whose pods still belong to the gang (status.recreatedAttempt, else attempt)."""
-    attempt = int(status.get("attempt", 0))
-    return min(int(status.get("recreatedAttempt", attempt)), attempt)
+    read = JobStatus.of(status)
+    recreated = read.recreated_attempt
+    return read.attempt if recreated is None else min(recreated, read.attempt)
 
 
 def _kind_restarts(status: Mapping[str, Any], decision: Decision) -> dict[str, int]:
@@ -141,7 +143,7 @@ def _kind_restarts(status: Mapping[str, Any], decision: Decision) -> dict[str, i
 
 # Fields of status this operator owns; progress is the trainer's.
 OWNED_STATUS = frozenset({
-    *RESTART_COUNTERS.values(), "phase", "attempt", c.STATUS_ATTEMPT_TIME, "recreatedAttempt",
+    *RESTART_COUNTERS.values(), "phase", "attempt", STATUS_ATTEMPT_TIME, "recreatedAttempt",
     api.STATUS_PROCESS_FAILURES, "restarts",
     "readyRanks", "totalRanks", "readyPods", "totalPods",
     "ready", "reason", api.STATUS_WORLD_SIZE, api.STATUS_MEMBERS, api.STATUS_CHECKPOINT_REQUESTED,

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddp_contract import kubeclient
-from ddp_contract.api import GROUP, PLURAL, STATUS_CHECKPOINT_REQUESTED, STATUS_MEMBERS, VERSION, members_of
+from ddp_contract.api import GROUP, PLURAL, STATUS_MEMBERS, VERSION
+from ddp_contract.resource import JobStatus
 
 log = logging.getLogger(__name__)
 
@@ -35,25 +36,13 @@ class JobView:
 
     @classmethod
     def of(cls, job: Mapping[str, Any]) -> JobView:
-        status = job.get("status") or {}
-        uri = (status.get("lastCheckpoint") or {}).get("uri")
-        formed = (status.get("rendezvous") or {}).get("attempt")
-        return cls(int(status.get("attempt") or 0), str(uri) if uri else None, status.get("phase"),
-                   _members(status.get(STATUS_MEMBERS)), _requested(status.get(STATUS_CHECKPOINT_REQUESTED)),
-                   formed if isinstance(formed, int) and not isinstance(formed, bool) else None)
-
-
-def _requested(value: object) -> str | None:
-    since = value.get("since") if isinstance(value, Mapping) else None
-    return since if isinstance(since, str) and since else None
-
-
-def _members(value: object) -> tuple[int, ...] | None:
-    """status.members as pod indices; None where it is absent or not a list of distinct indices."""
-    found = members_of(value)
-    if found is None and value is not None:
-        log.warning("ignoring status.%s %r: not a list of distinct pod indices", STATUS_MEMBERS, value)
-    return found
+        status = JobStatus.of_job(job)
+        members = status.members
+        if members is None and status.raw.get(STATUS_MEMBERS) is not None:
+            log.warning("ignoring status.%s %r: not a list of distinct pod indices", STATUS_MEMBERS,
+                        status.raw.get(STATUS_MEMBERS))
+        return cls(status.attempt, status.checkpoint_uri, status.phase, members, status.checkpoint_requested_since,
+                   status.formed_attempt)
 
 
 class JobWatch:

@@ -14,6 +14,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from ddp_contract.resource import JobStatus, job_key
 from ddp_operator import constants as c
 from ddp_operator.kubeapi import KubeApi, adopt, api_message
 from ddp_operator.kueue.rules import (
@@ -61,7 +62,7 @@ class KueueGate:
         self.workloads.ensure_started()  # a finished job's Workload is still to be marked Finished
         if status.get("phase") in c.TERMINAL_PHASES:
             return None
-        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        key = job_key(job)
         unavailable = self.workloads.unavailable(key[0])
         error = self.workloads.error_in(key[0])
         if not can_judge(unavailable, error.status if error is not None else None, "startTime" in status):
@@ -76,7 +77,7 @@ class KueueGate:
                    has_pods: bool) -> None:
         """The Workload's part of a status pass, for a job in a queue once the namespace's Workloads are
         listed: `status` is the job's as just decided, `has_pods` whether any of its pods still exists."""
-        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        key = job_key(job)
         if queue_name(job) is None or not self.workloads.synced_in(key[0]):
             return
         workload = self._workload(job)
@@ -86,7 +87,7 @@ class KueueGate:
                 patch = workload and finish_patch(workload, phase == c.PHASE_SUCCEEDED, str(status.get("message", "")),
                                                   now)
             elif workload is None:
-                await self._create(job, spec, int(status.get("attempt", 0)))
+                await self._create(job, spec, JobStatus.of(status).attempt)
                 return
             else:
                 active = activation_patch(workload, spec)
@@ -105,11 +106,11 @@ class KueueGate:
             self._problems[key] = f"its Workload was refused: {api_message(error)}"
 
     def _workload(self, job: Mapping[str, Any]) -> dict[str, Any] | None:
-        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        key = job_key(job)
         return next((w for w in self.workloads.workloads(key) if belongs_to(w, job)), None)
 
     async def _create(self, job: dict[str, Any], spec: JobSpec, attempt: int) -> None:
-        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        key = job_key(job)
         priority = None
         name = priority_class(job)
         if name:

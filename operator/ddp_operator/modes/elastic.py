@@ -1,8 +1,9 @@
 """Elastic world size (spec.minWorldSize below spec.worldSize): which pods make the next gang.
 
 Every pod of the job exists ('<job>-0' .. '<job>-<pods-1>'); status.members names the ones in the
-current attempt's gang, in rank order. The others wait Pending (capacity probes) or Running (their
-runtime waits to be taken in). A resize is a new attempt with other members, carried out in place:
+current attempt's gang, in rank order. The others wait apart (WaitingPods): Pending, where they find
+out whether there is room for them, or Running, where their runtime waits to be taken in. A resize is
+a new attempt with other members, carried out in place:
   shrink: members that do not fit (Unschedulable, a gang too large, a quota) are left out, at once
           once the gang has formed before, after elasticSettleSeconds at the job's start; never
           below the minimum, where the job waits as any other would
@@ -16,7 +17,7 @@ runtime waits to be taken in). A resize is a new attempt with other members, car
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -24,12 +25,46 @@ from typing import Any
 from ddp_contract import api
 from ddp_contract.timestamps import parse_rfc3339, rfc3339
 from ddp_operator import constants as c
+from ddp_operator.failures import RankProblem
+from ddp_operator.gangpods import AttemptWindow, GangPods
 from ddp_operator.manifests import pod_name
-from ddp_operator.podsummary import PodSummary
+from ddp_operator.podstate import PodView, rank_problem
 from ddp_operator.spec import JobSpec
 
 # Why a member's pod does not fit: the scheduler found no node, or the namespace's quota has no room.
 DOES_NOT_FIT = frozenset({c.REASON_UNSCHEDULABLE, c.REASON_GANG_TOO_LARGE, c.REASON_QUOTA_EXCEEDED})
+
+
+@dataclass(frozen=True)
+class WaitingPods:
+    """An elastic job's current pods outside the attempt's gang, not being deleted. Never a failure of
+    the gang: they wait to be taken in."""
+
+    names: tuple[str, ...] = ()  # pending or running
+    running: frozenset[int] = frozenset()  # their indices, where the trainer container runs
+    pending: frozenset[int] = frozenset()  # their indices, where it does not run yet
+    ended: tuple[str, ...] = ()  # finished, or on a lost node: replaced, to wait on again
+    problems: tuple[RankProblem, ...] = ()  # why pending ones wait
+
+    def without(self, indices: Iterable[int]) -> WaitingPods:
+        """These pods with what was said of `indices` forgotten (a new problem replaces it)."""
+        gone = set(indices)
+        return WaitingPods(self.names, self.running, self.pending, self.ended,
+                           tuple(p for p in self.problems if p.rank not in gone))
+
+
+def waiting_pods(pods: Iterable[PodView], window: AttemptWindow, members: Sequence[int],
+                 lost_nodes: Mapping[str, str]) -> WaitingPods:
+    apart = [p for p in pods if window.holds(p) and p.index not in members and not p.deleting]
+    ended = [p for p in apart if not p.active or p.node in lost_nodes]
+    waiting = [p for p in apart if p not in ended]
+    problems = [found for p in waiting if p.state != "running" and p.index is not None
+                and (found := rank_problem(p.pod, p.index))]
+    return WaitingPods(names=tuple(sorted(p.name for p in waiting)),
+                       running=frozenset(p.index for p in waiting if p.state == "running" and p.index is not None),
+                       pending=frozenset(p.index for p in waiting if p.state != "running" and p.index is not None),
+                       ended=tuple(sorted(p.name for p in ended)),
+                       problems=tuple(sorted(problems, key=lambda p: p.rank)))
 
 
 @dataclass(frozen=True)
@@ -77,29 +112,30 @@ def members(spec: JobSpec, status: Mapping[str, Any]) -> tuple[int, ...]:
     return tuple(range(spec.pods))
 
 
-def restart_members(spec: JobSpec, summary: PodSummary) -> tuple[int, ...] | None:
+def restart_members(spec: JobSpec, pods: GangPods, waiting: WaitingPods) -> tuple[int, ...] | None:
     """The gang of an attempt a failure starts: the members, and any pod already running to be taken
     in (the gang re-forms anyway). None for a job that is not elastic."""
     if not spec.elastic:
         return None
-    return tuple(sorted(set(summary.gang or range(spec.pods)) | summary.running_probes))
+    return tuple(sorted(set(pods.gang or range(spec.pods)) | waiting.running))
 
 
-def resize(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: datetime) -> Resize | None:
+def resize(spec: JobSpec, status: Mapping[str, Any], pods: GangPods, waiting: WaitingPods,
+           now: datetime) -> Resize | None:
     """A shrink or a grow the gang is due, if any (see the module's docstring)."""
     if not spec.elastic:
         return None
-    gang = summary.gang or tuple(range(spec.pods))
-    return _shrink(spec, status, summary, gang, now) or _grow(spec, status, summary, gang, now)
+    gang = pods.gang or tuple(range(spec.pods))
+    return _shrink(spec, status, pods, gang, now) or _grow(spec, status, pods, waiting, gang, now)
 
 
-def _shrink(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, gang: Sequence[int],
+def _shrink(spec: JobSpec, status: Mapping[str, Any], summary: GangPods, gang: Sequence[int],
             now: datetime) -> Resize | None:
     misfits = {p.rank: p for p in summary.problems if p.reason in DOES_NOT_FIT and p.rank in gang}
     if not misfits:
         return None
     fit = tuple(i for i in gang if i not in misfits)
-    placed = all(i in summary.live_ranks and i not in summary.unscheduled_ranks for i in fit)
+    placed = all(i in summary.live_indices and i not in summary.unscheduled_indices for i in fit)
     if len(fit) < spec.min_pods or not placed:
         return None  # below the minimum the job waits for them; or the scheduler has yet to place the rest
     left = _settle_left(spec, status, now)
@@ -113,14 +149,14 @@ def _shrink(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, gang:
     return Resize(fit, c.REASON_SHRUNK, message)
 
 
-def _grow(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, gang: Sequence[int],
-          now: datetime) -> Resize | None:
-    starting = summary.pending_probes - {p.rank for p in summary.probe_problems}
-    if not summary.running_probes or starting:
+def _grow(spec: JobSpec, status: Mapping[str, Any], summary: GangPods, waiting: WaitingPods,
+          gang: Sequence[int], now: datetime) -> Resize | None:
+    starting = waiting.pending - {p.rank for p in waiting.problems}
+    if not waiting.running or starting:
         return None  # pods still on their way in join this resize rather than force another
-    bigger = tuple(sorted(set(gang) | summary.running_probes))
+    bigger = tuple(sorted(set(gang) | waiting.running))
     per_pod = spec.ranks_per_pod
-    joining = ", ".join(pod_name(summary.job_name, i) for i in sorted(summary.running_probes))
+    joining = ", ".join(pod_name(summary.job_name, i) for i in sorted(waiting.running))
     head = f"world size {len(gang) * per_pod} -> {len(bigger) * per_pod} of {spec.world_size}: {joining} running"
     if status.get("phase") != c.PHASE_RUNNING:
         return Resize(bigger, c.REASON_GROWN, f"{head}; taken into the gang being formed")

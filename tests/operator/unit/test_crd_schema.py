@@ -119,7 +119,7 @@ def status_patches() -> list[dict[str, Any]]:
     summary = summarize_pods([], 0, "job")
     failure = RankFailure(1, "job-1", 137, "OOMKilled", False)
     decisions = [
-        Decision(Action.CREATE, 0, create_ranks=(0, 1)),
+        Decision(Action.CREATE, 0, create_indices=(0, 1)),
         Decision(Action.RESTART, 1, "RankFailed", "m", failure=failure),
         Decision(Action.FAIL, 0, "PermanentFailure", "m", failure=failure),
         Decision(Action.SUSPEND, 0, "Suspended", "m"),

@@ -166,7 +166,8 @@ def test_status_says_ready_of_desired_and_why_short_in_a_condition() -> None:
     job = make_job()
     short = summarize_data_workers([data_pod(job, 0), data_pod(job, 1, phase="Pending", ready=False, conditions=[
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no cpu"}])], 2)
-    patch = data_worker_status("fashion", short, c.PHASE_RUNNING, True, None, [], NOW, 3)
+    patch = data_worker_status("fashion", short, phase=c.PHASE_RUNNING, kept=True, refused=None, conditions=[],
+                               now=NOW, generation=3)
     assert patch["dataWorkers"]["summary"] == "1/2" and patch["dataWorkers"]["problems"] == [
         {"pod": "fashion-data-1", "reason": c.REASON_UNSCHEDULABLE, "message": "no cpu"}]
     cond = get_condition(patch["conditions"], c.COND_DATA_WORKERS_READY)
@@ -175,7 +176,8 @@ def test_status_says_ready_of_desired_and_why_short_in_a_condition() -> None:
     assert data_worker_events([], patch["conditions"]) == [("Warning", c.REASON_UNSCHEDULABLE, cond["message"])]
 
     full = data_worker_status("fashion", summarize_data_workers([data_pod(job, 0), data_pod(job, 1)], 2),
-                              c.PHASE_RUNNING, True, None, patch["conditions"], NOW, 3)
+                              phase=c.PHASE_RUNNING, kept=True, refused=None, conditions=patch["conditions"],
+                              now=NOW, generation=3)
     cond = get_condition(full["conditions"], c.COND_DATA_WORKERS_READY)
     assert cond is not None and cond["status"] == "True" and full["dataWorkers"]["problems"] == []
     assert data_worker_events(patch["conditions"], full["conditions"])[0][:2] == ("Normal", c.REASON_DATA_WORKERS_READY)
@@ -183,9 +185,9 @@ def test_status_says_ready_of_desired_and_why_short_in_a_condition() -> None:
 
 def test_a_refused_creation_is_the_reason_and_none_ready_means_the_ranks_make_their_batches() -> None:
     summary = summarize_data_workers([], 2)
-    patch = data_worker_status("fashion", summary, c.PHASE_STARTING, True,
-                               (c.REASON_QUOTA_EXCEEDED, "the API server refused the data worker pod: exceeded quota"),
-                               [], NOW, None)
+    patch = data_worker_status("fashion", summary, phase=c.PHASE_STARTING, kept=True,
+                               refused=(c.REASON_QUOTA_EXCEEDED, "the API server refused the data worker pod: exceeded quota"),
+                               conditions=[], now=NOW, generation=None)
     cond = get_condition(patch["conditions"], c.COND_DATA_WORKERS_READY)
     assert cond is not None and cond["reason"] == c.REASON_QUOTA_EXCEEDED
     assert "exceeded quota" in cond["message"] and "run on the ranks' own pods" in cond["message"]
@@ -196,7 +198,8 @@ def test_a_refused_creation_is_the_reason_and_none_ready_means_the_ranks_make_th
 def test_a_job_finished_suspended_or_queued_keeps_no_data_workers_and_says_so_without_a_warning(
         phase: str, queued: bool) -> None:
     assert not keeps_data_workers(phase, queued) and keeps_data_workers(c.PHASE_RESTARTING, False)
-    patch = data_worker_status("fashion", summarize_data_workers([], 2), phase, False, None, [], NOW, None)
+    patch = data_worker_status("fashion", summarize_data_workers([], 2), phase=phase, kept=False, refused=None,
+                               conditions=[], now=NOW, generation=None)
     cond = get_condition(patch["conditions"], c.COND_DATA_WORKERS_READY)
     assert cond is not None and (cond["status"], cond["reason"]) == ("False", c.REASON_DATA_WORKERS_NOT_KEPT)
     assert data_worker_events([], patch["conditions"]) == []

@@ -21,12 +21,12 @@ from podfixtures import NOW, job_spec, pod, summary_of
 
 def test_new_job_creates_every_rank() -> None:
     decision = decide(job_spec(worldSize=3), {}, summary_of(), NOW)
-    assert decision.action == Action.CREATE and decision.create_ranks == (0, 1, 2) and decision.attempt == 0
+    assert decision.action == Action.CREATE and decision.create_indices == (0, 1, 2) and decision.attempt == 0
 
 
 def test_only_missing_ranks_are_created() -> None:
     decision = decide(job_spec(worldSize=3), {"phase": "Pending"}, summary_of(pod(1, "pending")), NOW)
-    assert decision.create_ranks == (0, 2)
+    assert decision.create_indices == (0, 2)
 
 
 def test_all_ranks_present_waits() -> None:
@@ -38,12 +38,12 @@ def test_old_attempt_pods_are_deleted_and_their_ranks_wait_for_the_name() -> Non
     summary = summary_of(pod(0, "running", attempt=0), pod(1, "running", attempt=0, deleting=True), attempt=1)
     decision = decide(job_spec(), {"phase": "Restarting", "attempt": 1, "restarts": 1}, summary, NOW)
     assert decision.action == Action.WAIT
-    assert decision.delete_pods == ("mnist-0",) and decision.create_ranks == ()
+    assert decision.delete_pods == ("mnist-0",) and decision.create_indices == ()
 
 
 def test_after_the_old_gang_is_gone_the_new_attempt_is_created() -> None:
     decision = decide(job_spec(), {"phase": "Restarting", "attempt": 1, "restarts": 1}, summary_of(attempt=1), NOW)
-    assert decision.action == Action.CREATE and decision.create_ranks == (0, 1) and decision.attempt == 1
+    assert decision.action == Action.CREATE and decision.create_indices == (0, 1) and decision.attempt == 1
 
 
 def test_all_ranks_succeeded_succeeds() -> None:
@@ -80,15 +80,6 @@ def test_failed_rank_by_policy(
         assert f"code {exit_code}" in decision.message
 
 
-def test_gang_restart_deletes_every_pod_and_bumps_the_attempt() -> None:
-    summary = summary_of(pod(0), pod(1, "failed"), pod(2, "succeeded"), pod(3, "running", attempt=7))
-    status = {"phase": "Running", "restarts": 1, "programRestarts": 1, "attempt": 0}
-    decision = decide(job_spec(worldSize=3), status, summary, NOW)
-    assert decision.action == Action.RESTART and decision.attempt == 1
-    assert decision.delete_pods == ("mnist-0", "mnist-1", "mnist-2", "mnist-3")
-    assert "program restart 2 of 3, backoffLimit" in decision.message
-
-
 @pytest.mark.parametrize(
     ("restarts", "limit", "action"), [(2, 3, Action.RESTART), (3, 3, Action.FAIL), (0, 0, Action.FAIL)]
 )
@@ -116,7 +107,7 @@ def test_rank_being_deleted_after_the_gang_formed_restarts_it() -> None:
 
 def test_rank_lost_before_the_gang_formed_is_just_recreated() -> None:
     decision = decide(job_spec(), {"phase": "Starting"}, summary_of(pod(0)), NOW)
-    assert decision.action == Action.CREATE and decision.create_ranks == (1,)
+    assert decision.action == Action.CREATE and decision.create_indices == (1,)
 
 
 def test_a_rank_on_a_lost_node_restarts_the_gang_as_node_lost_even_before_it_formed() -> None:
@@ -136,8 +127,8 @@ def test_suspend_deletes_every_pod() -> None:
 
 def test_resume_recreates_once_pods_are_gone() -> None:
     spec = job_spec()
-    assert decide(spec, {"phase": "Suspended"}, summary_of(pod(0, deleting=True)), NOW).create_ranks == (1,)
-    assert decide(spec, {"phase": "Suspended"}, summary_of(), NOW).create_ranks == (0, 1)
+    assert decide(spec, {"phase": "Suspended"}, summary_of(pod(0, deleting=True)), NOW).create_indices == (1,)
+    assert decide(spec, {"phase": "Suspended"}, summary_of(), NOW).create_indices == (0, 1)
 
 
 def test_deadline_fails_and_stops_running_ranks() -> None:
@@ -294,4 +285,4 @@ def test_a_partial_gang_a_quota_refused_is_deleted_then_created_whole() -> None:
     assert freed.action == Action.WAIT and freed.delete_pods == ("mnist-0",)
     gone = summary_of().with_problems([RankProblem(r, c.REASON_QUOTA_EXCEEDED, said) for r in (0, 1, 2)])
     again = decide(spec, status, gone, NOW)
-    assert again.action == Action.CREATE and again.create_ranks == (0, 1, 2)
+    assert again.action == Action.CREATE and again.create_indices == (0, 1, 2)

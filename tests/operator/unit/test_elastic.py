@@ -31,7 +31,7 @@ def spec(**changes: Any) -> Any:
 
 
 def summary(pods: list[dict[str, Any]], status: dict[str, Any], spec_: Any = None) -> Any:
-    from ddp_operator.elastic import members
+    from ddp_operator.modes.elastic import members
 
     spec_ = spec_ or spec()
     return summarize_pods(pods, int(status.get("attempt", 0)), JOB, since=int(status.get("recreatedAttempt", 0)),
@@ -55,9 +55,9 @@ def test_pods_outside_the_gang_are_counted_apart_and_never_fail_it() -> None:
     status = {**FORMED, api.STATUS_MEMBERS: [0, 2]}
     pods = [pod(0), pod(1, "pending", unschedulable=FULL), pod(2), pod(3, "failed")]
     found = summary(pods, status)
-    assert found.gang == (0, 2) and found.live_ranks == {0, 2} and found.ready == 2 and found.failure is None
-    assert found.probes == (f"{JOB}-1",) and found.dead_probes == (f"{JOB}-3",) and found.problems == ()
-    assert [p.rank for p in found.probe_problems] == [1]
+    assert found.gang == (0, 2) and found.live_indices == {0, 2} and found.ready == 2 and found.failure is None
+    assert found.waiting.names == (f"{JOB}-1",) and found.waiting.ended == (f"{JOB}-3",) and found.problems == ()
+    assert [p.rank for p in found.waiting.problems] == [1]
     assert next_phase(status, found, decide(spec(), status, found, NOW), spec()) == c.PHASE_RUNNING
     decision = decide(spec(), status, found, NOW)
     assert decision.action == Action.WAIT and decision.delete_pods == (f"{JOB}-3",)  # created again, to wait
@@ -98,7 +98,7 @@ def test_ranks_a_quota_refused_are_started_without_after_the_settle_time_and_wai
     found = summary([pod(0, "pending", node="a"), pod(1, "pending", node="a")], started).with_problems(refused)
     waiting = decide(spec(), started, found, NOW)
     # The two that fit are kept (a gang that is not elastic would lose them) and the rest waited for.
-    assert (waiting.action, waiting.delete_pods, waiting.create_ranks) == (Action.CREATE, (), (2, 3))
+    assert (waiting.action, waiting.delete_pods, waiting.create_indices) == (Action.CREATE, (), (2, 3))
     assert waiting.recheck_after == pytest.approx(50)
     later = decide(spec(), started, found, NOW + timedelta(seconds=51))
     assert (later.action, later.members, later.reason) == (Action.RESIZE, (0, 1), c.REASON_SHRUNK)
@@ -109,9 +109,9 @@ def test_ranks_a_quota_refused_are_started_without_after_the_settle_time_and_wai
     # Shrunk: refused again, the two are waited for outside the gang, which is neither held up nor failed.
     shrunk = {**started, "phase": c.PHASE_RUNNING, "attempt": 1, api.STATUS_MEMBERS: [0, 1], "rendezvous": {"attempt": 1}}
     outside = summary([pod(0), pod(1)], shrunk).with_problems(refused)
-    assert outside.problems == () and [p.rank for p in outside.probe_problems] == [2, 3]
+    assert outside.problems == () and [p.rank for p in outside.waiting.problems] == [2, 3]
     running = decide(spec(), shrunk, outside, NOW + timedelta(hours=1))
-    assert (running.action, running.create_ranks, running.delete_pods) == (Action.CREATE, (2, 3), ())
+    assert (running.action, running.create_indices, running.delete_pods) == (Action.CREATE, (2, 3), ())
     assert compute_status(spec(), shrunk, outside, running, NOW)["phase"] == c.PHASE_RUNNING
 
 
@@ -130,7 +130,7 @@ def test_ranks_that_run_again_are_taken_in_at_the_next_checkpoint() -> None:
               "lastCheckpoint": {"step": 40, "uri": "s3://b/c", "time": "2025-01-02T01:59:00Z"}}
     pods = [pod(0), pod(1), pod(2, attempt=1), pod(3, attempt=1)]
     found = summary(pods, status)
-    assert found.running_probes == {2, 3}
+    assert found.waiting.running == {2, 3}
     waiting = decide(spec(), status, found, NOW)
     asked = {"since": rfc3339(NOW), "afterStep": 40}  # rank 0 is asked for a checkpoint past step 40
     assert waiting.action == Action.WAIT
@@ -193,7 +193,7 @@ def test_the_job_succeeds_when_its_gang_did_and_the_waiting_pods_go() -> None:
 def test_a_member_gone_is_a_lost_rank_and_a_waiting_pod_gone_is_only_created_again() -> None:
     status = {**FORMED, "attempt": 1, api.STATUS_MEMBERS: [0, 1]}
     lost_waiting = decide(spec(), status, summary([pod(0), pod(1), pod(2)], status), NOW)
-    assert lost_waiting.action == Action.CREATE and lost_waiting.create_ranks == (3,)
+    assert lost_waiting.action == Action.CREATE and lost_waiting.create_indices == (3,)
     lost_member = decide(spec(), status, summary([pod(0), pod(2), pod(3)], status), NOW)
     assert lost_member.action == Action.RESTART and lost_member.failure is not None
     assert lost_member.failure.reason == c.REASON_RANK_MISSING and lost_member.failure.rank == 1
@@ -217,7 +217,7 @@ def test_a_gang_re_forming_takes_running_pods_in_at_once_when_none_is_still_star
 
 
 def test_recorded_members_are_the_gang_only_where_they_are_distinct_indices_of_the_jobs_pods() -> None:
-    from ddp_operator.elastic import members
+    from ddp_operator.modes.elastic import members
 
     assert members(spec(), {api.STATUS_MEMBERS: [2, 0]}) == (0, 2)
     for recorded in ([0, 4], [0, 0], [0, True], "0,1", [], None):  # 4 pods: index 4 is none of them

@@ -1,4 +1,5 @@
-"""summarize_pods: counts, failures and stale pods of a job's current attempt."""
+"""The generic reading of a job's pods (gangpods.py, through summarize_pods): counts, failures and stale pods
+of its current attempt, and what one pod says (podstate.py)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ def test_summary_counts_current_attempt_only() -> None:
         pod(6, "running", deleting=True),
     )
     assert (summary.pending, summary.running, summary.ready, summary.succeeded, summary.failed) == (1, 2, 1, 1, 1)
-    assert summary.live_ranks == {0, 1, 2, 3, 4}
-    assert summary.occupied_ranks == {0, 1, 2, 3, 4, 5, 6}
+    assert summary.live_indices == {0, 1, 2, 3, 4}
+    assert summary.taken_indices == {0, 1, 2, 3, 4, 5, 6}
     assert summary.active_pods == ("mnist-0", "mnist-1", "mnist-2")
     assert summary.finished_pods == ("mnist-3", "mnist-4")
     assert summary.stale_pods == ("mnist-5",)
@@ -186,7 +187,7 @@ def test_a_finished_rank_on_a_lost_node_is_no_failure() -> None:
 def test_pending_ranks_bound_to_no_node_are_unscheduled() -> None:
     summary = summary_of(pod(0, node="gpu-1"), pod(1, "pending", unschedulable="0/4 nodes"),
                          pod(2, "pending", node="gpu-1"), pod(3, "pending", attempt=1))
-    assert summary.unscheduled_ranks == {1}
+    assert summary.unscheduled_indices == {1}
 
 
 def test_new_problems_replace_what_was_said_of_the_same_rank() -> None:

@@ -12,6 +12,7 @@ import pytest
 from ddp_contract import api, envnames
 from ddp_contract.exitcodes import ExitCode
 from ddp_contract.failures import format_line
+from ddp_contract.resource import STATUS_ATTEMPT_TIME
 from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
 from ddp_operator.decision import Action, Decision, decide
@@ -33,14 +34,14 @@ def reported(attempt: int, exit_code: int = 1, **more: Any) -> dict[str, Any]:
 def test_the_gang_is_every_pod_labelled_from_the_recreated_attempt_up_to_the_current_one() -> None:
     pods = [pod(0, attempt=0), pod(1, attempt=2), pod(2, attempt=3)]
     summary = summarize_pods(pods, 3, JOB, since=2)
-    assert summary.live_ranks == {1, 2} and summary.stale_pods == (f"{JOB}-0",)
-    assert summarize_pods(pods, 3, JOB).live_ranks == {2}  # Recreate: the current attempt's only
+    assert summary.live_indices == {1, 2} and summary.stale_pods == (f"{JOB}-0",)
+    assert summarize_pods(pods, 3, JOB).live_indices == {2}  # Recreate: the current attempt's only
 
 
 def test_a_pod_whose_delete_was_issued_is_old_whatever_its_label() -> None:
     failed = pod(1, "failed", attempt=0)
     summary = summarize_pods([pod(0, attempt=0), failed], 1, JOB, since=0, replaced={failed["metadata"]["uid"]})
-    assert summary.failure is None and summary.live_ranks == {0} and summary.stale_pods == (f"{JOB}-1",)
+    assert summary.failure is None and summary.live_indices == {0} and summary.stale_pods == (f"{JOB}-1",)
 
 
 def test_a_process_failure_its_runtime_reported_is_the_ranks_failure_for_that_attempt_only() -> None:
@@ -92,7 +93,7 @@ def test_after_an_in_place_restart_the_kept_pods_are_the_new_attempts_and_only_t
     status = {"phase": "Restarting", "attempt": 1, "recreatedAttempt": 0, "restarts": 1}
     summary = summarize_pods([pod(0), pod(2)], 1, JOB, since=pod_attempt_floor(status))
     decision = decide(spec, status, summary, NOW)
-    assert decision.action == Action.CREATE and decision.create_ranks == (1,) and decision.delete_pods == ()
+    assert decision.action == Action.CREATE and decision.create_indices == (1,) and decision.delete_pods == ()
 
 
 def test_status_keeps_the_recreated_attempt_in_place_and_moves_it_on_recreate() -> None:
@@ -193,12 +194,12 @@ def test_the_attempt_time_moves_with_the_attempt_only() -> None:
     spec = job_spec(**IN_PLACE)
     summary = summarize_pods([pod(0), pod(1)], 1, JOB, since=0)
     before = rfc3339(NOW - timedelta(seconds=300))
-    status = {"phase": c.PHASE_RUNNING, "attempt": 1, "recreatedAttempt": 0, c.STATUS_ATTEMPT_TIME: before}
+    status = {"phase": c.PHASE_RUNNING, "attempt": 1, "recreatedAttempt": 0, STATUS_ATTEMPT_TIME: before}
     waiting = Decision(Action.WAIT, 1)
-    assert compute_status(spec, status, summary, waiting, NOW)[c.STATUS_ATTEMPT_TIME] == before
+    assert compute_status(spec, status, summary, waiting, NOW)[STATUS_ATTEMPT_TIME] == before
     restart = Decision(Action.RESTART, 2, c.REASON_RANK_FAILED, "rank 1 failed")
-    assert compute_status(spec, status, summary, restart, NOW)[c.STATUS_ATTEMPT_TIME] == rfc3339(NOW)
-    assert compute_status(spec, {}, summary, Decision(Action.CREATE, 0), NOW)[c.STATUS_ATTEMPT_TIME] == rfc3339(NOW)
+    assert compute_status(spec, status, summary, restart, NOW)[STATUS_ATTEMPT_TIME] == rfc3339(NOW)
+    assert compute_status(spec, {}, summary, Decision(Action.CREATE, 0), NOW)[STATUS_ATTEMPT_TIME] == rfc3339(NOW)
 
 
 def test_a_job_failed_by_a_rank_process_keeps_that_pod_until_its_runtime_ends_it() -> None:

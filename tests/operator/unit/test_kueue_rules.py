@@ -26,7 +26,7 @@ from ddp_operator.kueue.rules import (
     release_patch,
     workload_name,
 )
-from ddp_operator.listwatch import job_key
+from ddp_operator.listwatch import owning_job_key
 from ddp_operator.manifests import build_data_worker_pod, build_pod
 from ddp_operator.statuspatch import compute_status
 from podfixtures import EARLIER, JOB, NOW, job_spec, pod, summary_of
@@ -75,7 +75,7 @@ def test_the_workload_asks_for_every_pod_of_the_gang_with_a_rank_pods_spec() -> 
     trainer = pod_set["template"]["spec"]["containers"][0]
     assert trainer["resources"]["requests"] == {"cpu": "2", c.GPU_RESOURCE: 8}
     assert "priorityClassName" not in built["spec"]
-    assert job_key(built) == ("ns", JOB)
+    assert owning_job_key(built) == ("ns", JOB)
 
 
 def test_a_job_with_data_workers_asks_kueue_for_them_as_a_second_pod_set() -> None:
@@ -200,7 +200,7 @@ def test_a_queued_job_makes_no_pods_and_is_pending_without_a_start_time() -> Non
     spec = job_spec()
     state = queue_state(queued_job(), spec, None)
     decision = decide(spec, {}, summary_of(), NOW, state)
-    assert decision.action == Action.QUEUE and decision.create_ranks == () and decision.reason == c.REASON_QUEUED
+    assert decision.action == Action.QUEUE and decision.create_indices == () and decision.reason == c.REASON_QUEUED
     status = compute_status(spec, {}, summary_of(), decision, NOW)
     assert status["phase"] == c.PHASE_PENDING and status["reason"] == c.REASON_QUEUED
     assert status["startTime"] is None and status["message"] == state.message
@@ -208,7 +208,7 @@ def test_a_queued_job_makes_no_pods_and_is_pending_without_a_start_time() -> Non
 
 def test_an_admitted_job_creates_its_gang() -> None:
     decision = decide(job_spec(), {"phase": "Pending"}, summary_of(), NOW, ADMITTED)
-    assert decision.action == Action.CREATE and decision.create_ranks == (0, 1)
+    assert decision.action == Action.CREATE and decision.create_indices == (0, 1)
 
 
 def test_an_evicted_gang_is_suspended_without_counting_a_restart() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 from kubernetes import client
 
 from ddp_operator.listwatch import watch_scopes
-from ddp_operator.podsummary import rank_problem
+from ddp_operator.podstate import rank_problem
 from ddp_operator.podwatch import PodCache
 from podfixtures import JOB, pod
 

@@ -35,12 +35,12 @@ def test_one_gpu_left_for_a_gang_of_two_admits_none_of_it() -> None:
 def test_an_elastic_gang_is_created_as_large_as_the_quotas_hold_down_to_its_minimum() -> None:
     pod = rank_pod(limits={"nvidia.com/gpu": 2})
     quotas = [quota({"requests.nvidia.com/gpu": "16"}, {"requests.nvidia.com/gpu": "3"}), quota({"pods": "100"}, name="b")]
-    assert pods_that_fit(pod, 8, 2, quotas) == 6  # 13 GPUs left: 6 pods of 2
-    assert pods_that_fit(pod, 8, 7, quotas) == 0  # fewer than the minimum: none
-    assert pods_that_fit(pod, 5, 1, quotas) == 5  # all of them
-    assert pods_that_fit(pod, 8, 2, quotas, leaving=[pod]) == 7  # a leaving pod's 2 GPUs come free
-    assert pods_that_fit(pod, 1000, 1, [quota({"pods": "1000"}, {"pods": "1"})]) == 999
-    assert pods_that_fit(rank_pod(), 4, 1, [quota({"requests.cpu": "4"})]) == 0  # unsaid cpu: no count fits
+    assert pods_that_fit(pod, quotas, most=8, least=2) == 6  # 13 GPUs left: 6 pods of 2
+    assert pods_that_fit(pod, quotas, most=8, least=7) == 0  # fewer than the minimum: none
+    assert pods_that_fit(pod, quotas, most=5, least=1) == 5  # all of them
+    assert pods_that_fit(pod, quotas, most=8, least=2, leaving=[pod]) == 7  # a leaving pod's 2 GPUs come free
+    assert pods_that_fit(pod, [quota({"pods": "1000"}, {"pods": "1"})], most=1000, least=1) == 999
+    assert pods_that_fit(rank_pod(), [quota({"requests.cpu": "4"})], most=4, least=1) == 0  # unsaid cpu: no count fits
     shortfall = gang_shortfall([pod] * 8, quotas, created=6)
     assert shortfall is not None and "only 6 of its pods are created (spec.minWorldSize)" in shortfall.message
 

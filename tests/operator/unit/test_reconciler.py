@@ -22,11 +22,21 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
+class Clock:
+    """The reconciler's monotonic clock, moved by the test."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_a_new_job_s_status_pass_records_status_and_leaves_creation_to_the_creation_pass() -> None:
     reconciler, kube, _ = reconciler_for(ddpjob())
     run(reconciler.reconcile(KEY))
     assert kube.status_patches[0]["phase"] == c.PHASE_PENDING and kube.created("Pod") == []
-    assert KEY in reconciler.creations._queued  # handed over, not awaited
+    assert reconciler.creations.pending() == {KEY}  # handed over, not awaited
 
     patches = len(kube.status_patches)
     run(reconciler.create_children(KEY))
@@ -43,11 +53,10 @@ def test_a_creation_pass_creates_nothing_for_an_attempt_the_status_has_not_recor
     assert kube.created("Pod") == []
 
 
-def test_deletes_carry_the_uid_and_are_not_issued_twice_until_the_reissue_time(monkeypatch) -> None:
-    clock = [1000.0]
-    monkeypatch.setattr(reconciler_module.time, "monotonic", lambda: clock[0])
+def test_deletes_carry_the_uid_and_are_not_issued_twice_until_the_reissue_time() -> None:
     job = ddpjob({"phase": "Running", "attempt": 0, "startTime": "2025-01-02T03:00:00Z"})
     reconciler, kube, pods = reconciler_for(job)
+    reconciler.clock = clock = Clock()
     pods.set(job, [pod(0, "running"), pod(1, "failed", exit_code=1)])
     run(reconciler.reconcile(KEY))  # a gang restart: both pods go, each by the uid the pass saw
     assert sorted(kube.deleted()) == [("mnist-0", "uid-0-0", False), ("mnist-1", "uid-1-0", False)]
@@ -55,22 +64,21 @@ def test_deletes_carry_the_uid_and_are_not_issued_twice_until_the_reissue_time(m
     reconciler.jobs.put(ddpjob({"phase": "Restarting", "attempt": 1}))
     run(reconciler.reconcile(KEY))  # the pod watch has not seen them go yet: not deleted again
     assert len(kube.deleted()) == 2
-    clock[0] += reconciler_module.DELETE_REISSUE_AFTER + 1
+    clock.now += reconciler_module.DELETE_REISSUE_AFTER + 1
     run(reconciler.reconcile(KEY))  # still there after the reissue time: asked again
     assert len(kube.deleted()) == 4
 
 
-def test_a_patch_of_rank_counts_alone_waits_out_the_counts_interval(monkeypatch) -> None:
-    clock = [1000.0]
-    monkeypatch.setattr(reconciler_module.time, "monotonic", lambda: clock[0])
+def test_a_patch_of_rank_counts_alone_waits_out_the_counts_interval() -> None:
     job = ddpjob({"phase": "Starting", "attempt": 0}, worldSize=3)
     reconciler, kube, pods = reconciler_for(job)
+    reconciler.clock = clock = Clock()
     pods.set(job, [pod(0, "running"), pod(1, "running", ready=False), pod(2, "running", ready=False)])
     run(reconciler.reconcile(KEY))
     first = len(kube.status_patches)
     reconciler.jobs.put({**job, "status": {**job["status"], **kube.status_patches[-1]}})
 
-    clock[0] += 0.25
+    clock.now += 0.25
     pods.set(job, [pod(0, "running"), pod(1, "running"), pod(2, "running", ready=False)])  # 1/3 -> 2/3 ready only
     wait = run(reconciler.reconcile(KEY))
     assert len(kube.status_patches) == first and wait == pytest.approx(reconciler_module.COUNTS_INTERVAL - 0.25)
@@ -87,7 +95,7 @@ def test_a_pod_refused_by_pod_security_fails_the_job_in_the_next_status_pass() -
     run(reconciler.reconcile(KEY))
     patches = len(kube.status_patches)
     run(reconciler.create_children(KEY))
-    assert len(kube.status_patches) == patches and KEY in reconciler.queue._queued  # noted; a status pass asked for
+    assert len(kube.status_patches) == patches and reconciler.queue.pending() == {KEY}  # noted; a status pass asked for
 
     reconciler.jobs.put({**ddpjob(), "status": kube.status_patches[-1]})
     run(reconciler.reconcile(KEY))
@@ -99,32 +107,33 @@ def test_a_pod_refused_by_pod_security_fails_the_job_in_the_next_status_pass() -
 
 
 def test_a_quota_that_cannot_hold_the_gang_creates_none_of_it_and_defers_the_next_try(monkeypatch) -> None:
-    clock = [1000.0]
-    monkeypatch.setattr(reconciler_module.time, "monotonic", lambda: clock[0])
     reconciler, kube, _ = reconciler_for(ddpjob())
+    reconciler.clock = clock = Clock()
+    handed: list[tuple[str, str]] = []
+    monkeypatch.setattr(reconciler.creations, "add", handed.append)  # the creation passes the status passes ask for
     kube.quotas = [{"metadata": {"name": "team"}, "spec": {"hard": {"pods": "1"}},
                     "status": {"hard": {"pods": "1"}, "used": {"pods": "0"}}}]
     run(reconciler.reconcile(KEY))
     run(reconciler.create_children(KEY))
-    assert kube.created("Pod") == [] and kube.created("Service") == ["mnist"]
+    assert kube.created("Pod") == [] and kube.created("Service") == ["mnist"] and handed == [KEY]
 
     reconciler.jobs.put({**ddpjob(), "status": kube.status_patches[-1]})
-    reconciler.creations._queued.clear()
+    handed.clear()
     wait = run(reconciler.reconcile(KEY))
     assert kube.status_patches[-1]["reason"] == c.REASON_QUOTA_EXCEEDED
     assert "ranks 0-1 (QuotaExceeded): ResourceQuota team cannot hold the whole gang" in kube.status_patches[-1]["message"]
-    assert KEY not in reconciler.creations._queued and wait == pytest.approx(5.0)  # the first retry's pause
+    assert handed == [] and wait == pytest.approx(5.0)  # the first retry's pause
 
-    clock[0] += 5.0
+    clock.now += 5.0
     run(reconciler.reconcile(KEY))
-    assert KEY in reconciler.creations._queued  # tried again
+    assert handed == [KEY]  # tried again
 
 
 def test_a_kueue_job_is_not_checked_against_namespace_quotas() -> None:
     reconciler, kube, _ = reconciler_for(ddpjob())
     job = ddpjob()
     job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team"}
-    run(reconciler._create(job, reconciler_module.parse_spec(job["spec"]), (0, 1), 0, leaving=0))
+    run(reconciler.create.gang(job, reconciler_module.parse_spec(job["spec"]), (0, 1), 0, first_pass=True))
     assert ("list", "ResourceQuota") not in kube.calls and kube.created("Pod") == ["mnist-0", "mnist-1"]
 
 

@@ -136,75 +136,104 @@ def serve(ranks: RankProcesses, environ: Mapping[str, str]) -> int:
     """Run the pod's ranks (an entrypoint's LocalRanks, a command's CommandProcess) attempt after
     attempt; the container's exit code."""
     job = env.JobInfo.from_env(environ)
-    index = env.node_rank(environ)
-    target_size = target_world_size(environ, int(environ.get(names.WORLD_SIZE) or 0))
     watch = JobWatch(job.namespace, job.name).start()
-    sink = JobStatusSink(job.namespace, job.name)
-    stopping: list[int] = []
     folder = Path(tempfile.mkdtemp(prefix="ddp-in-place-"))
-    request = CheckpointRequest(folder / "checkpoint-request")
     try:
         with ranks:
-
-            def stop(signum: int, frame: object) -> None:
-                stopping.append(signum)
-                ranks.signal_all(signum)
-
-            signal.signal(signal.SIGTERM, stop)
-            view = watch.wait(lambda v: True, FIRST_VIEW_WAIT_S)
-            attempt = max(job.attempt, view.attempt if view else 0)
-            while True:
-                view = watch.view  # one view for the attempt: its number, its gang and this pod's env in it
-                attempt = max(attempt, view.attempt if view else 0)
-                members = view.members if view is not None else None
-                if members is not None and index not in members:
-                    _mark(f"attempt {attempt}: this pod is not in the gang "
-                          f"({_sizes(len(members) * ranks.count, target_size)}); waiting for an attempt that takes it in")
-                    ended = _wait_out(watch, attempt, stopping)
-                    if ended is not None:
-                        return ended
-                    continue
-                child_env = {**attempt_env(environ, view, attempt), names.CHECKPOINT_REQUEST_FILE: str(request.path)}
-                size = int(child_env.get(names.WORLD_SIZE) or 0)
-                resized = f" ({_sizes(size, target_size)})" if size != target_size else ""
-                _mark(f"attempt {attempt}: starting the rank process{'es' if ranks.count > 1 else ''} in place{resized}")
-                ooms = oom_kills()
-                ranks.start(child_env)
-                def interrupted() -> bool:
-                    view = watch.view
-                    request.sync(view)
-                    if view is not None and view.formed is not None and view.formed >= attempt:
-                        ranks.prepare_zygote(environ)  # the gang formed: the next attempt's imports, now
-                    return bool(stopping) or _newer(view, attempt)
-
-                if ranks.supervise(interrupted):
-                    if stopping:
-                        return ExitCode.TERMINATED
-                    _mark(f"attempt {attempt}: the job restarts; its rank processes were stopped")
-                    attempt = _next_attempt(watch, attempt)
-                    continue
-                if stopping:
-                    return ExitCode.TERMINATED
-                code, message = ranks.outcome()
-                if code == ExitCode.OK:
-                    return code
-                after = oom_kills()
-                oom = code == SIGKILL_EXIT and after is not None and ooms is not None and after > ooms
-                report = failure_report(attempt, code, message, oom, time.time())
-                if not _report(sink, {api.STATUS_PROCESS_FAILURES: {str(index): report}}):
-                    leave_termination_message(message)  # no way to say it in place: the pod fails instead
-                    return code
-                _mark(f"attempt {attempt}: a rank process exited with code {code}"
-                      f"{' (OOM-killed)' if oom else ''}; waiting for the job's next attempt")
-                newer = watch.wait(lambda v: v.attempt > attempt or v.phase in FINAL_PHASES, also=lambda: bool(stopping))
-                if newer is None or newer.attempt <= attempt:  # stopped, or the job ended with this failure
-                    if not stopping:
-                        leave_termination_message(message)
-                    return ExitCode.TERMINATED if stopping else code
-                attempt = newer.attempt
+            request = CheckpointRequest(folder / "checkpoint-request")
+            return Attempts(ranks, environ, job, watch, JobStatusSink(job.namespace, job.name), request).run()
     finally:
         watch.stop()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+class Attempts:
+    """The pod's rank processes, attempt after attempt of the job (the module's docstring)."""
+
+    def __init__(self, ranks: RankProcesses, environ: Mapping[str, str], job: env.JobInfo, watch: JobWatch,
+                 sink: JobStatusSink, request: CheckpointRequest) -> None:
+        self.ranks = ranks
+        self.environ = environ
+        self.watch = watch
+        self.sink = sink
+        self.request = request
+        self.index = env.node_rank(environ)
+        self.target_size = target_world_size(environ, int(environ.get(names.WORLD_SIZE) or 0))
+        self.attempt = job.attempt
+        self.stopping: list[int] = []  # the signals the pod was stopped with
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._stop)
+        first = self.watch.wait(lambda v: True, FIRST_VIEW_WAIT_S)
+        self.attempt = max(self.attempt, first.attempt if first else 0)
+        while (code := self._next()) is None:
+            pass
+        return code
+
+    def _stop(self, signum: int, frame: object) -> None:
+        self.stopping.append(signum)
+        self.ranks.signal_all(signum)
+
+    def _next(self) -> int | None:
+        """This pod's part in the job's current attempt: the container's exit code once it is to end,
+        else None (go on with the next attempt)."""
+        view = self.watch.view  # one view for the attempt: its number, its gang and this pod's env in it
+        self.attempt = max(self.attempt, view.attempt if view else 0)
+        members = view.members if view is not None else None
+        if members is not None and self.index not in members:
+            _mark(f"attempt {self.attempt}: this pod is not in the gang "
+                  f"({_sizes(len(members) * self.ranks.count, self.target_size)}); waiting for an attempt that takes it in")
+            return _wait_out(self.watch, self.attempt, self.stopping)
+        return self._train(view)
+
+    def _train(self, view: JobView | None) -> int | None:
+        """Start the rank processes for the attempt and see them out: interrupted by the next attempt
+        (None), ended (0), failed (_failed), or the pod stopped."""
+        child_env = {**attempt_env(self.environ, view, self.attempt), names.CHECKPOINT_REQUEST_FILE: str(self.request.path)}
+        size = int(child_env.get(names.WORLD_SIZE) or 0)
+        resized = f" ({_sizes(size, self.target_size)})" if size != self.target_size else ""
+        _mark(f"attempt {self.attempt}: starting the rank process{'es' if self.ranks.count > 1 else ''} in place{resized}")
+        ooms = oom_kills()
+        self.ranks.start(child_env)
+        interrupted = self.ranks.supervise(self._interrupted)
+        if self.stopping:
+            return ExitCode.TERMINATED
+        if interrupted:
+            _mark(f"attempt {self.attempt}: the job restarts; its rank processes were stopped")
+            self.attempt = _next_attempt(self.watch, self.attempt)
+            return None
+        code, message = self.ranks.outcome()
+        return code if code == ExitCode.OK else self._failed(code, message, ooms)
+
+    def _interrupted(self) -> bool:
+        """Polled while the rank processes run: whether to stop them (the pod is stopped, or the job
+        went on to a newer attempt). Also passes the job's checkpoint request on, and starts the zygote
+        once the attempt's gang formed (the next attempt's imports, now)."""
+        view = self.watch.view
+        self.request.sync(view)
+        if view is not None and view.formed is not None and view.formed >= self.attempt:
+            self.ranks.prepare_zygote(self.environ)
+        return bool(self.stopping) or _newer(view, self.attempt)
+
+    def _failed(self, code: int, message: str, ooms_before: int | None) -> int | None:
+        """A rank process failed: report it and wait for the job's next attempt (None); the container's
+        exit code where it cannot be reported, or the job ends with it, or the pod is stopped."""
+        after = oom_kills()
+        oom = code == SIGKILL_EXIT and after is not None and ooms_before is not None and after > ooms_before
+        report = failure_report(self.attempt, code, message, oom, time.time())
+        if not _report(self.sink, {api.STATUS_PROCESS_FAILURES: {str(self.index): report}}):
+            leave_termination_message(message)  # no way to say it in place: the pod fails instead
+            return code
+        _mark(f"attempt {self.attempt}: a rank process exited with code {code}"
+              f"{' (OOM-killed)' if oom else ''}; waiting for the job's next attempt")
+        attempt = self.attempt
+        newer = self.watch.wait(lambda v: v.attempt > attempt or v.phase in FINAL_PHASES, also=lambda: bool(self.stopping))
+        if newer is None or newer.attempt <= attempt:  # stopped, or the job ended with this failure
+            if not self.stopping:
+                leave_termination_message(message)
+            return ExitCode.TERMINATED if self.stopping else code
+        self.attempt = newer.attempt
+        return None
 
 
 def _report(sink: JobStatusSink, fields: dict[str, object]) -> bool:

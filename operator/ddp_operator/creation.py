@@ -1,0 +1,201 @@
+"""A job's creation pass: the children a decision to create asks for (the Service, the progress
+identity, the data token, the ranks' pods, the data workers' pods), created against the API server.
+
+All of them or, when a namespace quota could not hold the whole gang, none of the ranks' pods (an
+elastic job: those that fit, if at least its minimum). It writes no status: what it could not create
+(a name in the way, a refusal, a quota too small for the gang) is kept in the job's JobMemory and
+the status pass, the only writer, says it and decides (reconciler.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from kubernetes.client.rest import ApiException
+
+from ddp_contract.resource import JobKey, job_key
+from ddp_operator.admission import Refusal, classify, refused
+from ddp_operator.capacity import InTheWay
+from ddp_operator.dataworkers import DataWorkerSummary
+from ddp_operator.jobmemory import JobMemory
+from ddp_operator.kubeapi import KubeApi, adopt, api_message, is_controlled_by, is_going_away
+from ddp_operator.kueue.rules import queue_name
+from ddp_operator.manifests import (
+    build_data_worker_pod,
+    build_pod,
+    build_progress_access,
+    build_service,
+    build_token_secret,
+)
+from ddp_operator.quota import gang_shortfall, pods_that_fit
+from ddp_operator.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+
+class Creation:
+    """Creates a job's children; what it could not is noted in the job's memory, and a status pass asked for."""
+
+    def __init__(self, kube: KubeApi, memory: Callable[[JobKey], JobMemory], ask_status_pass: Callable[[JobKey], None],
+                 clock: Callable[[], float]) -> None:
+        self.kube = kube
+        self.memory = memory
+        self.ask_status_pass = ask_status_pass
+        self.clock = clock
+        self._unreadable_quotas: set[str] = set()  # namespaces whose ResourceQuotas we may not list (said once)
+
+    async def gang(self, job: dict[str, Any], spec: JobSpec, ranks: tuple[int, ...], attempt: int, *,
+                   first_pass: bool = False, leaving: int = 0) -> None:
+        """Creates the job's Service and progress identity, then the ranks' pods: all of them or, when a
+        namespace quota could not hold the whole gang, none (an elastic job: those that fit, if at least
+        its minimum). first_pass: the attempt's first, when the namespace's quotas are judged for the whole
+        gang (not on later passes), with `leaving` of the job's older pods still there. What
+        is refused is noted for the status pass (`_note_refused`), which says it and decides; this pass
+        writes no status."""
+        key = job_key(job)
+        said_before = self.memory(key).refused
+        # A Kueue-managed job's quota is Kueue's to judge: it admitted the gang as a whole. The quotas
+        # are read while the Service and identity are ensured: the read is on the way to the first pods.
+        limits = asyncio.ensure_future(self._quota_limits(key[0])) if first_pass and queue_name(job) is None \
+            else None
+        try:
+            # In order: a RoleBinding is refused (404) while its Role does not exist yet, unless the
+            # caller may bind anything (an admin may; the operator's own ClusterRole may not).
+            objects: list[str] = []
+            if spec.data_worker_replicas:  # the ranks read the data token from it
+                try:
+                    await self.kube.create_secret(adopt(build_token_secret(job, secrets.token_hex(32)), job))
+                except ApiException as error:
+                    self._note_refused(key, attempt, ranks, self._refusal(error), "Secret")
+                    return
+            for child in (build_service(job, spec), *build_progress_access(job, spec)):
+                try:
+                    holder = await self.kube.ensure(adopt(child, job))
+                except ApiException as error:
+                    self._note_refused(key, attempt, ranks, self._refusal(error), child["kind"])
+                    return
+                if holder is not None and not is_controlled_by(holder, job):
+                    objects.append(f"{child['kind']} {child['metadata']['name']}")
+            pods: tuple[tuple[int, str], ...] = ()
+            if not objects:  # without its Service (or its identity) no rank could start as it should
+                created = await self._pods(job, spec, ranks, attempt, limits, leaving)
+                if created is None:
+                    return
+                pods = created
+        finally:
+            if limits is not None and not limits.done():
+                limits.cancel()
+        memory = self.memory(key)
+        if memory.refused is not None and memory.refused is said_before:  # nothing refused this pass
+            memory.refused = None
+            self.ask_status_pass(key)  # the status pass stops saying so
+        self._note_in_the_way(key, InTheWay(tuple(objects), pods))
+
+
+    async def data_workers(self, job: dict[str, Any], spec: JobSpec, workers: DataWorkerSummary) -> None:
+        """The missing data workers' pods, with the job's Service (their DNS names) and data token. What
+        is refused is kept for the status pass, which says it and tries again in a while."""
+        if not workers.missing or spec.data_workers is None:
+            return
+        key = job_key(job)
+        memory = self.memory(key)
+        try:
+            await self.kube.ensure(adopt(build_service(job, spec), job))
+            await self.kube.create_secret(adopt(build_token_secret(job, secrets.token_hex(32)), job))
+            results = await asyncio.gather(
+                *(self.kube.ensure(adopt(build_data_worker_pod(job, spec, i), job)) for i in workers.missing),
+                return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+        except ApiException as error:
+            refusal = self._refusal(error)
+            memory.data_refused = Refusal(refusal.reason, refusal.said_of("data worker pod"))
+            log.info("%s/%s: data workers refused (%s): %s", *key, refusal.reason, refusal.message)
+            self.ask_status_pass(key)
+            return
+        if memory.data_refused is not None:
+            memory.data_refused = None
+            self.ask_status_pass(key)
+
+
+    async def _pods(self, job: dict[str, Any], spec: JobSpec, ranks: tuple[int, ...], attempt: int,
+                    limits: asyncio.Future[tuple[list[dict[str, Any]], list[dict[str, Any]]] | None] | None,
+                    leaving: int) -> tuple[tuple[int, str], ...] | None:
+        """The ranks' pods, after the quotas (`limits`, being read) were judged for the whole gang; the
+        ranks whose names strangers hold, or None when something was refused (noted)."""
+        key = job_key(job)
+        built = [adopt(build_pod(job, spec, rank, attempt), job) for rank in ranks]
+        read = await limits if limits is not None else None
+        if read is not None and built:  # every rank's pod asks for what rank 0's does
+            quotas, limit_ranges = read
+            # An elastic job's ranks that fit are created (they start without the rest once
+            # elasticSettleSeconds pass); any other gang is created whole or not at all.
+            fits = pods_that_fit(built[0], quotas, most=spec.pods, least=spec.min_pods, limit_ranges=limit_ranges,
+                                 leaving=[built[0]] * leaving) if spec.elastic else 0
+            shortfall = gang_shortfall([built[0]] * spec.pods, quotas, limit_ranges, leaving=[built[0]] * leaving,
+                                       created=fits)
+            if shortfall is not None:
+                left_out = spec.pods - fits if fits else len(ranks)
+                self._note_refused(key, attempt, ranks[-left_out:], Refusal(shortfall.reason, shortfall.message))
+                if left_out >= len(ranks):
+                    return None
+                ranks, built = ranks[:-left_out], built[:-left_out]
+        results = await asyncio.gather(*(self.kube.ensure(pod) for pod in built), return_exceptions=True)
+        refusals: dict[int, Refusal] = {}
+        for rank, result in zip(ranks, results, strict=True):
+            if isinstance(result, ApiException):
+                refusals[rank] = self._refusal(result)
+            elif isinstance(result, BaseException):
+                raise result
+        if refusals:
+            first = refusals[min(refusals)]
+            self._note_refused(key, attempt, [r for r, said in refusals.items() if said == first], first, "pod")
+            return None
+        return tuple((rank, pod["metadata"]["name"]) for rank, pod, holder in zip(ranks, built, results, strict=True)
+                     if holder is not None and not is_controlled_by(holder, job))  # type: ignore[arg-type]
+
+    @staticmethod
+    def _refusal(error: ApiException) -> Refusal:
+        """The API server's refusal in `error`; any other error (a conflict, the namespace going away, a
+        server error) is raised again, for the work queue to retry or drop as before."""
+        refusal = None if is_going_away(error) else classify(error.status, api_message(error))
+        if refusal is None:
+            raise error
+        return refusal
+
+    async def _quota_limits(self, namespace: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+        """The namespace's ResourceQuotas and LimitRanges (none read when there is no quota); None where we
+        may not read them (the API server alone judges then, pod by pod)."""
+        try:
+            quotas = await self.kube.list_objects("ResourceQuota", namespace)
+            return quotas, await self.kube.list_objects("LimitRange", namespace) if quotas else []
+        except ApiException as error:
+            if error.status != 403:
+                raise
+            if namespace not in self._unreadable_quotas:
+                self._unreadable_quotas.add(namespace)
+                log.warning("may not list ResourceQuotas or LimitRanges in %s, so a gang is not checked against its "
+                            "quotas before its pods are created: %s", namespace, api_message(error))
+            return None
+
+
+    def _note_refused(self, key: JobKey, attempt: int, ranks: Iterable[int], refusal: Refusal, kind: str = "") -> None:
+        """Keeps what was refused for the status pass, and asks for one."""
+        said = Refusal(refusal.reason, refusal.said_of(kind)) if kind else refusal
+        memory, now = self.memory(key), self.clock()
+        memory.refused = memory.refused.again(attempt, ranks, said, now) if memory.refused else refused(attempt, ranks, said, now)
+        log.info("%s/%s: creation refused (%s): %s", *key, said.reason, said.message)
+        self.ask_status_pass(key)
+
+
+    def _note_in_the_way(self, key: JobKey, found: InTheWay) -> None:
+        memory = self.memory(key)
+        if found == memory.in_the_way:
+            return
+        memory.in_the_way = found
+        self.ask_status_pass(key)  # the status pass says so (or stops saying so)

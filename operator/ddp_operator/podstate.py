@@ -1,0 +1,173 @@
+"""One pod of a job, read: its index, the attempt it was made for, its node and state, and what a failed
+or held-up trainer says. The summaries of a job's pods (gangpods.py, the restart modes' rooms) are built
+from these readings."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ddp_contract import labels
+from ddp_operator import constants as c
+from ddp_operator.failures import RankFailure, RankProblem, last_lines
+from ddp_operator.kubelet import EVICTION_REASON_PREFIX, EVICTION_REASONS, PULL_FAILED_REASONS, WAITING_NORMALLY, WAITING_REASONS
+from ddp_operator.podsecurity import root_image_problem
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What a summary needs of one pod. `index` is the pod's place in the job ('<job>-<index>'), the
+    rank only when ranksPerPod is 1; None for a pod without the label."""
+
+    pod: Mapping[str, Any]
+    name: str
+    uid: str
+    job: str  # its job-name label
+    index: int | None
+    attempt: int | None  # the gang attempt it was created for
+    node: str  # "" until it is bound to one
+    state: str  # pending | running | succeeded | failed (pod_state)
+    deleting: bool
+
+    @classmethod
+    def of(cls, pod: Mapping[str, Any]) -> PodView:
+        meta = pod.get("metadata") or {}
+        return cls(pod=pod, name=meta.get("name", ""), uid=meta.get("uid", ""),
+                   job=(meta.get("labels") or {}).get(labels.LABEL_JOB_NAME, ""),
+                   index=label_int(meta, labels.LABEL_RANK), attempt=label_int(meta, labels.LABEL_ATTEMPT),
+                   node=(pod.get("spec") or {}).get("nodeName") or "", state=pod_state(pod),
+                   deleting=bool(meta.get("deletionTimestamp")))
+
+    @property
+    def active(self) -> bool:
+        return self.state in ("pending", "running")
+
+
+def running_since(pod: Mapping[str, Any]) -> str | None:
+    """When the pod's trainer container started running (its state.running.startedAt), if it runs."""
+    started = (trainer_status(pod).get("state") or {}).get("running", {}).get("startedAt")
+    return str(started) if started else None
+
+
+def pod_state(pod: Mapping[str, Any]) -> str:
+    """pending | running | succeeded | failed, judged by the trainer container first.
+
+    The trainer's own exit decides, so a sidecar that keeps a pod Running does not hide a finished rank.
+    """
+    status = pod.get("status") or {}
+    terminated = (trainer_status(pod).get("state") or {}).get("terminated")
+    if terminated is not None:
+        return "succeeded" if terminated.get("exitCode") == 0 else "failed"
+    phase = status.get("phase", "Pending")
+    return {"Running": "running", "Succeeded": "succeeded", "Failed": "failed"}.get(phase, "pending")
+
+
+def trainer_status(pod: Mapping[str, Any], container: str = labels.CONTAINER_NAME) -> Mapping[str, Any]:
+    """The status of the pod's `container` (the trainer), else of its first container."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    named = [s for s in statuses if s.get("name") == container]
+    found: Mapping[str, Any] = (named or statuses or [{}])[0]
+    return found
+
+
+def is_ready(pod: Mapping[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(cond.get("type") == "Ready" and cond.get("status") == "True" for cond in conditions)
+
+
+def is_eviction(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod was removed by the node or scheduler (evicted, preempted, node lost, ...)."""
+    status = pod.get("status") or {}
+    reason = status.get("reason") or ""
+    if reason in EVICTION_REASONS or reason.startswith(EVICTION_REASON_PREFIX):
+        return True
+    return any(
+        cond.get("type") == "DisruptionTarget" and cond.get("status") == "True"
+        for cond in status.get("conditions") or []
+    )
+
+
+def rank_failure(pod: Mapping[str, Any], rank: int) -> RankFailure:
+    terminated = (trainer_status(pod).get("state") or {}).get("terminated") or {}
+    status = pod.get("status") or {}
+    evicted = is_eviction(pod)
+    exit_code = terminated.get("exitCode")
+    if evicted:
+        reason = status.get("reason") or _disruption_reason(status) or "Evicted"
+    else:
+        reason = exit_reason(terminated.get("reason") or status.get("reason") or "Failed", exit_code)
+    return RankFailure(
+        rank=rank,
+        pod=(pod.get("metadata") or {}).get("name", ""),
+        exit_code=exit_code,
+        reason=reason,
+        evicted=evicted,
+        finished_at=terminated.get("finishedAt"),
+        node=(pod.get("spec") or {}).get("nodeName"),
+        output=last_lines(terminated.get("message") or status.get("message")),
+        attempt=label_int(pod.get("metadata") or {}, labels.LABEL_ATTEMPT),
+    )
+
+
+def node_lost(pod: Mapping[str, Any], rank: int, why: str) -> RankFailure:
+    """The failure of a rank whose node is lost: an infrastructure failure (evicted), whatever its
+    pod's last reported state says."""
+    meta = pod.get("metadata") or {}
+    return RankFailure(rank=rank, pod=meta.get("name", ""), exit_code=None, reason=c.REASON_NODE_LOST, evicted=True,
+                       node=(pod.get("spec") or {}).get("nodeName"), output=why,
+                       attempt=label_int(meta, labels.LABEL_ATTEMPT))
+
+
+def rank_problem(pod: Mapping[str, Any], rank: int) -> RankProblem | None:
+    """Why a pending rank is held up, if anything says so: the scheduler (Unschedulable, with its
+    message, e.g. "0/4 nodes are available: 4 Insufficient nvidia.com/gpu") or the kubelet (the
+    trainer container waiting on an image pull, a missing Secret or ConfigMap, ...)."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason") == "Unschedulable":
+            return RankProblem(rank, c.REASON_UNSCHEDULABLE, str(cond.get("message") or "").strip())
+    waiting = (trainer_status(pod).get("state") or {}).get("waiting") or {}
+    reason = str(waiting.get("reason") or "")
+    if not reason or reason in WAITING_NORMALLY:
+        return None
+    said = str(waiting.get("message") or reason).strip()
+    as_root = root_image_problem(said) if reason == "CreateContainerConfigError" else None
+    if as_root is not None:
+        return RankProblem(rank, c.REASON_IMAGE_RUNS_AS_ROOT, as_root)
+    if reason in PULL_FAILED_REASONS:
+        said += pull_secrets_note(pod)
+    return RankProblem(rank, WAITING_REASONS.get(reason, reason), said)
+
+
+def pull_secrets_note(pod: Mapping[str, Any]) -> str:
+    """What a failed pull was tried with: the pod's imagePullSecrets. The kubelet pulls without one
+    that does not exist, and says so only in an Event on the pod (FailedToRetrieveImagePullSecret),
+    so the registry's refusal ("no basic auth credentials") alone would not point at it."""
+    names = [str(item["name"]) for item in (pod.get("spec") or {}).get("imagePullSecrets") or [] if item.get("name")]
+    if not names:
+        return ""
+    return (f" (imagePullSecrets: {', '.join(names)}; the kubelet pulls without any that does not exist, "
+            "saying so in the pod's events)")
+
+
+def exit_reason(reason: str, exit_code: Any) -> str:
+    """The kubelet's reason for a failed container, or for its plain "Error" what the runtime's exit
+    code means (CommunicationError, Hung, ...)."""
+    if reason == "Error" and exit_code in c.RUNTIME_EXIT_REASONS:
+        return str(c.RUNTIME_EXIT_REASONS[exit_code])
+    return str(reason)
+
+
+def _disruption_reason(status: Mapping[str, Any]) -> str | None:
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            return str(cond.get("reason") or "") or None
+    return None
+
+
+def label_int(meta: Mapping[str, Any], key: str) -> int | None:
+    value = (meta.get("labels") or {}).get(key)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
