@@ -24,8 +24,8 @@ WATCH_SECONDS = 30  # a watch is renewed this often (and at wait()'s deadline)
 RECONNECT_SECONDS = 120.0  # how long wait() tries to reach the API server again after a watch's connection broke
 
 
-# The seed's result files are one small object a step: read this many at once.
-SEED_READERS = 16
+# dask-pytorch-ddp's result files are one small object a step: read this many at once.
+RESULT_FILE_READERS = 16
 
 
 class JobDeleted(LookupError):
@@ -265,18 +265,19 @@ class Job:
                              "so nothing was downloaded")
 
     def metrics(self) -> list[metricdata.Record]:
-        """Every rank's metric records: its `log_metrics` lines, else the dask-pytorch-ddp seed's per-step
-        result files it submitted (results/worker/<rank>/), else the metric lines it printed."""
+        """Every rank's metric records: its `log_metrics` lines, else the per-step result files it submitted
+        as dask-pytorch-ddp's workers do (results/worker/<rank>/), else the metric lines it printed."""
         store = self.store()
         records: list[metricdata.Record] = []
         for key, _ in store.list(layout.METRICS):
             if key.endswith(".jsonl"):
                 records.extend(metricdata.parse_lines(store.get(key).decode(), f"{store.uri}/{key}"))
-        seed_keys = [key for key, _ in store.list(f"{layout.RESULTS}/{metricdata.SEED_RESULTS}") if key.endswith(".json")]
-        with ThreadPoolExecutor(max_workers=SEED_READERS) as pool:  # one small object per step
-            bodies = pool.map(store.get, seed_keys)
-            for order, (key, body) in enumerate(zip(seed_keys, bodies, strict=True)):
-                record = metricdata.seed_record(key.removeprefix(f"{layout.RESULTS}/"), body, order)
+        dask_keys = [key for key, _ in store.list(f"{layout.RESULTS}/{metricdata.DASK_WORKER_FOLDER}")
+                     if key.endswith(".json")]
+        with ThreadPoolExecutor(max_workers=RESULT_FILE_READERS) as pool:  # one small object per step
+            bodies = pool.map(store.get, dask_keys)
+            for order, (key, body) in enumerate(zip(dask_keys, bodies, strict=True)):
+                record = metricdata.dask_result_record(key.removeprefix(f"{layout.RESULTS}/"), body, order)
                 if record is not None:
                     records.append(record)
         return metricdata.best_sources(records)

@@ -1,8 +1,8 @@
 """The per-rank JSON lines of `log_metrics` as records, and as series of a metric against the step.
 
-A rank's records come from one source, the best it has: its code's `log_metrics`; else the
-dask-pytorch-ddp seed's per-step result files (`results/worker/<rank>/*.json`, each the dict the
-seed's workers submit); else the metric lines it printed (`"source": "printed"`, made by the runtime).
+A rank's records come from one source, the best it has: its code's `log_metrics`; else the per-step
+result files of dask-pytorch-ddp's results layout (`results/worker/<rank>/*.json`, each the dict its
+workers submit); else the metric lines it printed (`"source": "printed"`, made by the runtime).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from ddp_contract.metriclines import from_object
 
 # Fields every record has that are not metrics.
 NOT_METRICS = frozenset({"step", "epoch", "time", "rank", "source"})
-# The seed's result files: results/<SEED_RESULTS>/<rank>/<name>.json.
-SEED_RESULTS = "worker"
+# dask-pytorch-ddp's result files: results/<DASK_WORKER_FOLDER>/<rank>/<name>.json.
+DASK_WORKER_FOLDER = "worker"
 PRINTED = "printed"  # the runtime's records of printed metric lines
-SEED = "seed-results"
+DASK_RESULTS = "seed-results"  # the source of records read from dask-pytorch-ddp's result files
 # The sources, best first.
-SOURCES = (None, SEED, PRINTED)
+SOURCES = (None, DASK_RESULTS, PRINTED)
 
 Record = dict[str, Any]
 Series = dict[str, list[tuple[int, float]]]
@@ -43,11 +43,11 @@ def parse_lines(text: str, where: str = "metrics") -> list[Record]:
     return records
 
 
-def seed_record(key: str, body: bytes, order: int) -> Record | None:
-    """A record of one of the seed's result files (key relative to the job's results: worker/<rank>/...),
+def dask_result_record(key: str, body: bytes, order: int) -> Record | None:
+    """A record of one of dask-pytorch-ddp's result files (key relative to the job's results: worker/<rank>/...),
     `order` its place among them (the files are named by time); None for a file that is not a metric dict."""
     parts = key.split("/")
-    if len(parts) < 3 or parts[0] != SEED_RESULTS or not parts[1].isdigit():
+    if len(parts) < 3 or parts[0] != DASK_WORKER_FOLDER or not parts[1].isdigit():
         return None
     try:
         line = from_object(json.loads(body))
@@ -57,7 +57,7 @@ def seed_record(key: str, body: bytes, order: int) -> Record | None:
         return None
     extra = {k: v for k, v in line.values.items() if k not in NOT_METRICS and k != "loss"}
     return {**extra, "step": line.step if line.step is not None else order, "epoch": line.epoch, "loss": line.loss,
-            "rank": int(parts[1]), "time": float(order), "source": SEED}
+            "rank": int(parts[1]), "time": float(order), "source": DASK_RESULTS}
 
 
 def best_sources(records: Iterable[Record]) -> list[Record]:

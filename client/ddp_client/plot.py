@@ -17,8 +17,8 @@ def plot_series(series: Series, path: Path, title: str = "", width_in: float = 8
     from matplotlib.figure import Figure
 
     if not series:
-        raise ValueError("no metrics to plot: the job's ranks logged none (log_metrics), submitted none as the "
-                         "dask-pytorch-ddp seed does, and printed no metric line")
+        raise ValueError("no metrics to plot: the job's ranks logged none (log_metrics), submitted none as "
+                         "dask-pytorch-ddp's workers do (results/worker/<rank>/*.json), and printed no metric line")
     names = sorted(series, key=lambda name: (name != "loss", name))
     figure = Figure(figsize=(width_in, panel_in * len(names)), dpi=dpi)
     axes = figure.subplots(len(names), 1, sharex=True, squeeze=False)[:, 0]

@@ -1,5 +1,5 @@
-"""A script launched with `python -m torch.distributed.launch`, as the notes on DDP set-up in the
-project's seeds run it, nothing of ddp-operator imported: the launcher passes --local-rank to each of
+"""A script launched with `python -m torch.distributed.launch`, as common notes on DDP set-up
+run it, nothing of ddp-operator imported: the launcher passes --local-rank to each of
 the pod's ranks and sets MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE.
 
     command: [python, -m, torch.distributed.launch, launch_train.py]

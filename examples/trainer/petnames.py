@@ -1,4 +1,4 @@
-"""Pet names (examples/petnames): the dask-pytorch-ddp seed's character LSTM, trained with DDP.
+"""Pet names (examples/petnames): dask-pytorch-ddp's character LSTM, trained with DDP.
 
 The names list is one text object ($DDP_DATASET_URI, one name a line). Every partial name
 (`"bu"`, `"bus"`, ... with `+` as the stop character) becomes a sample: the last 8 characters,
@@ -34,8 +34,8 @@ MAX_NAME = 30
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = arguments("petnames", epochs=12, batch_size=64, lr=0.003)
-    parser.add_argument("--hidden", type=int, default=128, help="LSTM size (the seed's 128)")
-    parser.add_argument("--layers", type=int, default=2, help="LSTM layers (the seed has 4)")
+    parser.add_argument("--hidden", type=int, default=128, help="LSTM size (dask-pytorch-ddp's: 128)")
+    parser.add_argument("--layers", type=int, default=2, help="LSTM layers (dask-pytorch-ddp's: 4)")
     parser.add_argument("--names", type=int, default=50, help="how many names to generate at the end")
     return parser.parse_args(argv)
 

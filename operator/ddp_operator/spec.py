@@ -183,8 +183,8 @@ class JobSpec(Templated):
 
 def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
     """Validates a DDPJob .spec and returns it with defaults applied; raises InvalidSpec."""
-    world_size = _int(spec, "worldSize", None, 1, MAX_WORLD_SIZE)
-    gpus = _int(spec, "gpusPerRank", DEFAULT_GPUS_PER_RANK, 0, MAX_GPUS_PER_RANK)
+    world_size = _int(spec, "worldSize", low=1, high=MAX_WORLD_SIZE)
+    gpus = _int(spec, "gpusPerRank", default=DEFAULT_GPUS_PER_RANK, low=0, high=MAX_GPUS_PER_RANK)
     if world_size * gpus > MAX_TOTAL_GPUS:
         raise InvalidSpec(
             "gpusPerRank", f"worldSize * gpusPerRank = {world_size * gpus} exceeds {MAX_TOTAL_GPUS} GPUs"
@@ -197,7 +197,7 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
     shm_size = _shm_size(spec.get("shmSize"), template)
     env = _env(spec.get("env") or [], "env")
     s3 = _s3(spec.get("s3"))
-    hang_timeout = _int(spec, "hangTimeoutSeconds", None, 0, None, optional=True)
+    hang_timeout = _optional_int(spec, "hangTimeoutSeconds", low=0)
     if hang_timeout is not None:
         _check_env_names(env, "env", {envnames.HANG_TIMEOUT_SECONDS}, "is set from spec.hangTimeoutSeconds")
     if s3 and s3.credentials_secret:
@@ -219,7 +219,7 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
         env=env,
         env_from=tuple(_list(spec.get("envFrom") or [], "envFrom")),
         image_pull_secrets=_image_pull_secrets(spec.get("imagePullSecrets") or []),
-        master_port=_int(spec, "masterPort", DEFAULT_MASTER_PORT, 1, 65535),
+        master_port=_int(spec, "masterPort", default=DEFAULT_MASTER_PORT, low=1, high=65535),
         backend=backend,
         shm_size=shm_size,
         template=template,
@@ -228,17 +228,17 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
         restart_strategy=_restart_strategy(spec),
         trainer_runtime=_trainer_runtime(spec),
         launcher=_launcher(spec),
-        in_place_deadline_seconds=_int(spec, "inPlaceDeadlineSeconds", DEFAULT_IN_PLACE_DEADLINE_SECONDS, 1, None),
+        in_place_deadline_seconds=_int(spec, "inPlaceDeadlineSeconds", default=DEFAULT_IN_PLACE_DEADLINE_SECONDS, low=1),
         min_world_size=_min_world_size(spec, world_size),
-        elastic_settle_seconds=_int(spec, "elasticSettleSeconds", DEFAULT_ELASTIC_SETTLE_SECONDS, 0, None),
-        backoff_limit=_int(spec, "backoffLimit", DEFAULT_BACKOFF_LIMIT, 0, None),
+        elastic_settle_seconds=_int(spec, "elasticSettleSeconds", default=DEFAULT_ELASTIC_SETTLE_SECONDS, low=0),
+        backoff_limit=_int(spec, "backoffLimit", default=DEFAULT_BACKOFF_LIMIT, low=0),
         infrastructure_backoff_limit=_int(
-            spec, "infrastructureBackoffLimit", DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT, 0, None),
+            spec, "infrastructureBackoffLimit", default=DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT, low=0),
         hang_timeout_seconds=hang_timeout,
-        active_deadline_seconds=_int(spec, "activeDeadlineSeconds", None, 1, None, optional=True),
-        startup_deadline_seconds=_int(spec, "startupDeadlineSeconds", DEFAULT_STARTUP_DEADLINE_SECONDS, 1, None),
-        node_lost_grace_seconds=_int(spec, "nodeLostGraceSeconds", DEFAULT_NODE_LOST_GRACE_SECONDS, 0, None),
-        ttl_seconds_after_finished=_int(spec, "ttlSecondsAfterFinished", None, 0, None, optional=True),
+        active_deadline_seconds=_optional_int(spec, "activeDeadlineSeconds", low=1),
+        startup_deadline_seconds=_int(spec, "startupDeadlineSeconds", default=DEFAULT_STARTUP_DEADLINE_SECONDS, low=1),
+        node_lost_grace_seconds=_int(spec, "nodeLostGraceSeconds", default=DEFAULT_NODE_LOST_GRACE_SECONDS, low=0),
+        ttl_seconds_after_finished=_optional_int(spec, "ttlSecondsAfterFinished", low=0),
         suspend=_bool(spec, "suspend", False),
         metrics_from_output=_bool(spec, "metricsFromOutput", True),
         data_workers=data_workers,
@@ -246,17 +246,17 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
 
 
 def _ranks_per_pod(spec: Mapping[str, Any], world_size: int) -> int:
-    per_pod = _int(spec, "ranksPerPod", 1, 1, MAX_RANKS_PER_POD)
+    per_pod = _int(spec, "ranksPerPod", default=1, low=1, high=MAX_RANKS_PER_POD)
     if world_size % per_pod:
         raise InvalidSpec("ranksPerPod", f"worldSize {world_size} is not a multiple of ranksPerPod {per_pod}")
     return per_pod
 
 
 def _min_world_size(spec: Mapping[str, Any], world_size: int) -> int | None:
-    minimum = _int(spec, "minWorldSize", None, 1, world_size, optional=True)
+    minimum = _optional_int(spec, "minWorldSize", low=1, high=world_size)
     if minimum is None:
         return None
-    per_pod = _int(spec, "ranksPerPod", 1, 1, MAX_RANKS_PER_POD)
+    per_pod = _int(spec, "ranksPerPod", default=1, low=1, high=MAX_RANKS_PER_POD)
     if minimum % per_pod:
         raise InvalidSpec("minWorldSize", f"{minimum} is not a multiple of ranksPerPod {per_pod}: an elastic job "
                           "gains and loses whole pods")
@@ -282,15 +282,14 @@ def validate_job_name(name: str, world_size: int, data_workers: int = 0) -> None
 
 
 def _int(
-    spec: Mapping[str, Any], key: str, default: int | None, low: int, high: int | None, optional: bool = False,
+    spec: Mapping[str, Any], key: str, *, default: int | None = None, low: int, high: int | None = None,
     field: str | None = None,
-) -> Any:
-    """spec[key]; `field` names it in errors where it is not spec.<key>."""
+) -> int:
+    """spec[key] (else `default`; required without one), from `low` to `high`; `field` names it in
+    errors where it is not spec.<key>."""
     value = spec.get(key, default)
     where = field or key
     if value is None:
-        if optional:
-            return None
         raise InvalidSpec(where, "is required")
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidSpec(where, f"must be an integer, got {value!r}")
@@ -298,6 +297,11 @@ def _int(
         bounds = f">= {low}" if high is None else f"between {low} and {high}"
         raise InvalidSpec(where, f"must be {bounds}, got {value}")
     return value
+
+
+def _optional_int(spec: Mapping[str, Any], key: str, *, low: int, high: int | None = None) -> int | None:
+    """spec[key] as `_int` takes it, or None when it is unset."""
+    return None if spec.get(key) is None else _int(spec, key, low=low, high=high)
 
 
 def _restart_strategy(spec: Mapping[str, Any]) -> str:
@@ -418,7 +422,8 @@ def _data_workers(value: Any) -> DataWorkersSpec | None:
                               "is set by the operator (a data worker's container is the job's trainer, "
                               "running the data worker; set its resources in dataWorkers.resources)")
     return DataWorkersSpec(
-        replicas=_int(value, "replicas", DEFAULT_DATA_WORKER_REPLICAS, 0, MAX_DATA_WORKERS, field="dataWorkers.replicas"),
+        replicas=_int(value, "replicas", default=DEFAULT_DATA_WORKER_REPLICAS, low=0, high=MAX_DATA_WORKERS,
+                      field="dataWorkers.replicas"),
         resources=_resources(value.get("resources") or {}, "dataWorkers.resources",
                              "data workers preprocess on CPUs"),
         template=template,

@@ -36,22 +36,22 @@ def test_series_per_rank_keep_the_latest_record_of_a_step_and_only_numbers() -> 
     assert series(records, rank=None)["loss"] == [(1, 4.0), (2, 1.5)]  # the ranks' mean
 
 
-def test_the_seed_s_per_step_result_files_are_read_as_records() -> None:
+def test_dask_pytorch_ddp_s_per_step_result_files_are_read_as_records() -> None:
     body = json.dumps({"loss": 0.5, "epoch": 1, "count": 40, "worker": 2}).encode()
-    record = metricdata.seed_record("worker/2/data-2026-01-02T03:04:05.json", body, order=7)
-    assert record == {"step": 40, "epoch": 1.0, "loss": 0.5, "rank": 2, "time": 7.0, "source": metricdata.SEED,
+    record = metricdata.dask_result_record("worker/2/data-2026-01-02T03:04:05.json", body, order=7)
+    assert record == {"step": 40, "epoch": 1.0, "loss": 0.5, "rank": 2, "time": 7.0, "source": metricdata.DASK_RESULTS,
                       "count": 40.0, "worker": 2.0}
-    assert metricdata.seed_record("worker/2/model.json", b'{"layers": 3}', 0) is None  # no metric dict
-    assert metricdata.seed_record("worker/2/broken.json", b'{"loss": ', 0) is None
-    assert metricdata.seed_record("eval/accuracy.json", body, 0) is None  # not a worker's file
+    assert metricdata.dask_result_record("worker/2/model.json", b'{"layers": 3}', 0) is None  # no metric dict
+    assert metricdata.dask_result_record("worker/2/broken.json", b'{"loss": ', 0) is None
+    assert metricdata.dask_result_record("eval/accuracy.json", body, 0) is None  # not a worker's file
 
 
 def test_each_rank_s_records_come_from_its_best_source_only() -> None:
     code = {"step": 1, "loss": 0.9, "rank": 0, "time": 1.0}
     printed = [{"step": s, "loss": 1.0, "rank": r, "time": 0.5, "source": metricdata.PRINTED} for r in (0, 1) for s in (1, 2)]
-    seed = {"step": 1, "loss": 0.8, "rank": 2, "time": 0.0, "source": metricdata.SEED}
-    seed_and_printed = {**printed[0], "rank": 2}
-    kept = metricdata.best_sources([code, *printed, seed, seed_and_printed])
+    dask = {"step": 1, "loss": 0.8, "rank": 2, "time": 0.0, "source": metricdata.DASK_RESULTS}
+    dask_and_printed = {**printed[0], "rank": 2}
+    kept = metricdata.best_sources([code, *printed, dask, dask_and_printed])
     by_rank = {r: sorted((x.get("source") or "code") for x in kept if x["rank"] == r) for r in (0, 1, 2)}
-    assert by_rank == {0: ["code"], 1: ["printed", "printed"], 2: [metricdata.SEED]}
+    assert by_rank == {0: ["code"], 1: ["printed", "printed"], 2: [metricdata.DASK_RESULTS]}
     assert metricdata.series(kept, rank=1) == {"loss": [(1, 1.0), (2, 1.0)]}  # "source" is not a metric

@@ -13,7 +13,7 @@ from ddp_contract.metriclines import MAX_LINE, LineScanner, MetricLine, Progress
 HUGGING_FACE = "{'loss': 0.4123, 'grad_norm': 1.9, 'learning_rate': 4.5e-05, 'epoch': 0.5}"
 
 
-def test_the_dask_seed_s_json_line_is_recognised_with_its_count_as_the_step() -> None:
+def test_dask_pytorch_ddp_s_json_line_is_recognised_with_its_count_as_the_step() -> None:
     line = parse(json.dumps({"loss": 0.25, "epoch": 1, "count": 40, "worker": 3}))
     assert line == MetricLine(0.25, 40, 1.0, {"loss": 0.25, "epoch": 1.0, "count": 40.0, "worker": 3.0})
 

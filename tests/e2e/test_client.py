@@ -30,7 +30,7 @@ import demo
 
 SECRET = "s3-credentials"
 IMAGE = "ddp-operator/trainer:0.1.0"
-SEED_SCRIPT = Path(__file__).resolve().parent / "seed_style_train.py"
+DASK_SCRIPT = Path(__file__).resolve().parent / "dask_style_train.py"
 RESULTS = f"s3://{BUCKET}/results"
 # The demo dataset: 48 images of each of 3 classes; 2 ranks with batches of 16 take 5 steps an epoch.
 EPOCHS, BATCH, STEPS = 2, 16, 2 * 5
@@ -86,14 +86,14 @@ def follow_in_background(job: Job) -> tuple[threading.Thread, io.StringIO]:
     return thread, followed
 
 
-def test_a_seed_style_script_runs_from_the_client_and_its_progress_results_metrics_plot_and_logs_come_back(
+def test_a_dask_style_script_runs_from_the_client_and_its_progress_results_metrics_plot_and_logs_come_back(
         jobs: Jobs, kube_api, s3_endpoint: str, podrunner: Path, s3_secret: str, kubectl_ddp, tmp_path: Path) -> None:
-    job = ddp_client.submit(str(SEED_SCRIPT), image=IMAGE, world_size=2, gpus=0, s3=client_s3(s3_endpoint),
+    job = ddp_client.submit(str(DASK_SCRIPT), image=IMAGE, world_size=2, gpus=0, s3=client_s3(s3_endpoint),
                             args=[BUCKET, "shapes/train", str(EPOCHS), str(BATCH)],
                             env={"DDP_PROGRESS_INTERVAL_SECONDS": "1", "DDP_LOG_UPLOAD_INTERVAL_SECONDS": "2"},
                             spec=local_spec(backoffLimit=0),
                             namespace=jobs.namespace, api_client=kube_api)
-    assert job.name == "seed-style-train"
+    assert job.name == "dask-style-train"
     follower, followed = follow_in_background(job)
     shown = io.StringIO()
     status = job.wait(timeout=300, out=shown)
@@ -102,15 +102,15 @@ def test_a_seed_style_script_runs_from_the_client_and_its_progress_results_metri
     # Ready 1/2 or 0/2 is as right as 2/2 here: ten steps take about a second, so a report can land while
     # one rank's pod is still starting or already done.
     assert any(re.search(r"Running, ready \d/2, epoch \d, step \d+, loss [\d.e-]+, \d+ samples/s", line) for line in lines), lines
-    assert lines[-1].startswith(f"seed-style-train: Succeeded at epoch {EPOCHS - 1}, step {STEPS}, loss "), lines
+    assert lines[-1].startswith(f"dask-style-train: Succeeded at epoch {EPOCHS - 1}, step {STEPS}, loss "), lines
 
     # The same name again is refused before anything is changed (the running job's code included).
     (tmp_path / "other.py").write_text("print('other code')\n")
-    with pytest.raises(ValueError, match=f"DDPJob {jobs.namespace}/seed-style-train already exists"):
+    with pytest.raises(ValueError, match=f"DDPJob {jobs.namespace}/dask-style-train already exists"):
         ddp_client.submit(str(tmp_path / "other.py"), image=IMAGE, name=job.name, namespace=jobs.namespace,
                           api_client=kube_api)
-    code = jobs.core.read_namespaced_config_map("seed-style-train-code", jobs.namespace)
-    assert code.data == {SEED_SCRIPT.name: SEED_SCRIPT.read_text()}
+    code = jobs.core.read_namespaced_config_map("dask-style-train-code", jobs.namespace)
+    assert code.data == {DASK_SCRIPT.name: DASK_SCRIPT.read_text()}
     assert code.metadata.owner_references[0].name == job.name
 
     # What the ranks submitted, listed, and downloaded as process_results did.

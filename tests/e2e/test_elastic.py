@@ -90,7 +90,7 @@ def test_a_job_that_loses_a_node_goes_on_smaller_and_grows_back_seeing_each_samp
     status = jobs.wait_phase("elastic", c.PHASE_RUNNING, timeout=90)
     assert status[api.STATUS_WORLD_SIZE] == 2 and status["ready"] == "2/2"
     waiting = {p.metadata.name: p.status.phase for p in jobs.pods("elastic") if p.metadata.name in on_b}
-    assert waiting == dict.fromkeys(on_b, "Pending")  # capacity probes
+    assert waiting == dict.fromkeys(on_b, "Pending")  # waiting apart, Pending where there is no room
     at_two = step(jobs)
     wait_until(lambda: step(jobs) > at_two, 120, "training at the smaller size")
     assert "lastCheckpoint" not in jobs.status("elastic")  # none so far: the loop saves only when asked

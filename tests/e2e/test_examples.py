@@ -19,7 +19,7 @@ from kubernetes.client.rest import ApiException
 
 import demo
 import example
-from ddp_contract import api
+from ddp_contract import api, layout
 from ddp_operator import constants as c
 from kube import Jobs, wait_until
 from realnode import node_address
@@ -77,7 +77,7 @@ def test_transfer_trains_resnet18_from_scratch_with_checkpoints(jobs, examples_s
     assert_learned(s3, bucket, prefix, "transfer")
     evaluation = assert_above_chance(s3, bucket, prefix, "transfer")
     assert evaluation["initial_weights"] is False  # nothing at <dataset>/weights/resnet18.pth
-    assert status["lastCheckpoint"]["uri"].startswith(f"s3://{bucket}/{prefix}checkpoints/step-"), status
+    assert status["lastCheckpoint"]["uri"].startswith(f"s3://{bucket}/{prefix}{layout.CHECKPOINTS}/step-"), status
 
 
 def test_shards_trains_a_small_resnet_on_make_shards_output(jobs, examples_s3) -> None:

@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 
-from ddp_contract import labels
+from ddp_contract import labels, layout
 from ddp_operator import constants as c
 from e2ehelp import BUCKET, start_job, workload_job
 from kube import REPO, wait_until
@@ -64,7 +64,7 @@ def test_killed_rank_restarts_the_gang_which_resumes_from_the_last_checkpoint(jo
     assert status["restarts"] == 1 and status["infrastructureRestarts"] == 1  # SIGKILL from outside
     assert status["failedRank"]["rank"] == 1 and status["failedRank"]["exitCode"] == 137
     last = status["lastCheckpoint"]
-    assert last["uri"] == f"s3://{BUCKET}/{prefix}checkpoints/step-{last['step']:012d}", last
+    assert last["uri"] == f"s3://{BUCKET}/{prefix}{layout.CHECKPOINTS}/step-{last['step']:012d}", last
     # The second gang started after a checkpoint, not from step 1: it resumed.
     # (The killed gang's own metrics may be lost with it; the second gang's are complete.)
     resumed = [step for step in first_steps(s3_endpoint, prefix) if step > 1]
@@ -83,7 +83,7 @@ def test_a_hung_rank_dumps_every_ranks_stacks_and_restarts_the_gang_on_the_infra
     failed = status["failedRank"]
     assert failed["reason"] == c.REASON_HUNG and failed["kind"] == c.KIND_INFRASTRUCTURE and failed["attempt"] == 1
     assert "since step 3" in status["message"] or "since step 4" in status["message"], status["message"]
-    prefix = f"results/{jobs.namespace}/stuck/hangs/"
+    prefix = f"results/{jobs.namespace}/stuck/{layout.HANGS}/"
     dumps = sorted(k.removeprefix(prefix) for k in s3_keys(s3_endpoint, prefix))
     assert dumps == [f"attempt-{a}/rank-{r}.txt" for a in (0, 1) for r in (0, 1)], dumps
     assert f"stacks in s3://{BUCKET}/{prefix}attempt-1/rank-" in status["message"]

@@ -105,7 +105,7 @@ def test_code_that_only_prints_its_metrics_shows_progress_while_it_runs_and_plot
         jobs: Jobs, kube_api, kubectl, real_node, images_on_the_node: None, s3_endpoint_on_the_bridge: str,
         tmp_path: Path) -> None:
     ns = jobs.namespace
-    job = submit_script(jobs, kube_api, s3_endpoint_on_the_bridge, "seed_train.py",
+    job = submit_script(jobs, kube_api, s3_endpoint_on_the_bridge, "dask_train.py",
                         {"DDP_PROGRESS_INTERVAL_SECONDS": "0.5", "DDP_LOG_UPLOAD_INTERVAL_SECONDS": "2"})
 
     def row() -> dict[str, str] | None:
@@ -118,10 +118,10 @@ def test_code_that_only_prints_its_metrics_shows_progress_while_it_runs_and_plot
     status = job.wait(timeout=300)
     assert status["phase"] == "Succeeded" and status["progress"]["step"] == 40, status
 
-    series = job.plot(tmp_path / "seed.png")
+    series = job.plot(tmp_path / "dask.png")
     assert [step for step, _ in series["loss"]] == list(range(1, 41))
     assert series["loss"][-1][1] < series["loss"][0][1] / 2  # it learned
-    assert (tmp_path / "seed.png").stat().st_size > 1000
+    assert (tmp_path / "dask.png").stat().st_size > 1000
 
 
 def printed_batches(logs: str, rank: int) -> list[Any]:

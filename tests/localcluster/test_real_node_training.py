@@ -22,7 +22,7 @@ import torch
 from kubernetes import client
 
 import demo
-from ddp_contract import labels
+from ddp_contract import labels, layout
 from ddp_operator import constants as c
 from kube import REPO, Jobs, wait_until
 from procs import rank_pid
@@ -52,7 +52,7 @@ def keys(endpoint: str, prefix: str) -> list[str]:
 
 def checkpoint_steps(endpoint: str, namespace: str, job: str) -> list[int]:
     """Steps of the job's committed checkpoints (a MANIFEST.json is written last)."""
-    prefix = f"results/{namespace}/{job}/checkpoints/"
+    prefix = f"results/{namespace}/{job}/{layout.CHECKPOINTS}/"
     return sorted(int(k.removeprefix(prefix).split("/")[0].removeprefix("step-"))
                   for k in keys(endpoint, prefix) if k.endswith("/MANIFEST.json"))
 

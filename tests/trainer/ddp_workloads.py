@@ -384,7 +384,7 @@ def chatty(ctx: RankContext) -> None:
 
 
 def prints_metrics(ctx: RankContext) -> None:
-    """Training code that only prints its metrics, as the dask-pytorch-ddp seed's examples (WL_STYLE=json:
+    """Training code that only prints its metrics, as dask-pytorch-ddp's examples (WL_STYLE=json:
     a JSON dict with loss, epoch, count, worker) or Hugging Face's Trainer (WL_STYLE=hf: a dict literal with
     loss, grad_norm, learning_rate and a fractional epoch) do, among lines that are none: JSON without a
     loss, a dict with strings for numbers, a truncated line and binary noise. WL_EXPLICIT=1 also reports

@@ -144,14 +144,14 @@ def test_dask_pytorch_ddp_keywords_and_unsigned_access_to_a_public_bucket(
     s3.reset_clients()
     with pytest.raises(StorageError, match="no S3 credentials"):  # signed requests need credentials ...
         S3ImageFolder(s3_bucket=bucket, s3_prefix="data/train")
-    seeds = S3ImageFolder(s3_bucket=bucket, s3_prefix="data/train", transform=transforms.ToTensor(), anon=True)
-    assert seeds.samples == ours.samples and seeds.classes == ours.classes  # ... anonymous ones none
-    image, target = seeds[3]
+    theirs = S3ImageFolder(s3_bucket=bucket, s3_prefix="data/train", transform=transforms.ToTensor(), anon=True)
+    assert theirs.samples == ours.samples and theirs.classes == ours.classes  # ... anonymous ones none
+    image, target = theirs[3]
     assert target == ours.targets[3] and torch.equal(image, expected)
-    assert (seeds.s3_bucket, seeds.s3_prefix) == (bucket, "data/train")
-    assert seeds.all_files == [key for key, _ in ours.samples]
-    both = seeds + ours  # a torch Dataset: concatenation as with any other
-    assert isinstance(seeds, torch.utils.data.Dataset) and len(both) == 2 * len(ours)
+    assert (theirs.s3_bucket, theirs.s3_prefix) == (bucket, "data/train")
+    assert theirs.all_files == [key for key, _ in ours.samples]
+    both = theirs + ours  # a torch Dataset: concatenation as with any other
+    assert isinstance(theirs, torch.utils.data.Dataset) and len(both) == 2 * len(ours)
 
 
 def test_the_bucket_is_named_once() -> None:

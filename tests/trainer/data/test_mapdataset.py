@@ -169,7 +169,7 @@ def _plus_one(pair: tuple[tuple[int, int], int]) -> tuple[tuple[int, int], int]:
 
 
 def test_wids_shard_list_dataset_by_its_import(wds_shards, tmp_path: Path) -> None:
-    """The wids seed's `wids.ShardListDataset(url, cache_dir=..., keep=True).add_transform(make_sample)`,
+    """wids' `wids.ShardListDataset(url, cache_dir=..., keep=True).add_transform(make_sample)`,
     with its dotted keys, in DataLoader workers with the chunked sampler."""
     from ddp_trainer import ShardListDataset
 

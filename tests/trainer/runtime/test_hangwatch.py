@@ -16,6 +16,7 @@ import pytest
 from trainerhelp import ROOT, FakeClock, free_port, launch, rank_env
 from trainerhelp import describe as _describe
 
+from ddp_contract import layout
 from ddp_contract.failures import parse_line
 from ddp_trainer.data import wire
 from ddp_trainer.errors import ExitCode, ObjectNotFoundError
@@ -91,7 +92,7 @@ def test_a_rank_that_stops_calling_the_collective_is_caught_and_every_rank_dumps
     hung = parse_line(results[1].stderr)
     assert hung is not None and hung.step == 3 and hung.exit_code == ExitCode.HUNG
     assert re.match(r"no progress for [34]s since step 3 \(hang timeout 3s\)", hung.error), hung.error
-    dumps = s3.S3Url(bucket, "runs/team-a/stuck/hangs/attempt-2")
+    dumps = s3.S3Url(bucket, f"runs/team-a/stuck/{layout.HANGS}/attempt-2")
     assert f"stacks in s3://{bucket}/{dumps.key}/rank-1.txt" in hung.error
     stuck_in_sleep = s3.get_bytes(dumps.join("rank-1.txt")).decode()
     waiting_in_collective = s3.get_bytes(dumps.join("rank-0.txt")).decode()
@@ -109,7 +110,7 @@ def test_a_stalled_rank_saves_its_stacks_before_its_timeout_in_case_a_peer_s_end
     procs = [subprocess.Popen([sys.executable, "-m", "ddp_trainer", "run", "ddp_workloads:hang"], cwd=ROOT,
                               env=rank_env(env, rank, WORLD, port), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               text=True) for rank in range(WORLD)]
-    dump = s3.S3Url(bucket, "runs/team-a/stalled/hangs/attempt-0/rank-1.txt")
+    dump = s3.S3Url(bucket, f"runs/team-a/stalled/{layout.HANGS}/attempt-0/rank-1.txt")
     try:
         started = time.monotonic()
         while time.monotonic() - started < 60 and all(p.poll() is None for p in procs):

@@ -36,8 +36,8 @@ def run(s3_env: dict[str, str], bucket: str, tmp_path: Path, job: str, **extra: 
     return said, [dict(r) for r in read_metrics(s3.S3Url(bucket, f"runs/ns/{job}"))]
 
 
-def test_the_seed_s_json_lines_drive_progress_and_every_rank_s_metrics(s3_env, bucket, tmp_path) -> None:
-    progress, records = run(s3_env, bucket, tmp_path, "seed")
+def test_dask_pytorch_ddp_s_json_lines_drive_progress_and_every_rank_s_metrics(s3_env, bucket, tmp_path) -> None:
+    progress, records = run(s3_env, bucket, tmp_path, "dask")
     assert progress is not None and (progress["epoch"], progress["step"], progress["loss"]) == (2, STEPS, 0.08333)
     assert progress["samplesPerSecond"] is None  # the lines say nothing of samples
     for rank in (0, 1):

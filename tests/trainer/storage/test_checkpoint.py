@@ -9,7 +9,7 @@ from collections import defaultdict, namedtuple
 import pytest
 import torch
 
-from ddp_contract import envnames
+from ddp_contract import envnames, layout
 from ddp_trainer.data.sampler import DistributedChunkedSampler
 from ddp_trainer.storage import s3
 from ddp_trainer.storage.checkpoint import MANIFEST, STATE, CheckpointManager, restore_training_state, training_state
@@ -32,7 +32,7 @@ def test_save_keep_last_k_and_load_latest(bucket: str) -> None:
     for step in (10, 20, 30):
         manager.save(step, _state(step))
     assert manager.committed_steps() == [20, 30]
-    keys = [k for k, _ in s3.list_objects(s3.S3Url(bucket, "job/checkpoints"))]
+    keys = [k for k, _ in s3.list_objects(s3.S3Url(bucket, f"job/{layout.CHECKPOINTS}"))]
     assert not any("step-000000000010" in k for k in keys)
     latest = manager.load_latest()
     assert latest is not None and latest.step == 30
@@ -164,7 +164,7 @@ def test_each_commit_is_recorded_as_the_jobs_last_checkpoint(bucket: str) -> Non
     manager.close()
     recorded = [p["lastCheckpoint"] for p in status.patches]
     assert [r["step"] for r in recorded] == [10, 20]
-    assert recorded[1]["uri"] == f"s3://{bucket}/job/checkpoints/step-000000000020" and recorded[1]["time"].endswith("Z")
+    assert recorded[1]["uri"] == f"s3://{bucket}/job/{layout.CHECKPOINTS}/step-000000000020" and recorded[1]["time"].endswith("Z")
 
 
 def test_resume_loads_the_checkpoint_the_operator_names_else_the_newest(bucket: str, monkeypatch) -> None:

@@ -65,11 +65,11 @@ def test_metrics_start_a_new_part_once_one_is_full_and_keep_every_line(
 
 def test_dask_pytorch_ddp_s_handler_takes_its_key_and_writes_under_the_job(
         bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DDP_RESULTS_URI", f"s3://{bucket}/seed")
+    monkeypatch.setenv("DDP_RESULTS_URI", f"s3://{bucket}/dask")
     monkeypatch.setenv("DDP_JOB_NAME", "j")
     monkeypatch.setenv("DDP_JOB_NAMESPACE", "ns")
     monkeypatch.setenv("RANK", "0")
     key = uuid.uuid4().hex
     for handler in (DaskResultsHandler(key), DaskResultsHandler(pub_sub_key=key)):
         url = handler.submit_result(path="model.pkl", data=b"weights")
-        assert url == s3.S3Url(bucket, "seed/ns/j/results/model.pkl") and s3.get_bytes(url) == b"weights"
+        assert url == s3.S3Url(bucket, "dask/ns/j/results/model.pkl") and s3.get_bytes(url) == b"weights"

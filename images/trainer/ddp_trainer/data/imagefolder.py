@@ -78,11 +78,11 @@ def make_samples(
     return classes, class_to_idx, samples
 
 
-def _one_of(ours: str | None, seeds: str | None, name: str, seed_name: str) -> str:
+def _one_of(ours: str | None, theirs: str | None, name: str, their_name: str) -> str:
     """A value given under our name or dask-pytorch-ddp's, not both and not neither."""
-    if (ours is None) == (seeds is None):
-        raise TypeError(f"S3ImageFolder needs {name} (or dask-pytorch-ddp's {seed_name}), exactly once")
-    return ours if ours is not None else str(seeds)
+    if (ours is None) == (theirs is None):
+        raise TypeError(f"S3ImageFolder needs {name} (or dask-pytorch-ddp's {their_name}), exactly once")
+    return ours if ours is not None else str(theirs)
 
 
 class S3ImageFolder(Dataset[tuple[Any, Any]]):

@@ -19,7 +19,7 @@ streaming in turn, as torch's iterator hands them out. Its stream cannot be set 
 mid-way, so a logical worker moved elsewhere starts its epoch again and drops the batches it had
 already delivered. A persistent worker's next epoch iterates the rank's dataset as it is then.
 
-`DpexDataLoader` is the Dpex seed's name for it; its `distribute_mode` (and `head_address`, which
+`DpexDataLoader` is Dpex's name for it; its `distribute_mode` (and `head_address`, which
 names a Ray cluster there and nothing here) are accepted.
 """
 
@@ -402,7 +402,7 @@ def _say_once(message: str) -> None:
 
 
 class DpexDataLoader(DataLoader[_T_co]):
-    """The Dpex seed's DpexDataLoader: `distribute_mode=True` runs its workers on the job's data
+    """Dpex's DpexDataLoader: `distribute_mode=True` runs its workers on the job's data
     workers, False here; `head_address` (a Ray cluster's, there) is accepted and unused."""
 
     def __init__(self, dataset: Any, distribute_mode: bool | None = False, head_address: str = "auto",

@@ -81,7 +81,7 @@ def member_table(path: str, url: str, expected: int) -> MemberTable:
     end = TarEnd()
     try:
         with open(path, "rb") as f:
-            members = [(name, (offset, size)) for name, _, _, size, offset in tar_entries(f, end=end)]
+            members = [(m.name, (m.offset, m.size)) for m in tar_entries(f, end=end)]
     except TarFormatError as exc:
         raise unreadable_shard(url, exc, "uncompressed tar") from exc
     table = MemberTable.of_samples(group_members(members, url, end))

@@ -116,8 +116,8 @@ class DistributedChunkedSampler(Sampler[int]):
                 "segments": [list(segment) for segment in self._segments]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """A state of this sampler's, saved at any world size (states without `worldSize`, from before
-        it was kept, are taken as saved at this one)."""
+        """A state of this sampler's, saved at any world size (a state without `worldSize` is taken as
+        saved at this one)."""
         if int(state.get("seed", self.seed)) != self.seed:
             raise ValueError(f"sampler state was saved with seed {state['seed']}, this sampler has {self.seed}")
         saved_world = int(state.get("worldSize", self.num_replicas))

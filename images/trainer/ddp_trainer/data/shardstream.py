@@ -36,7 +36,7 @@ def iter_shard(
     try:
         end = TarEnd()
         entries = tar_entries(stream, allow_compressed=True, end=end)
-        members = ((name, buf[start : start + size]) for name, buf, start, size, _ in entries)
+        members = ((m.name, m.buffer[m.start : m.start + m.size]) for m in entries)
         for sample in group_members(members, url, end):
             count += 1
             if count > skip:
@@ -125,7 +125,7 @@ _SEGMENT_FIELDS = 4  # world size, batch size, workers, batches done
 
 
 def _segment_rng(seed: int, epoch: int, rank: int, piece: int, segment: int) -> random.Random:
-    # Segment 0 keeps the seed states saved before world sizes were kept were made with.
+    # Segment 0 is keyed without its number: the key a state that holds no segments was shuffled with.
     key = (seed, epoch, rank, piece) if segment == 0 else (seed, epoch, rank, piece, segment)
     return random.Random(key.__hash__())
 
@@ -286,8 +286,8 @@ class ShardStream(IterableDataset[Any]):
         return self.state_dict(batches_done, loader.batch_size, loader.num_workers, getattr(loader, "in_order", True))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """A state of this stream's, saved at any world size (states without `world_size`, from before
-        it was kept, are taken as saved at this one)."""
+        """A state of this stream's, saved at any world size (a state without `world_size` is taken as
+        saved at this one)."""
         if int(state.get("seed", self.seed)) != self.seed:
             raise ConfigError(f"stream state was saved with seed {state['seed']}, this stream has {self.seed}")
         segments = [[int(x) for x in segment] for segment in state.get("segments", [])]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterator
-from typing import IO, cast
+from typing import IO, NamedTuple, cast
 
 _BLOCK = 512
 _ZERO_BLOCK = bytes(_BLOCK)
@@ -33,6 +33,17 @@ class TarFormatError(Exception):
     def __init__(self, message: str, member: str | None = None, after: str | None = None) -> None:
         super().__init__(message)
         self.member, self.after = member, after
+
+
+class TarMember(NamedTuple):
+    """A regular member as `tar_entries` yields it: its payload is ``buffer[start:start + size]``,
+    at `offset` in the (decompressed) stream."""
+
+    name: str
+    buffer: bytes
+    start: int
+    size: int
+    offset: int
 
 
 class TarEnd:
@@ -127,12 +138,10 @@ def _read_sizes() -> Iterator[int]:
         size = min(size * 2, _READ_CHUNK)
 
 
-def tar_entries(
-    stream: IO[bytes], allow_compressed: bool = False, end: TarEnd | None = None
-) -> Iterator[tuple[str, bytes, int, int, int]]:
-    """Regular members of a tar stream: (name, buffer, start, size, stream offset of the data).
+def tar_entries(stream: IO[bytes], *, allow_compressed: bool = False, end: TarEnd | None = None) -> Iterator[TarMember]:
+    """Regular members of a tar stream.
 
-    The payload is ``buffer[start:start + size]``; slice it before resuming the generator (the
+    A member's payload is ``buffer[start:start + size]``; slice it before resuming the generator (the
     buffer is replaced, never mutated, so a slice taken later still works). Webdataset's top-level
     ``__name__`` metadata members are left out. Raises TarFormatError on a damaged archive. `end`,
     if given, is marked when the archive ends with its end-of-archive marker.
@@ -222,7 +231,7 @@ def tar_entries(
                 continue  # old-style directory
             if "/" not in name and name.startswith("__") and name.endswith("__"):
                 continue
-            yield name, buf, start, size, base + start
+            yield TarMember(name, buf, start, size, base + start)
         elif typeflag == b"x":
             pax = _pax_records(buf[start : start + size])
         elif typeflag == b"g":

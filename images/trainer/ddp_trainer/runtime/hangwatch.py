@@ -23,6 +23,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ddp_contract import layout
 from ddp_contract.failures import describe_hang
 
 from ..data import awaited
@@ -172,7 +173,7 @@ def save_dump(rank: int, attempt: int, stacks: str, nccl: bytes | None) -> str:
     from ..storage.results import job_prefix
 
     try:
-        folder = job_prefix().join("hangs", f"attempt-{attempt}")
+        folder = job_prefix().join(layout.HANGS, f"attempt-{attempt}")
         url = folder.join(f"rank-{rank}.txt")
         s3.put_bytes(url, stacks.encode(), content_type="text/plain")
         if nccl:

@@ -24,6 +24,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from ddp_contract import layout
+
 from .. import env
 from ..errors import ConfigError, CorruptDataError, ObjectNotFoundError
 from . import s3
@@ -155,7 +157,7 @@ class CheckpointManager:
             from .results import job_prefix
 
             prefix = job_prefix()
-        self.prefix = prefix.join("checkpoints")
+        self.prefix = prefix.join(layout.CHECKPOINTS)
         self.keep = keep
         self.async_save = async_save
         self.part_size = part_size

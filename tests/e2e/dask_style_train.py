@@ -6,7 +6,7 @@
     + from ddp_trainer import S3ImageFolder
     + from ddp_trainer import DaskResultsHandler
 
-`dispatch.run(client, train)` becomes `ddp_client.submit("seed_style_train.py", ...)` (the runtime has
+`dispatch.run(client, train)` becomes `ddp_client.submit("dask_style_train.py", ...)` (the runtime has
 initialised the process group when the script runs) and `rh.process_results(prefix, futures)`
 becomes `ddp_client.process_results(job, prefix)`. Two lines are additions, marked: per-step
 metrics for `job.metrics()`/`job.plot()` and progress for `job.wait()`'s progress line.
@@ -37,7 +37,7 @@ rh = DaskResultsHandler(key)
 
 def train(bucket: str, prefix: str, n_epochs: int, batch_size: int) -> None:
     worker_rank = int(dist.get_rank())
-    device = torch.device("cpu")  # the seed: torch.device(0), each worker's first visible GPU
+    device = torch.device("cpu")  # dask-pytorch-ddp's: torch.device(0), each worker's first visible GPU
     whole_dataset = S3ImageFolder(s3_bucket=bucket, s3_prefix=prefix, transform=transform)
     train_sampler = DistributedSampler(whole_dataset)
     train_loader = DataLoader(whole_dataset, sampler=train_sampler, batch_size=batch_size, num_workers=0)

@@ -1,6 +1,6 @@
 """Training code written for dask-pytorch-ddp, only its import changed (`from ddp_trainer import
-DaskResultsHandler`): it reports nothing to the runtime, and prints each step's dict as the seed's
-examples do (loss, epoch, count, worker)."""
+DaskResultsHandler`): it reports nothing to the runtime, and prints each step's dict as
+dask-pytorch-ddp's examples do (loss, epoch, count, worker)."""
 
 from __future__ import annotations
 
