@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from ddp_contract.exitcodes import ExitCode
-from ddp_contract.failures import describe_hang, format_line
+from ddp_contract.failureline import describe_hang, format_line
 from ddp_contract.timestamps import rfc3339
 
 

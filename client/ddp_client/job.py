@@ -15,8 +15,8 @@ from ddp_contract import api, labels, layout
 
 from . import logs as logtext
 from . import logsources, summary
-from . import metrics as metricdata
-from .progress import ProgressDisplay
+from . import metricrecords as metricdata
+from .progressline import ProgressDisplay
 from .store import ResultsPrefix, S3Access, StoreError, job_access
 
 POLL_SECONDS = 2.0

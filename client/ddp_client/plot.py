@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .metrics import Series
+from .metricrecords import Series
 
 
 def plot_series(series: Series, path: Path, title: str = "", width_in: float = 8.0, panel_in: float = 2.5,

@@ -14,7 +14,7 @@ from functools import cached_property
 from typing import Any, Final
 
 from ddp_contract.exitcodes import ExitCode, is_infrastructure_exit
-from ddp_contract.failures import FailureLine, parse_line
+from ddp_contract.failureline import FailureLine, parse_line
 from ddp_operator import constants as c
 
 # A rank whose collective failed (its peer died) is acted on only after this long, unless the peer's

@@ -29,7 +29,7 @@ from ddp_operator.reconciler import JobStore, Reconciler
 log = logging.getLogger(__name__)
 
 
-class Runtime:
+class OperatorParts:
     """What the operator holds while it runs; one per process."""
 
     def __init__(self, namespaces: tuple[str, ...] = ()) -> None:
@@ -71,15 +71,15 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     if elector is not None:
         await _until_leading(elector)
     metrics.LEADER.set(1)
-    runtime = memo.runtime = Runtime(config.namespaces)
-    runtime.pods.start()
-    runtime.nodes.start()
+    parts = memo.parts = OperatorParts(config.namespaces)
+    parts.pods.start()
+    parts.nodes.start()
     loop = asyncio.get_running_loop()
     # Until the nodes are listed nothing is judged by them (lost nodes, a gang's fit); pods come first.
-    await asyncio.gather(loop.run_in_executor(None, runtime.pods.wait_synced, 60),
-                         loop.run_in_executor(None, runtime.nodes.synced.wait, 10))
-    runtime.reconciler.start()
-    REGISTRY.register(runtime.collector)
+    await asyncio.gather(loop.run_in_executor(None, parts.pods.wait_synced, 60),
+                         loop.run_in_executor(None, parts.nodes.synced.wait, 10))
+    parts.reconciler.start()
+    REGISTRY.register(parts.collector)
     if "health" in memo:
         memo.health.add("event-loop", lambda: _loop_answers(loop))
     scope = ", ".join(config.namespaces) if config.namespaces else "every namespace"
@@ -100,14 +100,14 @@ def _loop_answers(loop: asyncio.AbstractEventLoop, timeout: float = 5.0) -> bool
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    runtime: Runtime | None = memo.get("runtime")
-    if runtime is not None:
-        runtime.pods.stop()
-        runtime.nodes.stop()
-        runtime.workloads.stop()
-        await runtime.reconciler.stop()
-        REGISTRY.unregister(runtime.collector)
-        runtime.kube.close()
+    parts: OperatorParts | None = memo.get("parts")
+    if parts is not None:
+        parts.pods.stop()
+        parts.nodes.stop()
+        parts.workloads.stop()
+        await parts.reconciler.stop()
+        REGISTRY.unregister(parts.collector)
+        parts.kube.close()
     elector: LeaderElector | None = memo.get("elector")
     if elector is not None:  # after the reconciler stopped: a standby taking over finds nothing in flight
         await asyncio.to_thread(elector.stop)
@@ -116,19 +116,19 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 # async: kopf runs a plain function on a thread of its executor, and the work queue is not thread-safe.
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
 async def job_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    runtime: Runtime = memo.runtime
+    parts: OperatorParts = memo.parts
     key = job_key(body)
-    if not served(key[0], runtime.namespaces):  # kopf watches the whole cluster for a glob
+    if not served(key[0], parts.namespaces):  # kopf watches the whole cluster for a glob
         return
     if event.get("type") == "DELETED":
-        runtime.jobs.remove(key)
-        runtime.reconciler.forget(key)
+        parts.jobs.remove(key)
+        parts.reconciler.forget(key)
         return
-    runtime.jobs.put(dict(body))
-    runtime.reconciler.add(key)
+    parts.jobs.put(dict(body))
+    parts.reconciler.add(key)
 
 
 @kopf.on.probe(id="jobs")
 def jobs_known(memo: kopf.Memo, **_: Any) -> int:
-    runtime: Runtime | None = memo.get("runtime")
-    return len(runtime.jobs) if runtime else 0
+    parts: OperatorParts | None = memo.get("parts")
+    return len(parts.jobs) if parts else 0

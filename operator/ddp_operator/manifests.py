@@ -13,7 +13,7 @@ from typing import Any
 
 from ddp_contract import api, commands, envnames, labels
 from ddp_contract.exitcodes import ExitCode
-from ddp_contract.failures import format_line
+from ddp_contract.failureline import format_line
 from ddp_operator import constants as c
 from ddp_operator.dataworkers import (
     DATA_WORKER_COMMAND,

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddp_contract.exitcodes import is_retryable_exit
-from ddp_contract.failures import parse_line
+from ddp_contract.failureline import parse_line
 from ddp_operator import constants as c
 from ddp_operator.failures import RankFailure
 from ddp_operator.spec import POLICY_NEVER, POLICY_ON_FAILURE, JobSpec

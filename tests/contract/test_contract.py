@@ -54,7 +54,7 @@ def test_reserved_env_is_the_rendezvous_and_job_identity() -> None:
 
 
 def test_failure_line_round_trips_and_its_signature_ignores_the_rank() -> None:
-    from ddp_contract.failures import format_line, parse_line
+    from ddp_contract.failureline import format_line, parse_line
 
     one = format_line(1, 120, 1, "USER_ERROR", False, "ZeroDivisionError: division\n by zero")
     other = format_line(3, 120, 1, "USER_ERROR", False, "ZeroDivisionError: division by zero")

@@ -20,7 +20,7 @@ from PIL import Image
 import ddp_client
 from ddp_client.job import Job
 from ddp_client.jobspec import build_job
-from ddp_client.metrics import series
+from ddp_client.metricrecords import series
 from ddp_contract import labels
 from e2ehelp import BUCKET
 from kube import REPO, Cluster, Jobs, wait_until

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from commandpods import PodRun, command_job, run_pods
-from ddp_contract.failures import parse_line
+from ddp_contract.failureline import parse_line
 from kube import REPO
 from trainer.trainerhelp import free_port
 

@@ -1,12 +1,12 @@
 """Restarting smart against a real API server: failure kinds, their budgets, deterministic bugs, hangs.
 
 kwok plays the kubelet; the tests end containers with the exit codes and termination messages the
-trainer runtime leaves (its failure line, ddp_contract.failures).
+trainer runtime leaves (its failure line, ddp_contract.failureline).
 """
 
 from __future__ import annotations
 
-from ddp_contract.failures import format_line
+from ddp_contract.failureline import format_line
 from ddp_operator import constants as c
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ddp_contract.exitcodes import ExitCode
-from ddp_contract.failures import format_line
+from ddp_contract.failureline import format_line
 from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
 from ddp_operator.deadlines import requeue_after

@@ -199,7 +199,7 @@ def test_new_problems_replace_what_was_said_of_the_same_rank() -> None:
 
 
 def test_pods_of_several_ranks_are_named_by_their_ranks() -> None:
-    from ddp_contract.failures import format_line
+    from ddp_contract.failureline import format_line
 
     line = format_line(6, 12, 1, "USER_ERROR", False, "ValueError: x")
     failed = summarize_pods([pod(0), pod(1, "failed", exit_code=1, output=line)], 0, ranks_per_pod=4).failure

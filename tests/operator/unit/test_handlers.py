@@ -29,7 +29,7 @@ def runtime(namespaces: tuple[str, ...] = ()) -> Any:
 
 
 def event(memo: Any, kind: str, job: dict[str, Any]) -> None:
-    asyncio.run(handlers.job_event(event={"type": kind}, body=job, memo=SimpleNamespace(runtime=memo)))  # type: ignore[arg-type]
+    asyncio.run(handlers.job_event(event={"type": kind}, body=job, memo=SimpleNamespace(parts=memo)))  # type: ignore[arg-type]
 
 
 def test_a_job_s_event_stores_it_and_asks_for_a_status_pass() -> None:
@@ -56,11 +56,11 @@ def test_with_a_glob_jobs_of_other_namespaces_are_ignored() -> None:
 
 
 def test_news_of_nodes_concerns_jobs_on_them_and_jobs_waiting_for_one() -> None:
-    runtime_ = object.__new__(handlers.Runtime)
+    parts_ = object.__new__(handlers.OperatorParts)
     placed = {("team", "a"): [{"spec": {"nodeName": "gpu-1"}}], ("team", "b"): [{"spec": {"nodeName": "gpu-2"}}],
               ("team", "c"): [{"spec": {}}]}
-    runtime_.pods = SimpleNamespace(jobs_with=lambda wanted: {k for k, pods in placed.items() if any(map(wanted, pods))})
+    parts_.pods = SimpleNamespace(jobs_with=lambda wanted: {k for k, pods in placed.items() if any(map(wanted, pods))})
     changed: list[tuple[str, str]] = []
-    runtime_._job_changed = changed.append  # type: ignore[method-assign]
-    runtime_._nodes_changed({"gpu-1"})
+    parts_._job_changed = changed.append  # type: ignore[method-assign]
+    parts_._nodes_changed({"gpu-1"})
     assert sorted(changed) == [("team", "a"), ("team", "c")]

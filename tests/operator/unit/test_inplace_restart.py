@@ -11,7 +11,7 @@ import pytest
 
 from ddp_contract import api, envnames
 from ddp_contract.exitcodes import ExitCode
-from ddp_contract.failures import format_line
+from ddp_contract.failureline import format_line
 from ddp_contract.resource import STATUS_ATTEMPT_TIME
 from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c

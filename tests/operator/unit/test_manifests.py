@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ddp_contract import api, commands, envnames, labels
-from ddp_contract.failures import parse_line
+from ddp_contract.failureline import parse_line
 from ddp_operator import constants as c
 from ddp_operator.manifests import (
     build_pod,

@@ -18,7 +18,7 @@ from trainerhelp import FILES, free_port, upload_tree, write_tree
 
 from ddp_trainer.data.imagefolder import S3ImageFolder
 from ddp_trainer.errors import ConfigError, CorruptDataError, ExitCode, ObjectNotFoundError, StorageError, StorageUnavailableError
-from ddp_trainer.runtime.failures import classify
+from ddp_trainer.runtime.rankexit import classify
 from ddp_trainer.storage import s3
 
 

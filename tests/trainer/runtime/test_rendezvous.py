@@ -12,7 +12,7 @@ import torch.distributed as dist
 from trainerhelp import describe as _describe
 from trainerhelp import free_port, launch, rank_env
 
-from ddp_contract.failures import parse_line
+from ddp_contract.failureline import parse_line
 from ddp_trainer import env
 from ddp_trainer.errors import ExitCode, RendezvousError
 from ddp_trainer.runtime.rendezvous import ATTEMPT_KEY, gang_store

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from trainerhelp import ROOT, free_port, rank_env
 
-from ddp_contract.failures import parse_line
+from ddp_contract.failureline import parse_line
 from ddp_trainer.errors import ExitCode
 
 

@@ -10,7 +10,7 @@ import torch
 from trainerhelp import ROOT, free_port, launch, rank_env
 from trainerhelp import describe as _describe
 
-from ddp_contract.failures import parse_line
+from ddp_contract.failureline import parse_line
 from ddp_trainer.errors import ExitCode
 
 

@@ -33,16 +33,16 @@ from pathlib import Path
 from ddp_contract import api, commands
 from ddp_contract import envnames as names
 from ddp_contract.exitcodes import ExitCode, is_retryable_exit
-from ddp_contract.failures import describe_hang, format_line, parse_line
+from ddp_contract.failureline import describe_hang, format_line, parse_line
 
 from .. import env, jobstatus
 from ..errors import ConfigError
-from .failures import last_words
 from .hangwatch import Hang, HangWatch, save_dump
 from .heartbeat import HEARTBEAT, Heartbeat
 from .inprocess import LAUNCHER_ERRORS
 from .logkeeper import Listener, LogKeeper, make_keeper
 from .printedmetrics import PrintedMetrics
+from .rankexit import last_words
 from .supervisor import run_once
 from .termination import leave_termination_message
 

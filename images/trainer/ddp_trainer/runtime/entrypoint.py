@@ -27,9 +27,9 @@ from . import inplace, logkeeper, progress, supervisor
 from .command import CommandProcess
 from .command import run as run_command_once
 from .context import RankContext, set_context, target_world_size
-from .failures import classify, exit_code_of_system_exit, report
 from .hangwatch import HangWatch, hang_handler, stall_handler
 from .heartbeat import HEARTBEAT
+from .rankexit import classify, exit_code_of_system_exit, report
 from .rendezvous import destroy_process_group, gang_check, init_distributed, wait_for_master, wait_for_port
 from .signals import dies_on_sigterm, stop_on_sigterm
 from .target import load_target

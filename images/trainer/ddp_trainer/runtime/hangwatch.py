@@ -24,13 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ddp_contract import layout
-from ddp_contract.failures import describe_hang
+from ddp_contract.failureline import describe_hang
 
 from ..data import awaited
 from ..errors import ExitCode
-from .failures import last_words
 from .heartbeat import Heartbeat
 from .process_exit import exit_process
+from .rankexit import last_words
 
 log = logging.getLogger(__name__)
 

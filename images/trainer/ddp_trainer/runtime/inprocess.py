@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ddp_contract import envnames as names
-from ddp_contract.failures import format_line
+from ddp_contract.failureline import format_line
 
 from ..errors import ConfigError, ExitCode
 
@@ -107,7 +107,7 @@ def leave_failure(error: BaseException, environ: Mapping[str, str], pid: int | N
 def _classify(error: BaseException) -> ExitCode:
     if "torch" not in sys.modules:  # nothing of torch's can have failed; classify would import it
         return getattr(error, "exit_code", ExitCode.USER_ERROR)
-    from .failures import classify
+    from .rankexit import classify
 
     return classify(error)
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ..errors import ExitCode
-from .failures import last_words
 from .process_exit import exit_process, exiting
+from .rankexit import last_words
 
 
 def stop_on_sigterm(rank: int | None) -> None:

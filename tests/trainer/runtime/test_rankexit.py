@@ -9,7 +9,7 @@ from trainerhelp import describe as _describe
 from trainerhelp import launch
 
 from ddp_trainer.errors import ConfigError, ExitCode, StorageUnavailableError
-from ddp_trainer.runtime.failures import classify, exit_code_of_system_exit
+from ddp_trainer.runtime.rankexit import classify, exit_code_of_system_exit
 
 
 def test_user_exception_exits_1_names_rank_and_leaves_a_termination_message(tmp_path: Path) -> None:

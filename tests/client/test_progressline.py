@@ -7,7 +7,7 @@ import sys
 import types
 from typing import Any
 
-from ddp_client.progress import ProgressDisplay
+from ddp_client.progressline import ProgressDisplay
 
 
 class Terminal(io.StringIO):
@@ -27,7 +27,7 @@ def test_the_progress_line_is_rewritten_on_a_terminal_and_thinned_in_a_file(monk
     # A file: each change of phase and the first progress; more progress only every LINE_SECONDS.
     assert file.getvalue() == "Pending -\nRunning -\nRunning 1\ndone\n"
     assert terminal.getvalue() == "\rPending -\rRunning -\rRunning 1\rRunning 2\rRunning 3\r         \rdone\n"
-    monkeypatch.setattr("ddp_client.progress.LINE_SECONDS", 0.0)
+    monkeypatch.setattr("ddp_client.progressline.LINE_SECONDS", 0.0)
     display = ProgressDisplay(file := io.StringIO())
     for status in statuses:
         display.show(f"{status['phase']} {status.get('progress', {}).get('step', '-')}", status)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from ddp_client import metrics as metricdata
-from ddp_client.metrics import parse_lines, series
+from ddp_client import metricrecords as metricdata
+from ddp_client.metricrecords import parse_lines, series
 
 
 def line(**record: object) -> str:

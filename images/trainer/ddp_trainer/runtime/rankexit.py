@@ -1,12 +1,12 @@
 """How a rank's failure ends it: the exit code an exception maps to (ddp_contract.exitcodes), and its
-last words, the failure line (ddp_contract.failures) on stderr and in the termination message."""
+last words, the failure line (ddp_contract.failureline) on stderr and in the termination message."""
 
 from __future__ import annotations
 
 import sys
 import traceback
 
-from ddp_contract.failures import format_line
+from ddp_contract.failureline import format_line
 
 from ..errors import ExitCode, TrainerError
 from .heartbeat import HEARTBEAT
@@ -73,7 +73,7 @@ def report(code: ExitCode, rank: int | None, exc: BaseException) -> None:
 
 
 def last_words(code: ExitCode, rank: int | None, error: str, before: str = "") -> None:
-    """The failure line (rank, step, exit code, error; ddp_contract.failures) on stderr and in the
+    """The failure line (rank, step, exit code, error; ddp_contract.failureline) on stderr and in the
     termination message, after `before` (the end of a traceback)."""
     line = format_line(rank, HEARTBEAT.step, int(code), code.name, code.retryable, error)
     print(line, file=sys.stderr, flush=True)
