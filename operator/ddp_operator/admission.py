@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ddp_operator import constants as c
-from ddp_operator.failures import RankProblem
+from ddp_operator.failures import PodProblem
 
 # `pods "train-3" is forbidden: ` and the like: the object's name, which differs from rank to rank.
 _NAMED = re.compile(r'^[a-z][a-z0-9.]* "[^"]*" is (?:forbidden|invalid): ')
@@ -83,12 +83,12 @@ class Refused:
     tries: int = 1
     retry_at: float = 0.0
 
-    def problems(self, attempt: int, live_indices: Iterable[int]) -> tuple[RankProblem, ...]:
+    def problems(self, attempt: int, live_indices: Iterable[int]) -> tuple[PodProblem, ...]:
         """The refused ranks that still have no pod, as held-up ranks of `attempt` (none for another)."""
         if attempt != self.attempt:
             return ()
         live = set(live_indices)
-        return tuple(RankProblem(rank, self.refusal.reason, self.refusal.message) for rank in self.ranks if rank not in live)
+        return tuple(PodProblem(rank, self.refusal.reason, self.refusal.message) for rank in self.ranks if rank not in live)
 
     def again(self, attempt: int, ranks: Iterable[int], refusal: Refusal, now: float) -> Refused:
         """The record after another refusal at monotonic time `now`: tries counted on while a quota

@@ -20,7 +20,7 @@ from typing import Any
 
 from ddp_contract import labels
 from ddp_operator import constants as c
-from ddp_operator.failures import RankProblem
+from ddp_operator.failures import PodProblem
 from ddp_operator.manifests import node_lost_tolerations
 from ddp_operator.nodes import NodeInfo, schedulable_for
 from ddp_operator.spec import JobSpec
@@ -103,15 +103,15 @@ class InTheWay:
     def __bool__(self) -> bool:
         return bool(self.objects or self.pods)
 
-    def problems(self, world_size: int, live_indices: Iterable[int]) -> tuple[RankProblem, ...]:
+    def problems(self, world_size: int, live_indices: Iterable[int]) -> tuple[PodProblem, ...]:
         """The ranks they hold up: every rank not yet created for a job-wide one, the rank for a pod."""
         advice = "; the operator never adopts, changes or deletes it: delete it, or rename the job"
-        found: list[RankProblem] = []
+        found: list[PodProblem] = []
         if self.objects:
             held = ", ".join(self.objects)
             live = set(live_indices)
-            found += [RankProblem(r, c.REASON_NAME_IN_USE, f"{held} exists and is not this job's{advice}")
+            found += [PodProblem(r, c.REASON_NAME_IN_USE, f"{held} exists and is not this job's{advice}")
                       for r in range(world_size) if r not in live]
-        found += [RankProblem(rank, c.REASON_NAME_IN_USE, f"pod {pod} exists and is not this job's{advice}")
+        found += [PodProblem(rank, c.REASON_NAME_IN_USE, f"pod {pod} exists and is not this job's{advice}")
                   for rank, pod in self.pods]
         return tuple(found)

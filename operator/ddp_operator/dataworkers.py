@@ -18,7 +18,7 @@ from typing import Any
 from ddp_contract import envnames, labels
 from ddp_operator import constants as c
 from ddp_operator.conditions import get_condition, set_condition
-from ddp_operator.failures import RankProblem
+from ddp_operator.failures import PodProblem
 from ddp_operator.podstate import is_ready, rank_problem, trainer_status
 from ddp_operator.spec import JobSpec
 
@@ -66,7 +66,7 @@ class DataWorkerSummary:
     ready: int = 0
     missing: tuple[int, ...] = ()  # indices with no pod (a pod being deleted still holds its name)
     remove: tuple[str, ...] = ()  # failed or evicted pods (made again once gone), and indices past replicas
-    problems: tuple[RankProblem, ...] = ()  # by index: why a data worker is not ready
+    problems: tuple[PodProblem, ...] = ()  # by index: why a data worker is not ready
     uids: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -79,7 +79,7 @@ def summarize_data_workers(pods: Iterable[Mapping[str, Any]], desired: int) -> D
     ready = 0
     present: set[int] = set()
     remove: list[str] = []
-    problems: list[RankProblem] = []
+    problems: list[PodProblem] = []
     uids: dict[str, str] = {}
     for pod in pods:
         meta = pod.get("metadata") or {}
@@ -108,7 +108,7 @@ def summarize_data_workers(pods: Iterable[Mapping[str, Any]], desired: int) -> D
         ready=ready,
         missing=tuple(i for i in range(desired) if i not in present),
         remove=tuple(sorted(remove)),
-        problems=tuple(sorted(problems, key=lambda p: p.rank)),
+        problems=tuple(sorted(problems, key=lambda p: p.index)),
         uids=uids,
     )
 
@@ -122,7 +122,7 @@ def is_data_worker(pod: Mapping[str, Any]) -> bool:
     return labels.LABEL_DATA_WORKER in ((pod.get("metadata") or {}).get("labels") or {})
 
 
-def _restarting(pod: Mapping[str, Any], index: int) -> RankProblem | None:
+def _restarting(pod: Mapping[str, Any], index: int) -> PodProblem | None:
     """A running pod whose container is not ready: starting, or crashing (its last exit says why:
     OOMKilled, Error), which its kubelet restarts in place."""
     status = trainer_status(pod, labels.DATA_WORKER_CONTAINER_NAME)
@@ -139,14 +139,14 @@ def _restarting(pod: Mapping[str, Any], index: int) -> RankProblem | None:
             said += ": raise dataWorkers.resources.limits.memory, or lower the loader's prefetch_factor"
         elif last.get("message"):
             said += f": {str(last['message']).strip().splitlines()[-1]}"
-    return RankProblem(index, reason, said)
+    return PodProblem(index, reason, said)
 
 
-def _ended(pod: Mapping[str, Any], index: int) -> RankProblem:
+def _ended(pod: Mapping[str, Any], index: int) -> PodProblem:
     status = pod.get("status") or {}
     reason = str(status.get("reason") or "Failed")
     message = str(status.get("message") or "the pod ended").strip()
-    return RankProblem(index, reason, f"{message}; made again")
+    return PodProblem(index, reason, f"{message}; made again")
 
 
 def keeps_data_workers(phase: str, queued: bool) -> bool:
@@ -161,7 +161,7 @@ def data_worker_status(job_name: str, summary: DataWorkerSummary, *, phase: str,
 
     kept: keeps_data_workers(...); refused: (reason, message) of the API server's (or a quota's)
     refusal to create one, if any."""
-    problems = [{"pod": data_worker_name(job_name, p.rank), "reason": p.reason, "message": p.message}
+    problems = [{"pod": data_worker_name(job_name, p.index), "reason": p.reason, "message": p.message}
                 for p in summary.problems] if kept else []
     block: dict[str, Any] = {
         "desired": summary.desired, "ready": summary.ready, "summary": f"{summary.ready}/{summary.desired}",
@@ -179,7 +179,7 @@ def data_worker_status(job_name: str, summary: DataWorkerSummary, *, phase: str,
 
 
 def _why_short(job_name: str, summary: DataWorkerSummary, refused: tuple[str, str] | None) -> tuple[str, str]:
-    causes = [(p.reason, f"{data_worker_name(job_name, p.rank)}: {p.reason}: {p.message}") for p in summary.problems]
+    causes = [(p.reason, f"{data_worker_name(job_name, p.index)}: {p.reason}: {p.message}") for p in summary.problems]
     if refused is not None:
         causes.insert(0, refused)
     reason = causes[0][0] if causes else c.REASON_DATA_WORKERS_STARTING

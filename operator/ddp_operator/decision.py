@@ -172,7 +172,7 @@ def _partly_refused_by_quota(p: Pass) -> Decision | None:
     need and cannot train alone, so they go; the whole gang is created once the quota has room. An
     elastic job's part that reaches its minimum stays (it starts without the rest), judged by what was
     refused: the pods just created may not all be in the watch's cache yet."""
-    refused = {problem.rank for problem in p.summary.problems if problem.reason == c.REASON_QUOTA_EXCEEDED}
+    refused = {problem.index for problem in p.summary.problems if problem.reason == c.REASON_QUOTA_EXCEEDED}
     gang = p.summary.gang_pods(p.spec.pods)
     if not (p.summary.active_pods and refused) or (p.spec.elastic and gang - len(refused) >= p.spec.min_pods):
         return None

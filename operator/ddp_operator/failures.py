@@ -1,5 +1,5 @@
 """The failure model: a rank that failed (`RankFailure`: which, where, how, its last words, and whose
-fault), a rank held up (`RankProblem`: why, in whose words), and how both are said in a job's status
+fault), a rank held up (`PodProblem`: why, in whose words), and how both are said in a job's status
 and Events: "ranks 0-3, 6 (Unschedulable): ...".
 
 podsummary.py finds them in a job's pods; decision.py and policy.py judge them.
@@ -122,11 +122,11 @@ class RankFailure:
 
 
 @dataclass(frozen=True)
-class RankProblem:
-    """Why a rank of the current attempt is not running: a machine-readable reason and the words of
-    whoever said so (the scheduler, the kubelet)."""
+class PodProblem:
+    """Why a pod of the job is not running (a rank's pod of the current attempt, or a data worker): a
+    machine-readable reason and the words of whoever said so (the scheduler, the kubelet, the API server)."""
 
-    rank: int
+    index: int  # the pod's index among the ranks' pods, or the data worker's
     reason: str
     message: str = ""
 
@@ -139,7 +139,7 @@ def last_lines(text: str | None, lines: int = OUTPUT_LINES, chars: int = OUTPUT_
     return tail if len(tail) <= chars else "..." + tail[-(chars - 3):]
 
 
-def describe_problems(problems: Iterable[RankProblem], noun: str = "rank") -> tuple[str, str]:
+def describe_problems(problems: Iterable[PodProblem], noun: str = "rank") -> tuple[str, str]:
     """(the reason most ranks share, a message naming the ranks, those with one cause and message together).
 
     "ranks 0-3, 6 (Unschedulable): 0/4 nodes are available: 4 Insufficient nvidia.com/gpu.; rank 5
@@ -147,7 +147,7 @@ def describe_problems(problems: Iterable[RankProblem], noun: str = "rank") -> tu
     """
     groups: dict[tuple[str, str], list[int]] = {}
     for problem in problems:
-        groups.setdefault((problem.reason, problem.message), []).append(problem.rank)
+        groups.setdefault((problem.reason, problem.message), []).append(problem.index)
     if not groups:
         return "", ""
     ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), item[1][0]))

@@ -13,7 +13,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
-from ddp_operator.failures import RankFailure, RankProblem, describe_problems
+from ddp_operator.failures import PodProblem, RankFailure, describe_problems
 from ddp_operator.podstate import PodView, is_ready, node_lost, rank_failure, rank_problem
 
 
@@ -59,7 +59,7 @@ class GangPods:
     stale_pods: tuple[str, ...] = ()  # other attempts (or unlabelled), not yet being deleted
     taken_indices: frozenset[int] = frozenset()
     failure: RankFailure | None = None  # the earliest failed rank of the current attempt
-    problems: tuple[RankProblem, ...] = ()  # pods held up, by index
+    problems: tuple[PodProblem, ...] = ()  # pods held up, by index
     uids: Mapping[str, str] = field(default_factory=dict)  # pod name -> uid, for deletes that miss a newer pod
     nodes: frozenset[str] = frozenset()  # the nodes the pods are bound to
     unscheduled_indices: frozenset[int] = frozenset()  # current, pending, bound to no node yet
@@ -115,7 +115,7 @@ def summarize_gang(pods: Sequence[PodView], window: AttemptWindow, *, job_name: 
         stale_pods=tuple(sorted(p.name for p in pods if not p.deleting and not window.holds(p))),
         taken_indices=frozenset(p.index for p in pods if p.index is not None),
         failure=replace(failures[0], ranks_per_pod=ranks_per_pod) if failures else None,
-        problems=tuple(sorted(problems, key=lambda p: p.rank)),
+        problems=tuple(sorted(problems, key=lambda p: p.index)),
         uids={p.name: p.uid for p in pods},
         nodes=frozenset(p.node for p in pods if p.node),
         unscheduled_indices=frozenset(_index(p) for p in live if p.state == "pending" and not p.node),

@@ -10,7 +10,7 @@ from typing import Any
 
 from ddp_contract import labels
 from ddp_operator import constants as c
-from ddp_operator.failures import RankFailure, RankProblem, last_lines
+from ddp_operator.failures import PodProblem, RankFailure, last_lines
 from ddp_operator.kubelet import EVICTION_REASON_PREFIX, EVICTION_REASONS, PULL_FAILED_REASONS, WAITING_NORMALLY, WAITING_REASONS
 from ddp_operator.podsecurity import root_image_problem
 
@@ -119,13 +119,13 @@ def node_lost(pod: Mapping[str, Any], rank: int, why: str) -> RankFailure:
                        attempt=label_int(meta, labels.LABEL_ATTEMPT))
 
 
-def rank_problem(pod: Mapping[str, Any], rank: int) -> RankProblem | None:
+def rank_problem(pod: Mapping[str, Any], rank: int) -> PodProblem | None:
     """Why a pending rank is held up, if anything says so: the scheduler (Unschedulable, with its
     message, e.g. "0/4 nodes are available: 4 Insufficient nvidia.com/gpu") or the kubelet (the
     trainer container waiting on an image pull, a missing Secret or ConfigMap, ...)."""
     for cond in (pod.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason") == "Unschedulable":
-            return RankProblem(rank, c.REASON_UNSCHEDULABLE, str(cond.get("message") or "").strip())
+            return PodProblem(rank, c.REASON_UNSCHEDULABLE, str(cond.get("message") or "").strip())
     waiting = (trainer_status(pod).get("state") or {}).get("waiting") or {}
     reason = str(waiting.get("reason") or "")
     if not reason or reason in WAITING_NORMALLY:
@@ -133,10 +133,10 @@ def rank_problem(pod: Mapping[str, Any], rank: int) -> RankProblem | None:
     said = str(waiting.get("message") or reason).strip()
     as_root = root_image_problem(said) if reason == "CreateContainerConfigError" else None
     if as_root is not None:
-        return RankProblem(rank, c.REASON_IMAGE_RUNS_AS_ROOT, as_root)
+        return PodProblem(rank, c.REASON_IMAGE_RUNS_AS_ROOT, as_root)
     if reason in PULL_FAILED_REASONS:
         said += pull_secrets_note(pod)
-    return RankProblem(rank, WAITING_REASONS.get(reason, reason), said)
+    return PodProblem(rank, WAITING_REASONS.get(reason, reason), said)
 
 
 def pull_secrets_note(pod: Mapping[str, Any]) -> str:

@@ -8,7 +8,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from ddp_operator.failures import RankProblem
+from ddp_operator.failures import PodProblem
 from ddp_operator.gangpods import AttemptWindow, GangPods, in_gang, summarize_gang
 from ddp_operator.modes import elastic, inplace, recreate
 from ddp_operator.podstate import PodView
@@ -36,18 +36,18 @@ class PodSummary(GangPods):
         """Every pod not already being deleted."""
         return recreate.every_pod(self, self.running_pods, self.replaced_anyway)
 
-    def with_problems(self, found: Iterable[RankProblem]) -> PodSummary:
+    def with_problems(self, found: Iterable[PodProblem]) -> PodSummary:
         """This summary with more pods held up; a pod's new problem replaces what was said of it. Of an
         elastic job, those of pods outside the gang are the waiting pods' problems."""
         found = tuple(found)
         if not found:
             return self
-        indices = {p.rank for p in found}
-        kept = tuple(p for p in self.problems if p.rank not in indices)
-        apart = tuple(p for p in found if self.gang and p.rank not in self.gang)
+        indices = {p.index for p in found}
+        kept = tuple(p for p in self.problems if p.index not in indices)
+        apart = tuple(p for p in found if self.gang and p.index not in self.gang)
         waiting = self.waiting.without(indices)
-        return replace(self, problems=tuple(sorted(kept + tuple(p for p in found if p not in apart), key=lambda p: p.rank)),
-                       waiting=replace(waiting, problems=tuple(sorted(waiting.problems + apart, key=lambda p: p.rank))))
+        return replace(self, problems=tuple(sorted(kept + tuple(p for p in found if p not in apart), key=lambda p: p.index)),
+                       waiting=replace(waiting, problems=tuple(sorted(waiting.problems + apart, key=lambda p: p.index))))
 
 
 def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: str = "",

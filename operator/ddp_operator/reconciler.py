@@ -53,7 +53,7 @@ from ddp_operator.dataworkers import (
 from ddp_operator.deadlines import requeue_after, ttl_expired
 from ddp_operator.decision import Action, decide
 from ddp_operator.events import post_event
-from ddp_operator.failures import RankProblem
+from ddp_operator.failures import PodProblem
 from ddp_operator.jobmemory import Fit, JobMemory
 from ddp_operator.kubeapi import KubeApi, api_message, is_controlled_by, is_going_away
 from ddp_operator.kueue.gate import KueueGate
@@ -272,7 +272,7 @@ class Reconciler:
             held += memory.refused.problems(summary.attempt, summary.live_indices)
         too_large = self._too_large(job, spec, nodes) if summary.unscheduled_indices else None
         if too_large:
-            held += tuple(RankProblem(rank, c.REASON_GANG_TOO_LARGE, too_large) for rank in summary.unscheduled_indices)
+            held += tuple(PodProblem(rank, c.REASON_GANG_TOO_LARGE, too_large) for rank in summary.unscheduled_indices)
         return summary.with_problems(held)
 
     def _too_large(self, job: Mapping[str, Any], spec: JobSpec, nodes: Nodes) -> str | None:

@@ -10,7 +10,15 @@ from datetime import datetime
 from typing import Any
 
 from ddp_contract import api
-from ddp_contract.resource import STATUS_ATTEMPT_TIME, JobStatus
+from ddp_contract.resource import (
+    STATUS_ATTEMPT,
+    STATUS_ATTEMPT_TIME,
+    STATUS_FAILED_RANK,
+    STATUS_PHASE,
+    STATUS_RECREATED_ATTEMPT,
+    STATUS_RESTARTS,
+    JobStatus,
+)
 from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
 from ddp_operator.conditions import get_condition, set_condition
@@ -75,11 +83,11 @@ def compute_status(
     per_pod, gang = spec.ranks_per_pod, summary.gang_pods(spec.pods)
     members = decision.members or summary.gang or tuple(range(spec.pods))
     patch: dict[str, Any] = {
-        "phase": phase,
-        "attempt": decision.attempt,
-        "recreatedAttempt": recreated_attempt(status, decision, spec),
+        STATUS_PHASE: phase,
+        STATUS_ATTEMPT: decision.attempt,
+        STATUS_RECREATED_ATTEMPT: recreated_attempt(status, decision, spec),
         STATUS_ATTEMPT_TIME: attempt_time(status, decision, stamp),
-        "restarts": int(status.get("restarts", 0)) + (1 if decision.action == Action.RESTART else 0),
+        STATUS_RESTARTS: JobStatus.of(status).restarts + (1 if decision.action == Action.RESTART else 0),
         **_kind_restarts(status, decision),
         "readyRanks": summary.ready * per_pod,
         "totalRanks": gang * per_pod,
@@ -104,7 +112,7 @@ def compute_status(
     if generation is not None:
         patch["observedGeneration"] = generation
     if decision.failure is not None and status.get("phase") not in c.TERMINAL_PHASES:
-        patch["failedRank"] = decision.failure.as_status()
+        patch[STATUS_FAILED_RANK] = decision.failure.as_status()
     return patch
 
 
@@ -143,11 +151,11 @@ def _kind_restarts(status: Mapping[str, Any], decision: Decision) -> dict[str, i
 
 # Fields of status this operator owns; progress is the trainer's.
 OWNED_STATUS = frozenset({
-    *RESTART_COUNTERS.values(), "phase", "attempt", STATUS_ATTEMPT_TIME, "recreatedAttempt",
-    api.STATUS_PROCESS_FAILURES, "restarts",
+    *RESTART_COUNTERS.values(), STATUS_PHASE, STATUS_ATTEMPT, STATUS_ATTEMPT_TIME, STATUS_RECREATED_ATTEMPT,
+    api.STATUS_PROCESS_FAILURES, STATUS_RESTARTS,
     "readyRanks", "totalRanks", "readyPods", "totalPods",
     "ready", "reason", api.STATUS_WORLD_SIZE, api.STATUS_MEMBERS, api.STATUS_CHECKPOINT_REQUESTED,
-    "message", "startTime", "completionTime", "conditions", "observedGeneration", "failedRank", "dataWorkers",
+    "message", "startTime", "completionTime", "conditions", "observedGeneration", STATUS_FAILED_RANK, "dataWorkers",
 })
 # What moves with every rank that becomes ready; a patch that changes nothing else may wait a little.
 COUNT_FIELDS = frozenset({"readyRanks", "readyPods", "ready", "message"})

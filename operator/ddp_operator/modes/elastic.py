@@ -25,7 +25,7 @@ from typing import Any
 from ddp_contract import api
 from ddp_contract.timestamps import parse_rfc3339, rfc3339
 from ddp_operator import constants as c
-from ddp_operator.failures import RankProblem
+from ddp_operator.failures import PodProblem
 from ddp_operator.gangpods import AttemptWindow, GangPods
 from ddp_operator.manifests import pod_name
 from ddp_operator.podstate import PodView, rank_problem
@@ -44,13 +44,13 @@ class WaitingPods:
     running: frozenset[int] = frozenset()  # their indices, where the trainer container runs
     pending: frozenset[int] = frozenset()  # their indices, where it does not run yet
     ended: tuple[str, ...] = ()  # finished, or on a lost node: replaced, to wait on again
-    problems: tuple[RankProblem, ...] = ()  # why pending ones wait
+    problems: tuple[PodProblem, ...] = ()  # why pending ones wait
 
     def without(self, indices: Iterable[int]) -> WaitingPods:
         """These pods with what was said of `indices` forgotten (a new problem replaces it)."""
         gone = set(indices)
         return WaitingPods(self.names, self.running, self.pending, self.ended,
-                           tuple(p for p in self.problems if p.rank not in gone))
+                           tuple(p for p in self.problems if p.index not in gone))
 
 
 def waiting_pods(pods: Iterable[PodView], window: AttemptWindow, members: Sequence[int],
@@ -64,7 +64,7 @@ def waiting_pods(pods: Iterable[PodView], window: AttemptWindow, members: Sequen
                        running=frozenset(p.index for p in waiting if p.state == "running" and p.index is not None),
                        pending=frozenset(p.index for p in waiting if p.state != "running" and p.index is not None),
                        ended=tuple(sorted(p.name for p in ended)),
-                       problems=tuple(sorted(problems, key=lambda p: p.rank)))
+                       problems=tuple(sorted(problems, key=lambda p: p.index)))
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ def resize(spec: JobSpec, status: Mapping[str, Any], pods: GangPods, waiting: Wa
 
 def _shrink(spec: JobSpec, status: Mapping[str, Any], summary: GangPods, gang: Sequence[int],
             now: datetime) -> Resize | None:
-    misfits = {p.rank: p for p in summary.problems if p.reason in DOES_NOT_FIT and p.rank in gang}
+    misfits = {p.index: p for p in summary.problems if p.reason in DOES_NOT_FIT and p.index in gang}
     if not misfits:
         return None
     fit = tuple(i for i in gang if i not in misfits)
@@ -151,7 +151,7 @@ def _shrink(spec: JobSpec, status: Mapping[str, Any], summary: GangPods, gang: S
 
 def _grow(spec: JobSpec, status: Mapping[str, Any], summary: GangPods, waiting: WaitingPods,
           gang: Sequence[int], now: datetime) -> Resize | None:
-    starting = waiting.pending - {p.rank for p in waiting.problems}
+    starting = waiting.pending - {p.index for p in waiting.problems}
     if not waiting.running or starting:
         return None  # pods still on their way in join this resize rather than force another
     bigger = tuple(sorted(set(gang) | waiting.running))

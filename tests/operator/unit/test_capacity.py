@@ -11,7 +11,7 @@ def test_names_held_by_strangers_hold_up_the_ranks_that_need_them() -> None:
     nothing = InTheWay()
     assert not nothing and nothing.problems(3, []) == ()
     service = InTheWay(objects=("Service mnist",)).problems(3, live_indices=[0])
-    assert [p.rank for p in service] == [1, 2] and {p.reason for p in service} == {"NameInUse"}
+    assert [p.index for p in service] == [1, 2] and {p.reason for p in service} == {"NameInUse"}
     assert service[0].message.startswith("Service mnist exists and is not this job's; the operator never adopts")
     pod_held = InTheWay(pods=((1, "mnist-1"),))
     reason, message = describe_problems(pod_held.problems(3, [0, 2]))

@@ -140,7 +140,7 @@ def test_the_summary_says_which_are_ready_missing_held_up_and_to_make_again() ->
     summary = summarize_data_workers(pods, 4)
     assert (summary.ready, summary.desired, summary.missing) == (1, 4, (3,))
     assert summary.remove == ("fashion-data-2", "fashion-data-5")
-    assert [(p.rank, p.reason) for p in summary.problems] == [(1, "OOMKilled"), (2, "Evicted")]
+    assert [(p.index, p.reason) for p in summary.problems] == [(1, "OOMKilled"), (2, "Evicted")]
     assert "restarted 2 times, last exit 137 (OOMKilled)" in summary.problems[0].message
     assert "dataWorkers.resources.limits.memory" in summary.problems[0].message
 

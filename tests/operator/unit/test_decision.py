@@ -13,7 +13,7 @@ from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
 from ddp_operator.deadlines import requeue_after
 from ddp_operator.decision import Action, Decision, decide
-from ddp_operator.failures import ECHO_GRACE_SECONDS, RENDEZVOUS_ECHO_GRACE_SECONDS, RankFailure, RankProblem
+from ddp_operator.failures import ECHO_GRACE_SECONDS, RENDEZVOUS_ECHO_GRACE_SECONDS, PodProblem, RankFailure
 from ddp_operator.podsummary import summarize_pods
 from ddp_operator.statuspatch import set_condition
 from podfixtures import NOW, job_spec, pod, summary_of
@@ -271,7 +271,7 @@ def test_rank_0_s_rendezvous_timeout_waits_for_the_rank_that_could_not_join_and_
 
 def test_ranks_the_cluster_s_rules_refused_fail_the_job_at_once_naming_them() -> None:
     said = 'the API server refused the pod: violates PodSecurity "restricted:latest": runAsNonRoot != true'
-    refused = summary_of(pod(2, "running")).with_problems([RankProblem(r, c.REASON_POD_SECURITY, said) for r in (0, 1)])
+    refused = summary_of(pod(2, "running")).with_problems([PodProblem(r, c.REASON_POD_SECURITY, said) for r in (0, 1)])
     decision = decide(job_spec(worldSize=3), {"phase": "Pending"}, refused, NOW)
     assert decision.action == Action.FAIL and decision.reason == c.REASON_POD_SECURITY
     assert decision.message == f"ranks 0-1 (PodSecurity): {said}" and decision.delete_pods == ("mnist-2",)
@@ -280,9 +280,9 @@ def test_ranks_the_cluster_s_rules_refused_fail_the_job_at_once_naming_them() ->
 def test_a_partial_gang_a_quota_refused_is_deleted_then_created_whole() -> None:
     said = "ResourceQuota team cannot hold the whole gang"
     spec, status = job_spec(worldSize=3), {"phase": "Starting"}
-    partial = summary_of(pod(0, "running")).with_problems([RankProblem(r, c.REASON_QUOTA_EXCEEDED, said) for r in (1, 2)])
+    partial = summary_of(pod(0, "running")).with_problems([PodProblem(r, c.REASON_QUOTA_EXCEEDED, said) for r in (1, 2)])
     freed = decide(spec, status, partial, NOW)
     assert freed.action == Action.WAIT and freed.delete_pods == ("mnist-0",)
-    gone = summary_of().with_problems([RankProblem(r, c.REASON_QUOTA_EXCEEDED, said) for r in (0, 1, 2)])
+    gone = summary_of().with_problems([PodProblem(r, c.REASON_QUOTA_EXCEEDED, said) for r in (0, 1, 2)])
     again = decide(spec, status, gone, NOW)
     assert again.action == Action.CREATE and again.create_indices == (0, 1, 2)

@@ -13,7 +13,7 @@ from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
 from ddp_operator.conditions import get_condition
 from ddp_operator.decision import Action, decide
-from ddp_operator.failures import RankProblem
+from ddp_operator.failures import PodProblem
 from ddp_operator.podsummary import summarize_pods
 from ddp_operator.spec import InvalidSpec, parse_spec
 from ddp_operator.statuspatch import compute_status, events_for, next_phase
@@ -57,7 +57,7 @@ def test_pods_outside_the_gang_are_counted_apart_and_never_fail_it() -> None:
     found = summary(pods, status)
     assert found.gang == (0, 2) and found.live_indices == {0, 2} and found.ready == 2 and found.failure is None
     assert found.waiting.names == (f"{JOB}-1",) and found.waiting.ended == (f"{JOB}-3",) and found.problems == ()
-    assert [p.rank for p in found.waiting.problems] == [1]
+    assert [p.index for p in found.waiting.problems] == [1]
     assert next_phase(status, found, decide(spec(), status, found, NOW), spec()) == c.PHASE_RUNNING
     decision = decide(spec(), status, found, NOW)
     assert decision.action == Action.WAIT and decision.delete_pods == (f"{JOB}-3",)  # created again, to wait
@@ -93,7 +93,7 @@ def test_at_the_start_ranks_that_do_not_fit_are_waited_for_the_settle_time() -> 
 
 def test_ranks_a_quota_refused_are_started_without_after_the_settle_time_and_wait_outside_the_gang() -> None:
     quota = "ResourceQuota team cannot hold the whole gang, so only 2 of its pods are created (spec.minWorldSize)"
-    refused = [RankProblem(r, c.REASON_QUOTA_EXCEEDED, quota) for r in (2, 3)]
+    refused = [PodProblem(r, c.REASON_QUOTA_EXCEEDED, quota) for r in (2, 3)]
     started = {"phase": c.PHASE_STARTING, "attempt": 0, "startTime": rfc3339(NOW - timedelta(seconds=10))}
     found = summary([pod(0, "pending", node="a"), pod(1, "pending", node="a")], started).with_problems(refused)
     waiting = decide(spec(), started, found, NOW)
@@ -109,7 +109,7 @@ def test_ranks_a_quota_refused_are_started_without_after_the_settle_time_and_wai
     # Shrunk: refused again, the two are waited for outside the gang, which is neither held up nor failed.
     shrunk = {**started, "phase": c.PHASE_RUNNING, "attempt": 1, api.STATUS_MEMBERS: [0, 1], "rendezvous": {"attempt": 1}}
     outside = summary([pod(0), pod(1)], shrunk).with_problems(refused)
-    assert outside.problems == () and [p.rank for p in outside.waiting.problems] == [2, 3]
+    assert outside.problems == () and [p.index for p in outside.waiting.problems] == [2, 3]
     running = decide(spec(), shrunk, outside, NOW + timedelta(hours=1))
     assert (running.action, running.create_indices, running.delete_pods) == (Action.CREATE, (2, 3), ())
     assert compute_status(spec(), shrunk, outside, running, NOW)["phase"] == c.PHASE_RUNNING

@@ -7,7 +7,7 @@ import pytest
 
 from ddp_contract import labels
 from ddp_operator import constants as c
-from ddp_operator.failures import RankFailure, RankProblem
+from ddp_operator.failures import PodProblem, RankFailure
 from ddp_operator.podsummary import summarize_pods
 from podfixtures import JOB, pod, summary_of
 
@@ -117,10 +117,10 @@ def test_why_pending_ranks_are_held_up_by_rank() -> None:
         pod(4, "pending", waiting="SomethingNew"),
     )
     assert summary.problems == (
-        RankProblem(0, "ImagePullError", 'Back-off pulling image "trainer:typo"'),
-        RankProblem(2, "Unschedulable", NO_GPU),
-        RankProblem(3, "ContainerConfigError", 'secret "s3" not found'),
-        RankProblem(4, "SomethingNew", "SomethingNew"),
+        PodProblem(0, "ImagePullError", 'Back-off pulling image "trainer:typo"'),
+        PodProblem(2, "Unschedulable", NO_GPU),
+        PodProblem(3, "ContainerConfigError", 'secret "s3" not found'),
+        PodProblem(4, "SomethingNew", "SomethingNew"),
     )
 
 
@@ -137,10 +137,10 @@ def test_a_failed_pull_names_the_pull_secrets_it_was_tried_with() -> None:
     bad_name["spec"] = with_secrets["spec"]
     summary = summary_of(with_secrets, bad_name, pod(2, "pending", waiting="ErrImagePull", waiting_message="401"))
     assert summary.problems == (
-        RankProblem(0, "ImagePullError", NO_CREDENTIALS + " (imagePullSecrets: regcred, mirror; the kubelet pulls "
+        PodProblem(0, "ImagePullError", NO_CREDENTIALS + " (imagePullSecrets: regcred, mirror; the kubelet pulls "
                     "without any that does not exist, saying so in the pod's events)"),
-        RankProblem(1, "ImagePullError", 'invalid image name "Trainer"'),  # never reached a registry
-        RankProblem(2, "ImagePullError", "401"),  # no secrets: nothing to name
+        PodProblem(1, "ImagePullError", 'invalid image name "Trainer"'),  # never reached a registry
+        PodProblem(2, "ImagePullError", "401"),  # no secrets: nothing to name
     )
 
 
@@ -192,9 +192,9 @@ def test_pending_ranks_bound_to_no_node_are_unscheduled() -> None:
 
 def test_new_problems_replace_what_was_said_of_the_same_rank() -> None:
     summary = summary_of(pod(0, "pending", unschedulable="0/4 nodes are available"), pod(1, "pending", waiting="ErrImagePull"))
-    held = summary.with_problems([RankProblem(0, "GangTooLarge", "too big"), RankProblem(2, "NameInUse", "x")])
-    assert held.problems == (RankProblem(0, "GangTooLarge", "too big"), RankProblem(1, "ImagePullError", "ErrImagePull"),
-                             RankProblem(2, "NameInUse", "x"))
+    held = summary.with_problems([PodProblem(0, "GangTooLarge", "too big"), PodProblem(2, "NameInUse", "x")])
+    assert held.problems == (PodProblem(0, "GangTooLarge", "too big"), PodProblem(1, "ImagePullError", "ErrImagePull"),
+                             PodProblem(2, "NameInUse", "x"))
     assert summary.with_problems([]) is summary
 
 
