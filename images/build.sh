@@ -339,7 +339,7 @@ build_image() {
     --local context="$REPO" --local dockerfile="$(dirname "$dockerfile")" --opt filename="$(basename "$dockerfile")" \
     --oci-layout "base=$base" --opt "context:$BASE_IMAGE=oci-layout://base@$(manifest_digest "$base")" \
     "${args[@]}" --output "$EXPORT,name=$REPOSITORY/$name:$TAG,dest=$out.tmp" >"$out.log" 2>&1 ||
-    { tail -20 "$out.log" >&3; die "building $name failed; the whole log is $out.log"; }
+    { rm -f "$out.tmp"; tail -20 "$out.log" >&3; die "building $name failed; the whole log is $out.log"; }
   chmod 644 "$out.tmp" && mv "$out.tmp" "$out"
   log "$name: $(du -m "$out" | cut -f1) MB tarball, built in $((SECONDS - started)) s: $out"
 }
@@ -485,7 +485,7 @@ cmd_derived() {
     log "building $REPOSITORY/$name:$TAG from $dir/Dockerfile on $REPOSITORY/trainer:$TAG"
     buildctl build --progress plain --frontend dockerfile.v0 --local context="$dir" --local dockerfile="$dir" \
       "${IMAGE_CONTEXT[@]}" --output "$EXPORT,name=$REPOSITORY/$name:$TAG,dest=$out.tmp" >"$out.log" 2>&1 ||
-      { tail -20 "$out.log" >&3; die "building $name failed; the whole log is $out.log"; }
+      { rm -f "$out.tmp"; tail -20 "$out.log" >&3; die "building $name failed; the whole log is $out.log"; }
     chmod 644 "$out.tmp" && mv "$out.tmp" "$out"
     rm -rf "$BUILDKIT_RUN/image-trainer"
     log "$name: $(du -m "$out" | cut -f1) MB tarball, built in $((SECONDS - started)) s: $out"
