@@ -86,14 +86,15 @@ class GangPods:
 
 def in_gang(pods: Iterable[PodView], window: AttemptWindow, members: Collection[int] | None) -> list[PodView]:
     """The gang's current pods, those being deleted included."""
-    return [p for p in pods if window.holds(p) and (members is None or p.index in members)]
+    wanted = None if members is None else frozenset(members)
+    return [p for p in pods if window.holds(p) and (wanted is None or p.index in wanted)]
 
 
-def summarize_gang(pods: Sequence[PodView], window: AttemptWindow, *, job_name: str, lost_nodes: Mapping[str, str],
-                   ranks_per_pod: int, members: Sequence[int] | None,
+def summarize_gang(pods: Sequence[PodView], gang: Sequence[PodView], window: AttemptWindow, *, job_name: str,
+                   lost_nodes: Mapping[str, str], ranks_per_pod: int, members: Sequence[int] | None,
                    more_failures: Iterable[RankFailure] = ()) -> GangPods:
-    """What the pods say of the gang; more_failures: those a restart mode reads besides the pods' own."""
-    gang = in_gang(pods, window, members)
+    """What the pods say of the gang (`gang`: in_gang of `pods`); more_failures: those a restart mode
+    reads besides the pods' own."""
     live = [p for p in gang if not p.deleting]
     states = Counter(p.state for p in live)
     lost = [p for p in gang if p.node in lost_nodes and p.active]

@@ -55,9 +55,10 @@ class WaitingPods:
 
 def waiting_pods(pods: Iterable[PodView], window: AttemptWindow, members: Sequence[int],
                  lost_nodes: Mapping[str, str]) -> WaitingPods:
-    apart = [p for p in pods if window.holds(p) and p.index not in members and not p.deleting]
+    gang = frozenset(members)
+    apart = [p for p in pods if window.holds(p) and p.index not in gang and not p.deleting]
     ended = [p for p in apart if not p.active or p.node in lost_nodes]
-    waiting = [p for p in apart if p not in ended]
+    waiting = [p for p in apart if p.active and p.node not in lost_nodes]
     problems = [found for p in waiting if p.state != "running" and p.index is not None
                 and (found := rank_problem(p.pod, p.index))]
     return WaitingPods(names=tuple(sorted(p.name for p in waiting)),
