@@ -114,7 +114,10 @@ def assert_showed_progress(seen: list[dict[str, Any]], name: str) -> None:
 
 def assert_output_kept(endpoint: str, namespace: str, name: str, text: str, attempt: int = 0) -> None:
     key = f"results/{namespace}/{name}/{layout.log_part(attempt, 0, 0)}"
-    body = demo.s3_client(endpoint).get_object(Bucket=BUCKET, Key=key)["Body"].read().decode(errors="replace")
+    s3 = demo.s3_client(endpoint)
+    kept = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"results/{namespace}/{name}/").get("Contents", [])]
+    assert key in kept, (key, kept)
+    body = s3.get_object(Bucket=BUCKET, Key=key)["Body"].read().decode(errors="replace")
     assert text in body, body[-2000:]
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -12,7 +14,8 @@ from trainerhelp import ROOT, describe, free_port, launch, rank_env
 
 from ddp_contract import layout
 from ddp_trainer.errors import ExitCode, ObjectNotFoundError
-from ddp_trainer.runtime.logkeeper import Parts
+from ddp_trainer.runtime import logkeeper
+from ddp_trainer.runtime.logkeeper import LogKeeper, Parts
 from ddp_trainer.storage import s3
 
 
@@ -152,3 +155,65 @@ def test_a_second_finish_waits_for_the_first_ones_upload(tmp_path: Path) -> None
     in_upload, seen = ast.literal_eval(result.stderr.rsplit("@", 1)[-1])
     assert in_upload, result.stderr
     assert seen == [b"the rank's last words\n"], result.stderr  # what was uploaded when the second finish() returned
+
+
+class SlowS3:
+    """An upload that takes until the test releases it (a slow or stuck S3 server); what it kept."""
+
+    def __init__(self, fail_first: bool = False) -> None:
+        self.kept: list[bytes] = []
+        self.started, self.release = threading.Event(), threading.Event()
+        self.fail_first = fail_first
+
+    def upload(self, part: int, data: bytes) -> None:
+        if self.fail_first:
+            self.fail_first = False
+            raise OSError("connection refused")
+        self.started.set()
+        self.release.wait(60)
+        self.kept.append(data)
+
+
+def keeper_of(upload: SlowS3, text: bytes) -> LogKeeper:
+    """A keeper teeing a child's stdout (a pipe written with `text`, then closed) on to /dev/null."""
+    read_end, write_end = os.pipe()
+    out = os.open(os.devnull, os.O_WRONLY)
+    keeper = LogKeeper(upload.upload, 0).attach([(read_end, out)])
+    os.write(write_end, text)
+    os.close(write_end)
+    return keeper
+
+
+def test_the_last_upload_is_waited_for_within_its_budget_and_a_cut_off_one_is_said(caplog) -> None:
+    slow = SlowS3()
+    keeper = keeper_of(slow, b"the last words\n")
+    finishing = threading.Thread(target=keeper.finish, kwargs={"upload_s": 60})
+    finishing.start()
+    assert slow.started.wait(30)
+    assert finishing.is_alive()  # still waiting on the upload
+    slow.release.set()
+    finishing.join(30)
+    assert not finishing.is_alive() and slow.kept == [b"the last words\n"]
+    assert "may not be kept" not in caplog.text
+
+    stuck = SlowS3()
+    started = time.monotonic()
+    keeper_of(stuck, b"never kept\n").finish(upload_s=0.2)
+    assert time.monotonic() - started < 10 and stuck.kept == []
+    assert "the end of this rank's log may not be kept in S3: its upload took over 0 s" in caplog.text
+    stuck.release.set()
+
+
+def test_a_server_that_already_failed_gets_no_longer_than_a_stopped_rank_s_wait(monkeypatch) -> None:
+    monkeypatch.setattr(logkeeper, "FINAL_UPLOAD_SECONDS", 0.2)
+    failing = SlowS3(fail_first=True)
+    keeper = keeper_of(failing, b"output\n")
+    deadline = time.monotonic() + 30
+    while failing.fail_first:  # a periodic upload, refused (once the tee has taken the output in)
+        assert time.monotonic() < deadline
+        keeper.upload_changed()
+        time.sleep(0.01)
+    started = time.monotonic()
+    keeper.finish(upload_s=60)
+    assert time.monotonic() - started < 10 and failing.kept == []
+    failing.release.set()

@@ -37,6 +37,8 @@ from ddp_contract.failureline import describe_hang, format_line, parse_line
 
 from .. import env, jobstatus
 from ..errors import ConfigError
+from ..storage import s3
+from . import logkeeper
 from .hangwatch import Hang, HangWatch, save_dump
 from .heartbeat import HEARTBEAT, Heartbeat
 from .inprocess import LAUNCHER_ERRORS
@@ -268,6 +270,8 @@ class CommandProcess:
         self._started = time.time()
         extra: list[Listener] = [self.tail, Activity(self.activity)]
         keeper = make_keeper(self.rank, environ, extra, self.activity) or LogKeeper(None, 0, listeners=extra)
+        if keeper.upload is not None:
+            _warm_s3_client()
         self._printed = next((x for x in keeper.listeners if isinstance(x, PrintedMetrics)), None)
         self.keeper = keeper.attach([(out_read, 1), (err_read, 2)])
         self._watch = HangWatch(self.activity, env.hang_timeout_s(environ), env.hang_min_s(environ), self._on_hang).start()
@@ -292,7 +296,8 @@ class CommandProcess:
         self._end_session(process.pid)
         self._code = 128 - code if code < 0 else code
         self._report_formed()
-        self._finish()
+        ended = stopping_since is None and self._hung is None
+        self._finish(logkeeper.ENDED_UPLOAD_SECONDS if ended else logkeeper.FINAL_UPLOAD_SECONDS)
         if stopping_since is None and self._code != ExitCode.OK:
             self._outcome = self._judge(self._code)
             print(self._outcome[1].splitlines()[-1], file=sys.stderr, flush=True)
@@ -314,12 +319,12 @@ class CommandProcess:
             self._end_session(self.process.pid)
         self._finish()
 
-    def _finish(self) -> None:
+    def _finish(self, upload_s: float = logkeeper.FINAL_UPLOAD_SECONDS) -> None:
         if self._watch is not None:
             self._watch.stop()
             self._watch = None
         if self.keeper is not None:
-            self.keeper.finish()
+            self.keeper.finish(upload_s)
             self.keeper = None
         self._printed = None
 
@@ -421,6 +426,18 @@ def _listen(path: Path) -> socket.socket:
     sock.bind(str(path))
     sock.settimeout(POLL_SECONDS * 4)
     return sock
+
+
+def _warm_s3_client() -> None:
+    """Make this process's S3 client while the command runs, so the log's last upload at its end does
+    not also import boto3 and build one (seconds on a busy node). A failure shows at that upload."""
+    def make() -> None:
+        try:
+            s3.client()
+        except Exception:  # noqa: BLE001 - the upload names what is wrong
+            pass
+
+    threading.Thread(target=make, name="ddp-s3-client", daemon=True).start()
 
 
 def _signal_group(pgid: int, signum: int) -> None:

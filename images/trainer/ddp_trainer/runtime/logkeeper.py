@@ -37,7 +37,11 @@ log = logging.getLogger(__name__)
 
 PART_BYTES = 16 * 1024**2
 DRAIN_SECONDS = 2.0  # at exit: how long to wait for output still in the pipes (a DataLoader worker's)
-FINAL_UPLOAD_SECONDS = 10.0  # at exit: how long the last upload may take before the rank exits anyway
+# At exit, how long the last upload may take before the rank exits anyway: a rank stopped by a signal
+# (a deleted pod) has its grace period; one that ended by itself keeps nobody waiting, and its log
+# (its traceback, its last prints) is worth a slow S3 server's while.
+FINAL_UPLOAD_SECONDS = 10.0
+ENDED_UPLOAD_SECONDS = 120.0
 _STREAMS = (1, 2)
 
 Upload = Callable[[int, bytes], None]  # (part number, the part's bytes so far)
@@ -216,8 +220,9 @@ class LogKeeper:
                 self._warned = True
                 log.warning("keeping this rank's log in S3 failed (retried every interval): %s", error)
 
-    def finish(self) -> None:
-        """Put the original fds back, take in what is still in the pipes, upload the rest. Once."""
+    def finish(self, upload_s: float = FINAL_UPLOAD_SECONDS) -> None:
+        """Put the original fds back, take in what is still in the pipes, upload the rest (waiting up
+        to `upload_s` for it). Once."""
         with self._finish_lock:
             first = self._finisher is None
             if first:
@@ -226,14 +231,14 @@ class LogKeeper:
             # Another thread (the hang watchdog's, say) waits for the first caller's upload to end;
             # the first caller's own thread (in a signal handler) must not wait for itself.
             if self._finisher != threading.get_ident():
-                self._done.wait(DRAIN_SECONDS + 1 + FINAL_UPLOAD_SECONDS)
+                self._done.wait(DRAIN_SECONDS + 1 + upload_s)
             return
         try:
-            self._finish()
+            self._finish(upload_s)
         finally:
             self._done.set()
 
-    def _finish(self) -> None:
+    def _finish(self, upload_s: float) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         self._stop.set()
@@ -247,8 +252,11 @@ class LogKeeper:
             self._attached = []
         last = threading.Thread(target=self._last, name="ddp-log-last-upload", daemon=True)
         last.start()
-        last.join(FINAL_UPLOAD_SECONDS)
-
+        if self._warned:  # S3 already failed this rank: no longer wait on it than a stopped rank would
+            upload_s = min(upload_s, FINAL_UPLOAD_SECONDS)
+        last.join(upload_s)
+        if last.is_alive() and self.upload is not None:
+            log.warning("the end of this rank's log may not be kept in S3: its upload took over %.0f s", upload_s)
 
     def _last(self) -> None:
         self.upload_changed()
@@ -318,7 +326,7 @@ def make_keeper(rank: int, environ: Mapping[str, str], extra: Sequence[Listener]
     return LogKeeper(upload, interval, listeners=listeners)
 
 
-def finish() -> None:
+def finish(upload_s: float = FINAL_UPLOAD_SECONDS) -> None:
     """Upload what this rank printed, at its exit; a no-op where nothing is kept."""
     if _keeper is not None:
-        _keeper.finish()
+        _keeper.finish(upload_s)

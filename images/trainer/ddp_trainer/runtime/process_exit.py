@@ -30,7 +30,8 @@ def exit_process(code: int) -> None:
     if code == ExitCode.OK:
         _join_user_threads()
         atexit._run_exitfuncs()  # Python's exit runs them (logging.shutdown among them) before its teardown
-    logkeeper.finish()
+    hurried = code in (ExitCode.TERMINATED, ExitCode.HUNG, ExitCode.STORAGE_UNAVAILABLE)
+    logkeeper.finish(logkeeper.FINAL_UPLOAD_SECONDS if hurried else logkeeper.ENDED_UPLOAD_SECONDS)
     sys.stdout.flush()
     sys.stderr.flush()
     logging.shutdown()
