@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import IO, Any, overload
 
-from ddp_contract import api, labels, layout
+from ddp_contract import api, envnames, labels, layout, s3options
 
 from . import logs as logtext
 from . import logsources, summary
 from . import metricrecords as metricdata
 from .progressline import ProgressDisplay
-from .store import ResultsPrefix, S3Access, StoreError, job_access
+from .store import CA_BUNDLES, ResultsPrefix, S3Access, StoreError, ca_bundle_file, job_access
 
 POLL_SECONDS = 2.0
 WATCH_SECONDS = 30  # a watch is renewed this often (and at wait()'s deadline)
@@ -217,13 +217,27 @@ class Job:
             secret = None
             if secret_name and not self.s3_access.access_key_id:
                 secret = self._credentials_secret(secret_name)
-            access = self.s3_access.over(job_access(spec_s3, secret, secret_name))
+            bundle = spec_s3.get("caBundle")
+            ca_file = self._ca_bundle(bundle) if bundle and not self.s3_access.ca_bundle else None
+            access = self.s3_access.over(job_access(spec_s3, secret, secret_name, ca_file))
             self._store = ResultsPrefix(access, spec_s3["results"], self.namespace, self.name)
         return self._store
 
     def _spec_s3(self) -> dict[str, Any]:
         """spec.s3; for a deleted job, as last seen or the results URI given to the handle."""
         return dict((self._last_known().get("spec") or {}).get("s3") or {})
+
+    def _ca_bundle(self, bundle: Mapping[str, Any]) -> str:
+        """spec.s3.caBundle's certificates, read through the API into a local file."""
+        from kubernetes.client.rest import ApiException
+
+        name = bundle.get("configMap", "")
+        try:
+            config_map = self.api_client.sanitize_for_serialization(self.core.read_namespaced_config_map(name, self.namespace))
+        except ApiException as error:
+            raise StoreError(f"cannot read the job's S3 CA bundle, ConfigMap {self.namespace}/{name} ({error.status} "
+                             f"{error.reason}); give its file as {envnames.S3_CA_BUNDLE}") from None
+        return ca_bundle_file(config_map, bundle.get("key") or s3options.DEFAULT_CA_BUNDLE_KEY, CA_BUNDLES)
 
     def _credentials_secret(self, name: str) -> dict[str, Any]:
         from kubernetes.client.rest import ApiException

@@ -4,15 +4,19 @@ credentials Secret (read through the API), or from the environment or flags."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ddp_contract import envnames, layout
+from ddp_contract import envnames, layout, s3options
+from ddp_contract.s3options import S3OptionError, S3Options
 
 DEFAULT_REGION = "us-east-1"
+# Local copies of jobs' spec.s3.caBundle certificates, named by their content.
+CA_BUNDLES = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ddp-operator" / "s3-ca"
 
 
 class StoreError(RuntimeError):
@@ -25,14 +29,27 @@ class S3Access:
     region: str = DEFAULT_REGION
     access_key_id: str | None = None
     secret_access_key: str | None = None
+    checksums: str | None = None  # s3options: when_required or when_supported; None: by the endpoint
+    addressing_style: str | None = None
+    ca_bundle: str | None = None  # a local PEM file
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> S3Access:
         env = os.environ if environ is None else environ
+        try:
+            options = S3Options.from_env(env, None)
+        except S3OptionError as error:
+            raise StoreError(f"environment variable {error}") from None
         return cls(endpoint=env.get(envnames.S3_ENDPOINT) or None,
                    region=env.get(envnames.S3_REGION) or env.get(envnames.AWS_REGION) or DEFAULT_REGION,
                    access_key_id=env.get(envnames.AWS_ACCESS_KEY_ID) or None,
-                   secret_access_key=env.get(envnames.AWS_SECRET_ACCESS_KEY) or None)
+                   secret_access_key=env.get(envnames.AWS_SECRET_ACCESS_KEY) or None,
+                   checksums=options.checksums, addressing_style=options.addressing_style,
+                   ca_bundle=options.ca_bundle)
+
+    def options(self) -> S3Options:
+        return S3Options(endpoint=self.endpoint, checksums=self.checksums, addressing_style=self.addressing_style,
+                         ca_bundle=self.ca_bundle)
 
     def over(self, other: S3Access) -> S3Access:
         """These settings where set, `other`'s elsewhere."""
@@ -50,11 +67,30 @@ def secret_credentials(secret: Mapping[str, Any], name: str) -> tuple[str, str]:
                          f"{envnames.AWS_SECRET_ACCESS_KEY}") from None
 
 
-def job_access(spec_s3: Mapping[str, Any], secret: Mapping[str, Any] | None, secret_name: str | None) -> S3Access:
-    """What the job's ranks use: spec.s3's endpoint and region, the credentials Secret's keys."""
+def job_access(spec_s3: Mapping[str, Any], secret: Mapping[str, Any] | None, secret_name: str | None,
+               ca_bundle: str | None = None) -> S3Access:
+    """What the job's ranks use: spec.s3's endpoint, region, checksums and addressing style, the
+    credentials Secret's keys, and `ca_bundle` (a local copy of spec.s3.caBundle's certificates)."""
     key_id, key = secret_credentials(secret, secret_name or "?") if secret is not None else (None, None)
+    settings = s3options.spec_settings(spec_s3)
     return S3Access(endpoint=spec_s3.get("endpoint") or None, region=spec_s3.get("region") or DEFAULT_REGION,
-                    access_key_id=key_id, secret_access_key=key)
+                    access_key_id=key_id, secret_access_key=key, checksums=settings.get(envnames.S3_CHECKSUMS),
+                    addressing_style=settings.get(envnames.S3_ADDRESSING_STYLE), ca_bundle=ca_bundle)
+
+
+def ca_bundle_file(config_map: Mapping[str, Any], key: str, where: Path) -> str:
+    """A ConfigMap's CA bundle (as the API returns it) written under `where`, named by its content."""
+    meta = config_map.get("metadata") or {}
+    pem = (config_map.get("data") or {}).get(key)
+    if not pem:
+        raise StoreError(f"ConfigMap {meta.get('namespace')}/{meta.get('name')} (spec.s3.caBundle) has no key {key!r}")
+    path = where / f"{hashlib.sha256(pem.encode()).hexdigest()[:16]}.pem"
+    if not path.exists():
+        where.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(pem)
+        partial.replace(path)
+    return str(path)
 
 
 def split_uri(uri: str) -> tuple[str, str]:
@@ -82,12 +118,11 @@ class ResultsPrefix:
             import boto3
             from botocore.config import Config
 
-            a = self._access
-            self._client = boto3.session.Session().client(
+            a, options = self._access, self._access.options()
+            self._client = options.prepare(boto3.session.Session().client(
                 "s3", endpoint_url=a.endpoint, region_name=a.region, aws_access_key_id=a.access_key_id,
-                aws_secret_access_key=a.secret_access_key,
-                config=Config(retries={"max_attempts": 5, "mode": "adaptive"},
-                              s3={"addressing_style": "path"} if a.endpoint else {}))
+                aws_secret_access_key=a.secret_access_key, **options.client_kwargs(),
+                config=Config(retries={"max_attempts": 5, "mode": "adaptive"}, **options.config_kwargs())))
         return self._client
 
     def _call(self, what: str, fn: Any) -> Any:

@@ -17,6 +17,7 @@ GPU_RESOURCE: Final = "nvidia.com/gpu"
 # What a gang's size is judged by against the nodes' allocatable (capacity.py), GPUs first.
 CAPACITY_RESOURCES: Final = (GPU_RESOURCE, "cpu", "memory")
 SHM_VOLUME: Final = "dshm"
+S3_CA_VOLUME: Final = "ddp-s3-ca"  # spec.s3.caBundle's ConfigMap key
 SHM_PATH: Final = "/dev/shm"
 # The trainer image's runtime, the command when spec.entrypoint is given: `run` with no target runs
 # $DDP_ENTRYPOINT, and "--" passes the container's args (spec.args) through to it.

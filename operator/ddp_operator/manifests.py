@@ -11,7 +11,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ddp_contract import api, commands, envnames, labels
+from ddp_contract import api, commands, envnames, labels, s3options
 from ddp_contract.exitcodes import ExitCode
 from ddp_contract.failureline import format_line
 from ddp_operator import constants as c
@@ -101,6 +101,7 @@ def build_pod(job: Mapping[str, Any], spec: JobSpec, index: int, attempt: int) -
     _job_pod_defaults(pod_spec, spec, name)
     if spec.shm_size:
         pod_spec["volumes"] = [*(pod_spec.get("volumes") or []), shm_volume(spec.shm_size)]
+    add_s3_ca_bundle(pod_spec, pod_spec["containers"][0], spec)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -268,6 +269,7 @@ def s3_env(spec: JobSpec) -> list[dict[str, Any]]:
         envnames.DATASET_URI: s3.dataset,
         envnames.RESULTS_URI: s3.results,
     }
+    plain.update(s3.settings)
     env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in plain.items() if value]
     if s3.credentials_secret:
         for env_name, secret_key in (
@@ -277,6 +279,18 @@ def s3_env(spec: JobSpec) -> list[dict[str, Any]]:
             ref = {"name": s3.credentials_secret, "key": secret_key}
             env.append({"name": env_name, "valueFrom": {"secretKeyRef": ref}})
     return env
+
+
+def add_s3_ca_bundle(pod_spec: dict[str, Any], container: dict[str, Any], spec: JobSpec) -> None:
+    """spec.s3.caBundle's ConfigMap key, mounted read-only where DDP_S3_CA_BUNDLE says."""
+    bundle = spec.s3.ca_bundle if spec.s3 is not None else None
+    if bundle is None:
+        return
+    volume = {"name": c.S3_CA_VOLUME, "configMap": {"name": bundle.config_map,
+                                                    "items": [{"key": bundle.key, "path": s3options.CA_BUNDLE_FILE}]}}
+    pod_spec["volumes"] = [*(pod_spec.get("volumes") or []), volume]
+    mount = {"name": c.S3_CA_VOLUME, "mountPath": s3options.CA_BUNDLE_DIR, "readOnly": True}
+    container["volumeMounts"] = [*(container.get("volumeMounts") or []), mount]
 
 
 def shm_volume(size: str) -> dict[str, Any]:
@@ -377,6 +391,7 @@ def build_data_worker_pod(job: Mapping[str, Any], spec: JobSpec, index: int) -> 
         container["resources"] = copy.deepcopy(dict(workers.resources))
     pod_spec.update(hostname=data_worker_name(name, index), subdomain=service_name(name), restartPolicy="Always",
                     containers=[container])
+    add_s3_ca_bundle(pod_spec, container, spec)
     pod_spec.setdefault("automountServiceAccountToken", False)  # it calls no API
     _job_pod_defaults(pod_spec, spec, name)
     return {

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ddp_contract import api, backend, envnames, labels
+from ddp_contract import api, backend, envnames, labels, s3options
 from ddp_contract.backend import BACKENDS, NCCL, resolve_backend
 from ddp_contract.targets import ENTRYPOINT_RE
 from ddp_operator import constants as c
@@ -72,12 +72,27 @@ class InvalidSpec(Exception):
 
 
 @dataclass(frozen=True)
+class CABundle:
+    config_map: str
+    key: str = s3options.DEFAULT_CA_BUNDLE_KEY
+
+
+@dataclass(frozen=True)
 class S3Spec:
     endpoint: str | None = None
     region: str | None = None
     credentials_secret: str | None = None
     dataset: str | None = None
     results: str | None = None
+    checksums: str = "Auto"
+    addressing_style: str = "Auto"
+    ca_bundle: CABundle | None = None
+
+    @property
+    def settings(self) -> dict[str, str]:
+        """The DDP_S3_* settings for checksums, addressing and the CA bundle (none where Auto)."""
+        return s3options.spec_settings({"checksums": self.checksums, "addressingStyle": self.addressing_style,
+                                        "caBundle": self.ca_bundle is not None})
 
 
 class Templated:
@@ -469,7 +484,28 @@ def _s3(s3: Any) -> S3Spec | None:
         credentials_secret=secret,
         dataset=s3.get("dataset"),
         results=s3.get("results"),
+        checksums=_choice(s3, "checksums", ("Auto", *s3options.SPEC_CHECKSUMS)),
+        addressing_style=_choice(s3, "addressingStyle", ("Auto", *s3options.SPEC_ADDRESSING_STYLES)),
+        ca_bundle=_ca_bundle(s3.get("caBundle")),
     )
+
+
+def _choice(s3: Mapping[str, Any], key: str, allowed: tuple[str, ...]) -> str:
+    value = s3.get(key, allowed[0])
+    if value not in allowed:
+        raise InvalidSpec(f"s3.{key}", f"must be one of {', '.join(allowed)}, got {value!r}")
+    return str(value)
+
+
+def _ca_bundle(value: Any) -> CABundle | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not _is_secret_name(value.get("configMap")):
+        raise InvalidSpec("s3.caBundle", f"must be {{configMap: <name>, key: <key>}}, got {value!r}")
+    key = value.get("key", s3options.DEFAULT_CA_BUNDLE_KEY)
+    if not isinstance(key, str) or not re.match(r"^[-._a-zA-Z0-9]+$", key):
+        raise InvalidSpec("s3.caBundle.key", f"must be a ConfigMap key, got {key!r}")
+    return CABundle(config_map=value["configMap"], key=key)
 
 
 def _is_secret_name(name: Any) -> bool:

@@ -54,6 +54,22 @@ def test_s3_settings() -> None:
         env.S3Settings.from_env({"DDP_S3_ENDPOINT": "minio:9000"})
 
 
+def test_s3_options_are_read_and_bad_ones_named(tmp_path) -> None:
+    assert env.S3Settings.from_env({"DDP_S3_ENDPOINT": "http://minio:9000"}).options.checksum_mode == "when_required"
+    assert env.S3Settings.from_env({}).options.checksum_mode == "when_supported"  # AWS
+    bundle = tmp_path / "ca.crt"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\n")
+    options = env.S3Settings.from_env({"DDP_S3_CHECKSUMS": "When_Supported", "DDP_S3_ADDRESSING_STYLE": "virtual",
+                                       "DDP_S3_CA_BUNDLE": str(bundle)}).options
+    assert (options.checksums, options.addressing_style, options.ca_bundle) == ("when_supported", "virtual", str(bundle))
+    with pytest.raises(ConfigError, match="DDP_S3_CHECKSUMS='crc32' must be one of when_required, when_supported"):
+        env.S3Settings.from_env({"DDP_S3_CHECKSUMS": "crc32"})
+    with pytest.raises(ConfigError, match="DDP_S3_ADDRESSING_STYLE='dns' must be one of path, virtual, auto"):
+        env.S3Settings.from_env({"DDP_S3_ADDRESSING_STYLE": "dns"})
+    with pytest.raises(ConfigError, match="DDP_S3_CA_BUNDLE='/nowhere.pem' names no file"):
+        env.S3Settings.from_env({"DDP_S3_CA_BUNDLE": "/nowhere.pem"})
+
+
 def test_exit_codes_are_distinct_and_classified() -> None:
     values = [int(code) for code in ExitCode]
     assert len(values) == len(set(values))

@@ -10,17 +10,36 @@ import yaml
 from trainerhelp import describe, launch, upload_tree, write_tree
 
 import datagen
+from ddp_contract import envnames
 from ddp_trainer.data.convert import make_shards
 from ddp_trainer.storage import s3
 from ddp_trainer.storage.checkpoint import CheckpointManager
 from ddp_trainer.storage.results import read_metrics
 from kube import REPO
+from strictstore import strict_store
 
 ARGS = ["--batch-size", "2", "--workers", "1", "--checkpoint-every", "3"]
 
 
 @pytest.mark.timeout(180)
 def test_example_trains_resumes_and_reads_shards(tmp_path: Path, bucket: str, s3_env: dict[str, str]) -> None:
+    train_resume_and_read_shards(tmp_path, bucket, s3_env)
+
+
+@pytest.mark.timeout(180)
+def test_the_same_through_a_store_that_refuses_boto3_s_new_checksums(
+        tmp_path: Path, bucket: str, s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """strictstore.py: the ranks' images, shards, checkpoints (and their pruning), metrics, results and
+    logs all go through a store that refuses flexible checksums and wants Content-MD5 on DeleteObjects."""
+    with strict_store(s3_env[envnames.S3_ENDPOINT]) as (endpoint, store):
+        monkeypatch.setenv(envnames.S3_ENDPOINT, endpoint)  # the test's own reads and make_shards too
+        s3.reset_clients()
+        train_resume_and_read_shards(tmp_path, bucket, {**s3_env, envnames.S3_ENDPOINT: endpoint})
+    s3.reset_clients()
+    assert store.refused == [] and store.forwarded > 50, (store.refused, store.forwarded)
+
+
+def train_resume_and_read_shards(tmp_path: Path, bucket: str, s3_env: dict[str, str]) -> None:
     images = tmp_path / "images"
     write_tree(images)  # 8 images: 4 per rank, 2 steps per epoch
     upload_tree(images, bucket, "train")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from ddp_contract import envnames as names
 from ddp_contract.backend import BACKENDS
 from ddp_contract.envnumbers import EnvNumberError, N, env_number
+from ddp_contract.s3options import S3OptionError, S3Options
 
 from .errors import ConfigError
 
@@ -129,6 +130,7 @@ class S3Settings:
     max_attempts: int = DEFAULT_S3_MAX_ATTEMPTS
     read_part_bytes: int = DEFAULT_S3_READ_PART_BYTES  # a large object is read as ranged GETs of this size
     read_ahead: int = DEFAULT_S3_READ_AHEAD  # parts fetched in parallel ahead of a sequential reader; 0: one GET
+    options: S3Options = S3Options()  # checksums, addressing style, CA bundle
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> S3Settings:
@@ -150,7 +152,19 @@ class S3Settings:
             max_attempts=_int(env, names.S3_MAX_ATTEMPTS, default=DEFAULT_S3_MAX_ATTEMPTS, minimum=1),
             read_part_bytes=_int(env, names.S3_READ_PART_BYTES, default=DEFAULT_S3_READ_PART_BYTES, minimum=4096),
             read_ahead=_int(env, names.S3_READ_AHEAD, default=DEFAULT_S3_READ_AHEAD, minimum=0),
+            options=_s3_options(env, endpoint),
         )
+
+
+def _s3_options(env: Mapping[str, str], endpoint: str | None) -> S3Options:
+    try:
+        options = S3Options.from_env(env, endpoint)
+    except S3OptionError as error:
+        raise ConfigError(f"environment variable {error}") from None
+    if options.ca_bundle is not None and not os.path.isfile(options.ca_bundle):
+        raise ConfigError(f"environment variable {names.S3_CA_BUNDLE}={options.ca_bundle!r} names no file "
+                          "(the CA bundle of the S3 endpoint; spec.s3.caBundle mounts it)")
+    return options
 
 
 def dataset_uri(environ: Mapping[str, str] | None = None) -> str:

@@ -11,6 +11,7 @@ from ddp_contract import api, commands, envnames, labels
 from ddp_contract.failureline import parse_line
 from ddp_operator import constants as c
 from ddp_operator.manifests import (
+    build_data_worker_pod,
     build_pod,
     build_progress_access,
     build_service,
@@ -250,6 +251,26 @@ def test_partial_s3_settings_only_set_what_is_given() -> None:
     assert env[envnames.DATASET_URI] == "s3://d/x"
     for name in (envnames.S3_ENDPOINT, envnames.S3_REGION, envnames.RESULTS_URI, envnames.AWS_ACCESS_KEY_ID):
         assert name not in env
+
+
+def test_s3_checksums_addressing_and_a_ca_bundle_reach_every_rank_and_data_worker() -> None:
+    assert not {envnames.S3_CHECKSUMS, envnames.S3_ADDRESSING_STYLE, envnames.S3_CA_BUNDLE} & set(env_of(pod_for(
+        make_job(s3={**S3, "checksums": "Auto", "addressingStyle": "Auto"}))))  # Auto: the runtime decides
+    s3 = {**S3, "checksums": "WhenSupported", "addressingStyle": "Virtual", "caBundle": {"configMap": "corp-ca",
+                                                                                         "key": "bundle.pem"}}
+    job = make_job(s3=s3, dataWorkers={"replicas": 1}, template={"spec": {"volumes": [{"name": "code", "emptyDir": {}}]}})
+    spec = parse_spec(job["spec"])
+    for pod in (pod_for(job, 1), build_data_worker_pod(job, spec, 0)):
+        container = pod["spec"]["containers"][0]
+        env = env_of(container)
+        assert (env[envnames.S3_CHECKSUMS], env[envnames.S3_ADDRESSING_STYLE]) == ("when_supported", "virtual")
+        assert env[envnames.S3_CA_BUNDLE] == "/etc/ddp-operator/s3-ca/ca.crt"
+        assert {"name": c.S3_CA_VOLUME, "mountPath": "/etc/ddp-operator/s3-ca", "readOnly": True} in \
+            container["volumeMounts"]
+        assert {"name": c.S3_CA_VOLUME, "configMap": {"name": "corp-ca", "items": [
+            {"key": "bundle.pem", "path": "ca.crt"}]}} in pod["spec"]["volumes"]
+        assert {"name": "code", "emptyDir": {}} in pod["spec"]["volumes"]  # the template's stay
+    assert env_of(pod_for(make_job(s3={**S3, "checksums": "WhenRequired"})))[envnames.S3_CHECKSUMS] == "when_required"
 
 
 def test_user_env_comes_after_injected_env_and_env_from_is_kept() -> None:

@@ -72,7 +72,7 @@ def make_client(settings: env.S3Settings | None = None, unsigned: bool = False) 
         connect_timeout=10,
         read_timeout=60,
         max_pool_connections=32,
-        s3={"addressing_style": "path"} if settings.endpoint_url else {},
+        **settings.options.config_kwargs(),
         **({"signature_version": UNSIGNED} if unsigned else {}),
     )
     session = boto3.session.Session(
@@ -83,7 +83,8 @@ def make_client(settings: env.S3Settings | None = None, unsigned: bool = False) 
     )
     paths = _data_loader.search_paths  # boto3 appends its data path on every Session: keep the shared list short
     paths[:] = list(dict.fromkeys(paths))
-    return session.client("s3", endpoint_url=settings.endpoint_url, config=config)
+    client = session.client("s3", endpoint_url=settings.endpoint_url, config=config, **settings.options.client_kwargs())
+    return settings.options.prepare(client)
 
 
 _data_loader: Any = None
