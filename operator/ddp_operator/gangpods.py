@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from ddp_operator.failures import PodProblem, RankFailure, describe_problems
-from ddp_operator.podstate import PodView, is_ready, node_lost, rank_failure, rank_problem
+from ddp_operator.podstate import PodView, node_lost, rank_failure, rank_problem
 
 
 @dataclass(frozen=True)
@@ -84,17 +84,19 @@ class GangPods:
         return describe_problems(self.problems, "rank" if self.ranks_per_pod == 1 else "pod")
 
 
-def in_gang(pods: Iterable[PodView], window: AttemptWindow, members: Collection[int] | None) -> list[PodView]:
-    """The gang's current pods, those being deleted included."""
-    wanted = None if members is None else frozenset(members)
-    return [p for p in pods if window.holds(p) and (wanted is None or p.index in wanted)]
+def in_gang(current: Iterable[PodView], members: Collection[int] | None) -> list[PodView]:
+    """The gang's pods of `current` (the pods the attempt window holds), those being deleted included."""
+    if members is None:
+        return list(current)
+    wanted = frozenset(members)
+    return [p for p in current if p.index in wanted]
 
 
-def summarize_gang(pods: Sequence[PodView], gang: Sequence[PodView], window: AttemptWindow, *, job_name: str,
-                   lost_nodes: Mapping[str, str], ranks_per_pod: int, members: Sequence[int] | None,
-                   more_failures: Iterable[RankFailure] = ()) -> GangPods:
-    """What the pods say of the gang (`gang`: in_gang of `pods`); more_failures: those a restart mode
-    reads besides the pods' own."""
+def summarize_gang(pods: Sequence[PodView], current: Sequence[PodView], gang: Sequence[PodView],
+                   window: AttemptWindow, *, job_name: str, lost_nodes: Mapping[str, str], ranks_per_pod: int,
+                   members: Sequence[int] | None, more_failures: Iterable[RankFailure] = ()) -> GangPods:
+    """What the pods say of the gang (`current`: those of `pods` the window holds; `gang`: in_gang of
+    those); more_failures: those a restart mode reads besides the pods' own."""
     live = [p for p in gang if not p.deleting]
     states = Counter(p.state for p in live)
     lost = [p for p in gang if p.node in lost_nodes and p.active]
@@ -105,15 +107,16 @@ def summarize_gang(pods: Sequence[PodView], gang: Sequence[PodView], window: Att
     # when no peer failed for a reason of its own (finishedAt has 1 s resolution: ties are common).
     failures.sort(key=lambda f: (f.is_echo, f.finished_at or "", f.rank))
     problems = [found for p in live if p.state == "pending" and (found := rank_problem(p.pod, _index(p)))]
+    current_ids = {id(p) for p in current}  # the same views as in `pods`
     return GangPods(
         attempt=window.attempt,
         job_name=job_name or next((p.job for p in pods if p.job), ""),
         pending=states["pending"], running=states["running"], succeeded=states["succeeded"], failed=states["failed"],
-        ready=sum(1 for p in live if p.state == "running" and is_ready(p.pod)),
+        ready=sum(1 for p in live if p.state == "running" and p.ready),
         live_indices=frozenset(_index(p) for p in live),
         active_pods=tuple(sorted(p.name for p in live if p.active)),
         finished_pods=tuple(sorted(p.name for p in live if not p.active)),
-        stale_pods=tuple(sorted(p.name for p in pods if not p.deleting and not window.holds(p))),
+        stale_pods=tuple(sorted(p.name for p in pods if not p.deleting and id(p) not in current_ids)),
         taken_indices=frozenset(p.index for p in pods if p.index is not None),
         failure=replace(failures[0], ranks_per_pod=ranks_per_pod) if failures else None,
         problems=tuple(sorted(problems, key=lambda p: p.index)),

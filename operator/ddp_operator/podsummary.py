@@ -72,10 +72,12 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
     lost_nodes = lost_nodes or {}
     views = [PodView.of(pod) for pod in pods]
     window = AttemptWindow.of(attempt, since, replaced)
-    gang_pods = in_gang(views, window, members)
+    current = [v for v in views if window.holds(v)]
+    gang_pods = in_gang(current, members)
     live = [p for p in gang_pods if not p.deleting]
-    gang = summarize_gang(views, gang_pods, window, job_name=job_name, lost_nodes=lost_nodes, ranks_per_pod=ranks_per_pod,
-                          members=members, more_failures=inplace.process_failures(live, process_failures, attempt))
-    waiting = elastic.waiting_pods(views, window, members, lost_nodes) if members is not None else elastic.WaitingPods()
+    gang = summarize_gang(views, current, gang_pods, window, job_name=job_name, lost_nodes=lost_nodes,
+                          ranks_per_pod=ranks_per_pod, members=members,
+                          more_failures=inplace.process_failures(live, process_failures, attempt))
+    waiting = elastic.waiting_pods(current, members, lost_nodes) if members is not None else elastic.WaitingPods()
     return PodSummary(**{f.name: getattr(gang, f.name) for f in fields(gang)},
                       kept=inplace.kept_pods(live, attempt), waiting=waiting)

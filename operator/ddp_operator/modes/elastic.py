@@ -26,7 +26,7 @@ from ddp_contract import api
 from ddp_contract.timestamps import parse_rfc3339, rfc3339
 from ddp_operator import constants as c
 from ddp_operator.failures import PodProblem
-from ddp_operator.gangpods import AttemptWindow, GangPods
+from ddp_operator.gangpods import GangPods
 from ddp_operator.manifests import pod_name
 from ddp_operator.podstate import PodView, rank_problem
 from ddp_operator.spec import JobSpec
@@ -53,10 +53,10 @@ class WaitingPods:
                            tuple(p for p in self.problems if p.index not in gone))
 
 
-def waiting_pods(pods: Iterable[PodView], window: AttemptWindow, members: Sequence[int],
-                 lost_nodes: Mapping[str, str]) -> WaitingPods:
+def waiting_pods(current: Iterable[PodView], members: Sequence[int], lost_nodes: Mapping[str, str]) -> WaitingPods:
+    """The pods of `current` (those the attempt window holds) outside the gang's `members`."""
     gang = frozenset(members)
-    apart = [p for p in pods if window.holds(p) and p.index not in gang and not p.deleting]
+    apart = [p for p in current if p.index not in gang and not p.deleting]
     ended = [p for p in apart if not p.active or p.node in lost_nodes]
     waiting = [p for p in apart if p.active and p.node not in lost_nodes]
     problems = [found for p in waiting if p.state != "running" and p.index is not None

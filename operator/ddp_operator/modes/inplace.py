@@ -17,7 +17,7 @@ from ddp_operator import constants as c
 from ddp_operator.conditions import get_condition
 from ddp_operator.failures import RankFailure, last_lines
 from ddp_operator.gangpods import GangPods
-from ddp_operator.podstate import PodView, exit_reason, running_since
+from ddp_operator.podstate import PodView, exit_reason
 from ddp_operator.spec import JobSpec
 
 # How long a failed job waits for the pod of a rank process that failed in place to end by itself.
@@ -34,7 +34,7 @@ class KeptPods:
 
 def kept_pods(live: Iterable[PodView], attempt: int) -> KeptPods:
     live = list(live)
-    starts = [started for p in live if p.state == "running" and (started := running_since(p.pod))]
+    starts = [p.started for p in live if p.state == "running" and p.started]
     return KeptPods(carried=tuple(sorted(p.name for p in live if p.attempt is not None and p.attempt < attempt)),
                     last_started=max(starts) if starts else None)
 
