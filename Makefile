@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 
 BENCH_ARGS ?=
 
-.PHONY: demo example images bench-data bench-learning bench-printscan bench-command bench-dataworkers bench-train bench-operator bench-real-node bench-elastic chart-check crds lint test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
+.PHONY: demo example images bench-data bench-checkpoint bench-learning bench-printscan bench-command bench-dataworkers bench-train bench-operator bench-real-node bench-elastic chart-check crds lint test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
 
 demo:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/demo.py
@@ -20,7 +20,7 @@ example:
 # build, which imports them into the node, then finds them made).
 test:
 	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $(KUEUE) build && images/build.sh build && \
-	  $$venv/bin/python -m pytest $(PYTEST_ARGS)
+	  $$venv/bin/python localcluster/s3server.py build && $$venv/bin/python -m pytest $(PYTEST_ARGS)
 
 # ruff (lint, import order), mypy (types) and import-linter (the operator never imports the runtime).
 lint:
@@ -28,10 +28,15 @@ lint:
 	  PYTHONPATH=contract:operator:images/trainer:client $$venv/bin/lint-imports
 
 test-unit:
-	@venv=$$(scripts/venv.sh) && $$venv/bin/python -m pytest -m "not cluster and not images" $(PYTEST_ARGS)
+	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/s3server.py build && $$venv/bin/python -m pytest -m "not cluster and not images" $(PYTEST_ARGS)
 
 bench-data:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python benchmarks/bench_data.py $(BENCH_ARGS)
+
+# Checkpoint save and load against the real S3 server, next to s3torchconnector and DCP.
+bench-checkpoint:
+	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/s3server.py build && \
+	  $$venv/bin/python benchmarks/bench_checkpoint.py $(BENCH_ARGS)
 
 # Every learning test's workload at several seeds and thread counts, its worst outcome next to the test's bar.
 bench-learning:

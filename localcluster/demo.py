@@ -2,7 +2,7 @@
 
 1. the local control plane (a no-op when it is up) and `make images` (both images built if their
    sources changed, and loaded into the real node's containerd);
-2. an S3 server (moto) on the real node's bridge gateway, where the pods reach it, with a small
+2. a real S3 server (SeaweedFS, s3server.py) on the real node's bridge gateway, where the pods reach it, with a small
    generated image dataset, and the `ddp-demo` namespace with the S3 credentials Secret;
 3. `helm install` of charts/ into that namespace, serving it only: the operator runs as the chart's
    pod, from its image, under the chart's RBAC;
@@ -35,6 +35,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "examples"))  # run as a script from the source tree: datagen is the examples' image maker
 import datagen  # noqa: E402
+import s3server  # noqa: E402 - localcluster/, beside this file
 
 CLUSTER = REPO / "localcluster" / "cluster.sh"
 JOB_FILE = REPO / "examples" / "ddpjob-demo.yaml"
@@ -171,8 +172,26 @@ def start_control_plane() -> None:
 
 
 @contextmanager
-def s3_server(port: int = S3_PORT, buckets: tuple[str, ...] = (), host: str = "127.0.0.1") -> Iterator[str]:
-    """A moto S3 server on `host`:`port` (0: any free port) with `buckets`; yields its endpoint."""
+def s3_server(port: int = S3_PORT, buckets: tuple[str, ...] = (), host: str = "127.0.0.1",
+              kind: str | None = None) -> Iterator[str]:
+    """A real S3 server (SeaweedFS, s3server.py) on `host`:`port` (0: any free port) with `buckets`,
+    checking signatures against ACCESS_KEY/SECRET_KEY; yields its endpoint. `kind` "moto" (or
+    $DDP_S3_SERVER=moto): moto's emulation instead, for a test that needs what a real server cannot
+    do, which says why."""
+    kind = kind or os.environ.get("DDP_S3_SERVER") or "seaweedfs"
+    if kind not in ("seaweedfs", "moto"):
+        raise ValueError(f"DDP_S3_SERVER={kind!r}: the S3 server is seaweedfs or moto")
+    server = s3server.seaweedfs(ACCESS_KEY, SECRET_KEY, host, port) if kind == "seaweedfs" else moto_server(host, port)
+    with server as endpoint:
+        s3 = s3_client(endpoint)
+        for bucket in buckets:
+            s3.create_bucket(Bucket=bucket)
+        yield endpoint
+
+
+@contextmanager
+def moto_server(host: str, port: int) -> Iterator[str]:
+    """moto's S3 emulation in this process, on `host`:`port` (0: any free port)."""
     import logging
 
     from moto.server import ThreadedMotoServer
@@ -181,12 +200,8 @@ def s3_server(port: int = S3_PORT, buckets: tuple[str, ...] = (), host: str = "1
     server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
     server.start()
     try:
-        host, bound = server.get_host_and_port()
-        endpoint = f"http://{host}:{bound}"
-        s3 = s3_client(endpoint)
-        for bucket in buckets:
-            s3.create_bucket(Bucket=bucket)
-        yield endpoint
+        bound_host, bound = server.get_host_and_port()
+        yield f"http://{bound_host}:{bound}"
     finally:
         server.stop()
 

@@ -2,7 +2,7 @@
 cluster's real node, as `make demo` runs the main job.
 
 1. the local control plane and `make images` (the examples' trainers are in the trainer image);
-2. an S3 server (moto) on the real node's bridge gateway with the buckets the example's
+2. a real S3 server (SeaweedFS, s3server.py) on the real node's bridge gateway with the buckets the example's
    `s3.dataset` and `s3.results` name;
 3. the example's data step, as a user runs it: `python examples/<name>/data.py <s3.dataset>`;
 4. `helm install` of charts/ into namespace ddp-example-<name>, serving it only, and

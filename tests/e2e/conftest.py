@@ -1,4 +1,4 @@
-"""End-to-end fixtures: an S3 server (moto on loopback) holding a small image dataset, and the pod
+"""End-to-end fixtures: an S3 server (SeaweedFS on loopback) holding a small image dataset, and the pod
 runner that plays the kubelet by running each rank as a local process."""
 
 from __future__ import annotations

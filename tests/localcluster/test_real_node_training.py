@@ -41,7 +41,7 @@ ELASTIC_EPOCHS = 12  # 96 samples: 6 steps an epoch at 4 ranks, 12 at 2
 
 @pytest.fixture(scope="module")
 def s3_on_the_bridge(real_node: client.V1Node) -> Iterator[str]:
-    """A moto S3 server on the node's bridge address, where the ranks' containers reach it."""
+    """The S3 server on the node's bridge address, where the ranks' containers reach it."""
     with demo.s3_server(0, buckets=(BUCKET,), host=node_address(real_node)) as endpoint:
         yield endpoint
 

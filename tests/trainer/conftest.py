@@ -1,4 +1,4 @@
-"""Fixtures for the trainer runtime tests: a real S3 server (moto) on loopback, rank launchers.
+"""Fixtures for the trainer runtime tests: a real S3 server (SeaweedFS) on loopback, rank launchers.
 
 The helpers the tests import by name are in trainerhelp.py (a plain module).
 """
@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # trainerhelp, ddp_wor
 
 from trainerhelp import ACCESS_KEY, SECRET_KEY
 
-import demo  # localcluster/demo.py: its S3 server (moto on loopback)
+import demo  # localcluster/demo.py: its S3 server
 
 
 @pytest.fixture(scope="session")
@@ -45,9 +45,15 @@ def s3_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
 
 @pytest.fixture
-def bucket(s3_env: dict[str, str]) -> str:
+def bucket(s3_env: dict[str, str]) -> Iterator[str]:
     from ddp_trainer.storage import s3
 
     name = f"test-{uuid.uuid4().hex[:12]}"
     s3.client().create_bucket(Bucket=name)
-    return name
+    yield name
+    # Each bucket is a collection with a volume of its own on the server: hundreds of tests would fill it.
+    try:
+        s3.delete_keys(name, [key for key, _ in s3.list_objects(s3.S3Url(name, ""))])
+        s3.client().delete_bucket(Bucket=name)
+    except Exception as error:  # noqa: BLE001 - a test that changed the S3 settings; the server goes anyway
+        print(f"bucket {name} left on the test server: {error}")

@@ -35,6 +35,7 @@ def test_the_same_through_a_store_that_refuses_boto3_s_new_checksums(
         monkeypatch.setenv(envnames.S3_ENDPOINT, endpoint)  # the test's own reads and make_shards too
         s3.reset_clients()
         train_resume_and_read_shards(tmp_path, bucket, {**s3_env, envnames.S3_ENDPOINT: endpoint})
+    monkeypatch.setenv(envnames.S3_ENDPOINT, s3_env[envnames.S3_ENDPOINT])
     s3.reset_clients()
     assert store.refused == [] and store.forwarded > 50, (store.refused, store.forwarded)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from PIL import Image
 
+import demo  # localcluster/demo.py
 from ddp_trainer.storage import s3
 
 HERE = Path(__file__).resolve().parent
@@ -23,8 +24,7 @@ TRAINER_SRC = ROOT / "images" / "trainer"
 CONTRACT_SRC = ROOT / "contract"
 EXAMPLES = ROOT / "examples" / "trainer"
 
-ACCESS_KEY = "testing-key"
-SECRET_KEY = "testing-secret"
+ACCESS_KEY, SECRET_KEY = demo.ACCESS_KEY, demo.SECRET_KEY  # the key pair the test S3 server checks
 
 
 class FakeClock:

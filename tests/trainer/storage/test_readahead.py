@@ -1,4 +1,4 @@
-"""Ranged, parallel reads of one S3 object (ReadAhead) against the moto server on loopback."""
+"""Ranged, parallel reads of one S3 object (ReadAhead) against the test S3 server on loopback."""
 
 from __future__ import annotations
 

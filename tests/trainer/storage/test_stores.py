@@ -26,6 +26,7 @@ def strict(s3_env: dict[str, str], bucket: str, monkeypatch: pytest.MonkeyPatch)
         monkeypatch.setenv(envnames.S3_ENDPOINT, endpoint)
         s3.reset_clients()
         yield store
+    monkeypatch.setenv(envnames.S3_ENDPOINT, s3_env[envnames.S3_ENDPOINT])  # the bucket goes through the server
     s3.reset_clients()
 
 
