@@ -1,0 +1,182 @@
+"""Checkpoint save and load against a real S3 server, next to what users would pick instead (not a test;
+`make bench-checkpoint`).
+
+One state dict of --size-mb (eight float32 tensors) is saved and loaded, in this process, by:
+- ours: the runtime's CheckpointManager, synchronous and asynchronous save (the training thread's
+  stall shown apart), load_latest();
+- s3torchconnector's S3Checkpoint: torch.save into its writer, torch.load from its reader;
+- torch.distributed.checkpoint (DCP) with s3torchconnector's S3StorageWriter/S3StorageReader (its S3
+  storage layer; fsspec's would need s3fs, whose aiobotocore pins a botocore older than ours);
+- the ceiling: the same bytes as one object through boto3's multipart upload and as parallel ranged
+  GETs (the runtime's ReadAhead), no serialisation at all.
+
+S3 is SeaweedFS on loopback (localcluster/s3server.py), or DDP_S3_ENDPOINT with AWS_* credentials.
+Each row runs --repeat times; the best is kept. MB/s is the state dict's bytes over the wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sys
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO / p) for p in ("localcluster", "contract", "images/trainer")]
+import demo  # noqa: E402
+from ddp_contract import envnames  # noqa: E402
+
+REGION = "us-east-1"
+
+
+@contextmanager
+def s3_endpoint() -> Iterator[str]:
+    given = os.environ.get(envnames.S3_ENDPOINT)
+    if given:
+        yield given
+        return
+    with demo.s3_server(0) as endpoint:
+        os.environ.update({envnames.S3_ENDPOINT: endpoint, envnames.S3_REGION: REGION,
+                           "AWS_ACCESS_KEY_ID": demo.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": demo.SECRET_KEY})
+        yield endpoint
+
+
+def best(repeat: int, run: Callable[[], float]) -> float:
+    return min(run() for _ in range(repeat))
+
+
+def timed(fn: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def ceiling(state: dict[str, object], bucket: str, repeat: int, row: Callable[[str, float], None]) -> None:
+    """The state dict's bytes as one object: boto3's multipart PUT, then parallel ranged GETs."""
+    from ddp_trainer.storage import s3
+    from ddp_trainer.storage.readahead import open_readahead
+
+    raw = b"".join(t.numpy().tobytes() for t in state.values())  # type: ignore[attr-defined]
+    url = s3.S3Url(bucket, "raw/blob")
+    row("ceiling: boto3 multipart PUT", best(repeat, lambda: timed(lambda: s3.upload_fileobj(io.BytesIO(raw), url))))
+
+    def read_all() -> None:
+        with open_readahead(url) as reader:
+            while reader.read(64 * 1024 * 1024):
+                pass
+
+    row("ceiling: ranged GETs (ReadAhead)", best(repeat, lambda: timed(read_all)))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size-mb", type=int, default=1024)
+    parser.add_argument("--repeat", type=int, default=2)
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # DCP in one process, as meant
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from s3torchconnector import S3Checkpoint, S3ClientConfig
+    from s3torchconnector._s3client import S3Client
+    from s3torchconnector.dcp import S3FileSystem, S3StorageReader, S3StorageWriter
+
+    from ddp_trainer.storage import s3
+    from ddp_trainer.storage.checkpoint import CheckpointManager
+
+    state = {f"layer{i}": torch.randn(args.size_mb * 1024 * 1024 // 4 // 8) for i in range(8)}
+    size = sum(t.numel() * t.element_size() for t in state.values())
+    rows: list[tuple[str, float, str]] = []
+
+    def row(name: str, seconds: float, note: str = "") -> None:
+        rows.append((name, size / 1e6 / seconds, note))
+        print(f"{name:<34} {size / 1e6 / seconds:>8.1f} MB/s  ({seconds:.2f} s){'  ' + note if note else ''}", flush=True)
+
+    with s3_endpoint() as endpoint:
+        bucket = f"bench-ckpt-{uuid.uuid4().hex[:8]}"
+        s3.reset_clients()
+        s3.client().create_bucket(Bucket=bucket)
+        print(f"== {size / 1e6:.0f} MB state dict; endpoint {endpoint}, bucket {bucket}; torch {torch.__version__}",
+              flush=True)
+        config = S3ClientConfig(force_path_style=True)
+
+        ceiling(state, bucket, args.repeat, row)
+
+        for mode in ("sync", "async"):
+            stalls: list[float] = []
+
+            def save(mode: str = mode) -> float:
+                manager = CheckpointManager(s3.S3Url(bucket, f"ours-{mode}-{uuid.uuid4().hex[:6]}"), keep=1,
+                                            async_save=mode == "async", rank=0)
+                started = time.perf_counter()
+                manager.save(1, state)
+                stalls.append(time.perf_counter() - started)
+                manager.wait()
+                total = time.perf_counter() - started
+                manager.close()
+                return total
+
+            row(f"ours: save {mode}", best(args.repeat, save), f"training stalled {min(stalls):.2f} s")
+        prefix = s3.S3Url(bucket, "ours-load")
+        CheckpointManager(prefix, rank=0).save(1, state)
+
+        def load_ours() -> float:
+            started = time.perf_counter()
+            loaded = CheckpointManager(prefix, rank=0).load_latest()
+            elapsed = time.perf_counter() - started
+            assert loaded is not None and torch.equal(loaded.state["layer0"], state["layer0"])
+            return elapsed
+
+        row("ours: load", best(args.repeat, load_ours))
+
+        checkpoint = S3Checkpoint(region=REGION, endpoint=endpoint, s3client_config=config)
+        uri = f"s3://{bucket}/s3torch/model.pt"
+
+        def save_s3torch() -> None:
+            with checkpoint.writer(uri) as writer:
+                torch.save(state, writer)
+
+        def load_s3torch() -> None:
+            with checkpoint.reader(uri) as reader:
+                loaded = torch.load(reader, weights_only=True)
+            assert torch.equal(loaded["layer0"], state["layer0"])
+
+        row("s3torchconnector S3Checkpoint: save", best(args.repeat, lambda: timed(save_s3torch)))
+        row("s3torchconnector S3Checkpoint: load", best(args.repeat, lambda: timed(load_s3torch)))
+
+        def dcp_fs() -> S3FileSystem:
+            return S3FileSystem(REGION, s3_client=S3Client(REGION, endpoint=endpoint, s3client_config=config))
+
+        def save_dcp() -> None:
+            writer = S3StorageWriter(REGION, f"s3://{bucket}/dcp", s3client_config=config, thread_count=8, overwrite=True)
+            writer.fs = dcp_fs()
+            dcp.save(state, storage_writer=writer)
+
+        def load_dcp() -> None:
+            target = {k: torch.empty_like(v) for k, v in state.items()}
+            reader = S3StorageReader(REGION, f"s3://{bucket}/dcp", s3client_config=config)
+            reader.fs = dcp_fs()
+            dcp.load(target, storage_reader=reader)
+            assert torch.equal(target["layer0"], state["layer0"])
+
+        row("DCP + S3StorageWriter (8 threads)", best(args.repeat, lambda: timed(save_dcp)))
+        row("DCP + S3StorageReader", best(args.repeat, lambda: timed(load_dcp)))
+
+    by = {name: rate for name, rate, _ in rows}
+    for kind, ours, theirs in (("save", "ours: save sync", ("s3torchconnector S3Checkpoint: save",
+                                                            "DCP + S3StorageWriter (8 threads)")),
+                               ("load", "ours: load", ("s3torchconnector S3Checkpoint: load", "DCP + S3StorageReader"))):
+        fastest = max(theirs, key=lambda name: by[name])
+        print(f"{kind}: ours {by[ours]:.0f} MB/s = {by[ours] / by[fastest]:.2f}x the fastest alternative ({fastest}, "
+              f"{by[fastest]:.0f} MB/s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
