@@ -69,6 +69,21 @@ def weed() -> Path:
     return binary
 
 
+def make_certificate(folder: Path, host: str) -> tuple[Path, Path, Path]:
+    """A CA of its own and a server certificate for the IP address `host`, signed by it, made with
+    openssl in `folder`: (certificate, key, CA certificate)."""
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+            "-subj", "/CN=ddp-operator test S3 CA")
+    openssl("req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", "tls.key", "-out", "tls.csr", "-subj", f"/CN={host}")
+    (folder / "tls.ext").write_text(f"subjectAltName=IP:{host}\nextendedKeyUsage=serverAuth\n")
+    openssl("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2",
+            "-out", "tls.crt", "-extfile", "tls.ext")
+    return folder / "tls.crt", folder / "tls.key", folder / "ca.crt"
+
+
 def free_ports(host: str, count: int) -> list[int]:
     """`count` distinct ports free on `host` now (held open together while chosen)."""
     with ExitStack() as stack:
@@ -89,8 +104,10 @@ def s3_config(access_key: str, secret_key: str) -> dict[str, object]:
 
 
 @contextmanager
-def seaweedfs(access_key: str, secret_key: str, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """A SeaweedFS S3 server on `host`:`port` (0: a free port); yields its endpoint once it takes writes."""
+def seaweedfs(access_key: str, secret_key: str, host: str = "127.0.0.1", port: int = 0,
+              tls: tuple[Path, Path, Path] | None = None) -> Iterator[str]:
+    """A SeaweedFS S3 server on `host`:`port` (0: a free port); yields its endpoint once it takes writes.
+    `tls` (certificate, key, the CA that signed it): it serves https with that certificate."""
     binary = weed()
     folder = Path(tempfile.mkdtemp(prefix="ddp-s3-"))
     proc: subprocess.Popen[bytes] | None = None
@@ -109,12 +126,13 @@ def seaweedfs(access_key: str, secret_key: str, host: str = "127.0.0.1", port: i
                 f"-filer.port.grpc={filer_grpc}", f"-filer.localSocket={folder / 'filer.sock'}",
                 "-s3", f"-s3.port={port}", f"-s3.port.grpc={s3_grpc}", f"-s3.config={folder / 's3.json'}",
                 "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.localSocket={folder / 's3.sock'}",
-                "-s3.allowDeleteBucketNotEmpty=true", "-s3.autoCreateBucket=false"]  # as AWS: NoSuchBucket
+                "-s3.allowDeleteBucketNotEmpty=true", "-s3.autoCreateBucket=false",  # as AWS: NoSuchBucket
+                *([f"-s3.cert.file={tls[0]}", f"-s3.key.file={tls[1]}"] if tls else [])]
         with open(folder / "weed.log", "wb") as log:
             proc = subprocess.Popen(args, cwd=folder, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     preexec_fn=_die_with_parent)
-        endpoint = f"http://{host}:{port}"
-        _wait_until_writable(endpoint, access_key, secret_key, proc, folder / "weed.log")
+        endpoint = f"{'https' if tls else 'http'}://{host}:{port}"
+        _wait_until_writable(endpoint, access_key, secret_key, proc, folder / "weed.log", str(tls[2]) if tls else None)
         yield endpoint
     finally:
         if proc is not None:
@@ -130,14 +148,14 @@ def seaweedfs(access_key: str, secret_key: str, host: str = "127.0.0.1", port: i
 
 
 def _wait_until_writable(endpoint: str, access_key: str, secret_key: str, proc: subprocess.Popen[bytes],
-                         log: Path) -> None:
+                         log: Path, ca: str | None) -> None:
     """Until a bucket can be made, written, read and removed: the volume server has joined the master."""
     import boto3
     from botocore.config import Config
 
     client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=access_key, aws_secret_access_key=secret_key,
-                          region_name="us-east-1", config=Config(retries={"max_attempts": 1}, connect_timeout=2,
-                                                                 read_timeout=10))
+                          region_name="us-east-1", verify=ca, config=Config(retries={"max_attempts": 1},
+                                                                            connect_timeout=2, read_timeout=10))
     probe = f"ddp-ready-{uuid.uuid4().hex[:8]}"
     deadline = time.monotonic() + START_SECONDS
     last: Exception | None = None

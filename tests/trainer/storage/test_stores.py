@@ -7,11 +7,16 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+import demo
+import s3server
+from ddp_client.store import ResultsPrefix, S3Access
 from ddp_contract import envnames
-from ddp_trainer.errors import TrainerError
+from ddp_trainer.errors import ExitCode, StorageError, TrainerError
+from ddp_trainer.runtime.rankexit import classify
 from ddp_trainer.storage import s3
 from ddp_trainer.storage.readahead import open_readahead
 from strictstore import StrictStore, strict_store
@@ -52,3 +57,27 @@ def test_objects_multipart_uploads_ranged_reads_listing_and_batch_deletes_go_thr
     s3.delete_keys(bucket, ["run/checkpoint.pt", "run/small.json"])
     assert list(s3.list_objects(s3.S3Url(bucket, "run"))) == []
     assert strict.refused == [] and strict.forwarded >= 9
+
+
+def test_an_https_store_signed_by_a_private_ca_is_trusted_through_its_ca_bundle(
+        s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """spec.s3.caBundle mounts the file DDP_S3_CA_BUNDLE names: without it the store's certificate is
+    refused; with it the runtime's and the client's clients write and read."""
+    tls = s3server.make_certificate(tmp_path, "127.0.0.1")
+    with s3server.seaweedfs(demo.ACCESS_KEY, demo.SECRET_KEY, tls=tls) as endpoint:
+        monkeypatch.setenv(envnames.S3_ENDPOINT, endpoint)
+        s3.reset_clients()
+        with pytest.raises(StorageError, match="CERTIFICATE_VERIFY_FAILED.*spec.s3.caBundle \\(DDP_S3_CA_BUNDLE\\)") as refused:
+            s3.put_bytes(s3.S3Url("private-ca", "x"), b"x")
+        assert classify(refused.value) == ExitCode.USER_ERROR  # not retried as the infrastructure's
+        monkeypatch.setenv(envnames.S3_CA_BUNDLE, str(tls[2]))
+        s3.reset_clients()
+        s3.client().create_bucket(Bucket="private-ca")
+        url = s3.S3Url("private-ca", "runs/ns/job/results/model.pt")
+        s3.upload_fileobj(io.BytesIO(b"weights" * 1000), url)
+        access = S3Access(endpoint=endpoint, access_key_id=demo.ACCESS_KEY, secret_access_key=demo.SECRET_KEY,
+                          ca_bundle=str(tls[2]))
+        assert ResultsPrefix(access, "s3://private-ca/runs", "ns", "job").get("results/model.pt") == b"weights" * 1000
+    monkeypatch.setenv(envnames.S3_ENDPOINT, s3_env[envnames.S3_ENDPOINT])
+    monkeypatch.delenv(envnames.S3_CA_BUNDLE)
+    s3.reset_clients()

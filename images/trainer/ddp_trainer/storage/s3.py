@@ -149,7 +149,7 @@ def _endpoint(s3: Any) -> str:
 
 def translate(exc: BaseException, url: S3Url | str, action: str, s3: Any = None) -> TrainerError:
     """Turn a botocore exception into a runtime error naming the object and the cause."""
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, SSLError
 
     where = f"{action} {url}"
     if isinstance(exc, ClientError):
@@ -169,6 +169,9 @@ def translate(exc: BaseException, url: S3Url | str, action: str, s3: Any = None)
         return StorageError(f"{where}: {code or 'error'}: {exc}")
     if isinstance(exc, NoCredentialsError):
         return StorageError(f"{where}: no S3 credentials; set {envnames.AWS_ACCESS_KEY_ID}/{envnames.AWS_SECRET_ACCESS_KEY}")
+    if isinstance(exc, SSLError) and "CERTIFICATE_VERIFY_FAILED" in str(exc):  # retrying will not help
+        return StorageError(f"{where}: the certificate of S3 endpoint {_endpoint(s3)} is not trusted ({exc}); for a "
+                            f"private CA give its certificates as spec.s3.caBundle ({envnames.S3_CA_BUNDLE})")
     if isinstance(exc, BotoCoreError):
         return StorageUnavailableError(f"{where}: S3 endpoint {_endpoint(s3)} unreachable: {exc}")
     return StorageUnavailableError(f"{where}: {type(exc).__name__}: {exc}")
