@@ -29,10 +29,12 @@ in a child process on loopback, once per --link-mbps value (a "regime"):
        network bounds the ceiling, as on a cluster; measured with the --workers counts above 0 only
 The benchmark's moto keeps each object as one bytes object, so that a ranged GET costs the server what
 it serves (stock moto reads the whole object for every range).
+With --server seaweedfs (unpaced only) the server is the real one the tests use (SeaweedFS,
+localcluster/s3server.py) instead.
 
     python benchmarks/bench_data.py [--samples 20000] [--image-kb 16] [--shard-samples 1000]
         [--workers 0,4] [--link-mbps 0,50] [--link-latency-ms 20] [--repeat 2] [--decoded]
-        [--size-mb 1024] [--only shards-stream,webdataset] [--json out.json]
+        [--size-mb 1024] [--only shards-stream,webdataset] [--server moto|seaweedfs] [--json out.json]
 """
 
 from __future__ import annotations
@@ -144,10 +146,14 @@ def environment(**values: str) -> Iterator[None]:
 
 
 @contextmanager
-def s3_endpoint(link_mbps: float = 0, latency_ms: float = 0) -> Iterator[str]:
+def s3_endpoint(link_mbps: float = 0, latency_ms: float = 0, server_kind: str = "moto") -> Iterator[str]:
     global server_pid
     if os.environ.get(envnames.S3_ENDPOINT):
         yield os.environ[envnames.S3_ENDPOINT]
+        return
+    if server_kind == "seaweedfs":
+        with seaweedfs_endpoint() as endpoint:
+            yield endpoint
         return
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -175,6 +181,20 @@ def s3_endpoint(link_mbps: float = 0, latency_ms: float = 0) -> Iterator[str]:
         server.wait(10)
         server_pid = None
         s3.reset_clients()
+
+
+@contextmanager
+def seaweedfs_endpoint() -> Iterator[str]:
+    """The real S3 server (localcluster/s3server.py), unpaced; its CPU is not counted."""
+    sys.path.insert(0, os.path.join(REPO, "localcluster"))
+    import demo
+
+    with demo.s3_server(0) as endpoint:
+        credentials = {envnames.AWS_ACCESS_KEY_ID: demo.ACCESS_KEY, envnames.AWS_SECRET_ACCESS_KEY: demo.SECRET_KEY}
+        with environment(**{envnames.S3_ENDPOINT: endpoint, **credentials}):
+            s3.reset_clients()
+            yield endpoint
+    s3.reset_clients()
 
 
 def server_cpu() -> float:
@@ -550,20 +570,24 @@ def main() -> int:
                         help="regimes: 0 for the unpaced local server, N to pace each of its responses to N MB/s like one "
                              "connection to a remote S3, so that the network and not this machine's shared CPU bounds "
                              "the ceiling")
+    parser.add_argument("--server", choices=("moto", "seaweedfs"), default="moto",
+                        help="the local S3 server: this benchmark's moto (which can pace its responses) or the real "
+                             "one the tests use (unpaced only: --link-mbps 0)")
     parser.add_argument("--link-latency-ms", type=float, default=20,
                         help="in the paced regimes: time to first byte of each response")
     args = parser.parse_args()
     results: list[dict[str, Any]] = []
-    if any(args.link_mbps) and os.environ.get(envnames.S3_ENDPOINT):
-        parser.error(f"--link-mbps paces the local S3 server; with {envnames.S3_ENDPOINT} set, pass --link-mbps 0")
+    if any(args.link_mbps) and (os.environ.get(envnames.S3_ENDPOINT) or args.server == "seaweedfs"):
+        parser.error(f"--link-mbps paces this benchmark's moto; with {envnames.S3_ENDPOINT} set or --server seaweedfs, "
+                     "pass --link-mbps 0")
     for link_mbps in [] if args.skip_readers else args.link_mbps:
-        with s3_endpoint(link_mbps, args.link_latency_ms if link_mbps else 0) as endpoint:
+        with s3_endpoint(link_mbps, args.link_latency_ms if link_mbps else 0, args.server) as endpoint:
             bucket = make_bucket(args.bucket)
             print(f"\n== {regime(link_mbps, args.link_latency_ms)}: endpoint {endpoint}, bucket {bucket}", flush=True)
             bench_readers(bucket, args, link_mbps, results)
         verdict(results, link_mbps, args.link_latency_ms)
     if args.size_mb:
-        with s3_endpoint() as endpoint:
+        with s3_endpoint(server_kind=args.server) as endpoint:
             bucket = make_bucket(args.bucket)
             print(f"\n== checkpoints: endpoint {endpoint}, bucket {bucket}", flush=True)
             bench_checkpoint(bucket, args.size_mb, results)
