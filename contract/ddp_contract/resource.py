@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .api import STATUS_CHECKPOINT_REQUESTED, STATUS_MEMBERS, members_of
+from .api import STATUS_CHECKPOINT_REQUESTED, STATUS_MEMBERS, STATUS_PROCESS_FAILURES, members_of
 
 # status fields the operator writes and the runtime and the client read.
 STATUS_PHASE: Final = "phase"
@@ -20,6 +20,11 @@ STATUS_RENDEZVOUS: Final = "rendezvous"  # {attempt, ...}: rank 0 says the attem
 STATUS_LAST_CHECKPOINT: Final = "lastCheckpoint"  # {uri, step, ...}: the job's newest committed checkpoint
 STATUS_FAILED_RANK: Final = "failedRank"  # the failure that ended or restarted the last attempt
 STATUS_RESTARTS: Final = "restarts"
+STATUS_REASON: Final = "reason"
+STATUS_MESSAGE: Final = "message"
+STATUS_START_TIME: Final = "startTime"  # when the job (last) started running; suspension clears it
+STATUS_COMPLETION_TIME: Final = "completionTime"
+STATUS_CONDITIONS: Final = "conditions"
 
 JobKey = tuple[str, str]  # (namespace, name)
 
@@ -67,6 +72,53 @@ class JobStatus:
         return phase if isinstance(phase, str) and phase else None
 
     @property
+    def reason(self) -> str:
+        return _text(self.raw.get(STATUS_REASON)) or ""
+
+    @property
+    def message(self) -> str:
+        return _text(self.raw.get(STATUS_MESSAGE)) or ""
+
+    @property
+    def start_time(self) -> str | None:
+        return _text(self.raw.get(STATUS_START_TIME))
+
+    @property
+    def completion_time(self) -> str | None:
+        return _text(self.raw.get(STATUS_COMPLETION_TIME))
+
+    @property
+    def attempt_time(self) -> str | None:
+        return _text(self.raw.get(STATUS_ATTEMPT_TIME))
+
+    def condition(self, kind: str) -> Mapping[str, Any] | None:
+        """The condition of type `kind`, if the status has one."""
+        conditions = self.raw.get(STATUS_CONDITIONS)
+        for found in conditions if isinstance(conditions, list) else ():
+            if isinstance(found, Mapping) and found.get("type") == kind:
+                return found
+        return None
+
+    def count(self, field: str) -> int:
+        """A counter field (restarts, programRestarts, ...): 0 where absent or malformed."""
+        return _count(self.raw.get(field)) or 0
+
+    @property
+    def gang_reported(self) -> bool:
+        """Whether rank 0 has recorded any gang forming (status.rendezvous)."""
+        return bool(self.raw.get(STATUS_RENDEZVOUS))
+
+    @property
+    def checkpoint_requested(self) -> object:
+        """status.checkpointRequested as written (an elastic grow reads it)."""
+        return self.raw.get(STATUS_CHECKPOINT_REQUESTED)
+
+    @property
+    def process_failures(self) -> Mapping[str, Any] | None:
+        found = self.raw.get(STATUS_PROCESS_FAILURES)
+        return found if isinstance(found, Mapping) else None
+
+    @property
     def attempt(self) -> int:
         return _count(self.raw.get(STATUS_ATTEMPT)) or 0
 
@@ -112,6 +164,10 @@ class JobStatus:
     def failed_rank(self) -> Mapping[str, Any] | None:
         found = self.raw.get(STATUS_FAILED_RANK)
         return found if isinstance(found, Mapping) else None
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _field(status: Mapping[str, Any], name: str, key: str) -> object:

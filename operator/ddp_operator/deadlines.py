@@ -2,52 +2,51 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Any
 
+from ddp_contract.resource import JobStatus
 from ddp_contract.timestamps import parse_rfc3339
 from ddp_operator import constants as c
 from ddp_operator.spec import JobSpec
 
 
-def deadline_exceeded(status: Mapping[str, Any], spec: JobSpec, now: datetime) -> bool:
+def deadline_exceeded(status: JobStatus, spec: JobSpec, now: datetime) -> bool:
     """activeDeadlineSeconds counts from status.startTime, which suspension clears (as for batch Jobs)."""
     remaining = deadline_remaining(status, spec, now)
     return remaining is not None and remaining <= 0
 
 
-def deadline_remaining(status: Mapping[str, Any], spec: JobSpec, now: datetime) -> float | None:
-    start = parse_rfc3339(status.get("startTime"))
-    if spec.active_deadline_seconds is None or start is None or status.get("phase") in c.TERMINAL_PHASES:
+def deadline_remaining(status: JobStatus, spec: JobSpec, now: datetime) -> float | None:
+    start = parse_rfc3339(status.start_time)
+    if spec.active_deadline_seconds is None or start is None or status.phase in c.TERMINAL_PHASES:
         return None
     return (start + timedelta(seconds=spec.active_deadline_seconds) - now).total_seconds()
 
 
-def ttl_expired(status: Mapping[str, Any], spec: JobSpec, now: datetime) -> bool:
+def ttl_expired(status: JobStatus, spec: JobSpec, now: datetime) -> bool:
     """Whether a finished job should now be deleted (ttlSecondsAfterFinished after completionTime)."""
     remaining = ttl_remaining(status, spec, now)
     return remaining is not None and remaining <= 0
 
 
-def ttl_remaining(status: Mapping[str, Any], spec: JobSpec, now: datetime) -> float | None:
-    done = parse_rfc3339(status.get("completionTime"))
-    if spec.ttl_seconds_after_finished is None or done is None or status.get("phase") not in c.TERMINAL_PHASES:
+def ttl_remaining(status: JobStatus, spec: JobSpec, now: datetime) -> float | None:
+    done = parse_rfc3339(status.completion_time)
+    if spec.ttl_seconds_after_finished is None or done is None or status.phase not in c.TERMINAL_PHASES:
         return None
     return (done + timedelta(seconds=spec.ttl_seconds_after_finished) - now).total_seconds()
 
 
-def startup_remaining(status: Mapping[str, Any], spec: JobSpec, now: datetime) -> float | None:
+def startup_remaining(status: JobStatus, spec: JobSpec, now: datetime) -> float | None:
     """Seconds left before ranks held up (condition RanksBlocked True, since its lastTransitionTime)
     fail the job; None while no rank is held up."""
-    blocked = next((cond for cond in status.get("conditions") or [] if cond.get("type") == c.COND_RANKS_BLOCKED), None)
+    blocked = status.condition(c.COND_RANKS_BLOCKED)
     since = parse_rfc3339((blocked or {}).get("lastTransitionTime"))
-    if blocked is None or blocked.get("status") != "True" or since is None or status.get("phase") in c.TERMINAL_PHASES:
+    if blocked is None or blocked.get("status") != "True" or since is None or status.phase in c.TERMINAL_PHASES:
         return None
     return (since + timedelta(seconds=spec.startup_deadline_seconds) - now).total_seconds()
 
 
-def requeue_after(status: Mapping[str, Any], spec: JobSpec, now: datetime) -> float | None:
+def requeue_after(status: JobStatus, spec: JobSpec, now: datetime) -> float | None:
     """Seconds until the next deadline (active, startup) or the TTL falls due, for a timer; None if none."""
     due = (deadline_remaining(status, spec, now), startup_remaining(status, spec, now), ttl_remaining(status, spec, now))
     pending = [r for r in due if r is not None]

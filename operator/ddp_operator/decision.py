@@ -53,7 +53,7 @@ class Pass:
     """What one decision is taken from. queue: for a job in a Kueue queue, what its Workload allows."""
 
     spec: JobSpec
-    status: Mapping[str, Any]
+    status: JobStatus
     summary: PodSummary
     now: datetime
     queue: QueueState | None = None
@@ -80,7 +80,7 @@ def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: d
 
     queue: for a job in a Kueue queue, what its Workload allows; a gang not admitted (or evicted)
     has no pods, and its pods going is no failure."""
-    taken_from = Pass(spec, status, summary, now, queue)
+    taken_from = Pass(spec, JobStatus.of(status), summary, now, queue)
     for rule in RULES:
         decision = rule(taken_from)
         if decision is not None:
@@ -90,18 +90,18 @@ def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: d
 
 def _finished(p: Pass) -> Decision | None:
     """Stop whatever still runs (a failed gang's survivors); keep finished pods for their logs."""
-    if p.status.get("phase") not in c.TERMINAL_PHASES:
+    if p.status.phase not in c.TERMINAL_PHASES:
         return None
     left = inplace.exit_grace_left(p.spec, p.status, p.now)
-    keep = (p.status.get("failedRank") or {}).get("pod") if left is not None else None
-    return Decision(Action.WAIT, p.attempt, p.status.get("reason", ""), p.status.get("message", ""),
+    keep = (p.status.failed_rank or {}).get("pod") if left is not None else None
+    return Decision(Action.WAIT, p.attempt, p.status.reason, p.status.message,
                     delete_pods=tuple(n for n in p.summary.running_pods if n != keep), recheck_after=left)
 
 
 def _past_deadline(p: Pass) -> Decision | None:
     if not deadline_exceeded(p.status, p.spec, p.now):
         return None
-    message = f"activeDeadlineSeconds={p.spec.active_deadline_seconds} passed since {p.status.get('startTime')}"
+    message = f"activeDeadlineSeconds={p.spec.active_deadline_seconds} passed since {p.status.start_time}"
     return _fail(p.summary, c.REASON_DEADLINE, message)
 
 
@@ -194,7 +194,7 @@ RULES: tuple[Callable[[Pass], Decision | None], ...] = (
 )
 
 
-def _on_failure(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, failure: RankFailure) -> Decision:
+def _on_failure(spec: JobSpec, status: JobStatus, summary: PodSummary, failure: RankFailure) -> Decision:
     """Restart the gang on the budget of the failure's kind (program: backoffLimit; infrastructure:
     infrastructureBackoffLimit), unless the policy says no, the budget is spent, or the program
     failed exactly as on the attempt before."""
@@ -202,11 +202,11 @@ def _on_failure(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, f
     if not is_retryable(spec.restart_policy, failure):
         message = f"{failure.describe()}; restartPolicy {spec.restart_policy} does not retry it"
         return _fail(summary, c.REASON_PERMANENT, message, failure)
-    if repeats_previous(status.get("failedRank"), failure):
+    if repeats_previous(status.failed_rank, failure):
         message = (f"{failure.describe()}; attempt {summary.attempt - 1} failed with the same error at the same step, "
                    "so retrying would fail again: fix the program and create the job again")
         return _fail(summary, c.REASON_DETERMINISTIC, message, failure)
-    used, limit = int(status.get(RESTART_COUNTERS[kind], 0)), budget(spec, kind)
+    used, limit = status.count(RESTART_COUNTERS[kind]), budget(spec, kind)
     if used >= limit:
         message = (f"{failure.describe()}; {BUDGET_FIELDS[kind]} {limit} reached after {used} "
                    f"{kind.lower()} restarts")
@@ -247,13 +247,13 @@ def _fail(summary: PodSummary, reason: str, message: str, failure: RankFailure |
                     delete_pods=tuple(p for p in summary.running_pods if p != keep))
 
 
-def _lost_rank(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary) -> RankFailure | None:
+def _lost_rank(spec: JobSpec, status: JobStatus, summary: PodSummary) -> RankFailure | None:
     """A rank whose pod vanished after the gang formed cannot rejoin: treat it as a lost pod.
 
     Before the gang formed (phase not yet Running), a missing rank is simply created again: the
     others are still waiting for it at the rendezvous.
     """
-    if status.get("phase") != c.PHASE_RUNNING or JobStatus.of(status).attempt != summary.attempt:
+    if status.phase != c.PHASE_RUNNING or status.attempt != summary.attempt:
         return None
     missing = [r for r in summary.gang or range(spec.pods) if r not in summary.live_indices]
     if not missing:

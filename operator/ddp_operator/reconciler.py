@@ -37,7 +37,6 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from ddp_contract import api
 from ddp_contract.resource import JobStatus, job_key
 from ddp_operator import constants as c
 from ddp_operator import metrics
@@ -183,7 +182,7 @@ class Reconciler:
         if current is None:
             return None
         job, spec, status, now = current
-        if ttl_expired(status, spec, now):
+        if ttl_expired(JobStatus.of(status), spec, now):
             log.info("deleting %s/%s: ttlSecondsAfterFinished passed", *key)
             await self.kube.delete_job(*key)
             return None
@@ -262,10 +261,11 @@ class Reconciler:
         lost = lost_nodes(bound, nodes, spec.node_lost_grace_seconds, now)
         # In place, a replaced pod keeps a label of the gang's attempts until the watch shows it going.
         replaced = {uid for uid, _ in self._deleting} if spec.in_place else set()
-        summary = summarize_pods(pods, JobStatus.of(status).attempt, key[1], lost, spec.ranks_per_pod,
+        read = JobStatus.of(status)
+        summary = summarize_pods(pods, read.attempt, key[1], lost, spec.ranks_per_pod,
                                  since=pod_attempt_floor(status), replaced=replaced,
-                                 process_failures=status.get(api.STATUS_PROCESS_FAILURES),
-                                 members=elastic.members(spec, status) if spec.elastic else None)
+                                 process_failures=read.process_failures,
+                                 members=elastic.members(spec, read) if spec.elastic else None)
         memory = self._of(key)
         held = memory.in_the_way.problems(spec.pods, summary.live_indices)
         if memory.refused is not None:
@@ -334,7 +334,7 @@ class Reconciler:
         # A node NotReady under a rank is lost once the grace has passed: look again then.
         lost_in = seconds_until_lost(summary.nodes, self.nodes(), spec.node_lost_grace_seconds, now)
         due = [t for t in (wait, recheck, lost_in, quota_wait, decision.recheck_after,
-                           requeue_after({**status, **patch}, spec, now)) if t is not None]
+                           requeue_after(JobStatus.of({**status, **patch}), spec, now)) if t is not None]
         return min(due) if due else None
 
     def _queue(self, job: Mapping[str, Any], spec: JobSpec, status: Mapping[str, Any]) -> QueueState | None:

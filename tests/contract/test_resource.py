@@ -38,3 +38,21 @@ def test_the_gang_formed_only_once_rank_0_recorded_the_current_attempt() -> None
     assert not JobStatus.of({"attempt": 2, "rendezvous": {"attempt": 1}}).gang_formed
     assert not JobStatus.of({"attempt": 0}).gang_formed
     assert JobStatus.of({"attempt": 0, "rendezvous": {"attempt": 0}}).gang_formed
+
+
+def test_the_times_conditions_counters_and_reports_a_pass_decides_on() -> None:
+    status = JobStatus.of({"reason": "RankFailed", "message": "rank 1 exited 1", "startTime": "2026-01-01T00:00:00Z",
+                           "completionTime": "2026-01-01T01:00:00Z", "attemptTime": "2026-01-01T00:30:00Z",
+                           "conditions": [{"type": "Running", "status": "False"}, {"type": "RanksBlocked", "status": "True"}],
+                           "programRestarts": 2, "rendezvous": {"attempt": 0}, "processFailures": {"1": {"exitCode": 1}}})
+    assert (status.reason, status.message) == ("RankFailed", "rank 1 exited 1")
+    assert (status.start_time, status.completion_time, status.attempt_time) == (
+        "2026-01-01T00:00:00Z", "2026-01-01T01:00:00Z", "2026-01-01T00:30:00Z")
+    assert status.condition("RanksBlocked") == {"type": "RanksBlocked", "status": "True"}
+    assert status.condition("Restarting") is None
+    assert status.count("programRestarts") == 2 and status.count("infrastructureRestarts") == 0
+    assert status.gang_reported and status.process_failures == {"1": {"exitCode": 1}}
+    empty = JobStatus.of({"reason": 3, "startTime": 5, "conditions": "Running", "programRestarts": "2",
+                          "processFailures": [1]})
+    assert (empty.reason, empty.message, empty.start_time, empty.condition("Running")) == ("", "", None, None)
+    assert empty.count("programRestarts") == 0 and not empty.gang_reported and empty.process_failures is None

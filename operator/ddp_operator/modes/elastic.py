@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ddp_contract import api
+from ddp_contract.resource import JobStatus
 from ddp_contract.timestamps import parse_rfc3339, rfc3339
 from ddp_operator import constants as c
 from ddp_operator.failures import PodProblem
@@ -105,9 +105,9 @@ class Resize:
         return bool(self.reason)
 
 
-def members(spec: JobSpec, status: Mapping[str, Any]) -> tuple[int, ...]:
+def members(spec: JobSpec, status: JobStatus) -> tuple[int, ...]:
     """The current attempt's gang: status.members for an elastic job that has one, else every pod."""
-    recorded = api.members_of(status.get(api.STATUS_MEMBERS)) if spec.elastic else None
+    recorded = status.members if spec.elastic else None
     if recorded and max(recorded) < spec.pods:
         return tuple(sorted(recorded))
     return tuple(range(spec.pods))
@@ -121,7 +121,7 @@ def restart_members(spec: JobSpec, pods: GangPods, waiting: WaitingPods) -> tupl
     return tuple(sorted(set(pods.gang or range(spec.pods)) | waiting.running))
 
 
-def resize(spec: JobSpec, status: Mapping[str, Any], pods: GangPods, waiting: WaitingPods,
+def resize(spec: JobSpec, status: JobStatus, pods: GangPods, waiting: WaitingPods,
            now: datetime) -> Resize | None:
     """A shrink or a grow the gang is due, if any (see the module's docstring)."""
     if not spec.elastic:
@@ -130,7 +130,7 @@ def resize(spec: JobSpec, status: Mapping[str, Any], pods: GangPods, waiting: Wa
     return _shrink(spec, status, pods, gang, now) or _grow(spec, status, pods, waiting, gang, now)
 
 
-def _shrink(spec: JobSpec, status: Mapping[str, Any], summary: GangPods, gang: Sequence[int],
+def _shrink(spec: JobSpec, status: JobStatus, summary: GangPods, gang: Sequence[int],
             now: datetime) -> Resize | None:
     misfits = {p.index: p for p in summary.problems if p.reason in DOES_NOT_FIT and p.index in gang}
     if not misfits:
@@ -150,7 +150,7 @@ def _shrink(spec: JobSpec, status: Mapping[str, Any], summary: GangPods, gang: S
     return Resize(fit, c.REASON_SHRUNK, message)
 
 
-def _grow(spec: JobSpec, status: Mapping[str, Any], summary: GangPods, waiting: WaitingPods,
+def _grow(spec: JobSpec, status: JobStatus, summary: GangPods, waiting: WaitingPods,
           gang: Sequence[int], now: datetime) -> Resize | None:
     starting = waiting.pending - {p.index for p in waiting.problems}
     if not waiting.running or starting:
@@ -159,22 +159,21 @@ def _grow(spec: JobSpec, status: Mapping[str, Any], summary: GangPods, waiting: 
     per_pod = spec.ranks_per_pod
     joining = ", ".join(pod_name(summary.job_name, i) for i in sorted(waiting.running))
     head = f"world size {len(gang) * per_pod} -> {len(bigger) * per_pod} of {spec.world_size}: {joining} running"
-    if status.get("phase") != c.PHASE_RUNNING:
+    if status.phase != c.PHASE_RUNNING:
         return Resize(bigger, c.REASON_GROWN, f"{head}; taken into the gang being formed")
-    checkpoint = status.get("lastCheckpoint") or {}
-    step = checkpoint.get("step") if isinstance(checkpoint.get("step"), int) else None
-    asked = CheckpointRequest.of(status.get(api.STATUS_CHECKPOINT_REQUESTED))
+    step = status.checkpoint_step
+    asked = CheckpointRequest.of(status.checkpoint_requested)
     if asked is None or not asked.answered_by(step):
         # Grown at the next checkpoint, so no step is trained twice; rank 0 is asked for one.
         return Resize(tuple(gang), "", "", checkpoint_wanted=asked or CheckpointRequest(rfc3339(now), step))
     return Resize(bigger, c.REASON_GROWN, f"{head}; the gang re-forms from the checkpoint at step {step}")
 
 
-def _settle_left(spec: JobSpec, status: Mapping[str, Any], now: datetime) -> float | None:
+def _settle_left(spec: JobSpec, status: JobStatus, now: datetime) -> float | None:
     """Seconds a gang that never formed still waits for ranks that do not fit; None: it formed before."""
-    if status.get("rendezvous"):
+    if status.gang_reported:
         return None
-    started = parse_rfc3339(status.get("startTime"))
+    started = parse_rfc3339(status.start_time)
     if started is None:
         return float(spec.elastic_settle_seconds)
     return spec.elastic_settle_seconds - (now - started).total_seconds()

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ddp_contract.resource import STATUS_ATTEMPT_TIME, JobStatus
+from ddp_contract.resource import JobStatus
 from ddp_contract.timestamps import parse_rfc3339
 from ddp_operator import constants as c
-from ddp_operator.conditions import get_condition
 from ddp_operator.failures import RankFailure, last_lines
 from ddp_operator.gangpods import GangPods
 from ddp_operator.podstate import PodView, exit_reason
@@ -73,18 +72,18 @@ def replaced_by_restart(pods: GangPods, anyway: tuple[str, ...]) -> tuple[str, .
     return tuple(sorted(set(pods.finished_pods + pods.on_lost_nodes + anyway)))
 
 
-def deadline_left(spec: JobSpec, status: Mapping[str, Any], pods: GangPods, kept: KeptPods,
+def deadline_left(spec: JobSpec, status: JobStatus, pods: GangPods, kept: KeptPods,
                   now: datetime) -> float | None:
     """Seconds left for a restart's gang to form, counted from when the restart was decided
     (status.attemptTime, else the Restarting condition's time) or, later, the last of its pods started
     running; None when no such restart is waiting on pods it kept."""
-    if not spec.in_place or status.get("phase") != c.PHASE_RESTARTING or JobStatus.of(status).gang_formed:
+    if not spec.in_place or status.phase != c.PHASE_RESTARTING or status.gang_formed:
         return None
     if not kept.carried or pods.running < pods.gang_pods(spec.pods):
         return None  # a rank still pending is held up for its own reasons, reported as such
-    restarted = get_condition(status.get("conditions") or [], c.COND_RESTARTING) or {}
+    restarted = status.condition(c.COND_RESTARTING) or {}
     since = [t for t in (parse_rfc3339(restarted.get("lastTransitionTime")), parse_rfc3339(kept.last_started),
-                         parse_rfc3339(status.get(STATUS_ATTEMPT_TIME))) if t is not None]
+                         parse_rfc3339(status.attempt_time)) if t is not None]
     if not since:
         return None
     return spec.in_place_deadline_seconds - (now - max(since)).total_seconds()
@@ -100,11 +99,11 @@ def overdue(spec: JobSpec, pods: GangPods, kept: KeptPods) -> tuple[str, str, tu
     return c.REASON_IN_PLACE_TIMED_OUT, message, kept.carried
 
 
-def exit_grace_left(spec: JobSpec, status: Mapping[str, Any], now: datetime) -> float | None:
+def exit_grace_left(spec: JobSpec, status: JobStatus, now: datetime) -> float | None:
     """Seconds the pod of a rank process that failed in place still has to end on its own after the
     job failed; None once past it, or when there is no such pod to wait for."""
-    completed = parse_rfc3339(status.get("completionTime"))
-    if not spec.in_place or completed is None or status.get("phase") != c.PHASE_FAILED:
+    completed = parse_rfc3339(status.completion_time)
+    if not spec.in_place or completed is None or status.phase != c.PHASE_FAILED:
         return None
     left = EXIT_GRACE_SECONDS - (now - completed).total_seconds()
     return left if left > 0 else None

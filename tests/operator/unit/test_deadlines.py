@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from ddp_contract.resource import JobStatus
 from ddp_contract.timestamps import rfc3339
 from ddp_operator.deadlines import deadline_exceeded, requeue_after, ttl_expired
 from podfixtures import NOW, job_spec
@@ -28,7 +29,7 @@ def test_deadline_exceeded(deadline: int | None, started: int | None, phase: str
     if started is not None:
         status["startTime"] = rfc3339(NOW - timedelta(seconds=started))
     spec = job_spec(**({"activeDeadlineSeconds": deadline} if deadline else {}))
-    assert deadline_exceeded(status, spec, NOW) is expected
+    assert deadline_exceeded(JobStatus.of(status), spec, NOW) is expected
 
 
 @pytest.mark.parametrize(
@@ -47,13 +48,13 @@ def test_ttl_expired(ttl: int | None, finished: int | None, phase: str, expected
     if finished is not None:
         status["completionTime"] = rfc3339(NOW - timedelta(seconds=finished))
     spec = job_spec(**({"ttlSecondsAfterFinished": ttl} if ttl is not None else {}))
-    assert ttl_expired(status, spec, NOW) is expected
+    assert ttl_expired(JobStatus.of(status), spec, NOW) is expected
 
 
 def test_requeue_after_is_the_nearest_due_time() -> None:
     spec = job_spec(activeDeadlineSeconds=100, ttlSecondsAfterFinished=30)
-    assert requeue_after({"phase": "Running", "startTime": rfc3339(NOW - timedelta(seconds=40))}, spec, NOW) == 60
+    assert requeue_after(JobStatus.of({"phase": "Running", "startTime": rfc3339(NOW - timedelta(seconds=40))}), spec, NOW) == 60
     assert (
-        requeue_after({"phase": "Failed", "completionTime": rfc3339(NOW - timedelta(seconds=50))}, spec, NOW) == 0
+        requeue_after(JobStatus.of({"phase": "Failed", "completionTime": rfc3339(NOW - timedelta(seconds=50))}), spec, NOW) == 0
     )
-    assert requeue_after({"phase": "Running"}, spec, NOW) is None
+    assert requeue_after(JobStatus.of({"phase": "Running"}), spec, NOW) is None

@@ -9,6 +9,7 @@ import pytest
 
 from ddp_contract.exitcodes import ExitCode
 from ddp_contract.failureline import format_line
+from ddp_contract.resource import JobStatus
 from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
 from ddp_operator.deadlines import requeue_after
@@ -157,7 +158,7 @@ def test_ranks_held_up_past_the_startup_deadline_fail_the_job_with_the_cause() -
     spec = job_spec(startupDeadlineSeconds=600)
     held = summary_of(pod(0, "pending", unschedulable="0/4 nodes are available"), pod(1, "running"))
     early = decide(spec, blocked_since(599), held, NOW)
-    assert early.action == Action.WAIT and requeue_after(blocked_since(599), spec, NOW) == pytest.approx(1)
+    assert early.action == Action.WAIT and requeue_after(JobStatus.of(blocked_since(599)), spec, NOW) == pytest.approx(1)
     late = decide(spec, blocked_since(600), held, NOW)
     assert late.action == Action.FAIL and late.reason == "Unschedulable"
     assert late.message == ("rank 0 (Unschedulable): 0/4 nodes are available; "

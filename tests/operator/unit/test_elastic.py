@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from ddp_contract import api
+from ddp_contract.resource import JobStatus
 from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
 from ddp_operator.conditions import get_condition
@@ -35,7 +36,7 @@ def summary(pods: list[dict[str, Any]], status: dict[str, Any], spec_: Any = Non
 
     spec_ = spec_ or spec()
     return summarize_pods(pods, int(status.get("attempt", 0)), JOB, since=int(status.get("recreatedAttempt", 0)),
-                          members=members(spec_, status))
+                          members=members(spec_, JobStatus.of(status)))
 
 
 def test_min_world_size_makes_a_job_elastic_only_below_world_size_and_in_place() -> None:
@@ -219,7 +220,7 @@ def test_a_gang_re_forming_takes_running_pods_in_at_once_when_none_is_still_star
 def test_recorded_members_are_the_gang_only_where_they_are_distinct_indices_of_the_jobs_pods() -> None:
     from ddp_operator.modes.elastic import members
 
-    assert members(spec(), {api.STATUS_MEMBERS: [2, 0]}) == (0, 2)
+    assert members(spec(), JobStatus.of({api.STATUS_MEMBERS: [2, 0]})) == (0, 2)
     for recorded in ([0, 4], [0, 0], [0, True], "0,1", [], None):  # 4 pods: index 4 is none of them
-        assert members(spec(), {api.STATUS_MEMBERS: recorded}) == (0, 1, 2, 3)
-    assert members(job_spec(worldSize=4), {api.STATUS_MEMBERS: [0, 1]}) == (0, 1, 2, 3)  # not elastic
+        assert members(spec(), JobStatus.of({api.STATUS_MEMBERS: recorded})) == (0, 1, 2, 3)
+    assert members(job_spec(worldSize=4), JobStatus.of({api.STATUS_MEMBERS: [0, 1]})) == (0, 1, 2, 3)  # not elastic
