@@ -92,11 +92,11 @@ def in_gang(current: Iterable[PodView], members: Collection[int] | None) -> list
     return [p for p in current if p.index in wanted]
 
 
-def summarize_gang(pods: Sequence[PodView], current: Sequence[PodView], gang: Sequence[PodView],
+def summarize_gang(pods: Sequence[PodView], outside: Iterable[PodView], gang: Sequence[PodView],
                    window: AttemptWindow, *, job_name: str, lost_nodes: Mapping[str, str], ranks_per_pod: int,
                    members: Sequence[int] | None, more_failures: Iterable[RankFailure] = ()) -> GangPods:
-    """What the pods say of the gang (`current`: those of `pods` the window holds; `gang`: in_gang of
-    those); more_failures: those a restart mode reads besides the pods' own."""
+    """What the pods say of the gang (`outside`: those of `pods` the window does not hold; `gang`:
+    in_gang of the others); more_failures: those a restart mode reads besides the pods' own."""
     live = [p for p in gang if not p.deleting]
     states = Counter(p.state for p in live)
     lost = [p for p in gang if p.node in lost_nodes and p.active]
@@ -107,7 +107,6 @@ def summarize_gang(pods: Sequence[PodView], current: Sequence[PodView], gang: Se
     # when no peer failed for a reason of its own (finishedAt has 1 s resolution: ties are common).
     failures.sort(key=lambda f: (f.is_echo, f.finished_at or "", f.rank))
     problems = [found for p in live if p.state == "pending" and (found := rank_problem(p.pod, _index(p)))]
-    current_ids = {id(p) for p in current}  # the same views as in `pods`
     return GangPods(
         attempt=window.attempt,
         job_name=job_name or next((p.job for p in pods if p.job), ""),
@@ -116,7 +115,7 @@ def summarize_gang(pods: Sequence[PodView], current: Sequence[PodView], gang: Se
         live_indices=frozenset(_index(p) for p in live),
         active_pods=tuple(sorted(p.name for p in live if p.active)),
         finished_pods=tuple(sorted(p.name for p in live if not p.active)),
-        stale_pods=tuple(sorted(p.name for p in pods if not p.deleting and id(p) not in current_ids)),
+        stale_pods=tuple(sorted(p.name for p in outside if not p.deleting)),
         taken_indices=frozenset(p.index for p in pods if p.index is not None),
         failure=replace(failures[0], ranks_per_pod=ranks_per_pod) if failures else None,
         problems=tuple(sorted(problems, key=lambda p: p.index)),

@@ -72,10 +72,13 @@ def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: st
     lost_nodes = lost_nodes or {}
     views = [PodView.of(pod) for pod in pods]
     window = AttemptWindow.of(attempt, since, replaced)
-    current = [v for v in views if window.holds(v)]
+    current: list[PodView] = []
+    outside: list[PodView] = []
+    for view in views:
+        (current if window.holds(view) else outside).append(view)
     gang_pods = in_gang(current, members)
     live = [p for p in gang_pods if not p.deleting]
-    gang = summarize_gang(views, current, gang_pods, window, job_name=job_name, lost_nodes=lost_nodes,
+    gang = summarize_gang(views, outside, gang_pods, window, job_name=job_name, lost_nodes=lost_nodes,
                           ranks_per_pod=ranks_per_pod, members=members,
                           more_failures=inplace.process_failures(live, process_failures, attempt))
     waiting = elastic.waiting_pods(current, members, lost_nodes) if members is not None else elastic.WaitingPods()
