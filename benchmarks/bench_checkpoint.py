@@ -7,11 +7,13 @@ One state dict of --size-mb (eight float32 tensors) is saved and loaded, in this
 - s3torchconnector's S3Checkpoint: torch.save into its writer, torch.load from its reader;
 - torch.distributed.checkpoint (DCP) with s3torchconnector's S3StorageWriter/S3StorageReader (its S3
   storage layer; fsspec's would need s3fs, whose aiobotocore pins a botocore older than ours);
-- the ceiling: the same bytes as one object through boto3's multipart upload and as parallel ranged
+- the ceiling: the same bytes as one object through boto3's multipart upload, through the AWS CRT
+  (the runtime's put_large, which checkpoints use where awscrt is installed) and as parallel ranged
   GETs (the runtime's ReadAhead), no serialisation at all.
 
 S3 is SeaweedFS on loopback (localcluster/s3server.py), or DDP_S3_ENDPOINT with AWS_* credentials.
-Each row runs --repeat times; the best is kept. MB/s is the state dict's bytes over the wall time.
+Each round runs every row once (--repeat rounds); a row's best wall time and least CPU are kept. MB/s is
+the state dict's bytes over the wall time; client CPU is this process's (all its threads) per GB.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,39 +50,57 @@ def s3_endpoint() -> Iterator[str]:
         yield endpoint
 
 
-def best(repeat: int, run: Callable[[], float]) -> float:
-    return min(run() for _ in range(repeat))
+@dataclass
+class Row:
+    """One way to save or load: `run` does it once and returns its wall seconds; each round runs every
+    row once, so what drifts on the machine (the server's disk, page cache) falls on all of them."""
+
+    name: str
+    run: Callable[[], float]
+    walls: list[float] = field(default_factory=list)
+    cpus: list[float] = field(default_factory=list)
+
+    def measure(self) -> None:
+        cpu = time.process_time()  # this process's threads, native ones (CRT, s3torchconnector) included
+        self.walls.append(self.run())
+        self.cpus.append(time.process_time() - cpu)
 
 
-def timed(fn: Callable[[], object]) -> float:
-    started = time.perf_counter()
-    fn()
-    return time.perf_counter() - started
+def timed(fn: Callable[[], object]) -> Callable[[], float]:
+    def run() -> float:
+        started = time.perf_counter()
+        fn()
+        return time.perf_counter() - started
+
+    return run
 
 
-def ceiling(state: dict[str, object], bucket: str, repeat: int, row: Callable[[str, float], None]) -> None:
-    """The state dict's bytes as one object: boto3's multipart PUT, then parallel ranged GETs."""
-    from ddp_trainer.storage import s3
+def ceiling_rows(state: dict[str, object], bucket: str) -> list[Row]:
+    """The state dict's bytes as one object: boto3's multipart PUT, the CRT's, parallel ranged GETs."""
+    from ddp_trainer.storage import crtupload, s3
     from ddp_trainer.storage.readahead import open_readahead
 
     raw = b"".join(t.numpy().tobytes() for t in state.values())  # type: ignore[attr-defined]
     url = s3.S3Url(bucket, "raw/blob")
-    row("ceiling: boto3 multipart PUT", best(repeat, lambda: timed(lambda: s3.upload_fileobj(io.BytesIO(raw), url))))
 
     def read_all() -> None:
         with open_readahead(url) as reader:
             while reader.read(64 * 1024 * 1024):
                 pass
 
-    row("ceiling: ranged GETs (ReadAhead)", best(repeat, lambda: timed(read_all)))
+    rows = [Row("ceiling: boto3 multipart PUT", timed(lambda: s3.upload_fileobj(io.BytesIO(raw), url)))]
+    if crtupload.available():
+        rows.append(Row("ceiling: AWS CRT PUT (put_large)", timed(lambda: s3.put_large(url, raw))))
+    return [*rows, Row("ceiling: ranged GETs (ReadAhead)", timed(read_all))]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mb", type=int, default=1024)
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=3, help="rounds; each row's best is shown")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # DCP in one process, as meant
+    warnings.filterwarnings("ignore", message="Detected an existing checkpoint")  # DCP: each round overwrites
 
     import torch
     import torch.distributed.checkpoint as dcp
@@ -92,48 +113,32 @@ def main() -> int:
 
     state = {f"layer{i}": torch.randn(args.size_mb * 1024 * 1024 // 4 // 8) for i in range(8)}
     size = sum(t.numel() * t.element_size() for t in state.values())
-    rows: list[tuple[str, float, str]] = []
-
-    def row(name: str, seconds: float, note: str = "") -> None:
-        rows.append((name, size / 1e6 / seconds, note))
-        print(f"{name:<34} {size / 1e6 / seconds:>8.1f} MB/s  ({seconds:.2f} s){'  ' + note if note else ''}", flush=True)
 
     with s3_endpoint() as endpoint:
         bucket = f"bench-ckpt-{uuid.uuid4().hex[:8]}"
         s3.reset_clients()
         s3.client().create_bucket(Bucket=bucket)
-        print(f"== {size / 1e6:.0f} MB state dict; endpoint {endpoint}, bucket {bucket}; torch {torch.__version__}",
-              flush=True)
+        print(f"== {size / 1e6:.0f} MB state dict; endpoint {endpoint}, bucket {bucket}; torch {torch.__version__}; "
+              f"best of {args.repeat} rounds", flush=True)
         config = S3ClientConfig(force_path_style=True)
+        stalls: dict[str, list[float]] = {"sync": [], "async": []}
 
-        ceiling(state, bucket, args.repeat, row)
+        def save_ours(mode: str) -> float:
+            manager = CheckpointManager(s3.S3Url(bucket, f"ours-{mode}"), keep=1, async_save=mode == "async", rank=0)
+            started = time.perf_counter()
+            manager.save(len(stalls[mode]) + 1, state)
+            stalls[mode].append(time.perf_counter() - started)
+            manager.wait()
+            total = time.perf_counter() - started
+            manager.close()
+            return total
 
-        for mode in ("sync", "async"):
-            stalls: list[float] = []
-
-            def save(mode: str = mode) -> float:
-                manager = CheckpointManager(s3.S3Url(bucket, f"ours-{mode}-{uuid.uuid4().hex[:6]}"), keep=1,
-                                            async_save=mode == "async", rank=0)
-                started = time.perf_counter()
-                manager.save(1, state)
-                stalls.append(time.perf_counter() - started)
-                manager.wait()
-                total = time.perf_counter() - started
-                manager.close()
-                return total
-
-            row(f"ours: save {mode}", best(args.repeat, save), f"training stalled {min(stalls):.2f} s")
         prefix = s3.S3Url(bucket, "ours-load")
         CheckpointManager(prefix, rank=0).save(1, state)
 
-        def load_ours() -> float:
-            started = time.perf_counter()
+        def load_ours() -> None:
             loaded = CheckpointManager(prefix, rank=0).load_latest()
-            elapsed = time.perf_counter() - started
             assert loaded is not None and torch.equal(loaded.state["layer0"], state["layer0"])
-            return elapsed
-
-        row("ours: load", best(args.repeat, load_ours))
 
         checkpoint = S3Checkpoint(region=REGION, endpoint=endpoint, s3client_config=config)
         uri = f"s3://{bucket}/s3torch/model.pt"
@@ -146,9 +151,6 @@ def main() -> int:
             with checkpoint.reader(uri) as reader:
                 loaded = torch.load(reader, weights_only=True)
             assert torch.equal(loaded["layer0"], state["layer0"])
-
-        row("s3torchconnector S3Checkpoint: save", best(args.repeat, lambda: timed(save_s3torch)))
-        row("s3torchconnector S3Checkpoint: load", best(args.repeat, lambda: timed(load_s3torch)))
 
         def dcp_fs() -> S3FileSystem:
             return S3FileSystem(REGION, s3_client=S3Client(REGION, endpoint=endpoint, s3client_config=config))
@@ -165,10 +167,28 @@ def main() -> int:
             dcp.load(target, storage_reader=reader)
             assert torch.equal(target["layer0"], state["layer0"])
 
-        row("DCP + S3StorageWriter (8 threads)", best(args.repeat, lambda: timed(save_dcp)))
-        row("DCP + S3StorageReader", best(args.repeat, lambda: timed(load_dcp)))
+        save_s3torch()  # the load rows read what the first round's saves would write
+        save_dcp()
+        rows = [*ceiling_rows(state, bucket),
+                Row("ours: save sync", lambda: save_ours("sync")),
+                Row("ours: save async", lambda: save_ours("async")),
+                Row("s3torchconnector S3Checkpoint: save", timed(save_s3torch)),
+                Row("DCP + S3StorageWriter (8 threads)", timed(save_dcp)),
+                Row("ours: load", timed(load_ours)),
+                Row("s3torchconnector S3Checkpoint: load", timed(load_s3torch)),
+                Row("DCP + S3StorageReader", timed(load_dcp))]
+        for round_ in range(args.repeat):
+            for row in rows:
+                row.measure()
+            print(f"round {round_ + 1}: " + ", ".join(f"{row.name} {size / 1e6 / row.walls[-1]:.0f}" for row in rows),
+                  flush=True)
 
-    by = {name: rate for name, rate, _ in rows}
+    print(f"{'path':<38} {'MB/s':>7} {'s':>6} {'client CPU-s/GB':>16}")
+    for row in rows:
+        wall = min(row.walls)
+        note = f"  training stalled {min(stalls['async']):.2f} s" if row.name == "ours: save async" else ""
+        print(f"{row.name:<38} {size / 1e6 / wall:>7.1f} {wall:>6.2f} {min(row.cpus) / (size / 1e9):>16.2f}{note}")
+    by = {row.name: size / 1e6 / min(row.walls) for row in rows}
     for kind, ours, theirs in (("save", "ours: save sync", ("s3torchconnector S3Checkpoint: save",
                                                             "DCP + S3StorageWriter (8 threads)")),
                                ("load", "ours: load", ("s3torchconnector S3Checkpoint: load", "DCP + S3StorageReader"))):

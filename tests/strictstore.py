@@ -45,6 +45,7 @@ class StrictStore:
         self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
         self.refused: list[tuple[str, str, str]] = []
         self.forwarded = 0
+        self.paths: list[tuple[str, str]] = []  # (method, path?query) of each forwarded request
         self.lock = threading.Lock()
 
 
@@ -81,6 +82,7 @@ def _handler(store: StrictStore) -> type[BaseHTTPRequestHandler]:
                 upstream.close()
             with store.lock:
                 store.forwarded += 1
+                store.paths.append((self.command, self.path))
             self.send_response_only(response.status, response.reason)
             for name, value in response.getheaders():  # a HEAD's Content-Length is the object's: kept
                 if name.lower() not in HOP_BY_HOP and (name.lower() != "content-length" or self.command == "HEAD"):

@@ -101,6 +101,7 @@ S3_REGION: Final = "DDP_S3_REGION"
 S3_MAX_ATTEMPTS: Final = "DDP_S3_MAX_ATTEMPTS"
 S3_READ_PART_BYTES: Final = "DDP_S3_READ_PART_BYTES"
 S3_READ_AHEAD: Final = "DDP_S3_READ_AHEAD"
+S3_CRT: Final = "DDP_S3_CRT"  # 0: large uploads through boto3 even where awscrt is installed
 # How the clients talk to the store (s3options.py): checksums, bucket addressing, a private CA's bundle.
 S3_CHECKSUMS: Final = "DDP_S3_CHECKSUMS"
 S3_ADDRESSING_STYLE: Final = "DDP_S3_ADDRESSING_STYLE"

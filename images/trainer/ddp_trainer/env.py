@@ -131,6 +131,7 @@ class S3Settings:
     read_part_bytes: int = DEFAULT_S3_READ_PART_BYTES  # a large object is read as ranged GETs of this size
     read_ahead: int = DEFAULT_S3_READ_AHEAD  # parts fetched in parallel ahead of a sequential reader; 0: one GET
     options: S3Options = S3Options()  # checksums, addressing style, CA bundle
+    crt: bool = True  # large uploads through the AWS CRT where awscrt is installed (storage/crtupload.py)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> S3Settings:
@@ -153,6 +154,7 @@ class S3Settings:
             read_part_bytes=_int(env, names.S3_READ_PART_BYTES, default=DEFAULT_S3_READ_PART_BYTES, minimum=4096),
             read_ahead=_int(env, names.S3_READ_AHEAD, default=DEFAULT_S3_READ_AHEAD, minimum=0),
             options=_s3_options(env, endpoint),
+            crt=_int(env, names.S3_CRT, default=1, minimum=0) != 0,
         )
 
 

@@ -8,6 +8,9 @@ Layout under ``<job prefix>/checkpoints/``::
 A checkpoint exists only once its manifest does, so a crash mid-save leaves nothing that looks
 complete. Pruning deletes the manifest of an old checkpoint before its data, and only after the
 new one is committed. `load_latest` takes the newest checkpoint whose manifest matches its data.
+
+torch.save writes straight into the upload (s3.put_written): parts go up while it writes, so the
+serialised checkpoint is never whole in memory where the AWS CRT is installed (the trainer image).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any, cast
 
 from ddp_contract import layout
 
@@ -127,12 +130,33 @@ def restore_training_state(state: Mapping[str, Any], model: Any, optimizer: Any 
         sampler.load_state_dict(state["sampler"])
 
 
-def serialize(state: Mapping[str, Any]) -> bytes:
+def serialize_into(state: Mapping[str, Any], file: IO[bytes]) -> None:
     import torch
 
-    buffer = io.BytesIO()
-    torch.save(dict(state), buffer)
-    return buffer.getvalue()
+    torch.save(dict(state), file)
+
+
+class _Digesting(io.RawIOBase):
+    """Passes writes on to the file given to `into`, counting their size and SHA-256 (the manifest's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+        self._file: IO[bytes] | None = None
+
+    def into(self, file: IO[bytes]) -> IO[bytes]:
+        self._file = file
+        return cast(IO[bytes], self)
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        assert self._file is not None
+        self.sha256.update(data)
+        self.size += memoryview(data).nbytes
+        return self._file.write(data)
 
 
 class CheckpointManager:
@@ -143,7 +167,7 @@ class CheckpointManager:
         prefix: s3.S3Url | str | None = None,
         keep: int = 3,
         async_save: bool = False,
-        part_size: int = 64 * 1024 * 1024,
+        part_size: int = 8 * 1024 * 1024,
         rank: int | None = None,
         job_status: Any = None,
     ) -> None:
@@ -241,17 +265,17 @@ class CheckpointManager:
 
     def _write(self, step: int, state: Mapping[str, Any]) -> s3.S3Url:
         started = time.monotonic()
-        data = serialize(state)
         url = self.step_url(step)
-        s3.upload_fileobj(io.BytesIO(data), url.join(STATE), part_size=self.part_size)
+        digest = _Digesting()
+        s3.put_written(url.join(STATE), lambda file: serialize_into(state, digest.into(file)), part_size=self.part_size)
         manifest = {
             "version": 1,
             "step": step,
             "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "files": {STATE: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}},
+            "files": {STATE: {"size": digest.size, "sha256": digest.sha256.hexdigest()}},
         }
         s3.put_bytes(url.join(MANIFEST), json.dumps(manifest).encode(), content_type="application/json")
-        log.info("checkpoint step %d committed to %s (%d bytes, %.2fs)", step, url, len(data), time.monotonic() - started)
+        log.info("checkpoint step %d committed to %s (%d bytes, %.2fs)", step, url, digest.size, time.monotonic() - started)
         self._record(step, url)
         self._prune(step)
         return url

@@ -6,6 +6,7 @@ boto3 clients must not cross fork(): `client()` caches one per process id, so a 
 
 from __future__ import annotations
 
+import io
 import os
 import random
 import threading
@@ -139,8 +140,11 @@ os.register_at_fork(after_in_child=_forget_clients_in_child)
 
 def reset_clients() -> None:
     """Forget cached clients (after changing S3 settings in the environment)."""
+    from . import crtupload
+
     with _clients_lock:
         _clients.clear()
+    crtupload.reset()
 
 
 def _endpoint(s3: Any) -> str:
@@ -244,6 +248,39 @@ def upload_fileobj(
     call("writing", url, lambda: s3.upload_fileobj(fileobj, url.bucket, url.key, Config=config), s3)
 
 
+def put_large(url: S3Url, data: bytes, part_size: int = 8 * 1024 * 1024) -> None:
+    """One object from bytes in memory, in parallel parts above `part_size`: through the AWS CRT where
+    awscrt is installed (about half boto3's CPU per byte; storage/crtupload.py), else boto3's upload."""
+    from . import crtupload
+
+    s3 = client()
+    if _crt_enabled() and crtupload.available():
+        uploader = crtupload.uploader(s3._get_credentials())
+        call("writing", url, lambda: uploader.put(url.bucket, url.key, data, part_size), s3)
+    else:
+        upload_fileobj(io.BytesIO(data), url, s3, part_size=part_size)
+
+
+def put_written(url: S3Url, write: Callable[[IO[bytes]], None], part_size: int = 8 * 1024 * 1024) -> None:
+    """One object from what `write(file)` writes: through the AWS CRT where awscrt is installed, parts
+    going up while `write` runs (never the whole object in memory); else written to memory, then put."""
+    from . import crtupload
+
+    s3 = client()
+    if _crt_enabled() and crtupload.available():
+        uploader = crtupload.uploader(s3._get_credentials())
+        call("writing", url, lambda: uploader.put_written(url.bucket, url.key, write, part_size), s3)
+        return
+    buffer = io.BytesIO()
+    write(buffer)
+    buffer.seek(0)
+    upload_fileobj(buffer, url, s3, part_size=part_size)
+
+
+def _crt_enabled() -> bool:
+    return env.S3Settings.from_env().crt
+
+
 def head(url: S3Url, s3: Any = None) -> dict[str, Any]:
     s3 = s3 or client()
     return call("checking", url, lambda: s3.head_object(Bucket=url.bucket, Key=url.key), s3)
@@ -291,6 +328,8 @@ __all__ = [
     "body_retry_pause",
     "put_bytes",
     "upload_fileobj",
+    "put_large",
+    "put_written",
     "head",
     "list_objects",
     "delete_keys",
