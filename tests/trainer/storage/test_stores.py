@@ -72,7 +72,8 @@ def test_an_https_store_signed_by_a_private_ca_is_trusted_through_its_ca_bundle(
             s3.put_bytes(s3.S3Url("private-ca", "x"), b"x")
         assert classify(refused.value) == ExitCode.USER_ERROR  # not retried as the infrastructure's
         if crtupload.available():
-            with pytest.raises(StorageError, match="CERTIFICATE_VERIFY_FAILED.*spec.s3.caBundle") as crt_refused:
+            with pytest.raises(StorageError, match="writing s3://private-ca/x: the certificate .*CERTIFICATE_VERIFY_FAILED"
+                                                   ".*spec.s3.caBundle \\(DDP_S3_CA_BUNDLE\\)") as crt_refused:
                 s3.put_large(s3.S3Url("private-ca", "x"), b"x")
             assert classify(crt_refused.value) == ExitCode.USER_ERROR
         monkeypatch.setenv(envnames.S3_CA_BUNDLE, str(tls[2]))

@@ -2,7 +2,7 @@
 optional transfer client, `pip install "boto3[crt]"`; the trainer image has it).
 
 boto3's own multipart upload reads, signs and sends every part from Python threads; the CRT does it from
-native threads, at about half the CPU per byte (`make bench-checkpoint`), which is what a busy node
+native threads, at about a third of the CPU per byte (`make bench-checkpoint`), which is what a busy node
 (or an S3 server on the same cores) has least of. boto3's CRT transfer manager cannot be used as it
 is: it signs for AWS's endpoint whatever the client's is, takes no CA bundle, and always sends a CRC32
 trailer, which stores that predate boto3 1.36 refuse. Here the request honours the same S3Options as
@@ -232,11 +232,14 @@ class Pipe(io.RawIOBase):
 
 
 def check_trust(endpoint: str, ca_bundle: str | None) -> None:
-    """Raise StorageError if `endpoint`'s certificate is not trusted. The CRT's TLS (s2n) answers a failed
-    handshake only after a random 10-30 s delay, on every retry: minutes before a wrong caBundle is
-    said. Python's ssl reads the same system trust store (or the bundle) and says it at once."""
+    """Raise botocore's SSLError, as boto3 would (s3.translate says it), if `endpoint`'s certificate is
+    not trusted. The CRT's TLS (s2n) answers a failed handshake only after a random 10-30 s delay, on
+    every retry: minutes before a wrong caBundle is said. Python's ssl reads the same system trust store
+    (or the bundle) and says it at once."""
     import socket
     import ssl
+
+    from botocore.exceptions import SSLError
 
     parts = urlsplit(endpoint)
     host, port = parts.hostname or "", parts.port or 443
@@ -245,10 +248,7 @@ def check_trust(endpoint: str, ca_bundle: str | None) -> None:
         with socket.create_connection((host, port), timeout=10) as raw, context.wrap_socket(raw, server_hostname=host):
             pass
     except ssl.SSLCertVerificationError as exc:
-        from ddp_contract import envnames
-
-        raise StorageError(f"the certificate of S3 endpoint {endpoint} is not trusted ({exc}); for a private CA "
-                           f"give its certificates as spec.s3.caBundle ({envnames.S3_CA_BUNDLE})") from exc
+        raise SSLError(endpoint_url=endpoint, error=exc) from exc
     except OSError:
         pass  # unreachable now: the upload's own retries and error say so
 

@@ -250,13 +250,10 @@ def upload_fileobj(
 
 def put_large(url: S3Url, data: bytes, part_size: int = 8 * 1024 * 1024) -> None:
     """One object from bytes in memory, in parallel parts above `part_size`: through the AWS CRT where
-    awscrt is installed (about half boto3's CPU per byte; storage/crtupload.py), else boto3's upload."""
-    from . import crtupload
-
+    awscrt is installed (a third of boto3's CPU per byte; storage/crtupload.py), else boto3's upload."""
     s3 = client()
-    if _crt_enabled() and crtupload.available():
-        uploader = crtupload.uploader(s3._get_credentials())
-        call("writing", url, lambda: uploader.put(url.bucket, url.key, data, part_size), s3)
+    if _use_crt():
+        call("writing", url, lambda: _crt_uploader(s3).put(url.bucket, url.key, data, part_size), s3)
     else:
         upload_fileobj(io.BytesIO(data), url, s3, part_size=part_size)
 
@@ -264,12 +261,9 @@ def put_large(url: S3Url, data: bytes, part_size: int = 8 * 1024 * 1024) -> None
 def put_written(url: S3Url, write: Callable[[IO[bytes]], None], part_size: int = 8 * 1024 * 1024) -> None:
     """One object from what `write(file)` writes: through the AWS CRT where awscrt is installed, parts
     going up while `write` runs (never the whole object in memory); else written to memory, then put."""
-    from . import crtupload
-
     s3 = client()
-    if _crt_enabled() and crtupload.available():
-        uploader = crtupload.uploader(s3._get_credentials())
-        call("writing", url, lambda: uploader.put_written(url.bucket, url.key, write, part_size), s3)
+    if _use_crt():
+        call("writing", url, lambda: _crt_uploader(s3).put_written(url.bucket, url.key, write, part_size), s3)
         return
     buffer = io.BytesIO()
     write(buffer)
@@ -277,8 +271,18 @@ def put_written(url: S3Url, write: Callable[[IO[bytes]], None], part_size: int =
     upload_fileobj(buffer, url, s3, part_size=part_size)
 
 
-def _crt_enabled() -> bool:
-    return env.S3Settings.from_env().crt
+def _use_crt() -> bool:
+    from . import crtupload
+
+    return env.S3Settings.from_env().crt and crtupload.available()
+
+
+def _crt_uploader(s3: Any) -> Any:
+    """This process's CRT uploader, signing as `s3` does. Made inside `call`, so that its first check of
+    the endpoint's certificate is said as boto3's own is (`translate`)."""
+    from . import crtupload
+
+    return crtupload.uploader(s3._get_credentials())
 
 
 def head(url: S3Url, s3: Any = None) -> dict[str, Any]:
