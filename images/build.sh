@@ -72,6 +72,7 @@ PUSH_REGISTRY=""  # host[:port][/path] for `push`
 PUSH_CA=""        # a PEM file of the CA that registry's certificate chains to, if not a public one
 
 export GOTOOLCHAIN=local
+source "$REPO/localcluster/gocache.sh"
 
 exec 3>&2  # messages go here even from inside commands whose own output is captured
 log() { printf '[images] %s\n' "$*" >&3; }
@@ -390,6 +391,12 @@ load_into_node() {
 
 prepare() {
   mkdir -p "$IMAGE_CACHE"
+  if [ ! -x "$BIN_RUNC/runc" ] || [ ! -x "$BIN_BUILDKIT/buildkitd" ]; then
+    go_cache_scope build_tools
+  fi
+}
+
+build_tools() {
   build_runc
   build_buildkit
 }

@@ -61,6 +61,7 @@ SERVICE_CIDR=10.96.0.0/16
 POD_CIDR=10.244.0.0/16
 
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod
+source "$HERE/gocache.sh"
 
 BIN_K8S=$DDP_CACHE/bin/kubernetes-$K8S_VERSION
 BIN_ETCD=$DDP_CACHE/bin/etcd-$ETCD_VERSION
@@ -250,7 +251,17 @@ cmd_build() {
   local outs=("$BIN_ETCD" "$BIN_K8S" "$BIN_KWOK" "$BIN_HELM") out
   if node_enabled; then outs+=("$BIN_KUBELET" "$BIN_CONTAINERD" "$BIN_RUNC" "$BIN_CNI" "$BIN_COREDNS" "$BIN_PAUSE"); fi
   for out in "${outs[@]}"; do [ -d "$out" ] || STEP_TOTAL=$((STEP_TOTAL + 1)); done
-  [ "$STEP_TOTAL" -eq 0 ] || log "building $STEP_TOTAL of ${#outs[@]} components (a cold build takes 10 to 25 min on 2 cores)"
+  if [ "$STEP_TOTAL" -gt 0 ]; then
+    log "building $STEP_TOTAL of ${#outs[@]} components (a cold build takes 10 to 25 min on 2 cores)"
+    go_cache_scope build_components "$kv"
+  fi
+  log "binaries ready in $((SECONDS - started)) s"
+}
+
+# build_components KV: the components not cached yet, one Go build cache shared by all (the kubelet
+# and the control plane share most of Kubernetes' packages).
+build_components() {
+  local kv=$1
   step etcd "$BIN_ETCD" go_build etcd "$BIN_ETCD" "" .
   step "kube-apiserver, kube-controller-manager, kube-scheduler, kubectl" "$BIN_K8S" go_build kubernetes "$BIN_K8S" "$kv" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
@@ -258,7 +269,6 @@ cmd_build() {
   step kwok "$BIN_KWOK" build_kwok
   step helm "$BIN_HELM" go_build helm "$BIN_HELM" "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" helm.sh/helm/v3/cmd/helm
   if node_enabled; then build_node "$kv"; fi
-  log "binaries ready in $((SECONDS - started)) s"
 }
 
 # --- certificates ----------------------------------------------------------
@@ -595,6 +605,6 @@ case "${1:-}" in
   helm) shift; KUBECONFIG=$KUBECONFIG_FILE "$BIN_HELM/helm" "$@" ;;
   bindir) echo "$BIN_K8S:$BIN_HELM" ;;
   sign) shift; sign "$@" ;;  # NAME SUBJECT [SAN]: a key and certificate from the cluster CA in $PKI
-  build-patched) shift; build_patched "$@" ;;  # NAME MODULE OUT LDFLAGS PATCH... (kueue.sh's build)
+  build-patched) shift; go_cache_scope build_patched "$@" ;;  # NAME MODULE OUT LDFLAGS PATCH... (kueue.sh's build)
   *) echo "usage: $0 build|up|down|status|env|kubectl ARGS|helm ARGS|ctr ARGS|image-import ROOTFS REF [CONFIG]|image-load TARBALL REF" >&2; exit 2 ;;
 esac

@@ -45,6 +45,7 @@ LOG=$DIR/registry.log
 ADDRESS_FILE=$DIR/address  # host:port, once it listens
 
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod
+source "$HERE/gocache.sh"
 
 exec 3>&2
 log() { printf '[registry] %s\n' "$*" >&3; }
@@ -58,7 +59,7 @@ cmd_build() {
   local tmp="$BIN.tmp.$$"
   rm -rf "$tmp" && mkdir -p "$tmp"
   log "building the distribution registry $REGISTRY_VERSION (cached afterwards in $BIN)"
-  (cd "$HERE/go/registry" && CGO_ENABLED=0 go build -trimpath \
+  (cd "$HERE/go/registry" && CGO_ENABLED=0 go_cache_scope go build -trimpath \
     -ldflags "-s -w -X $REGISTRY_MODULE/version.version=$REGISTRY_VERSION" -o "$tmp/" "$REGISTRY_MODULE/cmd/registry")
   mv -T "$tmp" "$BIN" 2>/dev/null || rm -rf "$tmp"  # another build may have got there first
   [ -x "$BIN/registry" ] || die "could not build $BIN/registry"

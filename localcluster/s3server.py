@@ -58,10 +58,18 @@ def weed() -> Path:
         partial = BIN.with_name(f"{BIN.name}.tmp.{os.getpid()}")
         shutil.rmtree(partial, ignore_errors=True)
         env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod", "CGO_ENABLED": "0"}
+        # A build cache of its own, removed afterwards, unless GOCACHE is set (as gocache.sh does).
+        scoped_cache = None if "GOCACHE" in env else BIN.parent.parent / f"go-build.{os.getpid()}"
+        if scoped_cache is not None:
+            env["GOCACHE"] = str(scoped_cache)
         print(f"[s3server] building SeaweedFS {SEAWEEDFS_VERSION} (once; cached in {BIN})", flush=True)
-        result = subprocess.run(["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(partial / "weed"),
-                                 f"{SEAWEEDFS_MODULE}/weed"], cwd=HERE / "go" / "seaweedfs", env=env,
-                                capture_output=True, text=True)
+        try:
+            result = subprocess.run(["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(partial / "weed"),
+                                     f"{SEAWEEDFS_MODULE}/weed"], cwd=HERE / "go" / "seaweedfs", env=env,
+                                    capture_output=True, text=True)
+        finally:
+            if scoped_cache is not None:
+                shutil.rmtree(scoped_cache, ignore_errors=True)
         if result.returncode != 0:
             shutil.rmtree(partial, ignore_errors=True)
             raise S3ServerError(f"building SeaweedFS failed:\n{result.stderr[-3000:]}")
