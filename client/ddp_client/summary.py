@@ -73,26 +73,39 @@ def progress_line(name: str, status: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def failed_rank_lines(failed: Mapping[str, Any], label: str) -> list[str]:
+    """`LABEL: rank 1 (pod j-1 on node gpu-3): Error (exit code 1, ...)` and the rank's last output."""
+    where = f"rank {failed.get('rank')} (pod {failed.get('pod')}"
+    where += f" on node {failed['node']})" if failed.get("node") else ")"
+    how = [f"exit code {failed.get('exitCode')}"] if failed.get("exitCode") is not None else []
+    how += [f"signal {failed['signal']}"] if failed.get("signal") else []
+    how += ["OOM-killed"] if failed.get("oomKilled") else []
+    how += [f"step {failed['step']}"] if failed.get("step") is not None else []
+    how += [f"attempt {failed['attempt']}"] if failed.get("attempt") is not None else []
+    how += [f"{failed['kind']} failure"] if failed.get("kind") else []
+    lines = [f"{label}: {where}: {failed.get('reason') or 'Failed'}" + (f" ({', '.join(how)})" if how else "")]
+    if failed.get("message"):
+        lines.append("its last output:")
+        lines.extend(f"    {line}" for line in str(failed["message"]).rstrip().splitlines())
+    return lines
+
+
 def failure_text(status: Mapping[str, Any]) -> str:
-    """Why the job failed (or the gang last restarted): reason, message, and the failed rank's last output."""
+    """Why the job failed: reason, message, and the failed rank's last output."""
     lines = []
     if status.get("reason") or status.get("message"):
         lines.append(f"reason: {status.get('reason') or '-'}: {status.get('message') or ''}".rstrip(": "))
     failed = JobStatus.of(status).failed_rank or {}
     if failed:
-        where = f"rank {failed.get('rank')} (pod {failed.get('pod')}"
-        where += f" on node {failed['node']})" if failed.get("node") else ")"
-        how = [f"exit code {failed.get('exitCode')}"] if failed.get("exitCode") is not None else []
-        how += [f"signal {failed['signal']}"] if failed.get("signal") else []
-        how += ["OOM-killed"] if failed.get("oomKilled") else []
-        how += [f"step {failed['step']}"] if failed.get("step") is not None else []
-        how += [f"attempt {failed['attempt']}"] if failed.get("attempt") is not None else []
-        how += [f"{failed['kind']} failure"] if failed.get("kind") else []
-        lines.append(f"failed rank: {where}: {failed.get('reason') or 'Failed'}" + (f" ({', '.join(how)})" if how else ""))
-        if failed.get("message"):
-            lines.append("its last output:")
-            lines.extend(f"    {line}" for line in str(failed["message"]).rstrip().splitlines())
+        lines.extend(failed_rank_lines(failed, "failed rank"))
     return "\n".join(lines)
+
+
+def last_restart_text(status: Mapping[str, Any]) -> str:
+    """Of a job that has not failed: the rank whose failure caused the gang's last restart ('' if none).
+    History, not a failure: the job went on (and may have succeeded) after it."""
+    failed = JobStatus.of(status).failed_rank or {}
+    return "\n".join(failed_rank_lines(failed, "caused by")) if failed else ""
 
 
 def outcome_text(name: str, status: Mapping[str, Any]) -> str:
@@ -135,8 +148,9 @@ def status_text(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> st
                  if checkpoint else "Checkpoint:   none committed")
     if status.get("message") and status.get("phase") != "Failed":
         lines.append(f"Message:      {status['message']}")
-    failure = failure_text(status) if (status.get("phase") == "Failed" or status.get("failedRank")) else ""
-    if failure:
-        lines.append("Failure:")
-        lines.extend(f"  {line}" for line in failure.splitlines())
+    failed = status.get("phase") == "Failed"
+    section, text = ("Failure:", failure_text(status)) if failed else ("Last restart:", last_restart_text(status))
+    if text:
+        lines.append(section)
+        lines.extend(f"  {line}" for line in text.splitlines())
     return "\n".join(lines)

@@ -70,3 +70,27 @@ def test_an_elastic_job_says_how_many_of_its_ranks_the_gang_has() -> None:
     assert world_size_text(elastic, {}) == "4 of 4 ranks (minimum 2)"
     assert world_size_text({"worldSize": 4}, {"worldSize": 4}) == "4 ranks"
     assert world_size_text({"worldSize": 4, "minWorldSize": 4}, {}) == "4 ranks"
+
+
+def test_a_job_that_succeeded_after_restarts_shows_the_last_restart_as_history_not_as_a_failure() -> None:
+    status = {"phase": "Succeeded", "reason": "AllRanksSucceeded", "message": "all 2 ranks exited 0", "attempt": 3,
+              "restarts": 2, "infrastructureRestarts": 2,
+              "failedRank": {"rank": 0, "pod": "chaos-run-0", "reason": "RankMissing", "kind": "Infrastructure",
+                             "attempt": 2, "message": "the pod was deleted"}}
+    job = {"metadata": {"name": "chaos-run", "namespace": "ns"}, "spec": {"worldSize": 2}, "status": status}
+    text = status_text(job, [pod(0, "Succeeded"), pod(1, "Succeeded")])
+    assert "Failure" not in text and "failed rank" not in text and "reason: AllRanksSucceeded" not in text
+    assert text.endswith("Last restart:\n"
+                         "  caused by: rank 0 (pod chaos-run-0): RankMissing (attempt 2, Infrastructure failure)\n"
+                         "  its last output:\n"
+                         "      the pod was deleted")
+    assert "Phase:        Succeeded (AllRanksSucceeded)" in text
+
+
+def test_a_running_job_shows_what_caused_its_last_restart() -> None:
+    status = {"phase": "Running", "attempt": 2, "restarts": 1, "programRestarts": 1, "failedRank": FAILED["failedRank"]}
+    job = {"metadata": {"name": "j", "namespace": "ns"}, "spec": {"worldSize": 3}, "status": status}
+    text = status_text(job, [pod(0, "Running"), pod(1, "Running"), pod(2, "Running")])
+    assert "Last restart:\n  caused by: rank 1 (pod j-1 on node gpu-3): Error (exit code 1, step 41, attempt 1, " \
+           "Program failure)" in text
+    assert "Failure" not in text
