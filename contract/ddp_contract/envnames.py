@@ -110,6 +110,11 @@ SHARD_CACHE_DIR: Final = "DDP_SHARD_CACHE_DIR"
 SHARD_CACHE_BYTES: Final = "DDP_SHARD_CACHE_BYTES"
 DATASET_URI: Final = "DDP_DATASET_URI"
 RESULTS_URI: Final = "DDP_RESULTS_URI"
+# spec.keepFolders as a JSON list of paths (relative to the container's working directory, or absolute):
+# kept under <results>/<namespace>/<job>/kept/ and restored before each attempt (runtime/folderkeeper.py).
+KEEP_FOLDERS: Final = "DDP_KEEP_FOLDERS"
+KEEP_INTERVAL_SECONDS: Final = "DDP_KEEP_INTERVAL_SECONDS"  # how often the folders are looked at (5)
+KEEP_SETTLE_SECONDS: Final = "DDP_KEEP_SETTLE_SECONDS"  # how long a file stays unchanged before it is kept (10)
 
 # Set by the operator for every rank; a spec's env or template may not override them.
 RESERVED: Final = frozenset({

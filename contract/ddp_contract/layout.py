@@ -7,10 +7,12 @@ The runtime writes there and the client (`ddp_client`, `kubectl ddp`) reads it b
     checkpoints/step-<012d>/...                      CheckpointManager
     hangs/attempt-<n>/rank-<r>.txt                   a hung rank's stacks
     logs/attempt-<n>/rank-<r>/part-<ppppp>.log       every rank's output, per gang attempt
+    kept/<folder>/<path>                             spec.keepFolders: the folders' files, as on disk
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass
 from typing import Final
@@ -20,6 +22,7 @@ METRICS: Final = "metrics"
 CHECKPOINTS: Final = "checkpoints"
 HANGS: Final = "hangs"
 LOGS: Final = "logs"
+KEPT: Final = "kept"
 
 _LOG_PART = re.compile(r"^attempt-(?P<attempt>\d+)/rank-(?P<rank>\d+)/part-(?P<part>\d+)\.log$")
 
@@ -33,6 +36,16 @@ def is_result_path(path: str) -> bool:
     """Whether `path` names a result as submit_result takes it: a relative path without empty, '.'
     or '..' parts (so no leading or trailing '/' either), which stays below any folder it is joined to."""
     return bool(path) and all(part not in ("", ".", "..") for part in path.split("/"))
+
+
+def kept_folder_key(path: str) -> str:
+    """A kept folder's name under kept/: the path as spec.keepFolders writes it, normalised, without a
+    leading '/' (`out`, `workspace/runs`). Raises ValueError for a path that is empty or climbs out ('..')."""
+    normal = posixpath.normpath(path.strip())
+    parts = [part for part in normal.split("/") if part]
+    if not parts or normal in (".", "/") or ".." in parts:
+        raise ValueError(f"{path!r} must name a folder below / without '..' parts")
+    return "/".join(parts)
 
 
 def log_part(attempt: int, rank: int, part: int) -> str:

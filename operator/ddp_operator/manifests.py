@@ -6,6 +6,7 @@ ownerReferences are added by the caller (kubeapi.adopt).
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shlex
 from collections.abc import Mapping, Sequence
@@ -243,6 +244,8 @@ def rank_env(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) -> 
         values[envnames.HANG_TIMEOUT_SECONDS] = str(spec.hang_timeout_seconds)
     if not spec.metrics_from_output:
         values[envnames.METRICS_FROM_OUTPUT] = "false"
+    if spec.keep_folders:
+        values[envnames.KEEP_FOLDERS] = json.dumps(list(spec.keep_folders))
     checkpoint = ((job.get("status") or {}).get("lastCheckpoint") or {}).get("uri")
     if checkpoint:
         values[envnames.RESUME_FROM] = str(checkpoint)
@@ -322,23 +325,31 @@ def trainer_command(spec: JobSpec) -> list[str]:
     prefix = TORCHRUN_PREFIX if kind == commands.PROGRAM and not one_process else ()
     if kind == commands.RUNTIME or spec.trainer_runtime == api.TRAINER_RUNTIME_OFF:
         return [*prefix, *spec.command]
-    return ["/bin/sh", "-c", runtime_shim(prefix, spec.in_place), os.path.basename(commands.RUNTIME_BIN),
+    return ["/bin/sh", "-c", runtime_shim(prefix, runtime_needed_by(spec)), os.path.basename(commands.RUNTIME_BIN),
             *spec.command]
+
+
+def runtime_needed_by(spec: JobSpec) -> str | None:
+    """What of the spec only works under the trainer runtime (None: nothing)."""
+    if spec.in_place:
+        return "restartStrategy InPlace"
+    return "spec.keepFolders" if spec.keep_folders else None
 
 
 TORCHRUN_PREFIX: tuple[str, ...] = ("torchrun", "--no-python")
 
 
-def runtime_shim(prefix: Sequence[str], in_place: bool) -> str:
+def runtime_shim(prefix: Sequence[str], needed_by: str | None) -> str:
     """The shell line a command job's container runs (its arguments: the command and spec.args): the
-    command under the runtime where the image has it; else as it is, after `prefix`, or, for an InPlace
-    job, which needs the runtime, a failure that says so."""
+    command under the runtime where the image has it; else as it is, after `prefix`, or, for a job with
+    something only the runtime does (`needed_by`: InPlace restarts, kept folders), a failure that says so."""
     supervised = f'if [ -x {commands.RUNTIME_BIN} ]; then exec {commands.RUNTIME_BIN} exec -- "$@"; fi'
-    if not in_place:
+    if needed_by is None:
         return f'{supervised}\nexec {shlex.join(prefix) + " " if prefix else ""}"$@"'
+    instead = ", or use restartStrategy Recreate" if needed_by.startswith("restartStrategy") else ""
     line = format_line(None, None, int(ExitCode.CONFIG_ERROR), ExitCode.CONFIG_ERROR.name, False,
-                       f"restartStrategy InPlace needs the trainer runtime ({commands.RUNTIME_BIN}), which the "
-                       "image does not have: build it FROM the trainer image, or use restartStrategy Recreate")
+                       f"{needed_by} needs the trainer runtime ({commands.RUNTIME_BIN}), which the "
+                       f"image does not have: build it FROM the trainer image{instead}")
     return f"{supervised}\necho {shlex.quote(line)} >&2\nexit {int(ExitCode.CONFIG_ERROR)}"
 
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ddp_contract import api, backend, envnames, labels, s3options
+from ddp_contract import api, backend, envnames, labels, layout, s3options
 from ddp_contract.backend import BACKENDS, NCCL, resolve_backend
 from ddp_contract.targets import ENTRYPOINT_RE
 from ddp_operator import constants as c
@@ -157,6 +157,7 @@ class JobSpec(Templated):
     suspend: bool = False
     metrics_from_output: bool = True
     data_workers: DataWorkersSpec | None = None
+    keep_folders: tuple[str, ...] = ()  # as written; kept under <results>/<ns>/<job>/kept/<layout.kept_folder_key>
 
     @property
     def data_worker_replicas(self) -> int:
@@ -219,10 +220,12 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
         _check_env_names(
             env, "env", {envnames.AWS_ACCESS_KEY_ID, envnames.AWS_SECRET_ACCESS_KEY}, "is set from s3.credentialsSecret"
         )
+    if spec.get("keepFolders"):
+        _check_env_names(env, "env", {envnames.KEEP_FOLDERS}, "is set from spec.keepFolders")
     data_workers = _data_workers(spec.get("dataWorkers"))
     if data_workers is not None:
         _check_env_names(env, "env", DATA_WORKER_ENV, "is set from spec.dataWorkers")
-    return JobSpec(
+    parsed = JobSpec(
         world_size=world_size,
         image=_image(spec),
         entrypoint=entrypoint,
@@ -257,7 +260,35 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
         suspend=_bool(spec, "suspend", False),
         metrics_from_output=_bool(spec, "metricsFromOutput", True),
         data_workers=data_workers,
+        keep_folders=_keep_folders(spec.get("keepFolders") or [], s3),
     )
+    _check_keep_folders_runtime(parsed)
+    return parsed
+
+
+def _keep_folders(value: Any, s3: S3Spec | None) -> tuple[str, ...]:
+    """spec.keepFolders: folders, none inside another (each would be kept twice), and a results prefix."""
+    folders = [_string(path, f"keepFolders[{i}]") for i, path in enumerate(_list(value, "keepFolders"))]
+    keys: dict[str, int] = {}
+    for i, path in enumerate(folders):
+        try:
+            key = layout.kept_folder_key(path)
+        except ValueError as error:
+            raise InvalidSpec(f"keepFolders[{i}]", str(error)) from None
+        for other, j in keys.items():
+            if key == other or key.startswith(other + "/") or other.startswith(key + "/"):
+                raise InvalidSpec(f"keepFolders[{i}]", f"{path!r} and keepFolders[{j}] {folders[j]!r} name the same "
+                                  "files: keep the outer folder only")
+        keys[key] = i
+    if folders and (s3 is None or not s3.results):
+        raise InvalidSpec("keepFolders", "needs spec.s3.results: the folders are kept under the job's results prefix")
+    return tuple(folders)
+
+
+def _check_keep_folders_runtime(spec: JobSpec) -> None:
+    if spec.keep_folders and spec.command and spec.trainer_runtime == api.TRAINER_RUNTIME_OFF:
+        raise InvalidSpec("keepFolders", "needs the trainer runtime, which trainerRuntime Off turns off: "
+                          "the runtime keeps the folders")
 
 
 def _ranks_per_pod(spec: Mapping[str, Any], world_size: int) -> int:

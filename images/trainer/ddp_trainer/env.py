@@ -253,6 +253,22 @@ def log_upload_interval_s(environ: Mapping[str, str] | None = None) -> float:
     return _float(env, names.LOG_UPLOAD_INTERVAL_SECONDS, DEFAULT_LOG_UPLOAD_INTERVAL_SECONDS, zero_means_off=True)
 
 
+DEFAULT_KEEP_INTERVAL_SECONDS = 5.0
+DEFAULT_KEEP_SETTLE_SECONDS = 10.0
+
+
+def keep_interval_s(environ: Mapping[str, str] | None = None) -> float:
+    """$DDP_KEEP_INTERVAL_SECONDS: seconds between looks at the kept folders."""
+    env = os.environ if environ is None else environ
+    return _float(env, names.KEEP_INTERVAL_SECONDS, DEFAULT_KEEP_INTERVAL_SECONDS)
+
+
+def keep_settle_s(environ: Mapping[str, str] | None = None) -> float:
+    """$DDP_KEEP_SETTLE_SECONDS: how long a file in a kept folder stays unchanged before it is kept."""
+    env = os.environ if environ is None else environ
+    return _float(env, names.KEEP_SETTLE_SECONDS, DEFAULT_KEEP_SETTLE_SECONDS)
+
+
 DEFAULT_DATA_WORKER_PORT = names.DEFAULT_DATA_WORKER_PORT
 
 

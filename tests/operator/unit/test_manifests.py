@@ -432,3 +432,16 @@ def test_a_program_in_a_pod_of_several_ranks_runs_under_torchrun_a_launcher_neve
 def test_metric_lines_the_ranks_print_are_read_unless_the_spec_turns_it_off() -> None:
     assert "DDP_METRICS_FROM_OUTPUT" not in env_of(pod_for(make_job())["spec"]["containers"][0])
     assert env_of(pod_for(make_job(metricsFromOutput=False))["spec"]["containers"][0])["DDP_METRICS_FROM_OUTPUT"] == "false"
+
+
+def test_kept_folders_go_to_every_rank_as_json_and_need_the_runtime_in_a_command_s_image(tmp_path: Path) -> None:
+    s3 = {"results": "s3://bucket/runs"}
+    pod = pod_for(make_job(keepFolders=["out", "/workspace/runs"], s3=s3))
+    assert json.loads(env_of(pod)[envnames.KEEP_FOLDERS]) == ["out", "/workspace/runs"]
+    assert envnames.KEEP_FOLDERS not in env_of(pod_for(make_job(s3=s3)))
+    container = trainer(pod_for(command_job(["python", "train.py"], keepFolders=["out"], s3=s3)))
+    assert run_shell(container, tmp_path, runtime=True) == ["runtime", "exec", "--", "python", "train.py"]
+    said = run_shell(container, tmp_path, runtime=False)
+    line = parse_line(said[-1])
+    assert said[:2] == ["exit", "2"] and line is not None
+    assert line.error.startswith("spec.keepFolders needs the trainer runtime") and "Recreate" not in line.error

@@ -38,7 +38,8 @@ from .. import env
 from ..jobstatus import JobStatusSink
 from ..jobwatch import JobView, JobWatch
 from .context import target_world_size
-from .supervisor import RankProcesses
+from .folderkeeper import kept_ranks
+from .rankprocesses import RankProcesses
 from .termination import leave_termination_message
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,7 @@ def serve(ranks: RankProcesses, environ: Mapping[str, str]) -> int:
     """Run the pod's ranks (an entrypoint's LocalRanks, a command's CommandProcess) attempt after
     attempt; the container's exit code."""
     job = env.JobInfo.from_env(environ)
+    ranks = kept_ranks(ranks, environ)
     watch = JobWatch(job.namespace, job.name).start()
     folder = Path(tempfile.mkdtemp(prefix="ddp-in-place-"))
     try:

@@ -21,13 +21,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from ddp_contract import envnames as names
 from ddp_contract.exitcodes import ExitCode
 
 from .. import env
 from ..errors import ConfigError
+from .folderkeeper import kept_ranks
+from .rankprocesses import RankProcesses
 from .termination import leave_termination_message
 from .zygote import ForkedProcess, Zygote
 
@@ -40,8 +41,11 @@ POLL_SECONDS = 0.05
 
 
 def is_launcher(environ: Mapping[str, str]) -> bool:
-    """A pod of several ranks, before they are started: LOCAL_WORLD_SIZE > 1 and no RANK yet."""
-    return not environ.get(names.RANK, "").strip() and env.local_world_size(environ) > 1
+    """A pod of several ranks, before they are started (LOCAL_WORLD_SIZE > 1 and no RANK yet), or of
+    one rank that keeps folders (DDP_KEEP_FOLDERS, which its rank process is not given): this process
+    then supervises the rank processes, keeping the folders while they run."""
+    several = not environ.get(names.RANK, "").strip() and env.local_world_size(environ) > 1
+    return several or bool(environ.get(names.KEEP_FOLDERS, "").strip())
 
 
 def local_rank_env(environ: Mapping[str, str], local_rank: int, message_path: str) -> dict[str, str]:
@@ -53,29 +57,9 @@ def local_rank_env(environ: Mapping[str, str], local_rank: int, message_path: st
     if rank >= world:
         raise ConfigError(f"{names.NODE_RANK}={node} x {names.LOCAL_WORLD_SIZE}={per_pod} + {local_rank} "
                           f"is not below {names.WORLD_SIZE}={world}")
-    return {**environ, names.RANK: str(rank), names.LOCAL_RANK: str(local_rank), names.GROUP_RANK: str(node),
+    child = {key: value for key, value in environ.items() if key != names.KEEP_FOLDERS}  # the pod keeps them
+    return {**child, names.RANK: str(rank), names.LOCAL_RANK: str(local_rank), names.GROUP_RANK: str(node),
             names.TERMINATION_MESSAGE_PATH: message_path}
-
-
-class RankProcesses(Protocol):
-    """A pod's rank processes for one attempt after another, as runtime/inplace.py runs them: an
-    entrypoint's LocalRanks, or a job command's CommandProcess (runtime/command.py)."""
-
-    count: int  # the pod's ranks
-
-    def __enter__(self) -> RankProcesses: ...
-
-    def __exit__(self, *exc: object) -> None: ...
-
-    def prepare_zygote(self, environ: Mapping[str, str]) -> None: ...
-
-    def start(self, environ: Mapping[str, str]) -> None: ...
-
-    def supervise(self, interrupted: Callable[[], bool] = ...) -> bool: ...
-
-    def signal_all(self, signum: int) -> None: ...
-
-    def outcome(self) -> tuple[int, str]: ...
 
 
 @dataclass
@@ -101,6 +85,7 @@ def launch(target: str | None, args: Sequence[str], environ: Mapping[str, str]) 
 def run_once(ranks: RankProcesses, environ: Mapping[str, str]) -> bool:
     """Start the pod's rank processes and supervise them until they end, a SIGTERM the container gets
     passed on to them (and SIGKILL after STOP_GRACE_SECONDS); True when a SIGTERM stopped them."""
+    ranks = kept_ranks(ranks, environ)
     stopping: list[int] = []
 
     def forward(signum: int, frame: object) -> None:

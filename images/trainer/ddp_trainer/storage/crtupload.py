@@ -125,7 +125,14 @@ class CrtUploader:
         pipe.finish()
         sent.wait()
 
-    def _send(self, bucket: str, key: str, body: IO[bytes], size: int | None, part_size: int) -> _Sent:
+    def put_file(self, bucket: str, key: str, path: str, metadata: dict[str, str] | None = None,
+                 part_size: int = PART_BYTES) -> None:
+        """PUT the file at `path`, which the CRT reads itself, parts in parallel; `metadata` as
+        x-amz-meta-* headers."""
+        self._send(bucket, key, None, os.path.getsize(path), part_size, path, metadata).wait()
+
+    def _send(self, bucket: str, key: str, body: IO[bytes] | None, size: int | None, part_size: int,
+              path: str | None = None, metadata: dict[str, str] | None = None) -> _Sent:
         from awscrt.http import HttpHeaders, HttpRequest
         from awscrt.s3 import S3ChecksumAlgorithm, S3ChecksumConfig, S3ChecksumLocation, S3RequestType
 
@@ -133,12 +140,15 @@ class CrtUploader:
         headers = HttpHeaders([("Host", where.host)])
         if size is not None:  # without it the CRT uploads parts as they are read, to the end of the stream
             headers.add("Content-Length", str(size))
+        for name, value in (metadata or {}).items():
+            headers.add(f"x-amz-meta-{name}", value)
         checksum = None
         if self.settings.options.checksum_mode == "when_supported":
             checksum = S3ChecksumConfig(algorithm=S3ChecksumAlgorithm.CRC32, location=S3ChecksumLocation.TRAILER)
         request = self._client.make_request(type=S3RequestType.PUT_OBJECT,
                                             request=HttpRequest("PUT", where.path, headers, body),
-                                            checksum_config=checksum, part_size=max(part_size, 5 * 1024 * 1024))
+                                            send_filepath=path, checksum_config=checksum,
+                                            part_size=max(part_size, 5 * 1024 * 1024))
         return _Sent(request, bucket, key, self.settings.endpoint_url)
 
 

@@ -271,6 +271,20 @@ def put_written(url: S3Url, write: Callable[[IO[bytes]], None], part_size: int =
     upload_fileobj(buffer, url, s3, part_size=part_size)
 
 
+def put_file(url: S3Url, path: str, metadata: dict[str, str] | None = None, part_size: int = 8 * 1024 * 1024) -> None:
+    """One object from a local file, read in parts and sent in parallel (never whole in memory): through
+    the AWS CRT where awscrt is installed, else boto3's upload. `metadata`: the object's user metadata."""
+    s3 = client()
+    if _use_crt():
+        call("writing", url, lambda: _crt_uploader(s3).put_file(url.bucket, url.key, path, metadata, part_size), s3)
+        return
+    from boto3.s3.transfer import TransferConfig
+
+    config = TransferConfig(multipart_threshold=part_size, multipart_chunksize=part_size, max_concurrency=8)
+    extra = {"Metadata": metadata} if metadata else None
+    call("writing", url, lambda: s3.upload_file(path, url.bucket, url.key, ExtraArgs=extra, Config=config), s3)
+
+
 def _use_crt() -> bool:
     from . import crtupload
 
@@ -334,6 +348,7 @@ __all__ = [
     "upload_fileobj",
     "put_large",
     "put_written",
+    "put_file",
     "head",
     "list_objects",
     "delete_keys",

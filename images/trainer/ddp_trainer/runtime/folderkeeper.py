@@ -1,0 +1,247 @@
+"""Kept folders (spec.keepFolders): local folders the job's code writes (Hugging Face's output_dir,
+lightning_logs/, TensorBoard's runs/) mirrored to `<results>/<namespace>/<job>/kept/<folder>/` while
+the ranks run and when they end, and restored into the pod before each attempt's ranks start, so that
+code which resumes from its own folder finds it after a gang restart, a replaced pod or a resize.
+
+The rules (which files are kept, which checkpoint folders are restored) are storage/keptfolders.py's;
+the bytes move through storage/keptstore.py. The keeper runs in the process that supervises the ranks,
+on a thread of its own, never in a training process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from ddp_contract import envnames, layout
+from ddp_contract.exitcodes import ExitCode
+
+from .. import env
+from ..errors import ConfigError, TrainerError
+from ..storage import keptfolders
+from ..storage.keptfolders import FileState, Settler
+from ..storage.keptstore import KeptStore
+from .rankprocesses import RankProcesses
+
+log = logging.getLogger(__name__)
+
+# How long the last pass may take: when the ranks ended by themselves nobody waits for the pod, and a
+# large last checkpoint is worth the wait; when the pod is stopped, its grace period (30 s) bounds it.
+ENDED_UPLOAD_SECONDS = 600.0
+STOPPED_UPLOAD_SECONDS = 20.0
+
+
+
+@dataclass
+class KeptFolder:
+    """One folder of spec.keepFolders: as written, where it is here, and its copy in S3."""
+
+    path: str
+    local: str
+    store: KeptStore
+    kept: dict[str, FileState] = field(default_factory=dict)  # what is in S3 as this pod knows it
+
+
+def folders_from_env(environ: Mapping[str, str]) -> list[str]:
+    """The folders $DDP_KEEP_FOLDERS names (a JSON list of paths), [] where it is unset."""
+    raw = environ.get(envnames.KEEP_FOLDERS, "").strip()
+    if not raw:
+        return []
+    try:
+        paths = json.loads(raw)
+    except ValueError as error:
+        raise ConfigError(f"environment variable {envnames.KEEP_FOLDERS} is not a JSON list of paths: {error}") from None
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise ConfigError(f"environment variable {envnames.KEEP_FOLDERS} must be a JSON list of paths, not {raw!r}")
+    for path in paths:
+        try:
+            layout.kept_folder_key(path)
+        except ValueError as error:
+            raise ConfigError(f"environment variable {envnames.KEEP_FOLDERS}: kept folder {error}") from None
+    return paths
+
+
+def make_folder_keeper(environ: Mapping[str, str], cwd: str | None = None) -> FolderKeeper | None:
+    """The keeper of the folders the job names, or None where it names none. Raises ConfigError where it
+    names some but has no results prefix to keep them under."""
+    from ..storage.results import job_prefix
+
+    paths = folders_from_env(environ)
+    if not paths:
+        return None
+    if not environ.get(envnames.RESULTS_URI, "").strip():
+        raise ConfigError(f"{envnames.KEEP_FOLDERS} names folders to keep, but the job has no results prefix "
+                          f"(spec.s3.results) to keep them under")
+    prefix = job_prefix(env.results_uri(environ), env.JobInfo.from_env(environ)).join(layout.KEPT)
+    writer = environ.get("HOSTNAME", "") or socket.gethostname()
+    base = cwd or os.getcwd()
+    folders = [KeptFolder(path, os.path.join(base, path), KeptStore(prefix.join(layout.kept_folder_key(path)), writer))
+               for path in paths]
+    return FolderKeeper(folders, env.keep_interval_s(environ), env.keep_settle_s(environ))
+
+
+class FolderKeeper:
+    """Mirrors its folders every `interval_s` (files settled for `settle_s`) from `start` to `finish`."""
+
+    def __init__(self, folders: list[KeptFolder], interval_s: float = env.DEFAULT_KEEP_INTERVAL_SECONDS,
+                 settle_s: float = env.DEFAULT_KEEP_SETTLE_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+        self.folders = folders
+        self.interval_s = interval_s
+        self.clock = clock
+        self._settlers = {folder.path: Settler(settle_s) for folder in folders}
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # one pass at a time: the thread's, or finish()'s
+        self._thread: threading.Thread | None = None
+        self._warned = False
+
+    def restore(self) -> str:
+        """Bring each folder's kept files here (those missing or different), leave out checkpoint
+        folders kept incomplete and remove such folders left here; returns the start-up line's part."""
+        started = time.monotonic()
+        count = size = 0
+        notes: list[str] = []
+        for folder in self.folders:
+            restored, restored_bytes, torn = self._restore(folder)
+            count, size = count + restored, size + restored_bytes
+            notes += [f"{folder.path}/{name}" for name in sorted(torn)]
+        line = f"restored {count} kept file(s), {size / 1e6:.1f} MB, in {time.monotonic() - started:.1f} s"
+        if notes:
+            line += f"; left out incomplete checkpoint folder(s) {', '.join(notes)}"
+        return line
+
+    def _restore(self, folder: KeptFolder) -> tuple[int, int, set[str]]:
+        listing = folder.store.listing()
+        names, torn = keptfolders.restorable(listing)
+        local = keptfolders.scan(folder.local)
+        folder.kept = {}
+        times: dict[str, int] = {}
+        count = size = 0
+        for name in names:
+            here = local.get(name)
+            meta = folder.store.kept(name) if here is not None else None
+            if here is not None and meta is not None and here == FileState(listing[name], meta.mtime_ns or -1):
+                folder.kept[name] = here
+                continue
+            state = folder.store.fetch(name, os.path.join(folder.local, name))
+            folder.kept[name] = state
+            times[name] = state.mtime_ns
+            count, size = count + 1, size + state.size
+        for parent, mtime in keptfolders.folder_times(times).items():
+            os.utime(os.path.join(folder.local, parent), ns=(mtime, mtime))
+        for name in sorted(keptfolders.incomplete_checkpoints([*local, *listing])):
+            where = os.path.join(folder.local, name)
+            if os.path.isdir(where):
+                log.warning("removed %s: a checkpoint folder whose writer did not finish it", where)
+                shutil.rmtree(where, ignore_errors=True)
+        return count, size, torn
+
+    def start(self) -> FolderKeeper:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._every_interval, name="ddp-folder-keeper", daemon=True)
+        self._thread.start()
+        return self
+
+    def _every_interval(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.keep(ended_cleanly=False, final=False)
+
+    def keep(self, ended_cleanly: bool, final: bool) -> None:
+        """One pass over every folder: upload what is ready (settled files; every file once the ranks
+        exited 0), remove what was kept and is gone. Errors are logged, not raised: the ranks go on."""
+        with self._lock:
+            for folder in self.folders:
+                try:
+                    self._keep(folder, ended_cleanly, final)
+                except (TrainerError, OSError) as error:
+                    if final or not self._warned:
+                        self._warned = True
+                        log.warning("keeping %s in S3 failed%s: %s", folder.path,
+                                    "" if final else " (tried again every interval)", error)
+
+    def _keep(self, folder: KeptFolder, ended_cleanly: bool, final: bool) -> None:
+        now = self.clock()
+        files = keptfolders.scan(folder.local)
+        settler = self._settlers[folder.path]
+        settler.observe(files, now)
+        ready = files if ended_cleanly else settler.settled(now)
+        for name in keptfolders.to_upload(ready, folder.kept):
+            path = os.path.join(folder.local, name)
+            state = ready[name]
+            if keptfolders.scan_one(path) != state:
+                continue  # changed since the scan: not settled after all
+            if name not in folder.kept:
+                other = folder.store.kept(name)
+                if other is not None and other.writer and other.writer != folder.store.writer:
+                    log.warning("%s/%s: pod %s replaces the copy pod %s kept (the last writer wins, as on a "
+                                "shared filesystem)", folder.path, name, folder.store.writer, other.writer)
+            folder.store.upload(name, path, state)
+            folder.kept[name] = state
+        gone_folders, gone_files = keptfolders.to_delete(files, folder.kept)
+        if gone_folders or gone_files:
+            folder.store.delete(gone_files, gone_folders)
+            for name in [n for n in folder.kept if n in gone_files or keptfolders.within(n, gone_folders)]:
+                del folder.kept[name]
+
+    def finish(self, ended_cleanly: bool, upload_s: float) -> None:
+        """The last pass, when the ranks have ended: every file if they exited 0, else those settled
+        (a file still changing when a rank failed or was stopped keeps its last settled version).
+        Waits up to `upload_s` for it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(upload_s)
+        last = threading.Thread(target=self.keep, args=(ended_cleanly, True), name="ddp-folder-keeper-last",
+                                daemon=True)
+        last.start()
+        last.join(upload_s)
+        if last.is_alive():
+            log.warning("the kept folders' last changes may not be in S3: their upload took over %.0f s", upload_s)
+
+
+class KeptRanks:
+    """A pod's rank processes (RankProcesses) whose pod keeps spec.keepFolders: each attempt's ranks
+    start once the folders are restored, which are mirrored while they run and once more as they end."""
+
+    def __init__(self, ranks: RankProcesses, keeper: FolderKeeper) -> None:
+        self.ranks = ranks
+        self.keeper = keeper
+        self.count = ranks.count
+
+    def __enter__(self) -> KeptRanks:
+        self.ranks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.ranks.__exit__(*exc)
+
+    def prepare_zygote(self, environ: Mapping[str, str]) -> None:
+        self.ranks.prepare_zygote(environ)
+
+    def start(self, environ: Mapping[str, str]) -> None:
+        log.info("%s", self.keeper.restore())
+        self.keeper.start()
+        self.ranks.start(environ)
+
+    def supervise(self, interrupted: Callable[[], bool] = lambda: False) -> bool:
+        stopped = self.ranks.supervise(interrupted)
+        cleanly = not stopped and self.ranks.outcome()[0] == ExitCode.OK
+        self.keeper.finish(cleanly, STOPPED_UPLOAD_SECONDS if stopped else ENDED_UPLOAD_SECONDS)
+        return stopped
+
+    def signal_all(self, signum: int) -> None:
+        self.ranks.signal_all(signum)
+
+    def outcome(self) -> tuple[int, str]:
+        return self.ranks.outcome()
+
+
+def kept_ranks(ranks: RankProcesses, environ: Mapping[str, str]) -> RankProcesses:
+    """`ranks` keeping the folders the job names, or `ranks` itself where it names none."""
+    keeper = make_folder_keeper(environ)
+    return ranks if keeper is None else KeptRanks(ranks, keeper)

@@ -1,0 +1,74 @@
+"""A kept folder's copy in S3, `<job>/kept/<folder key>/<path>`: one object per file, the tree as it
+is on disk (browsable, and `aws s3 sync` gives the folder back). Each object carries its file's
+modification time and the pod that kept it as user metadata."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..errors import ObjectNotFoundError
+from . import readahead, s3
+from .keptfolders import FileState
+
+MTIME = "ddp-mtime-ns"
+WRITER = "ddp-writer"
+
+
+@dataclass(frozen=True)
+class Kept:
+    """An object's user metadata: the file's time and the pod that kept it ('' if not ours)."""
+
+    mtime_ns: int | None
+    writer: str
+
+
+class KeptStore:
+    def __init__(self, prefix: s3.S3Url, writer: str) -> None:
+        self.prefix = prefix
+        self.writer = writer
+
+    def url(self, name: str) -> s3.S3Url:
+        return self.prefix.join(name)
+
+    def listing(self) -> dict[str, int]:
+        """Every kept file's name (relative to the folder) and size."""
+        start = len(self.prefix.key.rstrip("/")) + 1 if self.prefix.key else 0
+        return {key[start:]: size for key, size in s3.list_objects(self.prefix)}
+
+    def kept(self, name: str) -> Kept | None:
+        """The object's metadata, or None if there is no such object."""
+        try:
+            response = s3.head(self.url(name))
+        except ObjectNotFoundError:
+            return None
+        metadata = {k.lower(): v for k, v in (response.get("Metadata") or {}).items()}
+        raw = metadata.get(MTIME, "")
+        return Kept(int(raw) if raw.isdigit() else None, metadata.get(WRITER, ""))
+
+    def upload(self, name: str, path: str, state: FileState) -> None:
+        s3.put_file(self.url(name), path, {MTIME: str(state.mtime_ns), WRITER: self.writer})
+
+    def delete(self, files: list[str], folders: list[str]) -> None:
+        keys = [self.url(name).key for name in files]
+        for folder in folders:
+            keys += [key for key, _ in s3.list_objects(self.url(folder))]
+        if keys:
+            s3.delete_keys(self.prefix.bucket, keys)
+
+    def fetch(self, name: str, path: str) -> FileState:
+        """Download the object to `path` (through a temporary file beside it, renamed when whole) with
+        its kept modification time; returns the local file's state."""
+        meta = self.kept(name)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        partial = f"{path}.ddp-restoring"
+        try:
+            readahead.download(self.url(name), partial)
+            if meta is not None and meta.mtime_ns is not None:
+                os.utime(partial, ns=(meta.mtime_ns, meta.mtime_ns))
+            os.replace(partial, path)
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
+        stat = os.stat(path)
+        return FileState(stat.st_size, stat.st_mtime_ns)

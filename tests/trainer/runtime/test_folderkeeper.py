@@ -1,0 +1,263 @@
+"""Kept folders against the real S3 server: pods that mirror a folder as ranks write it, and pods of a
+later attempt that restore it (each pod a FolderKeeper of its own, on a folder of its own)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from trainerhelp import FakeClock, free_port, rank_env
+
+from ddp_contract import envnames
+from ddp_trainer.errors import ConfigError
+from ddp_trainer.runtime.folderkeeper import FolderKeeper, KeptFolder, folders_from_env, make_folder_keeper
+from ddp_trainer.storage import s3
+from ddp_trainer.storage.keptstore import KeptStore
+
+
+@pytest.fixture
+def prefix(bucket: str) -> s3.S3Url:
+    return s3.S3Url(bucket, "runs/ns/job/kept/out")
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(1000.0)
+
+
+class Pods(dict[str, tuple[Path, FolderKeeper]]):
+    """pods[name]: a pod's local folder and its keeper (settling in 10 s of `clock`), made on first use."""
+
+    def __init__(self, root: Path, prefix: s3.S3Url, clock: FakeClock) -> None:
+        super().__init__()
+        self.root, self.prefix, self.clock = root, prefix, clock
+
+    def __missing__(self, name: str) -> tuple[Path, FolderKeeper]:
+        local = self.root / name / "out"
+        folder = KeptFolder("out", str(local), KeptStore(self.prefix, name))
+        self[name] = (local, FolderKeeper([folder], interval_s=3600, settle_s=10, clock=self.clock))
+        return self[name]
+
+
+@pytest.fixture
+def pods(tmp_path: Path, prefix: s3.S3Url, clock: FakeClock) -> Pods:
+    return Pods(tmp_path, prefix, clock)
+
+
+def write(path: Path, data: bytes, mtime_s: int | None = None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    if mtime_s is not None:
+        os.utime(path, (mtime_s, mtime_s))
+
+
+def settle(keeper: FolderKeeper, clock: FakeClock) -> None:
+    """Two passes 10 s apart: what did not change between them is kept."""
+    keeper.keep(ended_cleanly=False, final=False)
+    clock.now += 10
+    keeper.keep(ended_cleanly=False, final=False)
+
+
+def listing(prefix: s3.S3Url) -> dict[str, int]:
+    return KeptStore(prefix, "reader").listing()
+
+
+def hugging_face_checkpoint(rank0: Path, rank1: Path, step: int, at: int) -> None:
+    """What Trainer writes for a checkpoint of a 2-rank job: rank 0 the model, optimizer and state
+    (trainer_state.json last), each rank its RNG state, into its own pod's output_dir."""
+    folder = f"checkpoint-{step}"
+    write(rank0 / folder / "model.safetensors", f"weights {step}".encode(), at)
+    write(rank0 / folder / "optimizer.pt", f"optimizer {step}".encode(), at + 1)
+    write(rank0 / folder / "rng_state_0.pth", b"rng 0", at + 1)
+    write(rank1 / folder / "rng_state_1.pth", b"rng 1", at + 1)
+    write(rank0 / folder / "trainer_state.json", json.dumps({"global_step": step}).encode(), at + 2)
+
+
+def test_what_two_pods_write_is_kept_as_one_folder_and_restored_whole_with_its_times(
+        pods: Pods, prefix: s3.S3Url, clock: FakeClock) -> None:
+    (rank0, keeper0), (rank1, keeper1) = pods["job-0"], pods["job-1"]
+    hugging_face_checkpoint(rank0, rank1, 2, at=1_700_000_000)
+    write(rank0 / "runs" / "events.out.tfevents.1.job-0", b"event 1", 1_700_000_005)
+    for keeper in (keeper0, keeper1):
+        settle(keeper, clock)
+    assert sorted(listing(prefix)) == ["checkpoint-2/model.safetensors", "checkpoint-2/optimizer.pt",
+                                       "checkpoint-2/rng_state_0.pth", "checkpoint-2/rng_state_1.pth",
+                                       "checkpoint-2/trainer_state.json", "runs/events.out.tfevents.1.job-0"]
+    # The next attempt's pod 1 is a new pod: it gets everything, as on a shared filesystem.
+    fresh, keeper = pods["job-1-next"]
+    line = keeper.restore()
+    assert line.startswith("restored 6 kept file(s)")
+    assert (fresh / "checkpoint-2" / "trainer_state.json").read_text() == '{"global_step": 2}'
+    assert (fresh / "checkpoint-2" / "rng_state_1.pth").read_bytes() == b"rng 1"
+    assert os.stat(fresh / "checkpoint-2" / "model.safetensors").st_mtime == 1_700_000_000
+    # Hugging Face rotates checkpoints by their folder's time: the newest file's.
+    assert os.stat(fresh / "checkpoint-2").st_mtime == 1_700_000_002
+    assert os.stat(fresh / "runs").st_mtime == 1_700_000_005
+    # Restored files are what is kept: nothing goes up again.
+    settle(keeper, clock)
+    assert keeper.restore().startswith("restored 0 kept file(s)")
+
+
+def test_a_checkpoint_a_failed_rank_left_half_written_is_not_restored_and_is_removed_where_it_was_left(
+        pods: Pods, prefix: s3.S3Url, clock: FakeClock) -> None:
+    (rank0, keeper0), (rank1, keeper1) = pods["job-0"], pods["job-1"]
+    hugging_face_checkpoint(rank0, rank1, 2, at=1_700_000_000)
+    settle(keeper0, clock)
+    settle(keeper1, clock)
+    write(rank0 / "checkpoint-3" / "model.safetensors", b"weights 3", 1_700_000_100)
+    settle(keeper0, clock)  # the weights settle and go up
+    write(rank0 / "checkpoint-3" / "optimizer.pt", b"optim")  # ...the rank fails while writing this one
+    keeper0.finish(ended_cleanly=False, upload_s=30)
+    assert "checkpoint-3/model.safetensors" in listing(prefix)
+    assert "checkpoint-3/optimizer.pt" not in listing(prefix)  # never settled: not kept
+    fresh, keeper = pods["job-1-next"]
+    assert "left out incomplete checkpoint folder(s) out/checkpoint-3" in keeper.restore()
+    assert sorted(p.name for p in fresh.iterdir()) == ["checkpoint-2"]
+    # A pod that stayed (InPlace) removes the half-written folder it holds before the ranks start again.
+    keeper0.restore()
+    assert sorted(p.name for p in rank0.iterdir()) == ["checkpoint-2"]
+
+
+def test_a_file_being_rewritten_when_its_rank_fails_keeps_its_last_settled_version(
+        pods: Pods, prefix: s3.S3Url, clock: FakeClock) -> None:
+    local, keeper = pods["job-0"]
+    write(local / "snapshot.pt", b"epoch 1 " * 1000)
+    settle(keeper, clock)
+    write(local / "snapshot.pt", b"epoch 2 half")  # torch.save cut short by the kill
+    keeper.finish(ended_cleanly=False, upload_s=30)
+    fresh, other = pods["job-0-next"]
+    other.restore()
+    assert (fresh / "snapshot.pt").read_bytes() == b"epoch 1 " * 1000
+
+
+def test_when_the_ranks_exit_0_every_file_is_kept_settled_or_not(
+        pods: Pods, prefix: s3.S3Url) -> None:
+    local, keeper = pods["job-0"]
+    write(local / "final" / "model.safetensors", b"final weights")
+    keeper.finish(ended_cleanly=True, upload_s=30)
+    assert listing(prefix) == {"final/model.safetensors": len(b"final weights")}
+
+
+def test_a_rotated_checkpoint_folder_goes_whole_with_what_other_pods_kept_in_it(
+        pods: Pods, prefix: s3.S3Url, clock: FakeClock) -> None:
+    (rank0, keeper0), (rank1, keeper1) = pods["job-0"], pods["job-1"]
+    hugging_face_checkpoint(rank0, rank1, 1, at=1_700_000_000)
+    hugging_face_checkpoint(rank0, rank1, 2, at=1_700_000_100)
+    settle(keeper0, clock)
+    settle(keeper1, clock)
+    for path in sorted((rank0 / "checkpoint-1").iterdir()):  # save_total_limit=1: rank 0 removes the oldest
+        path.unlink()
+    (rank0 / "checkpoint-1").rmdir()
+    keeper0.keep(ended_cleanly=False, final=False)
+    assert not [name for name in listing(prefix) if name.startswith("checkpoint-1/")]
+    assert "checkpoint-2/rng_state_1.pth" in listing(prefix)
+
+
+def test_two_pods_writing_one_path_end_as_on_a_shared_filesystem_the_last_writer_winning(
+        pods: Pods, prefix: s3.S3Url, clock: FakeClock,
+        caplog: pytest.LogCaptureFixture) -> None:
+    (rank0, keeper0), (rank1, keeper1) = pods["job-0"], pods["job-1"]
+    write(rank0 / "config.json", b'{"by": 0}')
+    write(rank1 / "config.json", b'{"by": 1}')
+    settle(keeper0, clock)
+    with caplog.at_level(logging.WARNING):
+        settle(keeper1, clock)
+    assert "out/config.json: pod job-1 replaces the copy pod job-0 kept" in caplog.text
+    fresh, keeper = pods["job-2"]
+    keeper.restore()
+    assert (fresh / "config.json").read_bytes() == b'{"by": 1}'
+
+
+def test_a_large_file_goes_up_in_parts_and_comes_back_the_same(
+        pods: Pods, prefix: s3.S3Url, clock: FakeClock) -> None:
+    local, keeper = pods["job-0"]
+    data = os.urandom(1 << 20) * 40  # 40 MiB: five 8 MiB parts
+    write(local / "checkpoint-9" / "model.safetensors", data)
+    write(local / "checkpoint-9" / "trainer_state.json", b"{}")
+    settle(keeper, clock)
+    fresh, other = pods["job-0-next"]
+    other.restore()
+    restored = (fresh / "checkpoint-9" / "model.safetensors").read_bytes()
+    assert hashlib.sha256(restored).hexdigest() == hashlib.sha256(data).hexdigest()
+
+
+def test_the_folders_come_from_the_environment_and_need_a_results_prefix() -> None:
+    assert folders_from_env({}) == []
+    assert folders_from_env({envnames.KEEP_FOLDERS: '["out", "/workspace/runs"]'}) == ["out", "/workspace/runs"]
+    with pytest.raises(ConfigError, match="DDP_KEEP_FOLDERS is not a JSON list of paths"):
+        folders_from_env({envnames.KEEP_FOLDERS: "out"})
+    with pytest.raises(ConfigError, match="must name a folder below / without '..' parts"):
+        folders_from_env({envnames.KEEP_FOLDERS: '["../x"]'})
+    with pytest.raises(ConfigError, match=r"has no results prefix \(spec.s3.results\)"):
+        make_folder_keeper({envnames.KEEP_FOLDERS: '["out"]', envnames.JOB_NAME: "j"})
+    assert make_folder_keeper({}) is None
+
+
+RESUMING = """
+    import os, pathlib, signal, sys, time
+    out = pathlib.Path("out")
+    done = int((out / "epochs.txt").read_text()) if (out / "epochs.txt").exists() else 0
+    print(f"resumed after {done} epoch(s); DDP_KEEP_FOLDERS here: {os.environ.get('DDP_KEEP_FOLDERS')}", flush=True)
+    out.mkdir(exist_ok=True)
+    (out / "epochs.txt").write_text(str(done + 1))
+    if len(sys.argv) > 1 and sys.argv[1] == "die-mid-save":
+        time.sleep(5)  # epochs.txt settles (3 s) and is kept
+        (out / "epochs.txt").write_text("half")  # ...the next save is cut short
+        os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def pod(tmp_path: Path, name: str, s3_env: dict[str, str], bucket: str) -> tuple[Path, dict[str, str]]:
+    """A fresh pod's working directory and the env the operator gives it for a job keeping `out`."""
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "train.py").write_text(textwrap.dedent(RESUMING))
+    return folder, {**s3_env, "DDP_RESULTS_URI": f"s3://{bucket}/runs", "DDP_JOB_NAME": "keeps",
+                    envnames.KEEP_FOLDERS: '["out"]', envnames.KEEP_SETTLE_SECONDS: "3",
+                    envnames.KEEP_INTERVAL_SECONDS: "0.5"}
+
+
+def run_pod(folder: Path, extra: dict[str, str], argv: list[str]) -> tuple[int, str, str]:
+    env = rank_env(extra, 0, 1, free_port())
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"
+    done = subprocess.run([sys.executable, "-m", "ddp_trainer", *argv], env=env, cwd=folder, capture_output=True,
+                          text=True, timeout=180)
+    return done.returncode, done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("argv", [["exec", "--", "python", "train.py"], ["run", "train.py"]],
+                         ids=["command", "entrypoint"])
+def test_a_rank_s_next_pod_starts_with_the_folder_its_last_pod_left(tmp_path: Path, s3_env: dict[str, str],
+                                                                      bucket: str, argv: list[str]) -> None:
+    first, extra = pod(tmp_path, "attempt-0", s3_env, bucket)
+    code, out, err = run_pod(first, extra, argv)
+    assert code == 0, err
+    assert "resumed after 0 epoch(s)" in out and "restored 0 kept file(s)" in err
+    if argv[0] == "run":  # the pod's process keeps the folder, not the rank process it starts
+        assert "DDP_KEEP_FOLDERS here: None" in out
+    second, _ = pod(tmp_path, "attempt-1", s3_env, bucket)  # a new pod: nothing local
+    code, out, err = run_pod(second, extra, argv)
+    assert code == 0, err
+    assert "resumed after 1 epoch(s)" in out and "restored 1 kept file(s)" in err
+    assert s3.get_bytes(s3.S3Url(bucket, "runs/default/keeps/kept/out/epochs.txt")) == b"2"
+
+
+def test_a_rank_killed_mid_save_leaves_its_last_settled_file_for_the_next_pod(
+        tmp_path: Path, s3_env: dict[str, str], bucket: str) -> None:
+    first, extra = pod(tmp_path, "attempt-0", s3_env, bucket)
+    code, out, err = run_pod(first, extra, ["exec", "--", "python", "train.py", "die-mid-save"])
+    assert code == 128 + signal.SIGKILL, err
+    assert (first / "out" / "epochs.txt").read_text() == "half"
+    assert s3.get_bytes(s3.S3Url(bucket, "runs/default/keeps/kept/out/epochs.txt")) == b"1"
+    second, _ = pod(tmp_path, "attempt-1", s3_env, bucket)
+    code, out, err = run_pod(second, extra, ["exec", "--", "python", "train.py"])
+    assert code == 0, err
+    assert "resumed after 1 epoch(s)" in out

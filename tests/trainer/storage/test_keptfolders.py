@@ -1,0 +1,83 @@
+"""The rules of kept folders: what is kept when, what is removed, which checkpoint folders are whole."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ddp_trainer.storage.keptfolders import (
+    FileState,
+    Settler,
+    folder_times,
+    incomplete_checkpoints,
+    restorable,
+    scan,
+    scan_one,
+    to_delete,
+    to_upload,
+)
+
+
+def test_scan_finds_regular_files_below_the_folder_by_relative_path(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint-2").mkdir()
+    (tmp_path / "checkpoint-2" / "model.safetensors").write_bytes(b"x" * 10)
+    (tmp_path / "events").write_bytes(b"")
+    (tmp_path / "link").symlink_to(tmp_path / "events")
+    (tmp_path / "empty").mkdir()
+    found = scan(str(tmp_path))
+    assert sorted(found) == ["checkpoint-2/model.safetensors", "events"]
+    assert found["checkpoint-2/model.safetensors"].size == 10
+    assert scan(str(tmp_path / "missing")) == {}
+    assert scan_one(str(tmp_path / "link")) is None and scan_one(str(tmp_path / "nope")) is None
+    assert scan_one(str(tmp_path / "events")) == found["events"]
+
+
+def test_a_file_settles_once_its_state_stays_the_same_for_the_settle_time() -> None:
+    settler = Settler(10)
+    a1, a2 = FileState(1, 100), FileState(2, 200)
+    settler.observe({"a": a1}, now=0)
+    assert settler.settled(9.9) == {}
+    assert settler.settled(10) == {"a": a1}
+    settler.observe({"a": a2}, now=11)  # written again: its clock starts over
+    assert settler.settled(20) == {}
+    assert settler.settled(21) == {"a": a2}
+    settler.observe({}, now=22)  # removed: forgotten
+    assert settler.settled(100) == {}
+
+
+def test_uploads_are_the_changed_files_with_the_tools_last_written_files_last() -> None:
+    state = FileState(1, 1)
+    ready = {name: state for name in ("checkpoint-5/trainer_state.json", "checkpoint-5/model.safetensors",
+                                      "dcp/.metadata", "dcp/__0_0.distcp", "runs/events", "same")}
+    kept = {"same": state, "runs/events": FileState(0, 1)}
+    assert to_upload(ready, kept) == ["checkpoint-5/model.safetensors", "dcp/__0_0.distcp", "runs/events",
+                                      "checkpoint-5/trainer_state.json", "dcp/.metadata"]
+
+
+def test_a_folder_gone_whole_is_removed_whole_and_single_files_one_by_one() -> None:
+    kept = ["checkpoint-1/model.safetensors", "checkpoint-1/rng_state_0.pth", "checkpoint-1/sub/x",
+            "checkpoint-2/model.safetensors", "checkpoint-2/optimizer.pt", "last.ckpt", "runs/a"]
+    local = ["checkpoint-2/model.safetensors", "runs/a"]
+    assert to_delete(local, kept) == (["checkpoint-1"], ["checkpoint-2/optimizer.pt", "last.ckpt"])
+    assert to_delete(kept, kept) == ([], [])
+
+
+def test_a_hugging_face_checkpoint_is_whole_once_it_holds_trainer_state_json() -> None:
+    names = ["checkpoint-2/model.safetensors", "checkpoint-2/trainer_state.json", "checkpoint-2/rng_state_1.pth",
+             "checkpoint-3/model.safetensors", "checkpoint-3/optimizer.pt", "runs/events", "config.json",
+             "nested/checkpoint-7/rng_state_0.pth", "checkpoint-best/model.safetensors"]
+    assert incomplete_checkpoints(names) == {"checkpoint-3", "nested/checkpoint-7"}
+    files, torn = restorable(names)
+    assert torn == {"checkpoint-3", "nested/checkpoint-7"}
+    assert files == sorted(["checkpoint-2/model.safetensors", "checkpoint-2/rng_state_1.pth",
+                            "checkpoint-2/trainer_state.json", "checkpoint-best/model.safetensors", "config.json",
+                            "runs/events"])
+
+
+def test_a_torch_distributed_checkpoint_is_whole_once_it_holds_its_metadata() -> None:
+    assert incomplete_checkpoints(["step-1/__0_0.distcp", "step-1/.metadata", "step-2/__0_0.distcp"]) == {"step-2"}
+
+
+def test_restored_folders_take_the_time_of_their_newest_file() -> None:
+    assert folder_times({"checkpoint-1/a": 5, "checkpoint-1/b/c": 9, "top": 1}) == \
+        {"checkpoint-1": 9, "checkpoint-1/b": 9}
+
