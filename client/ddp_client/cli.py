@@ -38,8 +38,10 @@ def parser() -> argparse.ArgumentParser:
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until the job finishes")
     logs.add_argument("--rank", type=int, help="only this rank")
     logs.add_argument("--attempt", type=int, help="this gang attempt (default: the pods', else the last kept)")
-    results = commands.add_parser("results", parents=[common], help="list (or download) what the ranks submitted")
-    results.add_argument("--download", metavar="DIR", help="download every result under DIR")
+    results = commands.add_parser("results", parents=[common],
+                                  help="list (or download) what the ranks submitted and the folders the job keeps")
+    results.add_argument("--download", metavar="DIR",
+                         help="download every result under DIR, and the kept folders under DIR/kept/")
     plot = commands.add_parser("plot", parents=[common], help="loss and logged metrics against the step, to a PNG")
     plot.add_argument("-o", "--output", required=True, help="the PNG to write")
     plot.add_argument("--metric", action="append", help="only this metric (repeatable; default: all)")
@@ -77,11 +79,13 @@ def run(job: Job, args: argparse.Namespace) -> int:
             sys.stdout.write(job.logs(rank=args.rank, attempt=args.attempt))
     elif args.command == "results":
         if args.download:
-            for path in job.results(download=args.download):
+            for path in [*job.results(download=args.download), *job.kept(download=Path(args.download) / "kept")]:
                 print(path)
         else:
             for item in job.results():
                 print(f"{item.size:>12}  {item.path}")
+            for kept in job.kept():
+                print(f"{kept.size:>12}  kept/{kept.path}")
     elif args.command == "plot":
         series = job.plot(args.output, metrics=args.metric, rank=None if args.rank == -1 else args.rank)
         print(f"{args.output}: {', '.join(f'{name} ({len(points)} points)' for name, points in series.items())}")

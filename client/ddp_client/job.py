@@ -50,6 +50,12 @@ class ResultFile:
     size: int
 
 
+@dataclass(frozen=True)
+class KeptFile:
+    path: str  # relative to the job's kept/: the folder (spec.keepFolders, without a leading '/'), then the file
+    size: int
+
+
 class Job:
     """One DDPJob, by name, through a Kubernetes API client. S3 settings for its results, logs and
     metrics: `s3_access` where given, else $DDP_S3_ENDPOINT, $DDP_S3_REGION/$AWS_REGION,
@@ -264,19 +270,31 @@ class Job:
                  for key, size in self.store().list(layout.RESULTS)]
         if download is None:
             return found
-        root = Path(download)
-        for item in found:  # all checked before any is written
-            self._check_result_path(item.path, root)
-        return [self.store().download(f"{layout.RESULTS}/{item.path}", root / item.path) for item in found]
+        return self._download(layout.RESULTS, "result", [item.path for item in found], Path(download))
 
-    def _check_result_path(self, path: str, root: Path) -> None:
-        """Refuse a result key that would be written outside `root` (the runtime writes none; another
-        program writing to the job's prefix might)."""
-        local = Path(path)  # on Windows, '\\' separates parts and 'C:' anchors a path too
-        if not layout.is_result_path(path) or local.anchor or ".." in local.parts:
-            raise StoreError(f"result {self.store().uri}/{layout.RESULTS}/{path} is not named as results are (a "
-                             f"relative path without empty, '.' or '..' parts): it could be written outside {root}, "
-                             "so nothing was downloaded")
+    @overload
+    def kept(self, download: None = None) -> list[KeptFile]: ...
+
+    @overload
+    def kept(self, download: str | Path) -> list[Path]: ...
+
+    def kept(self, download: str | Path | None = None) -> list[KeptFile] | list[Path]:
+        """The files of the folders the job keeps (spec.keepFolders), as they are in S3: listed, or
+        downloaded under `download` (`<download>/<folder>/<file>`; `--logdir <download>` for TensorBoard)."""
+        found = [KeptFile(key.removeprefix(f"{layout.KEPT}/"), size) for key, size in self.store().list(layout.KEPT)]
+        if download is None:
+            return found
+        return self._download(layout.KEPT, "kept file", [item.path for item in found], Path(download))
+
+    def _download(self, folder: str, noun: str, paths: list[str], root: Path) -> list[Path]:
+        """Each of `paths` (relative to the job's `folder`) to `root / path`; none if any would land outside."""
+        for path in paths:  # all checked before any is written
+            local = Path(path)  # on Windows, '\\' separates parts and 'C:' anchors a path too
+            if not layout.is_result_path(path) or local.anchor or ".." in local.parts:  # another program's key
+                raise StoreError(f"{noun} {self.store().uri}/{folder}/{path} is not named as {noun}s are (a relative "
+                                 f"path without empty, '.' or '..' parts): it could be written outside {root}, so "
+                                 "nothing was downloaded")
+        return [self.store().download(f"{folder}/{path}", root / path) for path in paths]
 
     def metrics(self) -> list[metricdata.Record]:
         """Every rank's metric records: its `log_metrics` lines, else the per-step result files it submitted

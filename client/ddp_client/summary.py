@@ -120,6 +120,25 @@ def outcome_text(name: str, status: Mapping[str, Any]) -> str:
     return head
 
 
+def size_text(count: int) -> str:
+    """`812 B`, `4.1 kB`, `1.2 GB` (decimal units)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} B"
+
+
+def kept_text(status: Mapping[str, Any]) -> str:
+    """`out: 12 files, 1.2 GB; runs: 3 files, 40.1 kB (at <time>)` from status.kept ('' before any)."""
+    kept = status.get("kept") or {}
+    folders = kept.get("folders") or []
+    if not folders:
+        return ""
+    parts = [f"{f.get('path')}: {f.get('files', 0)} file{'' if f.get('files') == 1 else 's'}, "
+             f"{size_text(int(f.get('bytes') or 0))}" for f in folders]
+    return "; ".join(parts) + (f" (at {kept['time']})" if kept.get("time") else "")
+
+
 def world_size_text(spec: Mapping[str, Any], status: Mapping[str, Any]) -> str:
     """`4 ranks`, or for an elastic job `2 of 4 ranks (minimum 2)` while its gang runs short."""
     target, current = spec.get("worldSize"), status.get(api.STATUS_WORLD_SIZE)
@@ -146,6 +165,8 @@ def status_text(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> st
     checkpoint = status.get("lastCheckpoint") or {}
     lines.append(f"Checkpoint:   step {checkpoint.get('step')} at {checkpoint.get('uri')} ({checkpoint.get('time')})"
                  if checkpoint else "Checkpoint:   none committed")
+    if (job.get("spec") or {}).get("keepFolders"):
+        lines.append(f"Kept:         {kept_text(status) or 'nothing yet'}")
     if status.get("message") and status.get("phase") != "Failed":
         lines.append(f"Message:      {status['message']}")
     failed = status.get("phase") == "Failed"

@@ -62,3 +62,16 @@ def test_a_result_key_that_would_land_outside_the_folder_is_refused_before_anyth
             f"'.' or '..' parts): it could be written outside {tmp_path / 'again'}, so nothing was downloaded")
         assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
         s3.delete_object(Bucket=BUCKET, Key=f"{RESULTS}/{bad}")
+
+
+def test_the_kept_folders_are_listed_and_downloaded_folder_by_folder(s3_endpoint: str, tmp_path: Path) -> None:
+    s3, job = demo.s3_client(s3_endpoint), StoredJob(s3_endpoint)
+    kept = "runs/ns/j/kept"
+    s3.put_object(Bucket=BUCKET, Key=f"{kept}/out/checkpoint-2/trainer_state.json", Body=b"{}")
+    s3.put_object(Bucket=BUCKET, Key=f"{kept}/workspace/runs/events.out.tfevents.1.h", Body=b"event")
+    assert [(f.path, f.size) for f in job.kept()] == [("out/checkpoint-2/trainer_state.json", 2),
+                                                       ("workspace/runs/events.out.tfevents.1.h", 5)]
+    out = tmp_path / "run" / "kept"
+    assert job.kept(download=out) == [out / "out" / "checkpoint-2" / "trainer_state.json",
+                                      out / "workspace" / "runs" / "events.out.tfevents.1.h"]
+    assert (out / "workspace" / "runs" / "events.out.tfevents.1.h").read_bytes() == b"event"

@@ -94,3 +94,15 @@ def test_a_running_job_shows_what_caused_its_last_restart() -> None:
     assert "Last restart:\n  caused by: rank 1 (pod j-1 on node gpu-3): Error (exit code 1, step 41, attempt 1, " \
            "Program failure)" in text
     assert "Failure" not in text
+
+
+def test_the_folders_a_job_keeps_are_said_with_their_files_and_size() -> None:
+    spec = {"worldSize": 2, "keepFolders": ["out", "runs"]}
+    kept = {"time": "2026-01-01T00:00:00Z", "folders": [
+        {"path": "out", "uri": "s3://b/r/ns/j/kept/out", "files": 12, "bytes": 1_234_000_000},
+        {"path": "runs", "uri": "s3://b/r/ns/j/kept/runs", "files": 1, "bytes": 812}]}
+    job = {"metadata": {"name": "j", "namespace": "ns"}, "spec": spec, "status": {"phase": "Running", "kept": kept}}
+    assert "Kept:         out: 12 files, 1.2 GB; runs: 1 file, 812 B (at 2026-01-01T00:00:00Z)" in status_text(job, [])
+    job["status"] = {"phase": "Running"}
+    assert "Kept:         nothing yet" in status_text(job, [])
+    assert "Kept:" not in status_text({"metadata": {}, "spec": {"worldSize": 2}, "status": {}}, [])

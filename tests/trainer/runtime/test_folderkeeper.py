@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from trainerhelp import FakeClock, free_port, rank_env
@@ -261,3 +262,21 @@ def test_a_rank_killed_mid_save_leaves_its_last_settled_file_for_the_next_pod(
     code, out, err = run_pod(second, extra, ["exec", "--", "python", "train.py"])
     assert code == 0, err
     assert "resumed after 1 epoch(s)" in out
+
+
+def test_what_is_kept_is_said_in_the_status_when_it_changes_at_most_every_30_s_and_at_the_end(
+        tmp_path: Path, prefix: s3.S3Url, clock: FakeClock) -> None:
+    reports: list[dict[str, Any]] = []
+    local = tmp_path / "out"
+    keeper = FolderKeeper([KeptFolder("out", str(local), KeptStore(prefix, "job-0"))], interval_s=3600, settle_s=10,
+                          clock=clock, report=reports.append)
+    write(local / "a.bin", b"12345")
+    settle(keeper, clock)
+    assert [r["folders"] for r in reports] == [[{"path": "out", "uri": str(prefix), "files": 1, "bytes": 5}]]
+    settle(keeper, clock)  # nothing new: nothing said
+    write(local / "b.bin", b"123")
+    settle(keeper, clock)  # 20 s after the last report: not yet
+    assert len(reports) == 1
+    keeper.finish(ended_cleanly=True, upload_s=30)
+    assert reports[-1]["folders"][0]["files"] == 2 and reports[-1]["folders"][0]["bytes"] == 8
+    assert reports[-1]["time"].endswith("Z")

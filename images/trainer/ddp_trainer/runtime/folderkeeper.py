@@ -19,11 +19,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from ddp_contract import envnames, layout
 from ddp_contract.exitcodes import ExitCode
+from ddp_contract.timestamps import rfc3339
 
-from .. import env
+from .. import env, jobstatus
 from ..errors import ConfigError, TrainerError
 from ..storage import keptfolders
 from ..storage.keptfolders import FileState, Settler
@@ -31,6 +33,8 @@ from ..storage.keptstore import KeptStore
 from .rankprocesses import RankProcesses
 
 log = logging.getLogger(__name__)
+
+STATUS_EVERY_SECONDS = 30.0  # status.kept: written at most this often while the ranks run, and at their end
 
 # How long the last pass may take: when the ranks ended by themselves nobody waits for the pod, and a
 # large last checkpoint is worth the wait; when the pod is stopped, its grace period (30 s) bounds it.
@@ -84,17 +88,23 @@ def make_folder_keeper(environ: Mapping[str, str], cwd: str | None = None) -> Fo
     base = cwd or os.getcwd()
     folders = [KeptFolder(path, os.path.join(base, path), KeptStore(prefix.join(layout.kept_folder_key(path)), writer))
                for path in paths]
-    return FolderKeeper(folders, env.keep_interval_s(environ), env.keep_settle_s(environ))
+    report = (lambda kept: jobstatus.record({"kept": kept})) if env.node_rank(environ) == 0 else None
+    return FolderKeeper(folders, env.keep_interval_s(environ), env.keep_settle_s(environ), report=report)
 
 
 class FolderKeeper:
     """Mirrors its folders every `interval_s` (files settled for `settle_s`) from `start` to `finish`."""
 
     def __init__(self, folders: list[KeptFolder], interval_s: float = env.DEFAULT_KEEP_INTERVAL_SECONDS,
-                 settle_s: float = env.DEFAULT_KEEP_SETTLE_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+                 settle_s: float = env.DEFAULT_KEEP_SETTLE_SECONDS, clock: Callable[[], float] = time.monotonic,
+                 report: Callable[[dict[str, Any]], object] | None = None) -> None:
+        """report: where status.kept goes (the job's status, from the pod of index 0)."""
         self.folders = folders
         self.interval_s = interval_s
         self.clock = clock
+        self.report = report
+        self._changed = False
+        self._reported_at = float("-inf")
         self._settlers = {folder.path: Settler(settle_s) for folder in folders}
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one pass at a time: the thread's, or finish()'s
@@ -164,6 +174,28 @@ class FolderKeeper:
                         self._warned = True
                         log.warning("keeping %s in S3 failed%s: %s", folder.path,
                                     "" if final else " (tried again every interval)", error)
+            due = final or self.clock() - self._reported_at >= STATUS_EVERY_SECONDS
+            if self.report is not None and self._changed and due:
+                self._report_status()
+
+    def status(self) -> dict[str, Any]:
+        """status.kept: each folder's files and bytes in S3 now, and when."""
+        folders = []
+        for folder in self.folders:
+            listing = folder.store.listing()
+            folders.append({"path": folder.path, "uri": str(folder.store.prefix), "files": len(listing),
+                            "bytes": sum(listing.values())})
+        return {"time": rfc3339(time.time()), "folders": folders}
+
+    def _report_status(self) -> None:
+        assert self.report is not None
+        try:
+            self.report(self.status())
+        except (TrainerError, OSError) as error:
+            log.warning("could not say in the job's status what is kept: %s", error)
+            return
+        self._changed = False
+        self._reported_at = self.clock()
 
     def _keep(self, folder: KeptFolder, ended_cleanly: bool, final: bool) -> None:
         now = self.clock()
@@ -183,9 +215,11 @@ class FolderKeeper:
                                 "shared filesystem)", folder.path, name, folder.store.writer, other.writer)
             folder.store.upload(name, path, state)
             folder.kept[name] = state
+            self._changed = True
         gone_folders, gone_files = keptfolders.to_delete(files, folder.kept)
         if gone_folders or gone_files:
             folder.store.delete(gone_files, gone_folders)
+            self._changed = True
             for name in [n for n in folder.kept if n in gone_files or keptfolders.within(n, gone_folders)]:
                 del folder.kept[name]
 
