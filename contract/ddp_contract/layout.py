@@ -8,6 +8,7 @@ The runtime writes there and the client (`ddp_client`, `kubectl ddp`) reads it b
     hangs/attempt-<n>/rank-<r>.txt                   a hung rank's stacks
     logs/attempt-<n>/rank-<r>/part-<ppppp>.log       every rank's output, per gang attempt
     kept/<folder>/<path>                             spec.keepFolders: the folders' files, as on disk
+    kept-passes/attempt-<n>/<pod>.started|.done      each pod's keeping of them, per attempt
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ CHECKPOINTS: Final = "checkpoints"
 HANGS: Final = "hangs"
 LOGS: Final = "logs"
 KEPT: Final = "kept"
+KEPT_PASSES: Final = "kept-passes"
 
 _LOG_PART = re.compile(r"^attempt-(?P<attempt>\d+)/rank-(?P<rank>\d+)/part-(?P<part>\d+)\.log$")
 

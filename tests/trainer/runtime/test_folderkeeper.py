@@ -21,7 +21,7 @@ from ddp_contract import envnames
 from ddp_trainer.errors import ConfigError
 from ddp_trainer.runtime.folderkeeper import FolderKeeper, KeptFolder, folders_from_env, make_folder_keeper
 from ddp_trainer.storage import s3
-from ddp_trainer.storage.keptstore import KeptStore
+from ddp_trainer.storage.keptstore import KeptPasses, KeptStore
 
 
 @pytest.fixture
@@ -44,7 +44,9 @@ class Pods(dict[str, tuple[Path, FolderKeeper]]):
     def __missing__(self, name: str) -> tuple[Path, FolderKeeper]:
         local = self.root / name / "out"
         folder = KeptFolder("out", str(local), KeptStore(self.prefix, name))
-        self[name] = (local, FolderKeeper([folder], interval_s=3600, settle_s=10, clock=self.clock))
+        passes = KeptPasses(s3.S3Url(self.prefix.bucket, "runs/ns/job/kept-passes"), name)
+        self[name] = (local, FolderKeeper([folder], interval_s=3600, settle_s=10, clock=self.clock, passes=passes,
+                                          passes_wait_s=3))
         return self[name]
 
 
@@ -280,3 +282,35 @@ def test_what_is_kept_is_said_in_the_status_when_it_changes_at_most_every_30_s_a
     keeper.finish(ended_cleanly=True, upload_s=30)
     assert reports[-1]["folders"][0]["files"] == 2 and reports[-1]["folders"][0]["bytes"] == 8
     assert reports[-1]["time"].endswith("Z")
+
+
+def test_the_pods_of_a_later_attempt_all_resume_from_the_same_checkpoint(pods: Pods, clock: FakeClock) -> None:
+    (rank0, keeper0), (rank1, keeper1) = pods["job-0"], pods["job-1"]
+    keeper0.start(0)
+    keeper1.start(0)
+    hugging_face_checkpoint(rank0, rank1, 16, at=1_700_000_000)
+    settle(keeper0, clock)
+    settle(keeper1, clock)
+    hugging_face_checkpoint(rank0, rank1, 32, at=1_700_000_100)  # whole in rank 0's pod, not yet kept...
+    keeper0.finish(ended_cleanly=False, upload_s=30)  # ...when the attempt ends (InPlace: the pods stay)
+    keeper1.finish(ended_cleanly=False, upload_s=30)
+    for local, keeper in ((rank0, keeper0), (rank1, keeper1)):
+        assert "without the last pass" not in keeper.restore(1)
+        assert sorted(p.name for p in local.iterdir()) == ["checkpoint-16"]  # rank 0 drops its own checkpoint-32
+    assert sorted(p.name for p in (rank1 / "checkpoint-16").iterdir()) == [
+        "model.safetensors", "optimizer.pt", "rng_state_0.pth", "rng_state_1.pth", "trainer_state.json"]
+
+
+def test_a_later_attempt_waits_for_the_last_pass_of_a_pod_still_making_it(pods: Pods) -> None:
+    keeper0, (rank1, keeper1) = pods["job-0"][1], pods["job-1"]
+    keeper0.start(0)
+    keeper1.start(0)
+    keeper0.finish(ended_cleanly=True, upload_s=30)
+    write(rank1 / "final.txt", b"written as the ranks ended")
+    # job-1 has not made its last pass (a pod still stopping, or one lost without it): waited for, then named.
+    fresh, keeper = pods["job-1-next"]
+    assert keeper.restore(1).endswith("(without the last pass of job-1 (attempt 0))")
+    keeper1.finish(ended_cleanly=True, upload_s=30)
+    again, other = pods["job-0-next"]
+    assert "without" not in other.restore(1)
+    assert (again / "final.txt").read_bytes() == b"written as the ranks ended"

@@ -29,11 +29,14 @@ from .. import env, jobstatus
 from ..errors import ConfigError, TrainerError
 from ..storage import keptfolders
 from ..storage.keptfolders import FileState, Settler
-from ..storage.keptstore import KeptStore
+from ..storage.keptstore import KeptPasses, KeptStore
 from .rankprocesses import RankProcesses
 
 log = logging.getLogger(__name__)
 
+# Before it restores, how long a pod waits for the last passes of the earlier attempts' pods (one that
+# is gone without its last pass, killed or lost with its node, is waited for this long).
+PASSES_WAIT_SECONDS = 60.0
 STATUS_EVERY_SECONDS = 30.0  # status.kept: written at most this often while the ranks run, and at their end
 
 # How long the last pass may take: when the ranks ended by themselves nobody waits for the pod, and a
@@ -83,13 +86,14 @@ def make_folder_keeper(environ: Mapping[str, str], cwd: str | None = None) -> Fo
     if not environ.get(envnames.RESULTS_URI, "").strip():
         raise ConfigError(f"{envnames.KEEP_FOLDERS} names folders to keep, but the job has no results prefix "
                           f"(spec.s3.results) to keep them under")
-    prefix = job_prefix(env.results_uri(environ), env.JobInfo.from_env(environ)).join(layout.KEPT)
+    job = job_prefix(env.results_uri(environ), env.JobInfo.from_env(environ))
     writer = environ.get("HOSTNAME", "") or socket.gethostname()
     base = cwd or os.getcwd()
-    folders = [KeptFolder(path, os.path.join(base, path), KeptStore(prefix.join(layout.kept_folder_key(path)), writer))
-               for path in paths]
+    folders = [KeptFolder(path, os.path.join(base, path),
+                          KeptStore(job.join(layout.KEPT, layout.kept_folder_key(path)), writer)) for path in paths]
     report = (lambda kept: jobstatus.record({"kept": kept})) if env.node_rank(environ) == 0 else None
-    return FolderKeeper(folders, env.keep_interval_s(environ), env.keep_settle_s(environ), report=report)
+    return FolderKeeper(folders, env.keep_interval_s(environ), env.keep_settle_s(environ), report=report,
+                        passes=KeptPasses(job.join(layout.KEPT_PASSES), writer))
 
 
 class FolderKeeper:
@@ -97,9 +101,14 @@ class FolderKeeper:
 
     def __init__(self, folders: list[KeptFolder], interval_s: float = env.DEFAULT_KEEP_INTERVAL_SECONDS,
                  settle_s: float = env.DEFAULT_KEEP_SETTLE_SECONDS, clock: Callable[[], float] = time.monotonic,
-                 report: Callable[[dict[str, Any]], object] | None = None) -> None:
-        """report: where status.kept goes (the job's status, from the pod of index 0)."""
+                 report: Callable[[dict[str, Any]], object] | None = None, passes: KeptPasses | None = None,
+                 passes_wait_s: float = PASSES_WAIT_SECONDS) -> None:
+        """report: where status.kept goes (the job's status, from the pod of index 0); passes: where the
+        pods say when they keep, per attempt (none: a later attempt does not wait for anyone)."""
         self.folders = folders
+        self.passes = passes
+        self.passes_wait_s = passes_wait_s
+        self.attempt = 0
         self.interval_s = interval_s
         self.clock = clock
         self.report = report
@@ -111,22 +120,38 @@ class FolderKeeper:
         self._thread: threading.Thread | None = None
         self._warned = False
 
-    def restore(self) -> str:
-        """Bring each folder's kept files here (those missing or different), leave out checkpoint
-        folders kept incomplete and remove such folders left here; returns the start-up line's part."""
+    def restore(self, attempt: int = 0) -> str:
+        """Once the earlier attempts' pods made their last passes, bring each folder's kept files here
+        (those missing or different) and leave out checkpoint folders kept incomplete; in a later attempt,
+        also remove the checkpoint folders here that are not whole in S3, which the other pods cannot
+        have. Returns the start-up line's part."""
         started = time.monotonic()
+        waited = self._wait_for_last_passes(attempt)
         count = size = 0
         notes: list[str] = []
         for folder in self.folders:
-            restored, restored_bytes, torn = self._restore(folder)
+            restored, restored_bytes, torn = self._restore(folder, later=attempt > 0)
             count, size = count + restored, size + restored_bytes
             notes += [f"{folder.path}/{name}" for name in sorted(torn)]
         line = f"restored {count} kept file(s), {size / 1e6:.1f} MB, in {time.monotonic() - started:.1f} s"
         if notes:
             line += f"; left out incomplete checkpoint folder(s) {', '.join(notes)}"
-        return line
+        return line + waited
 
-    def _restore(self, folder: KeptFolder) -> tuple[int, int, set[str]]:
+    def _wait_for_last_passes(self, attempt: int) -> str:
+        """'' once no earlier attempt's pod is still making its last pass, else what was waited for."""
+        if self.passes is None or attempt == 0:
+            return ""
+        deadline = time.monotonic() + self.passes_wait_s
+        while unfinished := self.passes.unfinished(attempt):
+            if time.monotonic() >= deadline:
+                log.warning("restoring without the last pass of %s: not done after %.0f s", ", ".join(unfinished),
+                            self.passes_wait_s)
+                return f" (without the last pass of {', '.join(unfinished)})"
+            time.sleep(1.0)
+        return ""
+
+    def _restore(self, folder: KeptFolder, later: bool) -> tuple[int, int, set[str]]:
         listing = folder.store.listing()
         names, torn = keptfolders.restorable(listing)
         local = keptfolders.scan(folder.local)
@@ -145,14 +170,20 @@ class FolderKeeper:
             count, size = count + 1, size + state.size
         for parent, mtime in keptfolders.folder_times(times).items():
             os.utime(os.path.join(folder.local, parent), ns=(mtime, mtime))
-        for name in sorted(keptfolders.incomplete_checkpoints([*local, *listing])):
+        dropped = keptfolders.not_whole_in(local, listing) if later else \
+            keptfolders.incomplete_checkpoints([*local, *listing])
+        for name in sorted(dropped):
             where = os.path.join(folder.local, name)
             if os.path.isdir(where):
-                log.warning("removed %s: a checkpoint folder whose writer did not finish it", where)
+                log.warning("removed %s: a checkpoint folder not whole in S3, which the job's other pods cannot "
+                            "resume from", where)
                 shutil.rmtree(where, ignore_errors=True)
         return count, size, torn
 
-    def start(self) -> FolderKeeper:
+    def start(self, attempt: int = 0) -> FolderKeeper:
+        self.attempt = attempt
+        if self.passes is not None:
+            self._mark("started")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._every_interval, name="ddp-folder-keeper", daemon=True)
         self._thread.start()
@@ -236,6 +267,15 @@ class FolderKeeper:
         last.join(upload_s)
         if last.is_alive():
             log.warning("the kept folders' last changes may not be in S3: their upload took over %.0f s", upload_s)
+        elif self.passes is not None:
+            self._mark("done")
+
+    def _mark(self, state: str) -> None:
+        assert self.passes is not None
+        try:
+            self.passes.mark(self.attempt, state)
+        except (TrainerError, OSError) as error:
+            log.warning("could not say in S3 that this pod's keeping %s: %s", state, error)
 
 
 class KeptRanks:
@@ -258,8 +298,9 @@ class KeptRanks:
         self.ranks.prepare_zygote(environ)
 
     def start(self, environ: Mapping[str, str]) -> None:
-        log.info("%s", self.keeper.restore())
-        self.keeper.start()
+        attempt = env.JobInfo.from_env(environ).attempt
+        log.info("%s", self.keeper.restore(attempt))
+        self.keeper.start(attempt)
         self.ranks.start(environ)
 
     def supervise(self, interrupted: Callable[[], bool] = lambda: False) -> bool:

@@ -119,18 +119,34 @@ def parents(name: str) -> list[str]:
     return ["/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
+def checkpoint_folders(names: Iterable[str]) -> set[str]:
+    """The checkpoint folders among `names`' parents: Hugging Face's checkpoint-<step>, and folders
+    holding *.distcp files."""
+    found: set[str] = set()
+    for name in names:
+        found.update(parent for parent in parents(name) if HF_CHECKPOINT.match(posixpath.basename(parent)))
+        if name.endswith(DCP_SUFFIX) and posixpath.dirname(name):
+            found.add(posixpath.dirname(name))
+    return found
+
+
 def incomplete_checkpoints(names: Iterable[str]) -> set[str]:
     """The checkpoint folders among `names`' parents that lack the file their tool writes last."""
     present = set(names)
-    found: set[str] = set()
-    for name in present:
-        folder = posixpath.dirname(name)
-        for parent in parents(name):
-            if HF_CHECKPOINT.match(posixpath.basename(parent)) and f"{parent}/{HF_MARKER}" not in present:
-                found.add(parent)
-        if folder and name.endswith(DCP_SUFFIX) and f"{folder}/{DCP_MARKER}" not in present:
-            found.add(folder)
-    return found
+    return {folder for folder in checkpoint_folders(present) if not _finished(folder, present)}
+
+
+def _finished(folder: str, present: set[str]) -> bool:
+    marker = HF_MARKER if HF_CHECKPOINT.match(posixpath.basename(folder)) else DCP_MARKER
+    return f"{folder}/{marker}" in present
+
+
+def not_whole_in(local: Iterable[str], kept: Iterable[str]) -> set[str]:
+    """The checkpoint folders here (`local`) that are not whole in what is kept: a later attempt's pods
+    must all resume from the same checkpoint, so each drops those the others cannot have."""
+    kept_names = set(kept)
+    whole = checkpoint_folders(kept_names) - incomplete_checkpoints(kept_names)
+    return checkpoint_folders(local) - whole
 
 
 def within(name: str, folders: Iterable[str]) -> bool:

@@ -72,3 +72,28 @@ class KeptStore:
                 os.unlink(partial)
         stat = os.stat(path)
         return FileState(stat.st_size, stat.st_mtime_ns)
+
+
+class KeptPasses:
+    """Each pod's keeper in each attempt, `<job>/kept-passes/attempt-<n>/<pod>.started` while it keeps
+    and `.done` once its last pass is in S3: a later attempt's pods wait for every last pass before they
+    restore, so that they all see the same files (the checkpoint each resumes from among them)."""
+
+    def __init__(self, prefix: s3.S3Url, pod: str) -> None:
+        self.prefix = prefix
+        self.pod = pod
+
+    def mark(self, attempt: int, state: str) -> None:
+        s3.put_bytes(self.prefix.join(f"attempt-{attempt}", f"{self.pod}.{state}"), b"")
+
+    def unfinished(self, before: int) -> list[str]:
+        """The pods of attempts before `before` whose keeper started and has not finished its last pass."""
+        states: dict[tuple[int, str], set[str]] = {}
+        start = len(self.prefix.key.rstrip("/")) + 1
+        for key, _ in s3.list_objects(self.prefix):
+            folder, _, name = key[start:].partition("/")
+            pod, _, state = name.rpartition(".")
+            if folder.startswith("attempt-") and folder[8:].isdigit() and int(folder[8:]) < before:
+                states.setdefault((int(folder[8:]), pod), set()).add(state)
+        return [f"{pod} (attempt {attempt})" for (attempt, pod), seen in sorted(states.items())
+                if "started" in seen and "done" not in seen]
