@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 
 BENCH_ARGS ?=
 
-.PHONY: demo example images bench-data bench-checkpoint bench-learning bench-printscan bench-command bench-dataworkers bench-train bench-operator bench-real-node bench-elastic chart-check crds lint test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
+.PHONY: demo example images bench-data bench-checkpoint bench-kept bench-learning bench-printscan bench-command bench-dataworkers bench-train bench-operator bench-real-node bench-elastic chart-check crds lint test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
 
 demo:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/demo.py
@@ -37,6 +37,10 @@ bench-data:
 bench-checkpoint:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/s3server.py build && \
 	  $$venv/bin/python benchmarks/bench_checkpoint.py $(BENCH_ARGS)
+
+bench-kept:
+	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/s3server.py build && \
+	  $$venv/bin/python benchmarks/bench_kept.py $(BENCH_ARGS)
 
 # Every learning test's workload at several seeds and thread counts, its worst outcome next to the test's bar.
 bench-learning:

@@ -4,7 +4,9 @@ points of two interleaved spirals.
     command: [python, lightning_train.py, --nodes, "2"]     # one rank a pod; with ranksPerPod N: --devices N
 
 Lightning takes its world from the environment: torchrun's where a launcher started it, else the pod's
-NODE_RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, with num_nodes and devices as given here.
+NODE_RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, with num_nodes and devices as given here. With
+--checkpoint-dir it saves last.ckpt there after each epoch and, started again, resumes from it
+(fit(ckpt_path="last")), as Lightning users write it (keepFolders keeps that folder across pods).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import argparse
 import hashlib
 import json
 import math
+import os
+import time
 
 import lightning as L
 import torch
@@ -50,16 +54,33 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--no-bar", action="store_true", help="enable_progress_bar=False")
+    parser.add_argument("--checkpoint-dir", help="save last.ckpt here each epoch, and resume from it")
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep after each step (a slower model)")
     args = parser.parse_args()
     L.seed_everything(0)
+    callbacks: list[L.Callback] = [Pause(args.step_seconds)] if args.step_seconds else []
+    if args.checkpoint_dir:
+        callbacks.append(L.pytorch.callbacks.ModelCheckpoint(dirpath=args.checkpoint_dir, save_last=True,
+                                                             save_top_k=0, every_n_epochs=1))
     trainer = L.Trainer(accelerator="cpu", devices=args.devices, num_nodes=args.nodes, strategy="ddp",
                         max_epochs=args.epochs, enable_progress_bar=not args.no_bar, log_every_n_steps=8,
-                        enable_checkpointing=False, logger=False)
+                        enable_checkpointing=bool(args.checkpoint_dir), logger=False, callbacks=callbacks)
     model = Classifier()
-    trainer.fit(model, DataLoader(spirals(2048, seed=1), batch_size=32, shuffle=True))
+    last = os.path.join(args.checkpoint_dir, "last.ckpt") if args.checkpoint_dir else None
+    resume = last if last and os.path.exists(last) else None
+    print(json.dumps({"event": "resume", "rank": int(os.environ.get("RANK", "0")), "from": resume}), flush=True)
+    trainer.fit(model, DataLoader(spirals(2048, seed=1), batch_size=32, shuffle=True), ckpt_path=resume)
     flat = torch.cat([p.detach().flatten() for p in model.parameters()]).numpy().tobytes()
     print(json.dumps({"event": "params", "rank": trainer.global_rank, "world_size": trainer.world_size,
-                      "digest": hashlib.sha256(flat).hexdigest()}), flush=True)
+                      "digest": hashlib.sha256(flat).hexdigest(), "global_step": trainer.global_step}), flush=True)
+
+
+class Pause(L.Callback):
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_train_batch_end(self, *args: object, **kwargs: object) -> None:
+        time.sleep(self.seconds)
 
 
 if __name__ == "__main__":

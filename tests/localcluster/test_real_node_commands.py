@@ -218,3 +218,83 @@ def test_elastic_torchrun_ranks_see_the_smaller_gang_after_a_shrink(
     jobs.wait_phase("shrinks", c.PHASE_SUCCEEDED, timeout=600)
     found = params(jobs, "shrinks", 2)
     assert_one_model(found, 2)  # the last attempt's torchrun ranks: PET_NNODES 2, the gang's rank 0 as master
+
+
+RESUME = re.compile(r'\{"event": "resume"[^}]*\}')
+
+
+def kept_checkpoints(endpoint: str, namespace: str, name: str) -> list[int]:
+    """The steps of the job's Trainer checkpoints kept whole in S3 (their trainer_state.json is there)."""
+    prefix = f"results/{namespace}/{name}/{layout.KEPT}/out/"
+    listed = demo.s3_client(endpoint).list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
+    names = [o["Key"][len(prefix):] for o in listed]
+    return sorted(int(n.split("/")[0].split("-")[1]) for n in names
+                  if n.startswith("checkpoint-") and n.endswith("/trainer_state.json"))
+
+
+def test_hugging_face_jobs_restarted_resume_from_their_kept_checkpoint_and_end_as_an_uninterrupted_one(
+        jobs: Jobs, real_node, frameworks_image: str, s3_on_the_bridge: str) -> None:
+    """Trainer checkpoints into out/ (keepFolders) every 16 steps and resumes from the newest one there, as its
+    users write it. One job's rank 1 pod is deleted (the gang is made again: new pods, nothing local), another's
+    rank 1 process is killed (InPlace: the pods stay), each after its second checkpoint is kept; both go on from a
+    checkpoint of theirs and end with the parameters of a third job that ran through, to the bit: the same
+    program on the same CPU (one thread), the same data order (data_seed) and, from the checkpoint, the same
+    model, optimizer, scheduler and every rank's RNG state."""
+    endpoint, ns = s3_on_the_bridge, jobs.namespace
+    train = ["python", "hf_trainer.py", "--output-dir", "out", "--samples", "1024", "--epochs", "2", "--save-steps",
+             "16", "--step-seconds", "0.1", "--no-bar"]
+    keep = {"keepFolders": ["out"], "env": [{"name": "DDP_KEEP_SETTLE_SECONDS", "value": "2"},
+                                            {"name": "DDP_KEEP_INTERVAL_SECONDS", "value": "1"}]}
+    command_job(jobs, "hf-through", frameworks_image, endpoint, train)
+    command_job(jobs, "hf-recreated", frameworks_image, endpoint, train, **keep)
+    command_job(jobs, "hf-in-place", frameworks_image, endpoint, train, restartStrategy="InPlace", backoffLimit=1,
+                **keep)
+    wait_until(lambda: len(kept_checkpoints(endpoint, ns, "hf-recreated")) >= 2, 600, "hf-recreated's 2nd checkpoint")
+    jobs.core.delete_namespaced_pod("hf-recreated-1", ns)
+    wait_until(lambda: len(kept_checkpoints(endpoint, ns, "hf-in-place")) >= 2, 600, "hf-in-place's 2nd checkpoint")
+    pids = wait_until(lambda: command_pids(ns, "hf-in-place", 1), 30, "hf-in-place's rank 1 process")
+    os.kill(pids[0], signal.SIGKILL)  # type: ignore[index]
+    through = jobs.wait_phase("hf-through", c.PHASE_SUCCEEDED, timeout=600)
+    assert through["restarts"] == 0, through
+    reference = params(jobs, "hf-through", 2)
+    assert_one_model(reference, 2)
+    for name in ("hf-recreated", "hf-in-place"):
+        done = jobs.wait_phase(name, c.PHASE_SUCCEEDED, timeout=600)
+        assert done["restarts"] == 1, done
+        logs = [jobs.core.read_namespaced_pod_log(f"{name}-{i}", ns, container=labels.CONTAINER_NAME) for i in (0, 1)]
+        resumed = [json.loads(line) for log in logs for line in RESUME.findall(log)]
+        starts = {r["from"] for r in resumed if r["from"] is not None}  # both ranks of the attempt that resumed
+        assert len(starts) == 1 and int(starts.pop().split("-")[-1]) >= 32, (name, resumed)
+        found = params(jobs, name, 2)
+        assert [p["global_step"] for p in found] == [p["global_step"] for p in reference] == [128, 128], found
+        assert {p["digest"] for p in found} == {p["digest"] for p in reference}, (name, found, reference)
+        assert done["kept"]["folders"][0]["path"] == "out" and done["kept"]["folders"][0]["files"] > 0, done
+
+
+def test_a_lightning_job_whose_pod_is_deleted_resumes_from_its_kept_last_ckpt_and_ends_as_an_uninterrupted_one(
+        jobs: Jobs, real_node, frameworks_image: str, s3_on_the_bridge: str) -> None:
+    """Lightning saves ck/last.ckpt (keepFolders) after each epoch and resumes with fit(ckpt_path=...) when it is
+    there. Rank 1's pod is deleted once one is kept; the new pods resume from it and end with the parameters of
+    a job that ran through, to the bit: a resume at an epoch's end, the sampler's order a function of the epoch."""
+    endpoint, ns = s3_on_the_bridge, jobs.namespace
+    train = ["python", "lightning_train.py", "--nodes", "2", "--no-bar", "--epochs", "6", "--checkpoint-dir", "ck",
+             "--step-seconds", "0.1"]
+    keep = {"keepFolders": ["ck"], "env": [{"name": "DDP_KEEP_SETTLE_SECONDS", "value": "2"},
+                                           {"name": "DDP_KEEP_INTERVAL_SECONDS", "value": "1"}]}
+    command_job(jobs, "lt-through", frameworks_image, endpoint, train)
+    command_job(jobs, "lt-recreated", frameworks_image, endpoint, train, **keep)
+    s3 = demo.s3_client(endpoint)
+    key = f"results/{ns}/lt-recreated/{layout.KEPT}/ck/last.ckpt"
+    wait_until(lambda: s3.list_objects_v2(Bucket=BUCKET, Prefix=key).get("KeyCount"), 600, "lt-recreated's last.ckpt")
+    jobs.core.delete_namespaced_pod("lt-recreated-1", ns)
+    through = jobs.wait_phase("lt-through", c.PHASE_SUCCEEDED, timeout=600)
+    assert through["restarts"] == 0, through
+    reference = params(jobs, "lt-through", 2)
+    done = jobs.wait_phase("lt-recreated", c.PHASE_SUCCEEDED, timeout=600)
+    assert done["restarts"] == 1, done
+    logs = [jobs.core.read_namespaced_pod_log(f"lt-recreated-{i}", ns, container=labels.CONTAINER_NAME) for i in (0, 1)]
+    resumed = [json.loads(line) for log in logs for line in RESUME.findall(log)]
+    assert [r["from"] for r in resumed] == ["ck/last.ckpt", "ck/last.ckpt"], resumed
+    found = params(jobs, "lt-recreated", 2)
+    assert [p["global_step"] for p in found] == [p["global_step"] for p in reference], (found, reference)
+    assert {p["digest"] for p in found} == {p["digest"] for p in reference}, (found, reference)
