@@ -5,8 +5,9 @@ to the server's raw PUT and GET rate, and what keeping it does to a training ste
 The folder is a Hugging Face-like checkpoint: checkpoint-1/ with model.safetensors (--size-mb),
 optimizer.pt (twice that) and small files, on disk. Rows, each round running every row once (--repeat
 rounds, a row's best wall time shown):
-- ceiling: the large files as objects through the AWS CRT from the file (parts in parallel) and through
-  boto3's upload_file (8 threads); back through parallel ranged GETs (the runtime's ReadAhead) to a file;
+- ceiling: the large files as objects through the AWS CRT from memory (parts in parallel; the runtime's
+  put_large) and through boto3's upload_file (8 threads) from the file; back through parallel ranged GETs
+  (the runtime's ReadAhead) to a file;
 - ours: the keeper's last pass of the whole folder (FolderKeeper.finish), and a new pod's restore of it.
 Then the training step: a CPU loop (matmuls on one thread) in a child process, timed alone and while the
 keeper uploads the folder, as in a pod, where the keeper is the process that started the rank's.
@@ -107,11 +108,13 @@ def main() -> int:
                 keeper(target, "restore/out").restore()
                 shutil.rmtree(target)
 
+            in_memory = {path.name: path.read_bytes() for path in big}
+
             def put_files(how: str) -> None:
                 for path in big:
                     url = s3.S3Url(bucket, f"raw-{how}/{path.name}")
                     if how == "crt":
-                        crtupload.uploader(s3.client()._get_credentials()).put_file(url.bucket, url.key, str(path))
+                        s3.put_large(url, in_memory[path.name])
                     else:
                         s3.client().upload_file(str(path), url.bucket, url.key)
 
@@ -122,7 +125,7 @@ def main() -> int:
                     readahead.download(s3.S3Url(bucket, f"raw-get/{path.name}"), str(work / "got"))
                     os.unlink(work / "got")
 
-            rows = [Row("ceiling: PUT from file, AWS CRT", timed(lambda: put_files("crt"))),
+            rows = [Row("ceiling: PUT from memory, AWS CRT", timed(lambda: put_files("crt"))),
                     Row("ceiling: PUT from file, boto3", timed(lambda: put_files("boto3"))),
                     Row("ceiling: ranged GETs to file", timed(get_files)),
                     Row("ours: keep the folder (last pass)", timed(keep_folder)),

@@ -38,7 +38,7 @@ class MyTrainDataset(Dataset):
 
 class Trainer:
     def __init__(self, model: torch.nn.Module, train_data: DataLoader, optimizer: torch.optim.Optimizer,
-                 save_every: int, snapshot_path: str, step_seconds: float) -> None:
+                 save_every: int, snapshot_path: str, step_seconds: float, pad_mb: int = 0) -> None:
         self.local_rank = int(os.environ["LOCAL_RANK"])
         self.global_rank = int(os.environ["RANK"])
         self.model = model
@@ -48,6 +48,7 @@ class Trainer:
         self.epochs_run = 0
         self.snapshot_path = snapshot_path
         self.step_seconds = step_seconds
+        self.pad_mb = pad_mb
         if os.path.exists(snapshot_path):
             print("Loading snapshot")
             self._load_snapshot(snapshot_path)
@@ -58,6 +59,7 @@ class Trainer:
         self.model.load_state_dict(snapshot["MODEL_STATE"])
         self.epochs_run = snapshot["EPOCHS_RUN"]
         print(f"Resuming training from snapshot at Epoch {self.epochs_run}")
+        print(json.dumps({"event": "resume", "rank": self.global_rank, "epochs_run": self.epochs_run}), flush=True)
 
     def _run_batch(self, source: torch.Tensor, targets: torch.Tensor) -> float:
         self.optimizer.zero_grad()
@@ -79,6 +81,9 @@ class Trainer:
 
     def _save_snapshot(self, epoch: int) -> None:
         snapshot = {"MODEL_STATE": self.model.module.state_dict(), "EPOCHS_RUN": epoch}
+        if self.pad_mb:  # a larger model's snapshot
+            snapshot["PADDING"] = torch.zeros(self.pad_mb * 1024 * 1024 // 4)
+        os.makedirs(os.path.dirname(self.snapshot_path) or ".", exist_ok=True)
         torch.save(snapshot, self.snapshot_path)
         print(f"Epoch {epoch} | Training snapshot saved at {self.snapshot_path}")
 
@@ -95,6 +100,8 @@ def main() -> None:
     parser.add_argument("save_every", type=int, help="How often to save a snapshot")
     parser.add_argument("--batch_size", default=32, type=int, help="Input batch size on each device (default: 32)")
     parser.add_argument("--step-seconds", default=0.0, type=float, help="pace each step (to watch it run)")
+    parser.add_argument("--snapshot-path", default="/tmp/snapshot.pt", help="where rank 0 saves the snapshot")
+    parser.add_argument("--pad-mb", default=0, type=int, help="make each snapshot this many MB larger")
     args = parser.parse_args()
     init_process_group(backend="gloo")
     torch.manual_seed(0)
@@ -102,7 +109,7 @@ def main() -> None:
     loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=False, sampler=DistributedSampler(dataset))
     model = torch.nn.Linear(20, 1)
     trainer = Trainer(model, loader, torch.optim.SGD(model.parameters(), lr=1e-3), args.save_every,
-                      "/tmp/snapshot.pt", args.step_seconds)
+                      args.snapshot_path, args.step_seconds, args.pad_mb)
     trainer.train(args.total_epochs)
     flat = torch.cat([p.detach().flatten() for p in model.parameters()]).numpy().tobytes()
     print(json.dumps({"event": "params", "rank": get_rank(), "world_size": get_world_size(),

@@ -298,3 +298,68 @@ def test_a_lightning_job_whose_pod_is_deleted_resumes_from_its_kept_last_ckpt_an
     found = params(jobs, "lt-recreated", 2)
     assert [p["global_step"] for p in found] == [p["global_step"] for p in reference], (found, reference)
     assert {p["digest"] for p in found} == {p["digest"] for p in reference}, (found, reference)
+
+
+KEEP_FAST = [{"name": "DDP_KEEP_SETTLE_SECONDS", "value": "2"}, {"name": "DDP_KEEP_INTERVAL_SECONDS", "value": "1"}]
+
+
+def kept_object(endpoint: str, namespace: str, name: str, path: str) -> dict[str, Any] | None:
+    """HEAD of a kept file's object (its metadata holds the file's time), None while there is none."""
+    key = f"results/{namespace}/{name}/{layout.KEPT}/{path}"
+    try:
+        return demo.s3_client(endpoint).head_object(Bucket=BUCKET, Key=key)
+    except Exception:  # noqa: BLE001 - botocore's 404
+        return None
+
+
+def test_a_snapshot_script_whose_pod_is_deleted_resumes_every_rank_from_rank_0_s_kept_snapshot(
+        jobs: Jobs, real_node, frameworks_image: str, s3_on_the_bridge: str) -> None:
+    """pytorch/examples' multinode.py: rank 0 saves snap/snapshot.pt, every rank loads it at start. Rank 1's
+    new pod, which never had it, loads rank 0's (kept) as rank 0 does."""
+    endpoint, ns = s3_on_the_bridge, jobs.namespace
+    command_job(jobs, "snap", frameworks_image, endpoint,
+                ["torchrun", "torchrun_train.py", "10", "1", "--step-seconds", "0.1", "--snapshot-path",
+                 "snap/snapshot.pt"], keepFolders=["snap"], env=KEEP_FAST)
+    wait_until(lambda: kept_object(endpoint, ns, "snap", "snap/snapshot.pt"), 600, "snap's kept snapshot")
+    jobs.core.delete_namespaced_pod("snap-1", ns)
+    done = jobs.wait_phase("snap", c.PHASE_SUCCEEDED, timeout=600)
+    assert done["restarts"] == 1, done
+    logs = [jobs.core.read_namespaced_pod_log(f"snap-{i}", ns, container=labels.CONTAINER_NAME) for i in (0, 1)]
+    resumed = [json.loads(line) for log in logs for line in RESUME.findall(log)]
+    assert sorted(r["rank"] for r in resumed) == [0, 1] and len({r["epochs_run"] for r in resumed}) == 1, resumed
+    assert_one_model(params(jobs, "snap", 2), 2)
+
+
+def test_a_rank_killed_while_writing_a_1_gb_snapshot_resumes_from_the_last_whole_one(
+        jobs: Jobs, real_node, frameworks_image: str, s3_on_the_bridge: str) -> None:
+    """Rank 0's process is SIGKILLed while torch.save writes the next 1 GB snapshot over the kept one: the torn
+    file is never kept (it never settled while its rank ran), so the gang restarts from the last whole one."""
+    endpoint, ns = s3_on_the_bridge, jobs.namespace
+    command_job(jobs, "big-snap", frameworks_image, endpoint,
+                ["torchrun", "torchrun_train.py", "8", "1", "--step-seconds", "0.05", "--snapshot-path",
+                 "snap/snapshot.pt", "--pad-mb", "1024"], keepFolders=["snap"], env=KEEP_FAST, backoffLimit=1)
+    first = wait_until(lambda: kept_object(endpoint, ns, "big-snap", "snap/snapshot.pt"), 600, "the 1 GB snapshot kept")
+    assert first["ContentLength"] > 1 << 30, first  # type: ignore[index]
+    kept_time = int(first["Metadata"]["ddp-mtime-ns"])  # type: ignore[index]
+
+    def mid_write() -> list[int] | None:
+        """Rank 0's command processes while its snapshot is being written anew (newer and not yet whole)."""
+        pids = command_pids(ns, "big-snap", 0)
+        for pid in pids:
+            try:
+                stat = os.stat(f"/proc/{pid}/cwd/snap/snapshot.pt")
+            except OSError:
+                continue
+            if stat.st_mtime_ns > kept_time and stat.st_size < first["ContentLength"]:  # type: ignore[index]
+                return pids
+        return None
+
+    pids = wait_until(mid_write, 300, "rank 0 writing its next snapshot", interval=0.02)
+    for pid in pids:  # type: ignore[union-attr]
+        os.kill(pid, signal.SIGKILL)
+    done = jobs.wait_phase("big-snap", c.PHASE_SUCCEEDED, timeout=900)
+    assert done["restarts"] == 1 and done["failedRank"]["rank"] == 0, done
+    logs = [jobs.core.read_namespaced_pod_log(f"big-snap-{i}", ns, container=labels.CONTAINER_NAME) for i in (0, 1)]
+    resumed = [json.loads(line) for log in logs for line in RESUME.findall(log)]
+    assert sorted(r["rank"] for r in resumed) == [0, 1] and len({r["epochs_run"] for r in resumed}) == 1, resumed
+    assert_one_model(params(jobs, "big-snap", 2), 2)

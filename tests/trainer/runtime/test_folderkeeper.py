@@ -21,7 +21,8 @@ from ddp_contract import envnames
 from ddp_trainer.errors import ConfigError
 from ddp_trainer.runtime.folderkeeper import FolderKeeper, KeptFolder, folders_from_env, make_folder_keeper
 from ddp_trainer.storage import s3
-from ddp_trainer.storage.keptstore import KeptPasses, KeptStore
+from ddp_trainer.storage.keptfolders import scan_one
+from ddp_trainer.storage.keptstore import Kept, KeptPasses, KeptStore
 
 
 @pytest.fixture
@@ -314,3 +315,19 @@ def test_a_later_attempt_waits_for_the_last_pass_of_a_pod_still_making_it(pods: 
     again, other = pods["job-0-next"]
     assert "without" not in other.restore(1)
     assert (again / "final.txt").read_bytes() == b"written as the ranks ended"
+
+
+@pytest.mark.parametrize("crt", ["1", "0"], ids=["crt", "boto3"])
+@pytest.mark.parametrize("size", [100, 20 << 20], ids=["small", "multipart"])
+def test_a_file_that_changes_while_it_goes_up_replaces_nothing(tmp_path: Path, prefix: s3.S3Url, size: int, crt: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(envnames.S3_CRT, crt)
+    store = KeptStore(prefix, "job-0")
+    path = tmp_path / "snapshot.pt"
+    write(path, b"1" * size)
+    first = scan_one(str(path))
+    assert first is not None and store.upload("snapshot.pt", str(path), first)
+    write(path, b"2" * (size // 2))  # rewritten: what is read no longer is the settled version
+    assert not store.upload("snapshot.pt", str(path), first)
+    assert s3.get_bytes(prefix.join("snapshot.pt")) == b"1" * size
+    assert store.kept("snapshot.pt") == Kept(first.mtime_ns, "job-0")  # the file's time, as metadata either way

@@ -244,7 +244,8 @@ class FolderKeeper:
                 if other is not None and other.writer and other.writer != folder.store.writer:
                     log.warning("%s/%s: pod %s replaces the copy pod %s kept (the last writer wins, as on a "
                                 "shared filesystem)", folder.path, name, folder.store.writer, other.writer)
-            folder.store.upload(name, path, state)
+            if not folder.store.upload(name, path, state):
+                continue  # it changed while it went up: not settled after all, and S3 keeps what it had
             folder.kept[name] = state
             self._changed = True
         gone_folders, gone_files = keptfolders.to_delete(files, folder.kept)

@@ -107,12 +107,12 @@ class CrtUploader:
         self._send(bucket, key, io.BytesIO(data), len(data), part_size).wait()
 
     def put_written(self, bucket: str, key: str, write: Callable[[IO[bytes]], None],
-                    part_size: int = PART_BYTES) -> None:
+                    part_size: int = PART_BYTES, metadata: dict[str, str] | None = None) -> None:
         """PUT what `write(file)` writes into `file`, uploading parts while it writes: the object is never
         whole in memory (at most BUFFERED_PARTS parts are), and writing and sending overlap. If `write`
         raises, the upload is abandoned and its error raised; if the upload fails, `write` is stopped."""
         pipe = Pipe(limit=BUFFERED_PARTS * part_size)
-        sent = self._send(bucket, key, cast(IO[bytes], pipe), None, part_size)
+        sent = self._send(bucket, key, cast(IO[bytes], pipe), None, part_size, metadata)
         sent.request.finished_future.add_done_callback(lambda _: pipe.stop(UploadEnded()))
         try:
             write(cast(IO[bytes], pipe))
@@ -125,14 +125,8 @@ class CrtUploader:
         pipe.finish()
         sent.wait()
 
-    def put_file(self, bucket: str, key: str, path: str, metadata: dict[str, str] | None = None,
-                 part_size: int = PART_BYTES) -> None:
-        """PUT the file at `path`, which the CRT reads itself, parts in parallel; `metadata` as
-        x-amz-meta-* headers."""
-        self._send(bucket, key, None, os.path.getsize(path), part_size, path, metadata).wait()
-
-    def _send(self, bucket: str, key: str, body: IO[bytes] | None, size: int | None, part_size: int,
-              path: str | None = None, metadata: dict[str, str] | None = None) -> _Sent:
+    def _send(self, bucket: str, key: str, body: IO[bytes], size: int | None, part_size: int,
+              metadata: dict[str, str] | None = None) -> _Sent:
         from awscrt.http import HttpHeaders, HttpRequest
         from awscrt.s3 import S3ChecksumAlgorithm, S3ChecksumConfig, S3ChecksumLocation, S3RequestType
 
@@ -147,7 +141,7 @@ class CrtUploader:
             checksum = S3ChecksumConfig(algorithm=S3ChecksumAlgorithm.CRC32, location=S3ChecksumLocation.TRAILER)
         request = self._client.make_request(type=S3RequestType.PUT_OBJECT,
                                             request=HttpRequest("PUT", where.path, headers, body),
-                                            send_filepath=path, checksum_config=checksum,
+                                            checksum_config=checksum,
                                             part_size=max(part_size, 5 * 1024 * 1024))
         return _Sent(request, bucket, key, self.settings.endpoint_url)
 

@@ -6,13 +6,19 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import IO
 
 from ..errors import ObjectNotFoundError
 from . import readahead, s3
-from .keptfolders import FileState
+from .keptfolders import FileState, scan_one
 
+CHUNK_BYTES = 8 * 1024 * 1024
 MTIME = "ddp-mtime-ns"
 WRITER = "ddp-writer"
+
+
+class FileChanged(Exception):
+    """The file changed while it was being uploaded: what went up is not one version of it."""
 
 
 @dataclass(frozen=True)
@@ -46,8 +52,21 @@ class KeptStore:
         raw = metadata.get(MTIME, "")
         return Kept(int(raw) if raw.isdigit() else None, metadata.get(WRITER, ""))
 
-    def upload(self, name: str, path: str, state: FileState) -> None:
-        s3.put_file(self.url(name), path, {MTIME: str(state.mtime_ns), WRITER: self.writer})
+    def upload(self, name: str, path: str, state: FileState) -> bool:
+        """Put the file as it is in `state`; False, with nothing replaced, if it changed while it was read
+        (a multipart upload is abandoned before it completes, a single PUT is never sent)."""
+        def copy(out: IO[bytes]) -> None:
+            with open(path, "rb") as source:
+                while chunk := source.read(CHUNK_BYTES):
+                    out.write(chunk)
+                if scan_one(path) != state or source.tell() != state.size:
+                    raise FileChanged(path)
+
+        try:
+            s3.put_written(self.url(name), copy, metadata={MTIME: str(state.mtime_ns), WRITER: self.writer})
+        except (FileChanged, FileNotFoundError):
+            return False
+        return True
 
     def delete(self, files: list[str], folders: list[str]) -> None:
         keys = [self.url(name).key for name in files]

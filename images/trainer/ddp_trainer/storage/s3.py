@@ -237,6 +237,7 @@ def upload_fileobj(
     s3: Any = None,
     part_size: int = 64 * 1024 * 1024,
     concurrency: int = 8,
+    metadata: dict[str, str] | None = None,
 ) -> None:
     """Upload, switching to multipart above `part_size`; parts go up `concurrency` at a time."""
     from boto3.s3.transfer import TransferConfig
@@ -245,7 +246,8 @@ def upload_fileobj(
     config = TransferConfig(
         multipart_threshold=part_size, multipart_chunksize=part_size, max_concurrency=concurrency, use_threads=True
     )
-    call("writing", url, lambda: s3.upload_fileobj(fileobj, url.bucket, url.key, Config=config), s3)
+    extra = {"ExtraArgs": {"Metadata": metadata}} if metadata else {}
+    call("writing", url, lambda: s3.upload_fileobj(fileobj, url.bucket, url.key, Config=config, **extra), s3)
 
 
 def put_large(url: S3Url, data: bytes, part_size: int = 8 * 1024 * 1024) -> None:
@@ -258,31 +260,20 @@ def put_large(url: S3Url, data: bytes, part_size: int = 8 * 1024 * 1024) -> None
         upload_fileobj(io.BytesIO(data), url, s3, part_size=part_size)
 
 
-def put_written(url: S3Url, write: Callable[[IO[bytes]], None], part_size: int = 8 * 1024 * 1024) -> None:
+def put_written(url: S3Url, write: Callable[[IO[bytes]], None], part_size: int = 8 * 1024 * 1024,
+                metadata: dict[str, str] | None = None) -> None:
     """One object from what `write(file)` writes: through the AWS CRT where awscrt is installed, parts
-    going up while `write` runs (never the whole object in memory); else written to memory, then put."""
+    going up while `write` runs (never the whole object in memory); else written to memory, then put.
+    If `write` raises, no object is made or replaced. `metadata`: the object's user metadata."""
     s3 = client()
     if _use_crt():
-        call("writing", url, lambda: _crt_uploader(s3).put_written(url.bucket, url.key, write, part_size), s3)
+        call("writing", url,
+             lambda: _crt_uploader(s3).put_written(url.bucket, url.key, write, part_size, metadata), s3)
         return
     buffer = io.BytesIO()
     write(buffer)
     buffer.seek(0)
-    upload_fileobj(buffer, url, s3, part_size=part_size)
-
-
-def put_file(url: S3Url, path: str, metadata: dict[str, str] | None = None, part_size: int = 8 * 1024 * 1024) -> None:
-    """One object from a local file, read in parts and sent in parallel (never whole in memory): through
-    the AWS CRT where awscrt is installed, else boto3's upload. `metadata`: the object's user metadata."""
-    s3 = client()
-    if _use_crt():
-        call("writing", url, lambda: _crt_uploader(s3).put_file(url.bucket, url.key, path, metadata, part_size), s3)
-        return
-    from boto3.s3.transfer import TransferConfig
-
-    config = TransferConfig(multipart_threshold=part_size, multipart_chunksize=part_size, max_concurrency=8)
-    extra = {"Metadata": metadata} if metadata else None
-    call("writing", url, lambda: s3.upload_file(path, url.bucket, url.key, ExtraArgs=extra, Config=config), s3)
+    upload_fileobj(buffer, url, s3, part_size=part_size, metadata=metadata)
 
 
 def _use_crt() -> bool:
@@ -348,7 +339,6 @@ __all__ = [
     "upload_fileobj",
     "put_large",
     "put_written",
-    "put_file",
     "head",
     "list_objects",
     "delete_keys",
