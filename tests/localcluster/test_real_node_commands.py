@@ -333,10 +333,11 @@ def test_a_snapshot_script_whose_pod_is_deleted_resumes_every_rank_from_rank_0_s
 def test_a_rank_killed_while_writing_a_1_gb_snapshot_resumes_from_the_last_whole_one(
         jobs: Jobs, real_node, frameworks_image: str, s3_on_the_bridge: str) -> None:
     """Rank 0's process is SIGKILLed while torch.save writes the next 1 GB snapshot over the kept one: the torn
-    file is never kept (it never settled while its rank ran), so the gang restarts from the last whole one."""
+    file is never kept (it never settled while its rank ran), so the gang restarts from the last whole one.
+    An epoch (13 s) outlasts a snapshot's upload here, so one is kept before the next is written."""
     endpoint, ns = s3_on_the_bridge, jobs.namespace
     command_job(jobs, "big-snap", frameworks_image, endpoint,
-                ["torchrun", "torchrun_train.py", "8", "1", "--step-seconds", "0.05", "--snapshot-path",
+                ["torchrun", "torchrun_train.py", "3", "1", "--step-seconds", "0.4", "--snapshot-path",
                  "snap/snapshot.pt", "--pad-mb", "1024"], keepFolders=["snap"], env=KEEP_FAST, backoffLimit=1)
     first = wait_until(lambda: kept_object(endpoint, ns, "big-snap", "snap/snapshot.pt"), 600, "the 1 GB snapshot kept")
     assert first["ContentLength"] > 1 << 30, first  # type: ignore[index]
