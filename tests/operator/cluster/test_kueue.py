@@ -91,7 +91,9 @@ def test_a_second_job_waits_for_the_quota_the_first_holds_and_starts_when_it_fin
                            for x in (queues.workload_of("first") or finished)["status"]["conditions"]),
                30, "first's Workload to be Finished")
     jobs.wait_phase("second", c.PHASE_RUNNING)
-    assert {e.reason for e in jobs.events("second")} >= {c.REASON_QUEUED, c.REASON_ALL_READY}
+    # The event is written after the status that says Running: wait for it rather than read it at once.
+    wait_until(lambda: {e.reason for e in jobs.events("second")} >= {c.REASON_QUEUED, c.REASON_ALL_READY}, 30,
+               "second's Queued and AllRanksReady events")
 
 
 def test_a_preempted_job_comes_back_and_resumes_from_its_checkpoint(jobs, queues: Queues, kube_api) -> None:
