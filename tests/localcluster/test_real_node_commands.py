@@ -221,11 +221,13 @@ def test_elastic_torchrun_ranks_see_the_smaller_gang_after_a_shrink(
 
 
 RESUME = re.compile(r'\{"event": "resume"[^}]*\}')
+# Files kept once unchanged for 2 s, looked at every second: the jobs here are short.
+KEEP_FAST = [{"name": "DDP_KEEP_SETTLE_SECONDS", "value": "2"}, {"name": "DDP_KEEP_INTERVAL_SECONDS", "value": "1"}]
 
 
 def kept_checkpoints(endpoint: str, namespace: str, name: str) -> list[int]:
     """The steps of the job's Trainer checkpoints kept whole in S3 (their trainer_state.json is there)."""
-    prefix = f"results/{namespace}/{name}/{layout.KEPT}/out/"
+    prefix = f"results/{namespace}/{name}/{layout.KEPT}/home/ddp/out/"
     listed = demo.s3_client(endpoint).list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
     names = [o["Key"][len(prefix):] for o in listed]
     return sorted(int(n.split("/")[0].split("-")[1]) for n in names
@@ -241,10 +243,9 @@ def test_hugging_face_jobs_restarted_resume_from_their_kept_checkpoint_and_end_a
     program on the same CPU (one thread), the same data order (data_seed) and, from the checkpoint, the same
     model, optimizer, scheduler and every rank's RNG state."""
     endpoint, ns = s3_on_the_bridge, jobs.namespace
-    train = ["python", "hf_trainer.py", "--output-dir", "out", "--samples", "1024", "--epochs", "2", "--save-steps",
-             "16", "--step-seconds", "0.1", "--no-bar"]
-    keep = {"keepFolders": ["out"], "env": [{"name": "DDP_KEEP_SETTLE_SECONDS", "value": "2"},
-                                            {"name": "DDP_KEEP_INTERVAL_SECONDS", "value": "1"}]}
+    train = ["python", "hf_trainer.py", "--output-dir", "/home/ddp/out", "--samples", "1024", "--epochs", "2",
+             "--save-steps", "16", "--step-seconds", "0.1", "--no-bar"]
+    keep = {"keepFolders": ["/home/ddp/out"], "env": KEEP_FAST}
     command_job(jobs, "hf-through", frameworks_image, endpoint, train)
     command_job(jobs, "hf-recreated", frameworks_image, endpoint, train, **keep)
     command_job(jobs, "hf-in-place", frameworks_image, endpoint, train, restartStrategy="InPlace", backoffLimit=1,
@@ -268,7 +269,7 @@ def test_hugging_face_jobs_restarted_resume_from_their_kept_checkpoint_and_end_a
         found = params(jobs, name, 2)
         assert [p["global_step"] for p in found] == [p["global_step"] for p in reference] == [128, 128], found
         assert {p["digest"] for p in found} == {p["digest"] for p in reference}, (name, found, reference)
-        assert done["kept"]["folders"][0]["path"] == "out" and done["kept"]["folders"][0]["files"] > 0, done
+        assert done["kept"]["folders"][0]["path"] == "/home/ddp/out" and done["kept"]["folders"][0]["files"] > 0, done
 
 
 def test_a_lightning_job_whose_pod_is_deleted_resumes_from_its_kept_last_ckpt_and_ends_as_an_uninterrupted_one(
@@ -277,14 +278,13 @@ def test_a_lightning_job_whose_pod_is_deleted_resumes_from_its_kept_last_ckpt_an
     there. Rank 1's pod is deleted once one is kept; the new pods resume from it and end with the parameters of
     a job that ran through, to the bit: a resume at an epoch's end, the sampler's order a function of the epoch."""
     endpoint, ns = s3_on_the_bridge, jobs.namespace
-    train = ["python", "lightning_train.py", "--nodes", "2", "--no-bar", "--epochs", "6", "--checkpoint-dir", "ck",
-             "--step-seconds", "0.1"]
-    keep = {"keepFolders": ["ck"], "env": [{"name": "DDP_KEEP_SETTLE_SECONDS", "value": "2"},
-                                           {"name": "DDP_KEEP_INTERVAL_SECONDS", "value": "1"}]}
+    train = ["python", "lightning_train.py", "--nodes", "2", "--no-bar", "--epochs", "6", "--checkpoint-dir",
+             "/home/ddp/ck", "--step-seconds", "0.1"]
+    keep = {"keepFolders": ["/home/ddp/ck"], "env": KEEP_FAST}
     command_job(jobs, "lt-through", frameworks_image, endpoint, train)
     command_job(jobs, "lt-recreated", frameworks_image, endpoint, train, **keep)
     s3 = demo.s3_client(endpoint)
-    key = f"results/{ns}/lt-recreated/{layout.KEPT}/ck/last.ckpt"
+    key = f"results/{ns}/lt-recreated/{layout.KEPT}/home/ddp/ck/last.ckpt"
     wait_until(lambda: s3.list_objects_v2(Bucket=BUCKET, Prefix=key).get("KeyCount"), 600, "lt-recreated's last.ckpt")
     jobs.core.delete_namespaced_pod("lt-recreated-1", ns)
     through = jobs.wait_phase("lt-through", c.PHASE_SUCCEEDED, timeout=600)
@@ -294,13 +294,10 @@ def test_a_lightning_job_whose_pod_is_deleted_resumes_from_its_kept_last_ckpt_an
     assert done["restarts"] == 1, done
     logs = [jobs.core.read_namespaced_pod_log(f"lt-recreated-{i}", ns, container=labels.CONTAINER_NAME) for i in (0, 1)]
     resumed = [json.loads(line) for log in logs for line in RESUME.findall(log)]
-    assert [r["from"] for r in resumed] == ["ck/last.ckpt", "ck/last.ckpt"], resumed
+    assert [r["from"] for r in resumed] == ["/home/ddp/ck/last.ckpt"] * 2, resumed
     found = params(jobs, "lt-recreated", 2)
     assert [p["global_step"] for p in found] == [p["global_step"] for p in reference], (found, reference)
     assert {p["digest"] for p in found} == {p["digest"] for p in reference}, (found, reference)
-
-
-KEEP_FAST = [{"name": "DDP_KEEP_SETTLE_SECONDS", "value": "2"}, {"name": "DDP_KEEP_INTERVAL_SECONDS", "value": "1"}]
 
 
 def kept_object(endpoint: str, namespace: str, name: str, path: str) -> dict[str, Any] | None:
@@ -319,8 +316,8 @@ def test_a_snapshot_script_whose_pod_is_deleted_resumes_every_rank_from_rank_0_s
     endpoint, ns = s3_on_the_bridge, jobs.namespace
     command_job(jobs, "snap", frameworks_image, endpoint,
                 ["torchrun", "torchrun_train.py", "10", "1", "--step-seconds", "0.1", "--snapshot-path",
-                 "snap/snapshot.pt"], keepFolders=["snap"], env=KEEP_FAST)
-    wait_until(lambda: kept_object(endpoint, ns, "snap", "snap/snapshot.pt"), 600, "snap's kept snapshot")
+                 "/home/ddp/snap/snapshot.pt"], keepFolders=["/home/ddp/snap"], env=KEEP_FAST)
+    wait_until(lambda: kept_object(endpoint, ns, "snap", "home/ddp/snap/snapshot.pt"), 600, "snap's kept snapshot")
     jobs.core.delete_namespaced_pod("snap-1", ns)
     done = jobs.wait_phase("snap", c.PHASE_SUCCEEDED, timeout=600)
     assert done["restarts"] == 1, done
@@ -338,8 +335,10 @@ def test_a_rank_killed_while_writing_a_1_gb_snapshot_resumes_from_the_last_whole
     endpoint, ns = s3_on_the_bridge, jobs.namespace
     command_job(jobs, "big-snap", frameworks_image, endpoint,
                 ["torchrun", "torchrun_train.py", "3", "1", "--step-seconds", "0.4", "--snapshot-path",
-                 "snap/snapshot.pt", "--pad-mb", "1024"], keepFolders=["snap"], env=KEEP_FAST, backoffLimit=1)
-    first = wait_until(lambda: kept_object(endpoint, ns, "big-snap", "snap/snapshot.pt"), 600, "the 1 GB snapshot kept")
+                 "/home/ddp/snap/snapshot.pt", "--pad-mb", "1024"], keepFolders=["/home/ddp/snap"], env=KEEP_FAST,
+                backoffLimit=1)
+    first = wait_until(lambda: kept_object(endpoint, ns, "big-snap", "home/ddp/snap/snapshot.pt"), 600,
+                       "the 1 GB snapshot kept")
     assert first["ContentLength"] > 1 << 30, first  # type: ignore[index]
     kept_time = int(first["Metadata"]["ddp-mtime-ns"])  # type: ignore[index]
 
@@ -348,7 +347,7 @@ def test_a_rank_killed_while_writing_a_1_gb_snapshot_resumes_from_the_last_whole
         pids = command_pids(ns, "big-snap", 0)
         for pid in pids:
             try:
-                stat = os.stat(f"/proc/{pid}/cwd/snap/snapshot.pt")
+                stat = os.stat(f"/proc/{pid}/root/home/ddp/snap/snapshot.pt")
             except OSError:
                 continue
             if stat.st_mtime_ns > kept_time and stat.st_size < first["ContentLength"]:  # type: ignore[index]
