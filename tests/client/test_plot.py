@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from ddp_client.plot import plot_series
+from ddp_client.plot import POINTS_PER_PANEL, plot_series
 
 
 def test_one_panel_per_metric_loss_first_in_a_png_of_the_expected_size(tmp_path: Path) -> None:
@@ -24,3 +24,11 @@ def test_one_panel_per_metric_loss_first_in_a_png_of_the_expected_size(tmp_path:
 def test_nothing_to_plot_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no metrics to plot"):
         plot_series({}, tmp_path / "m.png")
+
+
+def test_a_long_run_is_drawn_with_at_most_the_panel_s_points_its_ends_and_spikes_kept(tmp_path: Path) -> None:
+    loss = [(step, 1.0 / step) for step in range(1, 50_001)]
+    loss[31_415] = (31_416, 9.0)  # one step's loss spiked
+    drawn = plot_series({"loss": loss}, tmp_path / "m.png")["loss"]
+    assert len(drawn) == POINTS_PER_PANEL
+    assert drawn[0] == loss[0] and drawn[-1] == loss[-1] and (31_416, 9.0) in drawn
