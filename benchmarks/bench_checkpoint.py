@@ -50,6 +50,16 @@ def s3_endpoint() -> Iterator[str]:
         yield endpoint
 
 
+def new_bucket(prefix: str) -> str:
+    """A bucket of its own on the benchmark's endpoint, with this process's S3 clients made anew for it."""
+    from ddp_trainer.storage import s3
+
+    bucket = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    s3.reset_clients()
+    s3.client().create_bucket(Bucket=bucket)
+    return bucket
+
+
 @dataclass
 class Row:
     """One way to save or load: `run` does it once and returns its wall seconds; each round runs every
@@ -115,9 +125,7 @@ def main() -> int:
     size = sum(t.numel() * t.element_size() for t in state.values())
 
     with s3_endpoint() as endpoint:
-        bucket = f"bench-ckpt-{uuid.uuid4().hex[:8]}"
-        s3.reset_clients()
-        s3.client().create_bucket(Bucket=bucket)
+        bucket = new_bucket("bench-ckpt")
         print(f"== {size / 1e6:.0f} MB state dict; endpoint {endpoint}, bucket {bucket}; torch {torch.__version__}; "
               f"best of {args.repeat} rounds", flush=True)
         config = S3ClientConfig(force_path_style=True)

@@ -25,12 +25,11 @@ import subprocess
 import sys
 import tempfile
 import threading
-import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / p) for p in ("localcluster", "contract", "images/trainer", "benchmarks")]
-from bench_checkpoint import Row, s3_endpoint, timed  # noqa: E402
+from bench_checkpoint import Row, new_bucket, s3_endpoint, timed  # noqa: E402
 
 STEP_LOOP = """
 import sys, time, torch
@@ -87,9 +86,7 @@ def main() -> int:
         big = [source / "checkpoint-1" / name for name in ("model.safetensors", "optimizer.pt")]
         big_bytes = sum(p.stat().st_size for p in big)
         with s3_endpoint() as endpoint:
-            bucket = f"bench-kept-{uuid.uuid4().hex[:8]}"
-            s3.reset_clients()
-            s3.client().create_bucket(Bucket=bucket)
+            bucket = new_bucket("bench-kept")
             print(f"== a {size / 1e6:.0f} MB checkpoint folder ({', '.join(p.name for p in big)} and 9 small files); "
                   f"endpoint {endpoint}, bucket {bucket}; best of {args.repeat} rounds", flush=True)
             counter = iter(range(1_000_000))

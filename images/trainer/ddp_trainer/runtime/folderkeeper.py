@@ -160,11 +160,11 @@ class FolderKeeper:
         count = size = 0
         for name in names:
             here = local.get(name)
-            meta = folder.store.kept(name) if here is not None else None
+            meta = folder.store.kept(name)
             if here is not None and meta is not None and here == FileState(listing[name], meta.mtime_ns or -1):
                 folder.kept[name] = here
                 continue
-            state = folder.store.fetch(name, os.path.join(folder.local, name))
+            state = folder.store.fetch(name, os.path.join(folder.local, name), meta)
             folder.kept[name] = state
             times[name] = state.mtime_ns
             count, size = count + 1, size + state.size
@@ -199,7 +199,7 @@ class FolderKeeper:
         with self._lock:
             for folder in self.folders:
                 try:
-                    self._keep(folder, ended_cleanly, final)
+                    self._keep(folder, ended_cleanly)
                 except (TrainerError, OSError) as error:
                     if final or not self._warned:
                         self._warned = True
@@ -228,7 +228,7 @@ class FolderKeeper:
         self._changed = False
         self._reported_at = self.clock()
 
-    def _keep(self, folder: KeptFolder, ended_cleanly: bool, final: bool) -> None:
+    def _keep(self, folder: KeptFolder, ended_cleanly: bool) -> None:
         now = self.clock()
         files = keptfolders.scan(folder.local)
         settler = self._settlers[folder.path]

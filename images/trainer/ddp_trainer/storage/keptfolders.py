@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -52,8 +53,8 @@ def scan(root: str) -> dict[str, FileState]:
                 if entry.is_dir(follow_symlinks=False):
                     stack.append(name)
                 elif entry.is_file(follow_symlinks=False):
-                    stat = entry.stat(follow_symlinks=False)
-                    found[name] = FileState(stat.st_size, stat.st_mtime_ns)
+                    info = entry.stat(follow_symlinks=False)
+                    found[name] = FileState(info.st_size, info.st_mtime_ns)
             except FileNotFoundError:
                 continue  # removed between the listing and the stat
     return found
@@ -62,10 +63,10 @@ def scan(root: str) -> dict[str, FileState]:
 def scan_one(path: str) -> FileState | None:
     """The state of the regular file at `path`, or None if there is none."""
     try:
-        stat = os.lstat(path)
+        found = os.lstat(path)
     except FileNotFoundError:
         return None
-    return FileState(stat.st_size, stat.st_mtime_ns) if os.path.isfile(path) and not os.path.islink(path) else None
+    return FileState(found.st_size, found.st_mtime_ns) if stat.S_ISREG(found.st_mode) else None
 
 
 class Settler:

@@ -5,6 +5,7 @@ modification time and the pod that kept it as user metadata."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
 
@@ -29,6 +30,13 @@ class Kept:
     writer: str
 
 
+def relative_listing(prefix: s3.S3Url) -> Iterator[tuple[str, int]]:
+    """(key relative to `prefix`, size) of every object below it."""
+    start = len(prefix.key.rstrip("/")) + 1 if prefix.key else 0
+    for key, size in s3.list_objects(prefix):
+        yield key[start:], size
+
+
 class KeptStore:
     def __init__(self, prefix: s3.S3Url, writer: str) -> None:
         self.prefix = prefix
@@ -39,8 +47,7 @@ class KeptStore:
 
     def listing(self) -> dict[str, int]:
         """Every kept file's name (relative to the folder) and size."""
-        start = len(self.prefix.key.rstrip("/")) + 1 if self.prefix.key else 0
-        return {key[start:]: size for key, size in s3.list_objects(self.prefix)}
+        return dict(relative_listing(self.prefix))
 
     def kept(self, name: str) -> Kept | None:
         """The object's metadata, or None if there is no such object."""
@@ -75,10 +82,9 @@ class KeptStore:
         if keys:
             s3.delete_keys(self.prefix.bucket, keys)
 
-    def fetch(self, name: str, path: str) -> FileState:
+    def fetch(self, name: str, path: str, meta: Kept | None) -> FileState:
         """Download the object to `path` (through a temporary file beside it, renamed when whole) with
-        its kept modification time; returns the local file's state."""
-        meta = self.kept(name)
+        its kept modification time (`meta`, its `kept()`); returns the local file's state."""
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         partial = f"{path}.ddp-restoring"
         try:
@@ -108,9 +114,8 @@ class KeptPasses:
     def unfinished(self, before: int) -> list[str]:
         """The pods of attempts before `before` whose keeper started and has not finished its last pass."""
         states: dict[tuple[int, str], set[str]] = {}
-        start = len(self.prefix.key.rstrip("/")) + 1
-        for key, _ in s3.list_objects(self.prefix):
-            folder, _, name = key[start:].partition("/")
+        for relative, _ in relative_listing(self.prefix):
+            folder, _, name = relative.partition("/")
             pod, _, state = name.rpartition(".")
             if folder.startswith("attempt-") and folder[8:].isdigit() and int(folder[8:]) < before:
                 states.setdefault((int(folder[8:]), pod), set()).add(state)
