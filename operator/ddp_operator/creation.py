@@ -49,19 +49,20 @@ class Creation:
         self._unreadable_quotas: set[str] = set()  # namespaces whose ResourceQuotas we may not list (said once)
 
     async def gang(self, job: dict[str, Any], spec: JobSpec, ranks: tuple[int, ...], attempt: int, *,
-                   first_pass: bool = False, leaving: int = 0) -> None:
+                   live: int = 0, leaving: int = 0) -> None:
         """Creates the job's Service and progress identity, then the ranks' pods: all of them or, when a
         namespace quota could not hold the whole gang, none (an elastic job: those that fit, if at least
-        its minimum). first_pass: the attempt's first, when the namespace's quotas are judged for the whole
-        gang (not on later passes), with `leaving` of the job's older pods still there. What
-        is refused is noted for the status pass (`_note_refused`), which says it and decides; this pass
+        its minimum). `live`: how many of the attempt's ranks have pods already; with none (the attempt's
+        first pass) the namespace's quotas are judged for the whole gang, with `leaving` of the job's
+        older pods still there, and on an elastic job's later passes for the ranks left out. What is
+        refused is noted for the status pass (`_note_refused`), which says it and decides; this pass
         writes no status."""
         key = job_key(job)
         said_before = self.memory(key).refused
         # A Kueue-managed job's quota is Kueue's to judge: it admitted the gang as a whole. The quotas
         # are read while the Service and identity are ensured: the read is on the way to the first pods.
-        limits = asyncio.ensure_future(self._quota_limits(key[0])) if first_pass and queue_name(job) is None \
-            else None
+        judged = (live == 0 or spec.elastic) and queue_name(job) is None
+        limits = asyncio.ensure_future(self._quota_limits(key[0])) if judged else None
         try:
             # In order: a RoleBinding is refused (404) while its Role does not exist yet, unless the
             # caller may bind anything (an admin may; the operator's own ClusterRole may not).
@@ -82,7 +83,7 @@ class Creation:
                     objects.append(f"{child['kind']} {child['metadata']['name']}")
             pods: tuple[tuple[int, str], ...] = ()
             if not objects:  # without its Service (or its identity) no rank could start as it should
-                created = await self._pods(job, spec, ranks, attempt, limits, leaving)
+                created = await self._pods(job, spec, ranks, attempt, limits, live, leaving)
                 if created is None:
                     return
                 pods = created
@@ -125,22 +126,30 @@ class Creation:
 
     async def _pods(self, job: dict[str, Any], spec: JobSpec, ranks: tuple[int, ...], attempt: int,
                     limits: asyncio.Future[tuple[list[dict[str, Any]], list[dict[str, Any]]] | None] | None,
-                    leaving: int) -> tuple[tuple[int, str], ...] | None:
-        """The ranks' pods, after the quotas (`limits`, being read) were judged for the whole gang; the
-        ranks whose names strangers hold, or None when something was refused (noted)."""
+                    live: int, leaving: int) -> tuple[tuple[int, str], ...] | None:
+        """The ranks' pods, after the quotas (`limits`, being read) were judged for them; the ranks whose
+        names strangers hold, or None when something was refused (noted)."""
         key = job_key(job)
         built = [adopt(build_pod(job, spec, rank, attempt), job) for rank in ranks]
         read = await limits if limits is not None else None
         if read is not None and built:  # every rank's pod asks for what rank 0's does
             quotas, limit_ranges = read
-            # An elastic job's ranks that fit are created (they start without the rest once
-            # elasticSettleSeconds pass); any other gang is created whole or not at all.
-            fits = pods_that_fit(built[0], quotas, most=spec.pods, least=spec.min_pods, limit_ranges=limit_ranges,
-                                 leaving=[built[0]] * leaving) if spec.elastic else 0
-            shortfall = gang_shortfall([built[0]] * spec.pods, quotas, limit_ranges, leaving=[built[0]] * leaving,
-                                       created=fits)
-            if shortfall is not None:
+            if live:
+                # An elastic job's ranks left out: those that fit now join the live ones (judged here so
+                # that the job keeps saying which quota holds them, not the API server's refusal).
+                fits = pods_that_fit(built[0], quotas, most=len(ranks), least=1, limit_ranges=limit_ranges)
+                shortfall = None if fits == len(ranks) else gang_shortfall(
+                    [built[0]] * len(ranks), quotas, limit_ranges, created=live + fits, rest=True)
+                left_out = len(ranks) - fits
+            else:
+                # An elastic job's ranks that fit are created (they start without the rest once
+                # elasticSettleSeconds pass); any other gang is created whole or not at all.
+                fits = pods_that_fit(built[0], quotas, most=spec.pods, least=spec.min_pods,
+                                     limit_ranges=limit_ranges, leaving=[built[0]] * leaving) if spec.elastic else 0
+                shortfall = gang_shortfall([built[0]] * spec.pods, quotas, limit_ranges,
+                                           leaving=[built[0]] * leaving, created=fits)
                 left_out = spec.pods - fits if fits else len(ranks)
+            if shortfall is not None:
                 self._note_refused(key, attempt, ranks[-left_out:], Refusal(shortfall.reason, shortfall.message))
                 if left_out >= len(ranks):
                     return None

@@ -42,11 +42,12 @@ class Shortfall:
 
 def gang_shortfall(pods: Sequence[Mapping[str, Any]], quotas: Iterable[Mapping[str, Any]],
                    limit_ranges: Iterable[Mapping[str, Any]] = (),
-                   leaving: Sequence[Mapping[str, Any]] = (), created: int = 0) -> Shortfall | None:
-    """Whether the namespace's quotas refuse any of `pods` (a whole gang); None if every quota that
-    covers them has room for all of them. `leaving`: pods the quotas still count (an old attempt's,
-    being deleted) that free what they hold before the gang needs it. `created`: how many of them are
-    created all the same (an elastic job's that fit), for the message."""
+                   leaving: Sequence[Mapping[str, Any]] = (), created: int = 0, rest: bool = False) -> Shortfall | None:
+    """Whether the namespace's quotas refuse any of `pods` (a whole gang, or with `rest` the ranks an
+    elastic job left out); None if every quota that covers them has room for all of them. `leaving`:
+    pods the quotas still count (an old attempt's, being deleted) that free what they hold before the
+    gang needs it. `created`: how many of the gang's pods are created all the same (an elastic job's
+    that fit), for the message."""
     if not pods:
         return None
     defaults = container_defaults(limit_ranges)
@@ -72,7 +73,8 @@ def gang_shortfall(pods: Sequence[Mapping[str, Any]], quotas: Iterable[Mapping[s
                 if amount + max((parse_quantity(used.get(resource, 0)) or 0) - released.get(resource, 0), 0)
                 > (parse_quantity(hard[resource]) or 0)]
         if over:
-            return Shortfall(c.REASON_QUOTA_EXCEEDED, _exceeded(name, len(covered), over, wanted, hard, used, created))
+            return Shortfall(c.REASON_QUOTA_EXCEEDED,
+                             _exceeded(name, len(covered), over, wanted, hard, used, created, rest))
     return None
 
 
@@ -202,11 +204,12 @@ def total_usage(specs: Iterable[Mapping[str, Any]], hard: Mapping[str, Any]) -> 
 
 
 def _exceeded(name: str, pods: int, over: list[str], wanted: Mapping[str, Decimal], hard: Mapping[str, Any],
-              used: Mapping[str, Any], created: int = 0) -> str:
+              used: Mapping[str, Any], created: int = 0, rest: bool = False) -> str:
     """'ResourceQuota team: the gang's 3 pods need requests.nvidia.com/gpu=2, with 1 used of 2 (...)'."""
     parts = [f"{r}={_show(r, wanted[r])} with {used.get(r, 0)} used of {hard[r]}" for r in sorted(over)]
     made = f"only {created} of its pods are created (spec.minWorldSize)" if created else "none of its pods is created"
-    return (f"ResourceQuota {name} cannot hold the whole gang, so {made}: the gang's {pods} "
+    whose = "its other" if rest else "the gang's"
+    return (f"ResourceQuota {name} cannot hold the whole gang, so {made}: {whose} {pods} "
             f"pod{'s' if pods != 1 else ''} need {'; '.join(parts)}")
 
 

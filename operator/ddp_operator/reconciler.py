@@ -209,12 +209,13 @@ class Reconciler:
         try:
             # Status first: until the status pass has recorded this attempt, it is not ours to create.
             if decision.action == Action.CREATE and decision.attempt == JobStatus.of(status).attempt:
-                # The namespace's quotas are judged once an attempt, for the whole gang, before its first
-                # pod: later passes create the ranks whose names have come free since (the old attempt's
-                # pods, still counted until they are gone, are left out of what the quota has used).
-                first = not summary.live_indices
-                await self.create.gang(job, spec, decision.create_indices, decision.attempt, first_pass=first,
-                                       leaving=len(summary.uids) if first else 0)
+                # The namespace's quotas are judged for the whole gang before an attempt's first pod (the
+                # old attempt's pods, still counted until they are gone, are left out of what the quota
+                # has used); later passes create the ranks whose names have come free since, or an elastic
+                # job's ranks left out, judged again.
+                live = len(summary.live_indices)
+                await self.create.gang(job, spec, decision.create_indices, decision.attempt, live=live,
+                                       leaving=0 if live else len(summary.uids))
             # After the gang's pods: a quota with room for the gang alone holds the gang, not its helpers.
             if keeps_data_workers(next_phase(status, summary, decision, spec), decision.action == Action.QUEUE):
                 await self.create.data_workers(job, spec, self._data_workers(job, spec))

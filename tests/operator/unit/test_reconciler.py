@@ -133,7 +133,7 @@ def test_a_kueue_job_is_not_checked_against_namespace_quotas() -> None:
     reconciler, kube, _ = reconciler_for(ddpjob())
     job = ddpjob()
     job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team"}
-    run(reconciler.create.gang(job, reconciler_module.parse_spec(job["spec"]), (0, 1), 0, first_pass=True))
+    run(reconciler.create.gang(job, reconciler_module.parse_spec(job["spec"]), (0, 1), 0))
     assert ("list", "ResourceQuota") not in kube.calls and kube.created("Pod") == ["mnist-0", "mnist-1"]
 
 
@@ -143,6 +143,28 @@ def test_the_quota_is_read_once_an_attempt_before_its_first_pod() -> None:
     pods.set(job, [pod(0, "running", attempt=1)])  # the attempt's first pass has been: rank 0 exists
     run(reconciler.create_children(KEY))
     assert kube.created("Pod") == ["mnist-1", "mnist-2"] and ("list", "ResourceQuota") not in kube.calls
+
+
+def test_an_elastic_job_s_ranks_left_out_are_judged_again_by_the_quota_that_holds_them() -> None:
+    job = ddpjob({"phase": "Running", "attempt": 0}, worldSize=4, minWorldSize=2, gpusPerRank=1,
+                 restartStrategy="InPlace")
+    reconciler, kube, _ = reconciler_for(job)
+    kube.quotas = [{"metadata": {"name": "gpus"}, "spec": {"hard": {"requests.nvidia.com/gpu": "2"}},
+                    "status": {"hard": {"requests.nvidia.com/gpu": "2"}, "used": {"requests.nvidia.com/gpu": "2"}}}]
+    spec = reconciler_module.parse_spec(job["spec"])
+    run(reconciler.create.gang(job, spec, (2, 3), 0, live=2))
+    said = reconciler.create.memory(KEY).refused
+    assert kube.created("Pod") == [] and said is not None and said.ranks == (2, 3)
+    assert said.refusal.reason == c.REASON_QUOTA_EXCEEDED
+    assert said.refusal.message.startswith("ResourceQuota gpus cannot hold the whole gang, so only 2 of its pods are "
+                                           "created (spec.minWorldSize): its other 2 pods need "
+                                           "requests.nvidia.com/gpu=2 with 2 used of 2"), said.refusal.message
+
+    kube.quotas[0]["status"] = {"hard": {"requests.nvidia.com/gpu": "3"}, "used": {"requests.nvidia.com/gpu": "2"}}
+    run(reconciler.create.gang(job, spec, (2, 3), 0, live=2))  # room for one more: rank 2 joins
+    said = reconciler.create.memory(KEY).refused
+    assert kube.created("Pod") == ["mnist-2"] and said is not None and said.ranks == (3,)
+    assert "so only 3 of its pods are created" in said.refusal.message
 
 
 def test_a_name_held_by_another_owner_holds_the_ranks_up_as_name_in_use() -> None:
