@@ -353,7 +353,7 @@ def test_metrics_service_and_service_monitor_are_off_by_default_and_render_when_
     assert service["selector"] == objects["Deployment"]["spec"]["selector"]["matchLabels"]
     monitor = objects["ServiceMonitor"]
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and monitor["metadata"]["labels"]["release"] == "prom"
-    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s"}]
+    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s", "honorLabels": True}]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= objects["Service"]["metadata"]["labels"].items()
     refused = helm("template", "rel", str(CHART), "--set", "metrics.serviceMonitor.enabled=true", check=False)
     assert refused.returncode != 0 and "needs metrics.service.enabled" in refused.stderr, refused.stderr

@@ -8,8 +8,8 @@ from typing import Any
 import yaml
 
 CHART = Path(__file__).resolve().parents[2] / "charts"
-# Values documented as one row (their keys are Kubernetes' own).
-WHOLE = {"resources"}
+# Values documented as one row (their keys are Kubernetes' own, or labels).
+WHOLE = {"resources", "grafana.dashboard.labels"}
 
 
 def leaves(values: dict[str, Any], prefix: str = "") -> list[str]:
