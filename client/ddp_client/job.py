@@ -76,6 +76,8 @@ class Job:
         self._store: ResultsPrefix | None = None
         self._seen: dict[str, Any] | None = None  # the job as last read: what is known once it is deleted
         self._kept: logsources.KeptLogs | None = None  # the log parts kept in S3, as read so far
+        self._metric_parts: dict[str, tuple[int, list[metricdata.Record]]] = {}  # metrics read: key -> (size, records)
+        self._dask_bodies: dict[str, bytes] = {}  # dask-pytorch-ddp's result files read (written once each)
 
     def __repr__(self) -> str:
         return f"Job({self.namespace}/{self.name})"
@@ -298,20 +300,26 @@ class Job:
 
     def metrics(self) -> list[metricdata.Record]:
         """Every rank's metric records: its `log_metrics` lines, else the per-step result files it submitted
-        as dask-pytorch-ddp's workers do (results/worker/<rank>/), else the metric lines it printed."""
+        as dask-pytorch-ddp's workers do (results/worker/<rank>/), else the metric lines it printed. An
+        object read before is read again only where it grew (a live dashboard asks every few seconds)."""
         store = self.store()
-        records: list[metricdata.Record] = []
-        for key, _ in store.list(layout.METRICS):
+        parts: dict[str, tuple[int, list[metricdata.Record]]] = {}
+        for key, size in store.list(layout.METRICS):
             if key.endswith(".jsonl"):
-                records.extend(metricdata.parse_lines(store.get(key).decode(), f"{store.uri}/{key}"))
+                known = self._metric_parts.get(key)
+                parts[key] = known if known is not None and known[0] == size else (
+                    size, metricdata.parse_lines(store.get(key).decode(), f"{store.uri}/{key}"))
+        self._metric_parts = parts
+        records = [record for _, part in parts.values() for record in part]
         dask_keys = [key for key, _ in store.list(f"{layout.RESULTS}/{metricdata.DASK_WORKER_FOLDER}")
                      if key.endswith(".json")]
+        unread = [key for key in dask_keys if key not in self._dask_bodies]
         with ThreadPoolExecutor(max_workers=RESULT_FILE_READERS) as pool:  # one small object per step
-            bodies = pool.map(store.get, dask_keys)
-            for order, (key, body) in enumerate(zip(dask_keys, bodies, strict=True)):
-                record = metricdata.dask_result_record(key.removeprefix(f"{layout.RESULTS}/"), body, order)
-                if record is not None:
-                    records.append(record)
+            self._dask_bodies.update(zip(unread, pool.map(store.get, unread), strict=True))
+        for order, key in enumerate(dask_keys):
+            record = metricdata.dask_result_record(key.removeprefix(f"{layout.RESULTS}/"), self._dask_bodies[key], order)
+            if record is not None:
+                records.append(record)
         return metricdata.best_sources(records)
 
     def plot(self, path: str | Path, metrics: list[str] | None = None, rank: int | None = 0) -> metricdata.Series:

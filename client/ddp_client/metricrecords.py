@@ -15,7 +15,7 @@ from typing import Any
 from ddp_contract.metriclines import from_object
 
 # Fields every record has that are not metrics.
-NOT_METRICS = frozenset({"step", "epoch", "time", "rank", "source"})
+NOT_METRICS = frozenset({"step", "epoch", "time", "rank", "source", "attempt"})
 # dask-pytorch-ddp's result files: results/<DASK_WORKER_FOLDER>/<rank>/<name>.json.
 DASK_WORKER_FOLDER = "worker"
 PRINTED = "printed"  # the runtime's records of printed metric lines

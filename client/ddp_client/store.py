@@ -109,7 +109,7 @@ class ResultsPrefix:
         self.bucket, base = split_uri(results_uri)
         self.prefix = layout.job_key(base, namespace, job)
         self.uri = f"s3://{self.bucket}/{self.prefix}"
-        self._access = access
+        self.access = access  # endpoint and credentials as resolved (flags, environment, the job's own)
         self._client: Any = None
 
     @property
@@ -118,7 +118,7 @@ class ResultsPrefix:
             import boto3
             from botocore.config import Config
 
-            a, options = self._access, self._access.options()
+            a, options = self.access, self.access.options()
             self._client = options.prepare(boto3.session.Session().client(
                 "s3", endpoint_url=a.endpoint, region_name=a.region, aws_access_key_id=a.access_key_id,
                 aws_secret_access_key=a.secret_access_key, **options.client_kwargs(),

@@ -29,7 +29,7 @@ def test_from_python_the_environment_s_s3_settings_win_over_the_job_s(monkeypatc
         monkeypatch.setenv(name, value)
     job = SpecOnlyJob("j", "ns", client.ApiClient())
     store = job.store()
-    assert (store._access.endpoint, store._access.access_key_id, store._access.secret_access_key) == (
+    assert (store.access.endpoint, store.access.access_key_id, store.access.secret_access_key) == (
         "http://env-s3:9000", "i", "k")
     given = SpecOnlyJob("j", "ns", client.ApiClient(), s3_access=S3Access(access_key_id="a", secret_access_key="b"))
-    assert given.store()._access.endpoint == "http://job-s3:9000"
+    assert given.store().access.endpoint == "http://job-s3:9000"

@@ -19,6 +19,7 @@ def test_results_go_under_the_job_prefix(bucket: str, monkeypatch: pytest.Monkey
     monkeypatch.setenv("DDP_JOB_NAME", "resnet")
     monkeypatch.setenv("DDP_JOB_NAMESPACE", "ml")
     monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("DDP_ATTEMPT", "2")
     assert job_prefix() == s3.S3Url(bucket, "experiments/ml/resnet")
     handler = S3ResultsHandler(flush_interval_s=3600)
     url = handler.submit_result("eval/accuracy.json", json.dumps({"top1": 0.5}))
@@ -29,7 +30,8 @@ def test_results_go_under_the_job_prefix(bucket: str, monkeypatch: pytest.Monkey
     assert read_metrics(job_prefix()) == []  # buffered until flush / interval
     handler.close()
     records = read_metrics(job_prefix())
-    assert [(r["step"], r["epoch"], r["loss"], r["rank"]) for r in records] == [(1, 0, 2.5, 3), (2, 0, 1.5, 3)]
+    assert [(r["step"], r["epoch"], r["loss"], r["rank"], r["attempt"]) for r in records] == [
+        (1, 0, 2.5, 3, 2), (2, 0, 1.5, 3, 2)]
     assert records[0]["accuracy"] == 0.25 and abs(records[0]["time"] - time.time()) < 60
     assert handler.metrics_url.key.startswith("experiments/ml/resnet/metrics/rank-00003-")
     for bad in ("../escape", "/etc/passwd", "a//b", "dir/", "./x", ""):

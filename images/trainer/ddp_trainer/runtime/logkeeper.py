@@ -315,7 +315,8 @@ def make_keeper(rank: int, environ: Mapping[str, str], extra: Sequence[Listener]
             prefix = job_prefix(env.results_uri(environ), job)
             upload = s3_upload(prefix, job.attempt, rank)
             if scan:
-                results = S3ResultsHandler(prefix, rank=rank, flush_interval_s=float("inf"), by_code=False)
+                results = S3ResultsHandler(prefix, rank=rank, flush_interval_s=float("inf"), by_code=False,
+                                           attempt=job.attempt)
     except TrainerError as error:
         log.warning("this rank's output is not kept in S3 nor read for metrics: %s", error)
         return None

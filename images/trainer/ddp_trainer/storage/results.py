@@ -71,13 +71,16 @@ class S3ResultsHandler:
         rank: int | None = None,
         flush_interval_s: float = 30.0,
         by_code: bool = True,
+        attempt: int | None = None,
     ) -> None:
         """by_code: the training code's handler; False for the one printed metric lines feed, whose
-        records say so ("source": "printed")."""
+        records say so ("source": "printed"). attempt: the gang attempt its records belong to
+        (default $DDP_ATTEMPT), so a reader can tell where a restarted gang took over."""
         if isinstance(prefix, str):
             prefix = s3.parse_uri(prefix)
         self.prefix = prefix or job_prefix()
         self.rank = env.rank() if rank is None else rank
+        self.attempt = env.JobInfo.from_env().attempt if attempt is None else attempt
         self.flush_interval_s = flush_interval_s
         self.by_code = by_code
         handler = next(_HANDLERS)
@@ -114,6 +117,7 @@ class S3ResultsHandler:
             _LOGGED_BY_CODE.set()
         record: dict[str, Any] = {"step": int(step), "epoch": epoch, "loss": to_number(loss), "time": time.time()}
         record["rank"] = self.rank
+        record["attempt"] = self.attempt
         record.update({k: to_number(v) for k, v in extra.items()})
         if not self.by_code:
             record["source"] = PRINTED
