@@ -20,7 +20,8 @@ example:
 # build, which imports them into the node, then finds them made).
 test:
 	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $(KUEUE) build && images/build.sh build && \
-	  $$venv/bin/python localcluster/s3server.py build && $$venv/bin/python -m pytest $(PYTEST_ARGS)
+	  $$venv/bin/python localcluster/s3server.py build && scripts/chromium.sh >/dev/null && \
+	  $$venv/bin/python -m pytest $(PYTEST_ARGS)
 
 # ruff (lint, import order), mypy (types) and import-linter (the operator never imports the runtime).
 lint:

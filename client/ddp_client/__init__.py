@@ -7,6 +7,7 @@
     print(job.logs())           # every rank's output, `[rank N] ` before each line
     job.results(download="out") # what the ranks submitted
     job.plot("loss.png")
+    ddp_client.dashboard()      # live pages of the namespace's jobs, served on this machine (its .url)
 
 Imports only ddp_contract, kubernetes, boto3, PyYAML and (for plots) matplotlib: never the operator
 or the trainer runtime.
@@ -17,5 +18,6 @@ from __future__ import annotations
 from .job import Job, JobDeleted, JobFailed, process_results
 from .jobspec import S3
 from .submit import attach, submit
+from .web import dashboard
 
-__all__ = ["Job", "JobDeleted", "JobFailed", "S3", "attach", "process_results", "submit"]
+__all__ = ["Job", "JobDeleted", "JobFailed", "S3", "attach", "dashboard", "process_results", "submit"]

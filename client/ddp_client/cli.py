@@ -1,5 +1,5 @@
-"""`kubectl ddp` (the executable `kubectl-ddp`): logs, results, plot and status of a DDPJob; convert a
-PyTorchJob to one."""
+"""`kubectl ddp` (the executable `kubectl-ddp`): logs, results, plot and status of a DDPJob; a live web
+dashboard of the jobs; convert a PyTorchJob to one."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from .convert import ConvertError, from_pytorchjob
 from .job import Job
 from .store import S3Access, StoreError
 from .submit import attach
+from .web import PORT as DASHBOARD_PORT
 
 
 def parser() -> argparse.ArgumentParser:
@@ -47,6 +48,13 @@ def parser() -> argparse.ArgumentParser:
     plot.add_argument("--metric", action="append", help="only this metric (repeatable; default: all)")
     plot.add_argument("--rank", type=int, default=0, help="whose metrics (default 0; -1: mean of all ranks)")
     commands.add_parser("status", parents=[common], help="phase, ranks by state, progress, checkpoint, failure")
+    board = commands.add_parser("dashboard", help="a web page of the jobs, live, served on this machine until Ctrl-C")
+    board.add_argument("-n", "--namespace", help="the namespace shown (default: the kubeconfig context's)")
+    board.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace you can list")
+    board.add_argument("--port", type=int, default=DASHBOARD_PORT, help=f"on 127.0.0.1 (default {DASHBOARD_PORT}; 0: any free)")
+    board.add_argument("--kubeconfig", help="path to the kubeconfig (default: $KUBECONFIG, ~/.kube/config)")
+    board.add_argument("--results", metavar="S3_URI", action="append", default=[],
+                       help="a results prefix (spec.s3.results) where deleted jobs are looked for (repeatable)")
     convert = commands.add_parser("convert", help="a Kubeflow PyTorchJob manifest as a DDPJob (YAML on stdout)")
     convert.add_argument("-f", "--filename", required=True, help="the PyTorchJob's YAML file, or - for stdin")
     return top
@@ -92,10 +100,40 @@ def run(job: Job, args: argparse.Namespace) -> int:
     return 0
 
 
+def serve_dashboard(args: argparse.Namespace) -> int:
+    """`kubectl ddp dashboard`: serves until Ctrl-C."""
+    from .web import dashboard
+
+    try:
+        board = dashboard(args.namespace, args.all_namespaces, args.port, args.kubeconfig, results=tuple(args.results))
+    except OSError as error:
+        print(f"kubectl ddp dashboard: cannot serve on 127.0.0.1:{args.port}: {error.strerror or error}"
+              " (another --port, or 0 for any free one)", file=sys.stderr)
+        return 1
+    print(f"DDPJob dashboard: {board.url} (Ctrl-C stops it)", flush=True)
+    try:
+        board.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        board.stop()
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.getLogger("urllib3").setLevel(logging.ERROR)  # its retries' warnings: the one line below says it
     job: Job | None = None
+    if args.command == "dashboard":
+        try:
+            return serve_dashboard(args)
+        except ConfigException as error:
+            print(f"kubectl ddp dashboard: no usable kubeconfig: {error}", file=sys.stderr)
+            return 1
+        except ModuleNotFoundError as error:
+            print(f"kubectl ddp dashboard: needs {error.name}, which comes with the client's extras: "
+                  "pip install 'ddp-operator[client]'", file=sys.stderr)
+            return 1
     if args.command == "convert":
         try:
             return convert_file(args.filename)

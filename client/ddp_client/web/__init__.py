@@ -1,0 +1,103 @@
+"""A web dashboard of DDPJobs, served on this machine with the user's kubeconfig and S3 credentials:
+`kubectl ddp dashboard`, or from a notebook
+
+    board = ddp_client.dashboard()      # serves in the background; board.url, board.stop()
+
+Its pages: every job of a namespace (or of all) updated live; a job's curves, ranks, Events, logs and
+results; jobs deleted from the API whose ranks kept something in S3."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from ..store import S3Access
+
+HOST = "127.0.0.1"  # the user's own machine only: the pages show what the user's credentials can read
+PORT = 8265
+
+
+class RunningDashboard:
+    """A dashboard served by a thread of its own until `stop()`."""
+
+    def __init__(self, api_client: Any, s3_access: S3Access, namespace: str | None, port: int,
+                 results: tuple[str, ...]) -> None:
+        from .server import DashboardState
+
+        self.state = DashboardState(api_client, s3_access, namespace, results)
+        self._port = port
+        self._loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._runner: Any = None
+        self.url = ""
+        self._thread = threading.Thread(target=self._serve, name="ddp-dashboard", daemon=True)
+
+    def start(self) -> RunningDashboard:
+        self._thread.start()
+        self._started.wait()
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def _serve(self) -> None:
+        from aiohttp import web
+
+        from .server import application
+
+        asyncio.set_event_loop(self._loop)
+
+        async def begin() -> None:
+            self._runner = web.AppRunner(application(self.state), shutdown_timeout=1.0)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, HOST, self._port)
+            await site.start()
+            port = self._runner.addresses[0][1]
+            self.url = f"http://{HOST}:{port}/"
+
+        try:
+            self._loop.run_until_complete(begin())
+        except BaseException as error:  # noqa: BLE001 - handed to start(), which raises it
+            self._error = error
+            self._started.set()
+            return
+        self._started.set()
+        self._loop.run_forever()
+        self._loop.close()
+
+    def stop(self) -> None:
+        """Closes the open pages' streams, stops serving and ends the watches."""
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+        self.state.stop()
+
+    def wait(self) -> None:
+        """Until the thread ends (Ctrl-C stops `kubectl ddp dashboard`)."""
+        while self._thread.is_alive():
+            self._thread.join(1)
+
+    def __repr__(self) -> str:
+        return f"RunningDashboard({self.url})"
+
+    def _repr_html_(self) -> str:
+        return f'<a href="{self.url}" target="_blank">DDPJob dashboard: {self.url}</a>'
+
+
+def dashboard(namespace: str | None = None, all_namespaces: bool = False, port: int = 0, kubeconfig: str | None = None,
+              api_client: Any = None, s3_access: S3Access | None = None, results: tuple[str, ...] = ()
+              ) -> RunningDashboard:
+    """Serve the dashboard on 127.0.0.1 (`port` 0: a free one) in the background; returns it (its `url`).
+    `namespace`: the one shown first (default: the kubeconfig context's; `all_namespaces`: every one).
+    `results`: results prefixes (spec.s3.results) where jobs already deleted are looked for, besides those
+    of the jobs it sees."""
+    from ddp_contract import kubeclient
+
+    from ..submit import default_namespace
+
+    shown = None if all_namespaces else (namespace or default_namespace(kubeconfig))
+    client = api_client or kubeclient.api_client(kubeconfig)
+    return RunningDashboard(client, S3Access.from_env() if s3_access is None else s3_access, shown, port,
+                            tuple(results)).start()

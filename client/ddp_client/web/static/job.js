@@ -1,0 +1,167 @@
+// A job's page: its status, curves (uPlot) with each attempt marked, ranks, logs, Events and files.
+"use strict";
+
+const query = new URLSearchParams(location.search);
+const job = jobQuery(query.get("namespace"), query.get("name"), query.get("results"));
+const charts = {};  // metric -> uPlot
+let marks = [];
+let logEnd = null;  // null: follow the log's end; a number: the older page shown ends there
+let knownRanks = new Set();
+
+document.getElementById("title").textContent = `${query.get("namespace")}/${query.get("name")}`;
+document.title = `${query.get("name")} - DDPJob`;
+
+function summaryHtml(page) {
+  const row = page.job, status = page.status || {};
+  const parts = [`<span class="phase phase-${esc(row.phase)}" id="phase">${esc(row.phase)}</span>`];
+  if (!page.deleted) {
+    parts.push(`<span>ready <b id="ready">${esc(row.ready)}</b></span>`, `<span>${esc(row.world)}</span>`,
+               `<span>restarts <b id="restarts">${esc(row.restarts)}</b></span>`, `<span>attempt ${esc(status.attempt)}</span>`,
+               `<span>${progressCell(row)}</span>`);
+    if (row.samplesPerSecond) parts.push(`<span>${esc(Math.round(row.samplesPerSecond))} samples/s</span>`);
+    if (status.lastCheckpoint) parts.push(`<span>checkpoint step ${esc(status.lastCheckpoint.step)} <span class="muted">${esc(status.lastCheckpoint.uri)}</span></span>`);
+    if (status.kept) parts.push(`<span>kept: ${esc(status.kept)}</span>`);
+  } else {
+    parts.push(`<span class="muted">the DDPJob is gone; ${esc(row.message)}</span>`);
+  }
+  if (row.reason || row.message) parts.push(`<div id="reason"><b>${esc(row.reason)}</b> ${esc(page.deleted ? "" : row.message)}</div>`);
+  return parts.join("");
+}
+
+function rankHtml(rank) {
+  const ended = rank.ended ? `exit ${esc(rank.ended.exitCode)} ${esc(rank.ended.reason)}` : "";
+  const words = rank.failure ? `<div class="failure"><b>${esc(rank.failure.reason)}</b> (${esc(rank.failure.kind || "")} failure, attempt ${esc(rank.failure.attempt)})<pre class="words">${esc(rank.failure.lastWords)}</pre></div>` : "";
+  return `<tr data-rank="${esc(rank.rank)}"><td>${esc(rank.rank)}</td><td>${esc(rank.pod)}</td><td>${esc(rank.attempt)}</td>
+    <td>${esc(rank.node)}</td><td class="state">${esc(rank.state)}</td><td>${rank.ready ? "yes" : ""}</td>
+    <td class="held">${esc(rank.held)} ${ended}${words}</td></tr>`;
+}
+
+async function loadJob() {
+  const page = await getJson(`/api/job?${job}`, document.getElementById("error")).catch(() => null);
+  if (!page) return;
+  document.getElementById("summary").innerHTML = summaryHtml(page);
+  const why = page.failure || page.lastRestart || "";
+  const box = document.getElementById("failure-box");
+  box.hidden = !why;
+  document.getElementById("failure-title").textContent = page.failure ? "Failure" : "Cause of the last restart";
+  document.getElementById("failure").textContent = why;
+  document.querySelector("#ranks tbody").innerHTML = (page.ranks || []).map(rankHtml).join("")
+    || `<tr><td colspan="7" class="muted">${page.deleted ? "the job is gone" : "no pods"}</td></tr>`;
+  const workers = page.dataWorkers || [];
+  document.getElementById("workers-box").hidden = workers.length === 0;
+  document.querySelector("#workers tbody").innerHTML = workers.map(w =>
+    `<tr><td>${esc(w.pod)}</td><td>${esc(w.node)}</td><td>${esc(w.state)}</td><td>${esc(w.held)}</td></tr>`).join("");
+  document.querySelector("#events tbody").innerHTML = (page.events || []).slice().reverse().map(e =>
+    `<tr class="event-${esc(e.type)}"><td>${esc(e.time)}</td><td>${esc(e.type)}</td><td>${esc(e.reason)}</td><td>${esc(e.object)}</td><td>${esc(e.message)}</td></tr>`).join("");
+  const ranks = new Set((page.ranks || []).map(r => r.rank));
+  addRankOptions(ranks);
+  const attempts = page.attempts || [];
+  if (attempts.length) setAttempts(attempts);
+}
+
+function addRankOptions(ranks) {
+  const select = document.getElementById("rank");
+  for (const rank of [...ranks].sort((a, b) => a - b)) {
+    if (rank === 0 || knownRanks.has(rank)) continue;
+    knownRanks.add(rank);
+    select.add(new Option(`rank ${rank}`, String(rank)));
+  }
+}
+
+function marksPlugin(axis) {
+  return {hooks: {draw: [u => {
+    const ctx = u.ctx;
+    ctx.save();
+    ctx.strokeStyle = "#d97706";
+    ctx.fillStyle = "#d97706";
+    ctx.lineWidth = 1.5 * devicePixelRatio;
+    ctx.setLineDash([6, 4]);
+    ctx.font = `${11 * devicePixelRatio}px sans-serif`;
+    for (const mark of marks) {
+      const x = Math.round(u.valToPos(axis === "time" ? mark.time : mark.step, "x", true));
+      if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+      ctx.beginPath();
+      ctx.moveTo(x, u.bbox.top);
+      ctx.lineTo(x, u.bbox.top + u.bbox.height);
+      ctx.stroke();
+      ctx.fillText(`attempt ${mark.attempt}`, x + 4, u.bbox.top + 12 * devicePixelRatio);
+    }
+    ctx.restore();
+  }]}};
+}
+
+async function loadMetrics() {
+  const rank = document.getElementById("rank").value, axis = document.getElementById("axis").value;
+  let body;
+  try {
+    body = await getJson(`/api/metrics?${job}&rank=${rank}&axis=${axis}`);
+    document.getElementById("metrics-error").textContent = "";
+  } catch (error) {
+    document.getElementById("metrics-error").textContent = String(error.message);
+    return;
+  }
+  marks = body.marks;
+  addRankOptions(new Set(body.ranks));
+  document.getElementById("marks").innerHTML = marks.map(m =>
+    `<li data-attempt="${esc(m.attempt)}">attempt ${esc(m.attempt)} from step ${esc(m.step)}: ${esc(m.why || "restarted")}</li>`).join("");
+  const holder = document.getElementById("curves");
+  for (const [name, curve] of Object.entries(body.curves)) {
+    let chart = charts[name];
+    if (!chart || chart.axis !== axis) {
+      if (chart) { chart.destroy(); chart.root.parentElement.remove(); }
+      const box = document.createElement("div");
+      box.className = "curve";
+      holder.appendChild(box);
+      chart = new uPlot({width: Math.max(420, Math.floor(holder.clientWidth / 2) - 12), height: 220, title: name,
+                         scales: {x: {time: axis === "time"}}, series: [{label: axis}, {label: name, stroke: "#2563eb", width: 1.5}],
+                         plugins: [marksPlugin(axis)]}, [curve.x, curve.y], box);
+      chart.axis = axis;
+      charts[name] = chart;
+    } else {
+      chart.setData([curve.x, curve.y]);
+    }
+    chart.root.parentElement.dataset.metric = name;
+    chart.root.parentElement.dataset.points = String(curve.x.length);
+    chart.root.parentElement.dataset.logged = String(curve.points);
+  }
+}
+
+function setAttempts(attempts) {
+  const select = document.getElementById("log-attempt");
+  const have = new Set([...select.options].map(o => o.value));
+  for (const attempt of attempts) if (!have.has(String(attempt))) select.add(new Option(`attempt ${attempt}`, String(attempt)));
+}
+
+async function loadLog() {
+  const rank = document.getElementById("log-rank").value || "0", attempt = document.getElementById("log-attempt").value;
+  const end = logEnd === null ? "" : `&end=${logEnd}`;
+  const body = await getJson(`/api/logs?${job}&rank=${rank}&attempt=${attempt}${end}`).catch(error => ({error: error.message}));
+  const pre = document.getElementById("log");
+  if (body.error) { document.getElementById("log-where").textContent = body.error; return; }
+  setAttempts(body.attempts);
+  const following = logEnd === null && pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+  pre.textContent = body.text;
+  pre.dataset.start = body.start;
+  document.getElementById("log-where").textContent = `attempt ${body.attempt ?? "-"}, bytes ${body.start}-${body.end} of ${body.total}`;
+  document.getElementById("log-older").disabled = body.start === 0;
+  if (following) pre.scrollTop = pre.scrollHeight;
+}
+
+async function loadFiles() {
+  const body = await getJson(`/api/files?${job}`, document.getElementById("files-error")).catch(() => null);
+  if (!body) return;
+  document.querySelector("#files tbody").innerHTML = body.files.map(f =>
+    `<tr><td><a href="/api/download?${esc(job)}&path=${esc(encodeURIComponent(f.path))}">${esc(f.path)}</a></td><td>${esc(f.size)}</td></tr>`).join("");
+}
+
+document.getElementById("rank").onchange = loadMetrics;
+document.getElementById("axis").onchange = loadMetrics;
+document.getElementById("log-rank").onchange = () => { logEnd = null; loadLog(); };
+document.getElementById("log-attempt").onchange = () => { logEnd = null; loadLog(); };
+document.getElementById("log-older").onclick = () => { logEnd = Number(document.getElementById("log").dataset.start); loadLog(); };
+
+loadJob(); loadMetrics(); loadLog(); loadFiles();
+setInterval(loadJob, 2000);
+setInterval(loadMetrics, 5000);
+setInterval(() => { if (logEnd === null) loadLog(); }, 3000);
+setInterval(loadFiles, 30000);

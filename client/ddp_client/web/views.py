@@ -1,0 +1,202 @@
+"""What the dashboard's pages show, as JSON-ready dicts made from what the API server and S3 hold: a
+row per job, a job's ranks, Events, attempts and curves. Pure functions; the server (server.py)
+reads, these decide."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ddp_contract import api, labels
+from ddp_contract.resource import JobStatus
+
+from .. import metricrecords as metricdata
+from .. import summary
+from ..downsample import largest_triangles
+
+# Points a curve is drawn with at most: a long run's curve keeps its shape, the page stays light.
+POINTS_PER_CURVE = 2000
+# The bytes of a log a page is sent at a time (the newest first; older pages on request).
+LOG_PAGE_BYTES = 64 * 1024
+
+Json = dict[str, Any]
+
+
+def job_row(job: Mapping[str, Any]) -> Json:
+    """One line of the jobs table: what `kubectl get ddpjobs` shows, and how far the job is."""
+    meta, spec, status = job.get("metadata") or {}, job.get("spec") or {}, job.get("status") or {}
+    progress = status.get("progress") or {}
+    return {
+        "namespace": meta.get("namespace", ""), "name": meta.get("name", ""),
+        "created": meta.get("creationTimestamp"), "phase": status.get("phase") or "Pending",
+        "ready": status.get("ready") or f"0/{spec.get('worldSize', '?')}",
+        "restarts": JobStatus.of(status).restarts, "world": summary.world_size_text(spec, status),
+        "epoch": progress.get("epoch"), "step": progress.get("step"), "loss": progress.get("loss"),
+        "percent": progress.get("percent"), "remaining": progress.get("remaining"),
+        "samplesPerSecond": progress.get("samplesPerSecond"),
+        "reason": status.get("reason") or "", "message": status.get("message") or "",
+    }
+
+
+def deleted_row(namespace: str, name: str, results: str) -> Json:
+    """A job whose DDPJob is gone and whose ranks kept something under `results` in S3."""
+    return {"namespace": namespace, "name": name, "created": None, "phase": "Deleted", "ready": "", "restarts": None,
+            "world": "", "epoch": None, "step": None, "loss": None, "percent": None, "remaining": None,
+            "samplesPerSecond": None, "reason": "", "message": f"kept in {results}", "results": results}
+
+
+def _waiting_words(pod: Mapping[str, Any]) -> str:
+    """Why a pod that is not running is held: its trainer's waiting reason, or the scheduler's words."""
+    status = pod.get("status") or {}
+    for container in status.get("containerStatuses") or []:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") and waiting["reason"] != "ContainerCreating":
+            return f"{waiting['reason']}: {waiting.get('message') or ''}".rstrip(": ")
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return f"{condition.get('reason') or 'Unschedulable'}: {condition.get('message') or ''}".rstrip(": ")
+    return ""
+
+
+def _ended(pod: Mapping[str, Any]) -> Json | None:
+    """The trainer container's end (exit code, reason) where it ended, else None."""
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        if container.get("name") != labels.CONTAINER_NAME:
+            continue
+        for state in (container.get("state") or {}, container.get("lastState") or {}):
+            terminated = state.get("terminated")
+            if terminated:
+                return {"exitCode": terminated.get("exitCode"), "reason": terminated.get("reason") or ""}
+    return None
+
+
+def rank_rows(pods: Iterable[Mapping[str, Any]], status: Mapping[str, Any]) -> list[Json]:
+    """The ranks' pods in rank order: pod, rank, attempt, node, state, ready, why held up, how it ended;
+    the one whose failure ended the last attempt carries its last words (status.failedRank)."""
+    failed = JobStatus.of(status).failed_rank or {}
+    rows = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        pod_labels = meta.get("labels") or {}
+        if labels.LABEL_RANK not in pod_labels:
+            continue
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        row: Json = {
+            "pod": meta.get("name", ""), "rank": int(pod_labels[labels.LABEL_RANK]),
+            "attempt": int(pod_labels.get(labels.LABEL_ATTEMPT, 0)), "node": (pod.get("spec") or {}).get("nodeName") or "",
+            "state": summary.pod_state(pod),
+            "ready": any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
+            "held": _waiting_words(pod), "ended": _ended(pod), "failure": None,
+        }
+        if failed and failed.get("pod") == row["pod"]:
+            row["failure"] = {"reason": failed.get("reason"), "exitCode": failed.get("exitCode"),
+                              "kind": failed.get("kind"), "attempt": failed.get("attempt"),
+                              "lastWords": failed.get("message") or ""}
+        rows.append(row)
+    return sorted(rows, key=lambda r: (r["rank"], r["attempt"]))
+
+
+def _event_time(event: Mapping[str, Any]) -> str:
+    return str(event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp")
+               or (event.get("metadata") or {}).get("creationTimestamp") or "")
+
+
+def event_rows(events: Iterable[Mapping[str, Any]]) -> list[Json]:
+    """The job's Events (its own and its pods'), oldest first."""
+    rows = [{"time": _event_time(e), "type": e.get("type") or "", "reason": e.get("reason") or "",
+             "message": e.get("message") or "", "count": e.get("count") or 1,
+             "object": f"{(e.get('involvedObject') or {}).get('kind', '')}/{(e.get('involvedObject') or {}).get('name', '')}"}
+            for e in events]
+    return sorted(rows, key=lambda r: r["time"])
+
+
+def job_page(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], events: Iterable[Mapping[str, Any]],
+             data_workers: Sequence[Mapping[str, Any]] = ()) -> Json:
+    """Everything of a job's page but its curves and logs."""
+    spec, status = job.get("spec") or {}, job.get("status") or {}
+    failed = status.get("phase") == "Failed"
+    return {
+        "job": job_row(job),
+        "status": {"attempt": JobStatus.of(status).attempt, "attemptTime": status.get("attemptTime"),
+                   "startTime": status.get("startTime"), "completionTime": status.get("completionTime"),
+                   "worldSize": status.get(api.STATUS_WORLD_SIZE), "members": status.get(api.STATUS_MEMBERS),
+                   "progress": status.get("progress") or {}, "lastCheckpoint": status.get("lastCheckpoint"),
+                   "kept": summary.kept_text(status), "conditions": status.get("conditions") or [],
+                   "dataWorkers": status.get("dataWorkers")},
+        # A finished job's last restart cause is history, not its failure (the same words as `kubectl ddp status`).
+        "failure": summary.failure_text(status) if failed else "",
+        "lastRestart": "" if failed else summary.last_restart_text(status),
+        "ranks": rank_rows(pods, status),
+        "dataWorkers": [{"pod": (p.get("metadata") or {}).get("name", ""), "state": summary.pod_state(p),
+                         "node": (p.get("spec") or {}).get("nodeName") or "", "held": _waiting_words(p)}
+                        for p in data_workers],
+        "events": event_rows(events),
+        "results": (spec.get("s3") or {}).get("results"),
+    }
+
+
+def attempt_marks(records: Sequence[Mapping[str, Any]], events: Sequence[Json]) -> list[Json]:
+    """Where each attempt after the first took over, on both axes: its first record's step and time, with
+    the job's own Events between the previous attempt's last record and it (why the gang restarted or
+    resized). Records without an attempt (written before records carried one) mark nothing."""
+    spans: dict[int, list[float]] = {}  # attempt -> [first time, last time, first step]
+    for record in records:
+        attempt, when = record.get("attempt"), record.get("time")
+        if not isinstance(attempt, int) or not isinstance(when, int | float):
+            continue
+        span = spans.setdefault(attempt, [when, when, record["step"]])
+        if when < span[0]:
+            span[0], span[2] = when, record["step"]
+        span[1] = max(span[1], when)
+    marks = []
+    ordered = sorted(spans)
+    for before, attempt in zip(ordered, ordered[1:], strict=False):
+        since, until = spans[before][1], spans[attempt][0]
+        causes = [e for e in events if e["object"].startswith(f"{api.KIND}/")
+                  and since - 1 <= _epoch(e["time"]) <= until + 1]
+        marks.append({"attempt": attempt, "time": until, "step": spans[attempt][2],
+                      "why": "; ".join(f"{e['reason']}: {e['message']}" for e in causes)})
+    return marks
+
+
+def _epoch(rfc3339: str) -> float:
+    from ddp_contract.timestamps import parse_rfc3339
+
+    parsed = parse_rfc3339(rfc3339)
+    return parsed.timestamp() if parsed is not None else float("nan")
+
+
+def curves(records: Sequence[Mapping[str, Any]], rank: int | None, axis: str = "step",
+           points: int = POINTS_PER_CURVE) -> Json:
+    """Each metric of `rank` (None: every rank's mean per step) as {"x": [...], "y": [...]}, at most
+    `points` points, against the step or (axis "time") the time it was logged."""
+    series = metricdata.series(records, rank)
+    when = _step_times(records, rank) if axis == "time" else {}
+    out = {}
+    for name, values in series.items():
+        placed = [(when[step], y) for step, y in values if step in when] if axis == "time" else \
+            [(float(step), y) for step, y in values]
+        drawn = largest_triangles(placed, points)
+        out[name] = {"x": [x for x, _ in drawn], "y": [y for _, y in drawn], "points": len(values)}
+    return out
+
+
+def _step_times(records: Iterable[Mapping[str, Any]], rank: int | None) -> dict[int, float]:
+    """When each step was logged last (by `rank`, or by any rank)."""
+    when: dict[int, float] = {}
+    for record in records:
+        if (rank is None or int(record.get("rank") or 0) == rank) and isinstance(record.get("time"), int | float):
+            when[int(record["step"])] = max(when.get(int(record["step"]), 0.0), float(record["time"]))
+    return when
+
+
+def log_page(text: str, end: int | None = None, size: int = LOG_PAGE_BYTES) -> Json:
+    """The part of a rank's log (as bytes of UTF-8) that ends at `end` (None: its end), at most `size`
+    bytes, cut at a line's start; `start` is where the next older page ends."""
+    data = text.encode()
+    stop = len(data) if end is None else max(0, min(end, len(data)))
+    start = max(0, stop - size)
+    if start > 0:
+        newline = data.find(b"\n", start, stop)
+        start = newline + 1 if newline >= 0 else start
+    return {"text": data[start:stop].decode(errors="replace"), "start": start, "end": stop, "total": len(data)}

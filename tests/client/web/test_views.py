@@ -1,0 +1,79 @@
+"""What the dashboard's pages show, from jobs, pods, Events and metric records as the API server and S3 hold them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddp_client.web import views
+from podfixtures import pod
+
+
+def job(status: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+    return {"metadata": {"namespace": "team", "name": "mnist", "creationTimestamp": "2026-11-27T10:00:00Z"},
+            "spec": {"worldSize": 2, **spec}, "status": status or {}}
+
+
+def event(reason: str, message: str, time: str, kind: str = "DDPJob", name: str = "mnist") -> dict[str, Any]:
+    return {"reason": reason, "message": message, "type": "Warning", "lastTimestamp": time,
+            "involvedObject": {"kind": kind, "name": name}}
+
+
+def test_a_job_s_row_says_its_phase_ranks_restarts_and_how_far_it_is() -> None:
+    row = views.job_row(job({"phase": "Running", "ready": "2/2", "restarts": 1,
+                             "progress": {"epoch": 2, "step": 40, "loss": 0.25, "percent": 40.0, "remaining": "3m"}}))
+    assert (row["phase"], row["ready"], row["restarts"], row["step"], row["percent"], row["remaining"]) == (
+        "Running", "2/2", 1, 40, 40.0, "3m")
+    assert views.job_row(job())["phase"] == "Pending" and views.job_row(job())["ready"] == "0/2"
+
+
+def test_ranks_say_where_they_run_why_they_are_held_and_the_failed_one_its_last_words() -> None:
+    failed = {"rank": 1, "pod": "mnist-1", "reason": "Error", "exitCode": 3, "kind": "Program", "attempt": 0,
+              "message": "Traceback ...\nValueError: bad batch"}
+    pods = [pod(1, "failed", exit_code=3, node="gpu-2"), pod(0, "pending", unschedulable="0/3 nodes are available")]
+    rows = views.rank_rows(pods, {"failedRank": failed})
+    assert [r["rank"] for r in rows] == [0, 1]
+    assert rows[0]["held"] == "Unschedulable: 0/3 nodes are available" and rows[0]["failure"] is None
+    assert rows[1]["node"] == "gpu-2" and rows[1]["ended"]["exitCode"] == 3
+    assert rows[1]["failure"]["lastWords"].endswith("ValueError: bad batch")
+
+
+def test_a_finished_job_s_last_restart_is_history_not_its_failure() -> None:
+    failed = {"rank": 0, "pod": "mnist-0", "reason": "RankMissing", "kind": "Infrastructure", "attempt": 1}
+    succeeded = views.job_page(job({"phase": "Succeeded", "reason": "AllRanksSucceeded", "failedRank": failed}), [], [])
+    assert succeeded["failure"] == "" and succeeded["lastRestart"].startswith("caused by: rank 0 (pod mnist-0)")
+    failed_page = views.job_page(job({"phase": "Failed", "reason": "BackoffLimitExceeded", "failedRank": failed}), [], [])
+    assert "failed rank: rank 0" in failed_page["failure"] and failed_page["lastRestart"] == ""
+
+
+def records(attempt: int, steps: range, start: float) -> list[dict[str, Any]]:
+    return [{"step": s, "loss": 1.0 / (s + 1), "rank": 0, "attempt": attempt, "time": start + i} for i, s in enumerate(steps)]
+
+
+def test_each_attempt_after_the_first_is_marked_at_its_first_step_with_the_job_s_events_between() -> None:
+    logged = records(0, range(0, 50), 1_800_000_000.0) + records(1, range(40, 90), 1_800_000_100.0)
+    events = views.event_rows([
+        event("RankFailed", "rank 1 exited 1", "2027-01-15T08:01:10Z"),  # 1800000070: between the attempts
+        event("Started", "container started", "2027-01-15T08:01:11Z", kind="Pod", name="mnist-1"),  # a pod's
+        event("PodsCreated", "2 pods", "2027-01-15T07:59:00Z"),  # before: not this restart's
+    ])
+    marks = views.attempt_marks(logged, events)
+    assert marks == [{"attempt": 1, "time": 1_800_000_100.0, "step": 40, "why": "RankFailed: rank 1 exited 1"}]
+    assert views.attempt_marks(records(0, range(5), 0.0), events) == []
+
+
+def test_curves_are_drawn_with_at_most_the_points_asked_for_and_against_time_on_request() -> None:
+    logged = records(0, range(10_000), 1_800_000_000.0)
+    drawn = views.curves(logged, 0, points=500)["loss"]
+    assert len(drawn["x"]) == 500 and drawn["points"] == 10_000 and (drawn["x"][0], drawn["x"][-1]) == (0, 9999)
+    timed = views.curves(logged[:10], 0, axis="time")["loss"]
+    assert timed["x"] == [1_800_000_000.0 + i for i in range(10)] and timed["y"][0] == 1.0
+    assert views.curves(logged, 3) == {}  # rank 3 logged nothing
+
+
+def test_a_log_is_paged_from_its_end_at_line_starts() -> None:
+    text = "".join(f"line {i:04d}\n" for i in range(1000))  # 10 bytes a line
+    last = views.log_page(text, size=95)
+    assert last["text"] == "".join(f"line {i:04d}\n" for i in range(991, 1000)) and last["end"] == 10_000
+    older = views.log_page(text, end=last["start"], size=95)
+    assert older["text"].startswith("line 0982\n") and older["end"] == last["start"]
+    assert views.log_page("", size=10) == {"text": "", "start": 0, "end": 0, "total": 0}

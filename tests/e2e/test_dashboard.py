@@ -1,0 +1,221 @@
+"""`ddp_client.dashboard()` (`kubectl ddp dashboard`) in a real headless browser: Debian's Chromium, driven by
+Playwright, against the local cluster's API server and the S3 server on loopback.
+
+The jobs live in a namespace no operator serves, so each test writes their status as the operator would
+(the status subresource) and their metrics with the runtime's own S3ResultsHandler: what the pages show is
+then known exactly. Screenshots of the pages go to $DDP_TEST_SCREENSHOTS where set."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+import ddp_client
+import demo
+from ddp_client.store import S3Access
+from ddp_contract import api, layout
+from kube import REPO, client_as, own_namespace_in
+
+BUCKET = "ddp-dashboard"
+RESULTS = f"s3://{BUCKET}/results"
+SECRET = "s3-credentials"
+CHROMIUM = os.environ.get("DDP_TEST_CHROMIUM", "/usr/bin/chromium")
+# As the machine notes say Chromium must run here: no sandbox as root, nothing reached for off the machine.
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+WAIT_MS = 30_000
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[str]:
+    with demo.s3_server(0, buckets=(BUCKET,)) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="module")
+def space(cluster: Any, kube_api: Any, crd: None, s3: str) -> Iterator[str]:
+    """A namespace of the module's own, outside every test operator's, with the jobs' S3 credentials."""
+    with own_namespace_in(kube_api) as name:
+        client.CoreV1Api(kube_api).create_namespaced_secret(name, {"metadata": {"name": SECRET}, "stringData": {
+            "AWS_ACCESS_KEY_ID": demo.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": demo.SECRET_KEY}})
+        yield name
+
+
+@pytest.fixture(scope="module")
+def board(kube_api: Any, space: str) -> Iterator[str]:
+    """The dashboard of `space`, reading S3 as each job says (its endpoint, its Secret): nothing given here."""
+    running = ddp_client.dashboard(space, api_client=kube_api, s3_access=S3Access())
+    yield running.url
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"no Chromium at {CHROMIUM}: `make test` installs Debian's (scripts/chromium.sh)")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Browser, request: pytest.FixtureRequest) -> Iterator[Page]:
+    opened = browser.new_page(viewport={"width": 1400, "height": 1000})
+    yield opened
+    where = os.environ.get("DDP_TEST_SCREENSHOTS")
+    if where:
+        Path(where).mkdir(parents=True, exist_ok=True)
+        opened.screenshot(path=str(Path(where) / f"{request.node.name}.png"), full_page=True)
+    opened.close()
+
+
+def create_job(kube_api: Any, namespace: str, name: str, s3: str, status: dict[str, Any]) -> None:
+    """A DDPJob keeping its results in the test's S3 server, with `status` as an operator would write it."""
+    custom = client.CustomObjectsApi(kube_api)
+    custom.create_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, {
+        "apiVersion": f"{api.GROUP}/{api.VERSION}", "kind": api.KIND, "metadata": {"name": name},
+        "spec": {"worldSize": 2, "image": "trainer:test", "entrypoint": "train:main", "s3": {
+            "endpoint": s3, "region": "us-east-1", "credentialsSecret": SECRET, "results": RESULTS}}})
+    set_status(kube_api, namespace, name, status)
+
+
+def set_status(kube_api: Any, namespace: str, name: str, status: dict[str, Any]) -> None:
+    client.CustomObjectsApi(kube_api).patch_namespaced_custom_object_status(
+        api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"status": status})
+
+
+def log_metrics(monkeypatch: pytest.MonkeyPatch, s3: str, namespace: str, name: str, steps: range,
+                attempt: int = 0) -> None:
+    """Rank 0's records of `steps`, written by the runtime's own handler as a rank writes them."""
+    from ddp_trainer.storage import s3 as runtime_s3
+    from ddp_trainer.storage.results import S3ResultsHandler
+
+    for variable, value in {"AWS_ACCESS_KEY_ID": demo.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": demo.SECRET_KEY,
+                            "DDP_S3_ENDPOINT": s3, "DDP_S3_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(variable, value)
+    runtime_s3.reset_clients()
+    handler = S3ResultsHandler(f"{RESULTS}/{namespace}/{name}", rank=0, flush_interval_s=3600, attempt=attempt)
+    for step in steps:
+        handler.log_metrics(step, epoch=step // 10, loss=1.0 / (step + 1), accuracy=step / 100)
+    handler.close()
+    runtime_s3.reset_clients()
+
+
+def test_a_running_job_s_row_and_its_curve_move_while_it_trains(
+        kube_api: Any, space: str, s3: str, board: str, page: Page, monkeypatch: pytest.MonkeyPatch) -> None:
+    create_job(kube_api, space, "trains", s3, {"phase": "Running", "ready": "2/2", "restarts": 0,
+                                           "progress": {"epoch": 1, "step": 10, "loss": 0.5, "percent": 10.0}})
+    page.goto(board)
+    row = page.locator(f'#jobs tr[data-job="{space}/trains"]')
+    expect(row.locator(".phase")).to_have_text("Running", timeout=WAIT_MS)
+    expect(row.locator(".step")).to_have_text("10")
+    set_status(kube_api, space, "trains", {"progress": {"epoch": 2, "step": 20, "loss": 0.25, "percent": 20.0}})
+    expect(row.locator(".step")).to_have_text("20", timeout=WAIT_MS)  # from the watch: the page is not reloaded
+
+    log_metrics(monkeypatch, s3, space, "trains", range(0, 30))
+    row.locator("a").click()
+    loss = page.locator('#curves .curve[data-metric="loss"]')
+    expect(loss).to_have_attribute("data-logged", "30", timeout=WAIT_MS)
+    expect(page.locator('#curves .curve[data-metric="accuracy"]')).to_have_attribute("data-logged", "30")
+    log_metrics(monkeypatch, s3, space, "trains", range(30, 75))
+    expect(loss).to_have_attribute("data-logged", "75", timeout=WAIT_MS)  # polled: the curve gains points
+    expect(page.locator("#phase")).to_have_text("Running")
+
+
+def test_a_failed_rank_s_last_words_and_the_gang_restart_before_it_are_shown(
+        kube_api: Any, space: str, s3: str, board: str, page: Page, monkeypatch: pytest.MonkeyPatch) -> None:
+    create_job(kube_api, space, "fails", s3, {"phase": "Running", "ready": "2/2"})
+    log_metrics(monkeypatch, s3, space, "fails", range(0, 50), attempt=0)
+    client.CoreV1Api(kube_api).create_namespaced_event(space, {
+        "metadata": {"generateName": "fails-"}, "type": "Warning", "reason": "RankFailed",
+        "message": "rank 1 (pod fails-1) exited 1; the gang restarts", "lastTimestamp": rfc3339_now(),
+        "involvedObject": {"kind": api.KIND, "apiVersion": f"{api.GROUP}/{api.VERSION}", "name": "fails",
+                           "namespace": space}})
+    log_metrics(monkeypatch, s3, space, "fails", range(40, 90), attempt=1)
+    set_status(kube_api, space, "fails", {
+        "phase": "Failed", "reason": "BackoffLimitExceeded", "message": "rank 1 failed again", "restarts": 1,
+        "attempt": 1, "failedRank": {"rank": 1, "pod": "fails-1", "reason": "Error", "exitCode": 1, "kind": "Program",
+                                     "attempt": 1, "message": "Traceback (most recent call last):\n"
+                                                              "RuntimeError: CUDA error: an illegal memory access"}})
+    page.goto(f"{board}job?namespace={space}&name=fails")
+    expect(page.locator("#phase")).to_have_text("Failed", timeout=WAIT_MS)
+    expect(page.locator("#failure")).to_contain_text("RuntimeError: CUDA error: an illegal memory access")
+    expect(page.locator("#failure")).to_contain_text("failed rank: rank 1 (pod fails-1): Error")
+    mark = page.locator('#marks li[data-attempt="1"]')
+    expect(mark).to_contain_text("attempt 1 from step 40", timeout=WAIT_MS)
+    expect(mark).to_contain_text("RankFailed: rank 1 (pod fails-1) exited 1")
+
+
+def test_a_deleted_job_s_log_and_curve_still_load_from_s3(
+        kube_api: Any, space: str, s3: str, board: str, page: Page, monkeypatch: pytest.MonkeyPatch) -> None:
+    create_job(kube_api, space, "gone", s3, {"phase": "Succeeded"})
+    log_metrics(monkeypatch, s3, space, "gone", range(0, 20))
+    demo.s3_client(s3).put_object(Bucket=BUCKET, Key=f"results/{space}/gone/{layout.log_part(0, 0, 0)}",
+                                  Body=b"epoch 0 started\nthe last line rank 0 printed\n")
+    page.goto(board)  # seen live first: its results prefix is where deleted jobs are looked for
+    expect(page.locator(f'#jobs tr[data-job="{space}/gone"]')).to_have_count(1, timeout=WAIT_MS)
+    client.CustomObjectsApi(kube_api).delete_namespaced_custom_object(api.GROUP, api.VERSION, space, api.PLURAL, "gone")
+    expect(page.locator(f'#jobs tr[data-job="{space}/gone"]')).to_have_count(0, timeout=WAIT_MS)
+    page.reload()
+    deleted = page.locator(f'#deleted tr[data-job="{space}/gone"]')
+    expect(deleted).to_have_count(1, timeout=WAIT_MS)
+    deleted.locator("a").click()
+    expect(page.locator("#phase")).to_have_text("Deleted", timeout=WAIT_MS)
+    expect(page.locator("#log")).to_contain_text("the last line rank 0 printed", timeout=WAIT_MS)
+    expect(page.locator('#curves .curve[data-metric="loss"]')).to_have_attribute("data-logged", "20", timeout=WAIT_MS)
+
+
+def test_a_namespace_the_user_may_not_read_shows_the_api_server_s_refusal(
+        kube_api: Any, space: str, browser: Browser, request: pytest.FixtureRequest) -> None:
+    stranger = client_as(kube_api, space, "default")  # a ServiceAccount no Role grants anything
+    running = ddp_client.dashboard(space, api_client=stranger, s3_access=S3Access())
+    opened = browser.new_page()
+    try:
+        opened.goto(running.url)
+        expect(opened.locator("#error")).to_contain_text("403 Forbidden", timeout=WAIT_MS)
+        expect(opened.locator("#error")).to_contain_text(f'cannot list resource "{api.PLURAL}"')
+        expect(opened.locator("#jobs tbody tr")).to_have_count(0)
+        opened.goto(f"{running.url}job?namespace={space}&name=trains")
+        expect(opened.locator("#error")).to_contain_text("403 Forbidden", timeout=WAIT_MS)
+    finally:
+        where = os.environ.get("DDP_TEST_SCREENSHOTS")
+        if where:
+            opened.screenshot(path=str(Path(where) / f"{request.node.name}.png"), full_page=True)
+        opened.close()
+        running.stop()
+        stranger.close()
+
+
+def rfc3339_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def test_kubectl_ddp_dashboard_serves_until_interrupted(cluster: Any, space: str) -> None:
+    """The command prints the page's address, serves the namespace's jobs there and ends cleanly on Ctrl-C."""
+    command = [sys.executable, "-m", "ddp_client", "dashboard", "--kubeconfig", cluster.kubeconfig, "-n", space,
+               "--port", "0"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("client", "contract"))}
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as served:
+        try:
+            line = served.stdout.readline()  # type: ignore[union-attr]
+            url = re.search(r"http://127\.0\.0\.1:\d+/", line)
+            assert url is not None, (line, served.stderr.read() if served.poll() is not None else "")  # type: ignore[union-attr]
+            with urllib.request.urlopen(f"{url.group(0)}api/config", timeout=10) as answer:
+                assert json.load(answer) == {"namespace": space}
+        finally:
+            served.send_signal(signal.SIGINT)
+        assert served.wait(30) == 0, served.stderr.read()  # type: ignore[union-attr]
