@@ -1,9 +1,10 @@
 """`ddp_client.dashboard()` (`kubectl ddp dashboard`) in a real headless browser: Debian's Chromium, driven by
 Playwright, against the local cluster's API server and the S3 server on loopback.
 
-The jobs live in a namespace no operator serves, so each test writes their status as the operator would
-(the status subresource) and their metrics with the runtime's own S3ResultsHandler: what the pages show is
-then known exactly. Screenshots of the pages go to $DDP_TEST_SCREENSHOTS where set."""
+One job trains for real (the operator, the pod runner's rank processes): its curve grows on the page while
+it runs. The others live in a namespace no operator serves, so each test writes their status as the
+operator would (the status subresource) and their metrics with the runtime's own S3ResultsHandler: what the
+pages show is then known exactly. Screenshots of the pages go to $DDP_TEST_SCREENSHOTS where set."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ import ddp_client
 import demo
 from ddp_client.store import S3Access
 from ddp_contract import api, layout
-from kube import REPO, client_as, own_namespace_in
+from e2ehelp import BUCKET as E2E_BUCKET
+from kube import REPO, Jobs, client_as, own_namespace_in
 
 BUCKET = "ddp-dashboard"
 RESULTS = f"s3://{BUCKET}/results"
@@ -37,6 +39,16 @@ CHROMIUM = os.environ.get("DDP_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 WAIT_MS = 30_000
+IMAGE = "ddp-operator/trainer:0.1.0"
+
+
+def free_port() -> int:
+    """A rendezvous port of the job's own: the pod runner runs every rank on this machine."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -76,11 +88,16 @@ def browser() -> Iterator[Browser]:
 def page(browser: Browser, request: pytest.FixtureRequest) -> Iterator[Page]:
     opened = browser.new_page(viewport={"width": 1400, "height": 1000})
     yield opened
+    keep_screenshot(opened, request)
+    opened.close()
+
+
+def keep_screenshot(page: Page, request: pytest.FixtureRequest) -> None:
+    """The page as the test left it, to $DDP_TEST_SCREENSHOTS/<test>.png where that is set."""
     where = os.environ.get("DDP_TEST_SCREENSHOTS")
     if where:
         Path(where).mkdir(parents=True, exist_ok=True)
-        opened.screenshot(path=str(Path(where) / f"{request.node.name}.png"), full_page=True)
-    opened.close()
+        page.screenshot(path=str(Path(where) / f"{request.node.name}.png"), full_page=True)
 
 
 def create_job(kube_api: Any, namespace: str, name: str, s3: str, status: dict[str, Any]) -> None:
@@ -113,6 +130,39 @@ def log_metrics(monkeypatch: pytest.MonkeyPatch, s3: str, namespace: str, name: 
         handler.log_metrics(step, epoch=step // 10, loss=1.0 / (step + 1), accuracy=step / 100)
     handler.close()
     runtime_s3.reset_clients()
+
+
+def test_a_training_job_s_curve_gains_points_while_it_runs(
+        jobs: Jobs, kube_api: Any, s3_endpoint: str, podrunner: Path, browser: Browser,
+        request: pytest.FixtureRequest) -> None:
+    """A real DDP job of 2 ranks (the pod runner's processes) logs its loss every step and flushes every
+    second: the page, opened once, shows the curve growing while the job is Running, then Succeeded."""
+    jobs.core.create_namespaced_secret(jobs.namespace, {"metadata": {"name": SECRET}, "stringData": {
+        "AWS_ACCESS_KEY_ID": demo.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": demo.SECRET_KEY}})
+    template = demo.on_local_runner({"spec": {}})["spec"]["template"]
+    job = ddp_client.submit(str(Path(__file__).parent / "dashboard_train.py"), image=IMAGE, world_size=2,
+                            gpus=0, args=["60", "0.25"], namespace=jobs.namespace, api_client=kube_api,
+                            s3=ddp_client.S3(endpoint=s3_endpoint, region="us-east-1", credentials_secret=SECRET,
+                                             results=f"s3://{E2E_BUCKET}/results"),
+                            spec={"template": template, "masterPort": free_port(), "backoffLimit": 0})
+    running = ddp_client.dashboard(jobs.namespace, api_client=kube_api, s3_access=S3Access())
+    opened = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        opened.goto(f"{running.url}job?namespace={jobs.namespace}&name={job.name}")
+        expect(opened.locator("#phase")).to_have_text("Running", timeout=120_000)
+        loss = opened.locator('#curves .curve[data-metric="loss"]')
+        expect(loss).to_have_count(1, timeout=WAIT_MS)
+        first = int(loss.get_attribute("data-logged") or 0)
+        opened.wait_for_function(
+            "([first]) => Number(document.querySelector('#curves .curve[data-metric=\"loss\"]').dataset.logged) > first "
+            "&& document.querySelector('#phase').textContent === 'Running'", arg=[first], timeout=WAIT_MS)
+        assert 0 < first < 60, first
+        expect(opened.locator("#phase")).to_have_text("Succeeded", timeout=120_000)
+        expect(loss).to_have_attribute("data-logged", "60", timeout=WAIT_MS)
+    finally:
+        keep_screenshot(opened, request)
+        opened.close()
+        running.stop()
 
 
 def test_a_running_job_s_row_and_its_curve_move_while_it_trains(
@@ -192,9 +242,7 @@ def test_a_namespace_the_user_may_not_read_shows_the_api_server_s_refusal(
         opened.goto(f"{running.url}job?namespace={space}&name=trains")
         expect(opened.locator("#error")).to_contain_text("403 Forbidden", timeout=WAIT_MS)
     finally:
-        where = os.environ.get("DDP_TEST_SCREENSHOTS")
-        if where:
-            opened.screenshot(path=str(Path(where) / f"{request.node.name}.png"), full_page=True)
+        keep_screenshot(opened, request)
         opened.close()
         running.stop()
         stranger.close()
