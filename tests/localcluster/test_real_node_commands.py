@@ -8,7 +8,8 @@ bytes: DDP keeps the replicas identical, its all-reduce giving every rank the sa
 the job's size. While they run, the job's status shows their epoch, step, loss and percent, read from what
 they print and what their trainers say; their output is kept in S3. Under restartStrategy InPlace a
 killed rank process restarts the command in its pod; an elastic job's torchrun ranks see the smaller
-gang after a shrink. Select with `pytest -m node`."""
+gang after a shrink. Folders a job keeps (keepFolders) come back into new pods, which resume from them: Hugging
+Face and Lightning checkpoints, a snapshot, a pod an elastic job takes in. Select with `pytest -m node`."""
 
 from __future__ import annotations
 
@@ -363,3 +364,33 @@ def test_a_rank_killed_while_writing_a_1_gb_snapshot_resumes_from_the_last_whole
     resumed = [json.loads(line) for log in logs for line in RESUME.findall(log)]
     assert sorted(r["rank"] for r in resumed) == [0, 1] and len({r["epochs_run"] for r in resumed}) == 1, resumed
     assert_one_model(params(jobs, "big-snap", 2), 2)
+
+
+def test_an_elastic_job_s_pod_taken_in_at_a_restart_restores_the_kept_snapshot(
+        jobs: Jobs, real_node, frameworks_image: str, s3_on_the_bridge: str) -> None:
+    """An elastic job a quota holds to 2 of its 3 pods runs at 2 and keeps rank 0's snapshot. Once the quota has
+    room, pod 2 comes and waits; the gang takes it in when it re-forms (rank 0's process is killed: an in-place
+    restart), and pod 2, new and empty, finds the snapshot where rank 0 left it, as pods 0 and 1 do: all three
+    resume from the same epoch and end with one model."""
+    endpoint, ns = s3_on_the_bridge, jobs.namespace
+    jobs.quota("pods", {"pods": "2"})
+    command_job(jobs, "grows", frameworks_image, endpoint,
+                ["torchrun", "torchrun_train.py", "40", "1", "--step-seconds", "0.1", "--snapshot-path",
+                 "/home/ddp/snap/snapshot.pt"], worldSize=3, minWorldSize=2, restartStrategy="InPlace",
+                keepFolders=["/home/ddp/snap"], env=KEEP_FAST, backoffLimit=1)
+    shrunk = jobs.wait_condition("grows", c.COND_SHRUNK, "True", timeout=300)
+    assert shrunk["members"] == [0, 1] and "ResourceQuota pods" in shrunk["message"], shrunk
+    wait_until(lambda: kept_object(endpoint, ns, "grows", "home/ddp/snap/snapshot.pt"), 300, "grows' kept snapshot")
+    jobs.core.patch_namespaced_resource_quota("pods", ns, {"spec": {"hard": {"pods": "3"}}})
+    wait_until(lambda: any(p.metadata.name == "grows-2" and p.status.phase == "Running" for p in jobs.pods("grows")),
+               120, "pod 2 running")
+    pids = wait_until(lambda: command_pids(ns, "grows", 0), 30, "rank 0's command process")
+    os.kill(pids[0], signal.SIGKILL)  # type: ignore[index]
+    done = jobs.wait_phase("grows", c.PHASE_SUCCEEDED, timeout=600)
+    assert done["restarts"] == 1 and done["members"] == [0, 1, 2], done
+    logs = [jobs.core.read_namespaced_pod_log(f"grows-{i}", ns, container=labels.CONTAINER_NAME) for i in (0, 1, 2)]
+    resumed = [json.loads(line) for line in RESUME.findall(logs[2])]
+    assert [r["rank"] for r in resumed] == [2] and resumed[0]["epochs_run"] > 0, logs[2][-3000:]
+    last = [json.loads(line) for log in logs[:2] for line in RESUME.findall(log)]
+    assert {r["epochs_run"] for r in last} == {resumed[0]["epochs_run"]}, (last, resumed)
+    assert_one_model(params(jobs, "grows", 3), 3)
