@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 
 BENCH_ARGS ?=
 
-.PHONY: demo example images bench-data bench-checkpoint bench-kept bench-learning bench-printscan bench-command bench-dataworkers bench-train bench-operator bench-real-node bench-elastic chart-check crds lint test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
+.PHONY: demo example images bench-data bench-checkpoint bench-kept bench-dashboard bench-learning bench-printscan bench-command bench-dataworkers bench-train bench-operator bench-real-node bench-elastic chart-check crds lint test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
 
 demo:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/demo.py
@@ -42,6 +42,11 @@ bench-checkpoint:
 bench-kept:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/s3server.py build && \
 	  $$venv/bin/python benchmarks/bench_kept.py $(BENCH_ARGS)
+
+# The dashboard with hundreds of jobs, a job of 1,024 ranks and a long curve, in Chromium (needs the local cluster up).
+bench-dashboard:
+	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/s3server.py build && scripts/chromium.sh >/dev/null && \
+	  $$venv/bin/python benchmarks/bench_dashboard.py $(BENCH_ARGS)
 
 # Every learning test's workload at several seeds and thread counts, its worst outcome next to the test's bar.
 bench-learning:

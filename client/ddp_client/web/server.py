@@ -71,6 +71,8 @@ class DashboardState:
         # for one given (read with the given settings).
         self.results: dict[str, tuple[str, str] | None] = dict.fromkeys(results)
         self._access: dict[str, S3Access] = {}
+        # (namespace, name, results, rank, axis) -> (records drawn from, curves, ranks that logged)
+        self.curves: dict[tuple[str, str, str | None, int | None, str], tuple[int, dict[str, Any], list[int]]] = {}
         self.feeds: dict[str | None, Feed] = {}
 
     def feed(self, namespace: str | None) -> Feed:
@@ -235,16 +237,20 @@ async def metrics(request: web.Request) -> web.StreamResponse:
     axis = request.query.get("axis", "step")
 
     def read() -> dict[str, Any]:
-        records = handle.metrics()
         from kubernetes.client.rest import ApiException
 
+        records = handle.metrics()
         try:
-            pods = dashboard.reader.pods(namespace, name)[0] if results is None else []
-            events = dashboard.reader.events(namespace, name, [p["metadata"]["name"] for p in pods])
+            events = dashboard.reader.events(namespace, name) if results is None else []
         except ApiException:  # the marks go without their reasons where Events cannot be read
             events = []
-        return {"curves": views.curves(records, rank, axis), "marks": views.attempt_marks(records, views.event_rows(events)),
-                "ranks": sorted({int(r.get("rank") or 0) for r in records})}
+        # A long run's curves take a second or more to draw: drawn again only once more records came.
+        key = (namespace, name, results, rank, axis)
+        drawn = dashboard.curves.get(key)
+        if drawn is None or drawn[0] != len(records):
+            drawn = dashboard.curves[key] = (len(records), views.curves(records, rank, axis),
+                                             sorted({int(r.get("rank") or 0) for r in records}))
+        return {"curves": drawn[1], "marks": views.attempt_marks(records, views.event_rows(events)), "ranks": drawn[2]}
     return _json(await _blocking(read))
 
 

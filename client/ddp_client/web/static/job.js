@@ -7,6 +7,9 @@ const charts = {};  // metric -> uPlot
 let marks = [];
 let logEnd = null;  // null: follow the log's end; a number: the older page shown ends there
 let knownRanks = new Set();
+let shownRanks = "";  // the ranks as last drawn (JSON)
+let shownEvents = "";
+const EVENTS_SHOWN = 200;  // the newest; a gang of a thousand pods has thousands
 
 document.getElementById("title").textContent = `${query.get("namespace")}/${query.get("name")}`;
 document.title = `${query.get("name")} - DDPJob`;
@@ -45,14 +48,25 @@ async function loadJob() {
   box.hidden = !why;
   document.getElementById("failure-title").textContent = page.failure ? "Failure" : "Cause of the last restart";
   document.getElementById("failure").textContent = why;
-  document.querySelector("#ranks tbody").innerHTML = (page.ranks || []).map(rankHtml).join("")
-    || `<tr><td colspan="7" class="muted">${page.deleted ? "the job is gone" : "no pods"}</td></tr>`;
+  // Rows are made again only where the ranks changed: a job of a thousand ranks is read every 2 s.
+  const ranksSeen = JSON.stringify(page.ranks || []);
+  if (ranksSeen !== shownRanks) {
+    shownRanks = ranksSeen;
+    document.querySelector("#ranks tbody").innerHTML = (page.ranks || []).map(rankHtml).join("")
+      || `<tr><td colspan="7" class="muted">${page.deleted ? "the job is gone" : "no pods"}</td></tr>`;
+  }
   const workers = page.dataWorkers || [];
   document.getElementById("workers-box").hidden = workers.length === 0;
   document.querySelector("#workers tbody").innerHTML = workers.map(w =>
     `<tr><td>${esc(w.pod)}</td><td>${esc(w.node)}</td><td>${esc(w.state)}</td><td>${esc(w.held)}</td></tr>`).join("");
-  document.querySelector("#events tbody").innerHTML = (page.events || []).slice().reverse().map(e =>
-    `<tr class="event-${esc(e.type)}"><td>${esc(e.time)}</td><td>${esc(e.type)}</td><td>${esc(e.reason)}</td><td>${esc(e.object)}</td><td>${esc(e.message)}</td></tr>`).join("");
+  const eventsSeen = JSON.stringify(page.events || []);
+  if (eventsSeen !== shownEvents) {
+    shownEvents = eventsSeen;
+    const events = (page.events || []).slice().reverse();
+    const older = events.length > EVENTS_SHOWN ? `<tr><td colspan="5" class="muted">${events.length - EVENTS_SHOWN} older not shown</td></tr>` : "";
+    document.querySelector("#events tbody").innerHTML = events.slice(0, EVENTS_SHOWN).map(e =>
+      `<tr class="event-${esc(e.type)}"><td>${esc(e.time)}</td><td>${esc(e.type)}</td><td>${esc(e.reason)}</td><td>${esc(e.object)}</td><td>${esc(e.message)}</td></tr>`).join("") + older;
+  }
   const ranks = new Set((page.ranks || []).map(r => r.rank));
   addRankOptions(ranks);
   const attempts = page.attempts || [];
