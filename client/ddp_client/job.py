@@ -63,7 +63,7 @@ class Job:
     and region, its credentials Secret read through the API)."""
 
     def __init__(self, name: str, namespace: str, api_client: Any, s3_access: S3Access | None = None,
-                 results_uri: str | None = None) -> None:
+                 results_uri: str | None = None, seen: dict[str, Any] | None = None) -> None:
         from kubernetes import client
 
         self.name = name
@@ -74,7 +74,7 @@ class Job:
         self.s3_access = S3Access.from_env() if s3_access is None else s3_access
         self.results_uri = results_uri  # spec.s3.results, for a job already deleted (ttlSecondsAfterFinished)
         self._store: ResultsPrefix | None = None
-        self._seen: dict[str, Any] | None = None  # the job as last read: what is known once it is deleted
+        self._seen: dict[str, Any] | None = seen  # the job as last read (or given): what is known once it is deleted
         self._kept: logsources.KeptLogs | None = None  # the log parts kept in S3, as read so far
         self._metric_parts: dict[str, tuple[int, list[metricdata.Record]]] = {}  # metrics read: key -> (size, records)
         self._dask_bodies: dict[str, bytes] = {}  # dask-pytorch-ddp's result files read (written once each)

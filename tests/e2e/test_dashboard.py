@@ -136,7 +136,8 @@ def test_a_training_job_s_curve_gains_points_while_it_runs(
         jobs: Jobs, kube_api: Any, s3_endpoint: str, podrunner: Path, browser: Browser,
         request: pytest.FixtureRequest) -> None:
     """A real DDP job of 2 ranks (the pod runner's processes) logs its loss every step and flushes every
-    second: the page, opened once, shows the curve growing while the job is Running, then Succeeded."""
+    second: the page, opened once, shows the curve growing while the job is Running, then Succeeded, each
+    rank's newest step, and both ranks' curves side by side."""
     jobs.core.create_namespaced_secret(jobs.namespace, {"metadata": {"name": SECRET}, "stringData": {
         "AWS_ACCESS_KEY_ID": demo.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": demo.SECRET_KEY}})
     template = demo.on_local_runner({"spec": {}})["spec"]["template"]
@@ -159,6 +160,10 @@ def test_a_training_job_s_curve_gains_points_while_it_runs(
         assert 0 < first < 60, first
         expect(opened.locator("#phase")).to_have_text("Succeeded", timeout=120_000)
         expect(loss).to_have_attribute("data-logged", "60", timeout=WAIT_MS)
+        for rank in (0, 1):  # each rank's newest step, to spot one that lags
+            expect(opened.locator(f'#ranks tr[data-rank="{rank}"] .last-step')).to_contain_text("step 60", timeout=WAIT_MS)
+        opened.select_option("#rank", "each")  # every rank's curve side by side
+        expect(opened.locator('#curves .curve[data-metric="loss"]')).to_contain_text("rank 1", timeout=WAIT_MS)
     finally:
         keep_screenshot(opened, request)
         opened.close()

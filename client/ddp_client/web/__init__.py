@@ -69,10 +69,18 @@ class RunningDashboard:
     def stop(self) -> None:
         """Closes the open pages' streams, stops serving and ends the watches."""
         if self._thread.is_alive():
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+            asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(10)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
         self.state.stop()
+
+    async def _close(self) -> None:
+        """Stops serving, then ends what is left (a page's stream still waiting for a change)."""
+        await self._runner.cleanup()
+        left = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in left:
+            task.cancel()
+        await asyncio.gather(*left, return_exceptions=True)
 
     def wait(self) -> None:
         """Until the thread ends (Ctrl-C stops `kubectl ddp dashboard`)."""

@@ -7,7 +7,7 @@ API server's refusal where it refuses.
     GET /api/jobs/events?namespace=            the rows, sent again at each change (SSE; `all` for every namespace)
     GET /api/deleted?namespace=                jobs gone from the API whose ranks kept something in S3
     GET /api/job?namespace=&name=[&results=]   status, ranks, data workers, Events (views.job_page)
-    GET /api/metrics?...&rank=0|all&axis=step|time   curves (bounded points) and the attempts' marks
+    GET /api/metrics?...&rank=0|all|each&axis=step|time   curves (bounded points) and the attempts' marks
     GET /api/logs?...&rank=&attempt=&end=      a page of a rank's log, from its pod or from S3
     GET /api/files?...                         results and kept files; /api/download?...&path= one of them
 """
@@ -32,7 +32,8 @@ from . import views
 from .reading import JobsWatch, Reader, api_error_text, kept_job_names
 
 STATIC = Path(__file__).parent / "static"
-ALL = "all"  # the namespace parameter for every namespace
+ALL = "all"  # the namespace parameter for every namespace; the rank parameter for the mean of every rank
+EACH = "each"  # the rank parameter for every rank's curve side by side
 SEND_EVERY_SECONDS = 0.5  # the jobs' rows are sent at most this often
 T = TypeVar("T")
 
@@ -67,12 +68,13 @@ class DashboardState:
         self.reader = Reader(api_client, s3_access)
         self.s3_access = s3_access
         self.namespace = namespace  # the one shown first (None: every namespace)
-        # Results URIs where deleted jobs are looked for -> a job that has it (whose S3 settings read it), or None
-        # for one given (read with the given settings).
-        self.results: dict[str, tuple[str, str] | None] = dict.fromkeys(results)
+        # Results URIs where deleted jobs are looked for -> a job that has it, as last seen (its S3 settings read
+        # it, also once it is deleted), or None for one given (read with the given settings).
+        self.results: dict[str, dict[str, Any] | None] = dict.fromkeys(results)
         self._access: dict[str, S3Access] = {}
-        # (namespace, name, results, rank, axis) -> (records drawn from, curves, ranks that logged)
-        self.curves: dict[tuple[str, str, str | None, int | None, str], tuple[int, dict[str, Any], list[int]]] = {}
+        # (namespace, name, results, rank (or EACH), axis) -> (records drawn from, curves, each rank's newest record)
+        self.curves: dict[tuple[str, str, str | None, int | str | None, str],
+                          tuple[int, dict[str, Any], dict[int, dict[str, Any]]]] = {}
         self.feeds: dict[str | None, Feed] = {}
 
     def feed(self, namespace: str | None) -> Feed:
@@ -89,7 +91,9 @@ class DashboardState:
         """The S3 settings that read `results`: a job's own that has it (endpoint, Secret), else those given."""
         if results not in self._access:
             holder = self.results.get(results)
-            self._access[results] = self.reader.job(*holder).store().access if holder else self.s3_access
+            self._access[results] = self.s3_access if holder is None else Job(
+                holder["metadata"]["name"], holder["metadata"]["namespace"], self.api_client, self.s3_access,
+                seen=holder).store().access
         return self._access[results]
 
     def job(self, namespace: str, name: str, results: str | None) -> Job:
@@ -100,8 +104,8 @@ class DashboardState:
         jobs = list(feed.watch.jobs.values())
         for job in jobs:  # where their deleted siblings are looked for
             results = ((job.get("spec") or {}).get("s3") or {}).get("results")
-            if results and results not in self.results:
-                self.results[results] = (job["metadata"]["namespace"], job["metadata"]["name"])
+            if results and self.results.get(results) is None:
+                self.results[results] = job
         rows = sorted((views.job_row(job) for job in jobs), key=lambda r: (r["namespace"], r["name"]))
         return {"jobs": rows, "error": feed.watch.error}
 
@@ -233,8 +237,9 @@ async def job(request: web.Request) -> web.StreamResponse:
 @_answering
 async def metrics(request: web.Request) -> web.StreamResponse:
     dashboard, (namespace, name, results), handle = await _job_request(request)
-    rank = None if request.query.get("rank") == ALL else _int(request, "rank", 0)
-    axis = request.query.get("axis", "step")
+    each = request.query.get("rank") == EACH
+    rank = None if request.query.get("rank") in (ALL, EACH) else _int(request, "rank", 0)
+    axis = "step" if each else request.query.get("axis", "step")
 
     def read() -> dict[str, Any]:
         from kubernetes.client.rest import ApiException
@@ -245,12 +250,13 @@ async def metrics(request: web.Request) -> web.StreamResponse:
         except ApiException:  # the marks go without their reasons where Events cannot be read
             events = []
         # A long run's curves take a second or more to draw: drawn again only once more records came.
-        key = (namespace, name, results, rank, axis)
+        key = (namespace, name, results, EACH if each else rank, axis)
         drawn = dashboard.curves.get(key)
         if drawn is None or drawn[0] != len(records):
-            drawn = dashboard.curves[key] = (len(records), views.curves(records, rank, axis),
-                                             sorted({int(r.get("rank") or 0) for r in records}))
-        return {"curves": drawn[1], "marks": views.attempt_marks(records, views.event_rows(events)), "ranks": drawn[2]}
+            curves = views.curves_by_rank(records) if each else views.curves(records, rank, axis)
+            drawn = dashboard.curves[key] = (len(records), curves, views.last_steps(records))
+        return {"curves": drawn[1], "marks": views.attempt_marks(records, views.event_rows(events)),
+                "ranks": sorted(drawn[2]), "lastSteps": drawn[2]}
     return _json(await _blocking(read))
 
 

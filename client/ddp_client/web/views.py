@@ -16,6 +16,8 @@ from ..downsample import largest_triangles
 
 # Points a curve is drawn with at most: a long run's curve keeps its shape, the page stays light.
 POINTS_PER_CURVE = 2000
+# Ranks whose curves are drawn side by side at most (more would be lines no one can tell apart).
+RANKS_DRAWN = 16
 # The bytes of a log a page is sent at a time (the newest first; older pages on request).
 LOG_PAGE_BYTES = 64 * 1024
 
@@ -179,6 +181,35 @@ def curves(records: Sequence[Mapping[str, Any]], rank: int | None, axis: str = "
         drawn = largest_triangles(placed, points)
         out[name] = {"x": [x for x, _ in drawn], "y": [y for _, y in drawn], "points": len(values)}
     return out
+
+
+def curves_by_rank(records: Sequence[Mapping[str, Any]], most_ranks: int = RANKS_DRAWN,
+                   points: int = POINTS_PER_CURVE) -> Json:
+    """Each metric of every rank side by side (the first `most_ranks` ranks that logged), against the step:
+    {"x": steps, "ys": {rank: values, None where that rank logged no such step}}. Past `points` steps,
+    every n-th of them (ranks drawn together share their steps)."""
+    ranks = sorted({int(r.get("rank") or 0) for r in records})[:most_ranks]
+    by_rank = {rank: metricdata.series(records, rank) for rank in ranks}
+    out: Json = {}
+    for name in sorted({name for series in by_rank.values() for name in series}):
+        values = {rank: dict(series.get(name, [])) for rank, series in by_rank.items()}
+        steps = sorted({step for logged in values.values() for step in logged})
+        if len(steps) > points:
+            stride = len(steps) / points
+            steps = [steps[int(i * stride)] for i in range(points - 1)] + [steps[-1]]
+        out[name] = {"x": steps, "ys": {str(rank): [logged.get(step) for step in steps] for rank, logged in values.items()},
+                     "points": max(len(logged) for logged in values.values())}
+    return out
+
+
+def last_steps(records: Iterable[Mapping[str, Any]]) -> dict[int, Json]:
+    """Each rank's newest record: its step and when (a rank far behind the others is slow or stuck)."""
+    newest: dict[int, Json] = {}
+    for record in records:
+        rank, when = int(record.get("rank") or 0), record.get("time")
+        if isinstance(when, int | float) and (rank not in newest or when >= newest[rank]["time"]):
+            newest[rank] = {"step": int(record["step"]), "time": float(when)}
+    return newest
 
 
 def _step_times(records: Iterable[Mapping[str, Any]], rank: int | None) -> dict[int, float]:

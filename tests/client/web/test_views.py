@@ -77,3 +77,21 @@ def test_a_log_is_paged_from_its_end_at_line_starts() -> None:
     older = views.log_page(text, end=last["start"], size=95)
     assert older["text"].startswith("line 0982\n") and older["end"] == last["start"]
     assert views.log_page("", size=10) == {"text": "", "start": 0, "end": 0, "total": 0}
+
+
+def test_each_rank_s_newest_step_shows_which_rank_lags() -> None:
+    logged = records(0, range(0, 100), 1_800_000_000.0) + [
+        {"step": s, "loss": 0.5, "rank": 1, "attempt": 0, "time": 1_800_000_000.0 + s} for s in range(0, 40)]
+    logged.append({"step": 7, "loss": 0.5, "rank": 2})  # no time: not counted
+    assert views.last_steps(logged) == {0: {"step": 99, "time": 1_800_000_099.0}, 1: {"step": 39, "time": 1_800_000_039.0}}
+
+
+def test_every_rank_s_curve_side_by_side_shares_the_steps_with_gaps_where_a_rank_logged_none() -> None:
+    logged = records(0, range(0, 10), 0.0) + [{"step": s, "loss": 2.0, "rank": 1, "time": float(s)} for s in range(5, 15)]
+    drawn = views.curves_by_rank(logged)["loss"]
+    assert drawn["x"] == list(range(15)) and drawn["points"] == 10
+    assert drawn["ys"]["0"][:10] == [1.0 / (s + 1) for s in range(10)] and drawn["ys"]["0"][10:] == [None] * 5
+    assert drawn["ys"]["1"] == [None] * 5 + [2.0] * 10
+    many = [{"step": s, "loss": 1.0, "rank": r, "time": float(s)} for r in range(20) for s in range(3000)]
+    bounded = views.curves_by_rank(many, most_ranks=4, points=500)["loss"]
+    assert sorted(bounded["ys"], key=int) == ["0", "1", "2", "3"] and len(bounded["x"]) == 500 and bounded["x"][-1] == 2999

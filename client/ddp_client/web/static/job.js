@@ -9,6 +9,9 @@ let logEnd = null;  // null: follow the log's end; a number: the older page show
 let knownRanks = new Set();
 let shownRanks = "";  // the ranks as last drawn (JSON)
 let shownEvents = "";
+const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#be185d", "#4d7c0f",
+                "#1e3a8a", "#7f1d1d", "#14532d", "#581c87", "#7c2d12", "#164e63", "#831843", "#365314"];
+let lastSteps = {};  // rank -> {step, time} of its newest record
 const EVENTS_SHOWN = 200;  // the newest; a gang of a thousand pods has thousands
 
 document.getElementById("title").textContent = `${query.get("namespace")}/${query.get("name")}`;
@@ -36,7 +39,7 @@ function rankHtml(rank) {
   const words = rank.failure ? `<div class="failure"><b>${esc(rank.failure.reason)}</b> (${esc(rank.failure.kind || "")} failure, attempt ${esc(rank.failure.attempt)})<pre class="words">${esc(rank.failure.lastWords)}</pre></div>` : "";
   return `<tr data-rank="${esc(rank.rank)}"><td>${esc(rank.rank)}</td><td>${esc(rank.pod)}</td><td>${esc(rank.attempt)}</td>
     <td>${esc(rank.node)}</td><td class="state">${esc(rank.state)}</td><td>${rank.ready ? "yes" : ""}</td>
-    <td class="held">${esc(rank.held)} ${ended}${words}</td></tr>`;
+    <td class="last-step"></td><td class="held">${esc(rank.held)} ${ended}${words}</td></tr>`;
 }
 
 async function loadJob() {
@@ -53,7 +56,8 @@ async function loadJob() {
   if (ranksSeen !== shownRanks) {
     shownRanks = ranksSeen;
     document.querySelector("#ranks tbody").innerHTML = (page.ranks || []).map(rankHtml).join("")
-      || `<tr><td colspan="7" class="muted">${page.deleted ? "the job is gone" : "no pods"}</td></tr>`;
+      || `<tr><td colspan="8" class="muted">${page.deleted ? "the job is gone" : "no pods"}</td></tr>`;
+    showLastSteps();
   }
   const workers = page.dataWorkers || [];
   document.getElementById("workers-box").hidden = workers.length === 0;
@@ -82,6 +86,19 @@ function addRankOptions(ranks) {
   }
 }
 
+// Each rank's newest logged step, and how long ago; a rank well behind the leading one is marked.
+function showLastSteps() {
+  const steps = Object.values(lastSteps);
+  if (!steps.length) return;
+  const lead = Math.max(...steps.map(s => s.step)), newest = Math.max(...steps.map(s => s.time));
+  for (const row of document.querySelectorAll("#ranks tbody tr[data-rank]")) {
+    const last = lastSteps[row.dataset.rank], cell = row.querySelector(".last-step");
+    if (!last || !cell) continue;
+    cell.textContent = `step ${last.step} (${Math.max(0, Math.round(Date.now() / 1000 - last.time))}s ago)`;
+    row.classList.toggle("behind", lead - last.step > Math.max(10, lead * 0.01) || newest - last.time > 60);
+  }
+}
+
 function marksPlugin(axis) {
   return {hooks: {draw: [u => {
     const ctx = u.ctx;
@@ -105,7 +122,8 @@ function marksPlugin(axis) {
 }
 
 async function loadMetrics() {
-  const rank = document.getElementById("rank").value, axis = document.getElementById("axis").value;
+  const rank = document.getElementById("rank").value;
+  const axis = rank === "each" ? "step" : document.getElementById("axis").value;  // ranks side by side share steps
   let body;
   try {
     body = await getJson(`/api/metrics?${job}&rank=${rank}&axis=${axis}`);
@@ -115,24 +133,35 @@ async function loadMetrics() {
     return;
   }
   marks = body.marks;
+  lastSteps = body.lastSteps || {};
+  showLastSteps();
   addRankOptions(new Set(body.ranks));
   document.getElementById("marks").innerHTML = marks.map(m =>
     `<li data-attempt="${esc(m.attempt)}">attempt ${esc(m.attempt)} from step ${esc(m.step)}: ${esc(m.why || "restarted")}</li>`).join("");
   const holder = document.getElementById("curves");
   for (const [name, curve] of Object.entries(body.curves)) {
+    // One line, or one a rank (rank "each"): the ranks' values share the steps.
+    const lines = curve.ys ? Object.keys(curve.ys) : [null];
+    const data = [curve.x, ...(curve.ys ? lines.map(r => curve.ys[r]) : [curve.y])];
+    const shape = `${axis}:${lines.join(",")}`;
     let chart = charts[name];
-    if (!chart || chart.axis !== axis) {
-      if (chart) { chart.destroy(); chart.root.parentElement.remove(); }
+    if (!chart || chart.shape !== shape) {
+      if (chart) {  // its box first: destroy() takes the chart out of it
+        const box = chart.root.parentElement;
+        chart.destroy();
+        box.remove();
+      }
       const box = document.createElement("div");
       box.className = "curve";
       holder.appendChild(box);
+      const series = lines.map((r, i) => ({label: r === null ? name : `rank ${r}`, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true}));
       chart = new uPlot({width: Math.max(420, Math.floor(holder.clientWidth / 2) - 12), height: 220, title: name,
-                         scales: {x: {time: axis === "time"}}, series: [{label: axis}, {label: name, stroke: "#2563eb", width: 1.5}],
-                         plugins: [marksPlugin(axis)]}, [curve.x, curve.y], box);
-      chart.axis = axis;
+                         scales: {x: {time: axis === "time"}}, series: [{label: axis}, ...series],
+                         plugins: [marksPlugin(axis)]}, data, box);
+      chart.shape = shape;
       charts[name] = chart;
     } else {
-      chart.setData([curve.x, curve.y]);
+      chart.setData(data);
     }
     chart.root.parentElement.dataset.metric = name;
     chart.root.parentElement.dataset.points = String(curve.x.length);
