@@ -102,19 +102,24 @@ def run(job: Job, args: argparse.Namespace) -> int:
 
 def serve_dashboard(args: argparse.Namespace) -> int:
     """`kubectl ddp dashboard`: serves until Ctrl-C."""
+    import signal
+    import threading
+
     from .web import dashboard
 
+    stopped = threading.Event()  # set by Ctrl-C or a SIGTERM, whenever it comes (even before the URL is printed)
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, lambda *_: stopped.set())
     try:
         board = dashboard(args.namespace, args.all_namespaces, args.port, args.kubeconfig, results=tuple(args.results))
     except OSError as error:
         print(f"kubectl ddp dashboard: cannot serve on 127.0.0.1:{args.port}: {error.strerror or error}"
               " (another --port, or 0 for any free one)", file=sys.stderr)
         return 1
-    print(f"DDPJob dashboard: {board.url} (Ctrl-C stops it)", flush=True)
     try:
-        board.wait()
-    except KeyboardInterrupt:
-        pass
+        print(f"DDPJob dashboard: {board.url} (Ctrl-C stops it)", flush=True)
+        while not stopped.wait(1):
+            pass
     finally:
         board.stop()
     return 0

@@ -262,13 +262,20 @@ def test_kubectl_ddp_dashboard_serves_until_interrupted(cluster: Any, space: str
     command = [sys.executable, "-m", "ddp_client", "dashboard", "--kubeconfig", cluster.kubeconfig, "-n", space,
                "--port", "0"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("client", "contract"))}
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as served:
+    served = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = served.stdout.readline()  # type: ignore[union-attr]
+        url = re.search(r"http://127\.0\.0\.1:\d+/", line)
+        assert url is not None, line
+        with urllib.request.urlopen(f"{url.group(0)}api/config", timeout=10) as answer:
+            assert json.load(answer) == {"namespace": space}
+        served.send_signal(signal.SIGINT)
         try:
-            line = served.stdout.readline()  # type: ignore[union-attr]
-            url = re.search(r"http://127\.0\.0\.1:\d+/", line)
-            assert url is not None, (line, served.stderr.read() if served.poll() is not None else "")  # type: ignore[union-attr]
-            with urllib.request.urlopen(f"{url.group(0)}api/config", timeout=10) as answer:
-                assert json.load(answer) == {"namespace": space}
-        finally:
-            served.send_signal(signal.SIGINT)
-        assert served.wait(30) == 0, served.stderr.read()  # type: ignore[union-attr]
+            ended: int | None = served.wait(60)
+        except subprocess.TimeoutExpired:  # it did not stop
+            ended = None
+    finally:
+        if served.poll() is None:  # still serving: said below, with what it wrote
+            served.kill()
+        _, said = served.communicate(timeout=30)
+    assert ended == 0, said

@@ -69,7 +69,10 @@ class RunningDashboard:
     def stop(self) -> None:
         """Closes the open pages' streams, stops serving and ends the watches."""
         if self._thread.is_alive():
-            asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(10)
+            try:
+                asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(10)
+            except TimeoutError:  # a stream that would not end: the loop stops with it
+                pass
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
         self.state.stop()
@@ -81,11 +84,6 @@ class RunningDashboard:
         for task in left:
             task.cancel()
         await asyncio.gather(*left, return_exceptions=True)
-
-    def wait(self) -> None:
-        """Until the thread ends (Ctrl-C stops `kubectl ddp dashboard`)."""
-        while self._thread.is_alive():
-            self._thread.join(1)
 
     def __repr__(self) -> str:
         return f"RunningDashboard({self.url})"
