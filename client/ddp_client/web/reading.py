@@ -98,17 +98,18 @@ class JobsWatch:
                     self.changed()
             except ApiException as error:
                 version = None
-                if error.status != 410:
-                    self.error = api_error_text(error)
-                    self.listed.set()
-                    self.changed()
-                    self._stop.wait(RETRY_SECONDS)
+                if error.status != 410:  # 410: the version is too old to watch from: listed again at once
+                    self._failed(api_error_text(error))
             except (ConnectionError, OSError, HTTPError) as error:
                 version = None
-                self.error = f"cannot reach the Kubernetes API: {error}"
-                self.listed.set()
-                self.changed()
-                self._stop.wait(RETRY_SECONDS)
+                self._failed(f"cannot reach the Kubernetes API: {error}")
+
+    def _failed(self, error: str) -> None:
+        """Says why the jobs cannot be read, and waits before the next try."""
+        self.error = error
+        self.listed.set()
+        self.changed()
+        self._stop.wait(RETRY_SECONDS)
 
 
 class Reader:

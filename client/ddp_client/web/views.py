@@ -9,6 +9,7 @@ from typing import Any
 
 from ddp_contract import api, labels
 from ddp_contract.resource import JobStatus
+from ddp_contract.timestamps import parse_rfc3339
 
 from .. import metricrecords as metricdata
 from .. import summary
@@ -162,8 +163,6 @@ def attempt_marks(records: Sequence[Mapping[str, Any]], events: Sequence[Json]) 
 
 
 def _epoch(rfc3339: str) -> float:
-    from ddp_contract.timestamps import parse_rfc3339
-
     parsed = parse_rfc3339(rfc3339)
     return parsed.timestamp() if parsed is not None else float("nan")
 
