@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 
 BENCH_ARGS ?=
 
-.PHONY: demo example images bench-data bench-checkpoint bench-kept bench-dashboard bench-learning bench-printscan bench-command bench-dataworkers bench-train bench-operator bench-real-node bench-elastic chart-check crds lint test test-unit cluster-build cluster-up cluster-down cluster-status cluster-env venv
+.PHONY: demo example images bench-data bench-checkpoint bench-kept bench-dashboard bench-learning bench-printscan bench-command bench-dataworkers bench-train bench-operator bench-real-node bench-elastic chart-check crds lint test test-unit test-k8s-versions cluster-build cluster-up cluster-down cluster-status cluster-env venv
 
 demo:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/demo.py
@@ -27,6 +27,12 @@ test:
 lint:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/ruff check . && $$venv/bin/mypy && \
 	  PYTHONPATH=contract:operator:images/trainer:client $$venv/bin/lint-imports
+
+# The operator's cluster, chart, admission and real-node tests on the Kubernetes releases other than the
+# default, a cluster of each: make test-k8s-versions [K8S_VERSIONS="1.30 1.34"]
+K8S_VERSIONS ?=
+test-k8s-versions:
+	@scripts/k8s-versions.sh $(K8S_VERSIONS)
 
 test-unit:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/s3server.py build && $$venv/bin/python -m pytest -m "not cluster and not images" $(PYTEST_ARGS)

@@ -4,7 +4,7 @@
 # kwok plays the kubelet for fake GPU nodes (tainted), so pods go through the real scheduler.
 # Beside them one real node (node.sh): kubelet, containerd, runc, CNI bridge, CoreDNS.
 #
-# Usage: cluster.sh build|up|down|status|env|kubectl ARGS...|helm ARGS...|ctr ARGS...|image-import ROOTFS REF [CONFIG]
+# Usage: cluster.sh build|up|down|status|env|version|releases|kubectl ARGS...|helm ARGS...|ctr ARGS...|image-import ROOTFS REF [CONFIG]
 #   ctr ARGS: ctr against the real node's containerd ($DDP_CLUSTER_DIR/node/containerd.sock), namespace
 #   k8s.io, e.g. `cluster.sh ctr images import image.tar`; image-import: an image made from a folder.
 #
@@ -16,7 +16,10 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 # Pinned versions; each must match the go.mod of its wrapper module under go/.
-K8S_VERSION=v1.34.4
+# Kubernetes: the releases the cluster can run, each built from go/kubernetes-<minor>. DDP_K8S_VERSION
+# picks one by its minor (1.30) or in full (v1.30.14); the full test suite runs on the default.
+K8S_RELEASES=(v1.30.14 v1.34.4 v1.37.2)
+K8S_DEFAULT=v1.37.2
 ETCD_VERSION=v3.6.16
 KWOK_VERSION=v0.7.0
 HELM_VERSION=v3.19.0
@@ -26,6 +29,25 @@ RUNC_VERSION=v1.5.2
 CNI_PLUGINS_VERSION=v1.9.1
 COREDNS_VERSION=v1.15.0
 PAUSE_VERSION=3.10.1
+
+exec 3>&2  # messages go here even from inside checks whose own output is silenced
+log() { printf '[cluster] %s\n' "$*" >&3; }
+die() { printf '[cluster] error: %s\n' "$*" >&3; exit 1; }
+
+# k8s_release WANTED: the release of K8S_RELEASES that WANTED (1.30, v1.30 or v1.30.14) names.
+k8s_release() {
+  local wanted=${1#v} release
+  for release in "${K8S_RELEASES[@]}"; do
+    if [ "$wanted" = "${release#v}" ] || [ "$wanted" = "$(cut -d. -f1,2 <<<"${release#v}")" ]; then
+      echo "$release"
+      return 0
+    fi
+  done
+  die "DDP_K8S_VERSION=$1 is not a Kubernetes release this cluster builds; pick one of ${K8S_RELEASES[*]} (or its minor, e.g. 1.30)"
+}
+K8S_VERSION=$(k8s_release "${DDP_K8S_VERSION:-$K8S_DEFAULT}")
+K8S_MINOR=${K8S_VERSION#v1.}
+K8S_MINOR=${K8S_MINOR%%.*}
 
 DDP_CACHE=${DDP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ddp-operator}
 DDP_CLUSTER_DIR=${DDP_CLUSTER_DIR:-$DDP_CACHE/cluster}
@@ -63,12 +85,16 @@ POD_CIDR=10.244.0.0/16
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod
 source "$HERE/gocache.sh"
 
+K8S_MODULE=kubernetes-1.$K8S_MINOR
 BIN_K8S=$DDP_CACHE/bin/kubernetes-$K8S_VERSION
 BIN_ETCD=$DDP_CACHE/bin/etcd-$ETCD_VERSION
 # kwok carries our patches (go/kwok/*.patch; the key changes with them): see build_kwok.
 KWOK_PATCHES=("$HERE"/go/kwok/*.patch)
 BIN_KWOK=$DDP_CACHE/bin/kwok-$KWOK_VERSION-$(cat "${KWOK_PATCHES[@]}" | sha256sum | cut -c1-8)
-BIN_HELM=$DDP_CACHE/bin/helm-$HELM_VERSION
+# The Kubernetes release `helm template` and `helm lint` assume without a cluster (what a chart's kubeVersion
+# is checked against): the client-go helm is built with, set as helm's own Makefile does (else 1.20).
+HELM_KUBE_MINOR=$(awk '$1 == "k8s.io/client-go" {split($2, v, "."); print v[2]}' "$HERE/go/helm/go.mod")
+BIN_HELM=$DDP_CACHE/bin/helm-$HELM_VERSION-kube1.$HELM_KUBE_MINOR
 BIN_KUBELET=$DDP_CACHE/bin/kubelet-$K8S_VERSION
 BIN_CONTAINERD=$DDP_CACHE/bin/containerd-$CONTAINERD_VERSION
 BIN_RUNC=$DDP_CACHE/bin/runc-$RUNC_VERSION
@@ -95,9 +121,6 @@ COMPONENTS=("${CONTROL_PLANE[@]}")
 node_enabled() { [ "$DDP_REAL_NODE" = 1 ]; }
 if node_enabled; then COMPONENTS+=("${NODE_COMPONENTS[@]}"); fi
 
-exec 3>&2  # messages go here even from inside checks whose own output is silenced
-log() { printf '[cluster] %s\n' "$*" >&3; }
-die() { printf '[cluster] error: %s\n' "$*" >&3; exit 1; }
 
 # --- build -----------------------------------------------------------------
 
@@ -193,7 +216,7 @@ oci_image() {
 build_pause() {
   [ -d "$BIN_PAUSE" ] && return 0
   local src tmp="$BIN_PAUSE.tmp.$$"
-  src=$(cd "$HERE/go/kubernetes" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c
+  src=$(cd "$HERE/go/$K8S_MODULE" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c
   [ -f "$src" ] || die "$src not found in the Kubernetes module"
   rm -rf "$tmp" && mkdir -p "$tmp/rootfs"
   gcc -Os -Wall -Werror -static -DVERSION="v$PAUSE_VERSION-ddp" -o "$tmp/rootfs/pause" "$src"
@@ -207,7 +230,7 @@ build_node() {
   local kv=$1
   # busybox-static: the tests' pod image (tests/localcluster/test_real_node.py).
   apt_install libseccomp-dev nftables gcc libc6-dev busybox-static
-  step kubelet "$BIN_KUBELET" go_build kubernetes "$BIN_KUBELET" "$kv" k8s.io/kubernetes/cmd/kubelet
+  step kubelet "$BIN_KUBELET" go_build "$K8S_MODULE" "$BIN_KUBELET" "$kv" k8s.io/kubernetes/cmd/kubelet
   local cv="-X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION"
   CGO_ENABLED=0 step containerd "$BIN_CONTAINERD" go_build containerd "$BIN_CONTAINERD" "$cv" \
     github.com/containerd/containerd/v2/cmd/containerd \
@@ -241,13 +264,11 @@ step() {
 cmd_build() {
   command -v go >/dev/null || die "go is not installed; the control plane is built from Go modules"
   local started=$SECONDS
-  local minor=${K8S_VERSION#v1.}
-  minor=${minor%%.*}
   local kv="-X k8s.io/component-base/version.gitVersion=$K8S_VERSION"
-  kv+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
+  kv+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$K8S_MINOR"
   kv+=" -X k8s.io/component-base/version.gitTreeState=clean"
   kv+=" -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
-  kv+=" -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor"
+  kv+=" -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$K8S_MINOR"
   local outs=("$BIN_ETCD" "$BIN_K8S" "$BIN_KWOK" "$BIN_HELM") out
   if node_enabled; then outs+=("$BIN_KUBELET" "$BIN_CONTAINERD" "$BIN_RUNC" "$BIN_CNI" "$BIN_COREDNS" "$BIN_PAUSE"); fi
   for out in "${outs[@]}"; do [ -d "$out" ] || STEP_TOTAL=$((STEP_TOTAL + 1)); done
@@ -263,11 +284,15 @@ cmd_build() {
 build_components() {
   local kv=$1
   step etcd "$BIN_ETCD" go_build etcd "$BIN_ETCD" "" .
-  step "kube-apiserver, kube-controller-manager, kube-scheduler, kubectl" "$BIN_K8S" go_build kubernetes "$BIN_K8S" "$kv" \
+  step "kube-apiserver, kube-controller-manager, kube-scheduler, kubectl" "$BIN_K8S" go_build "$K8S_MODULE" "$BIN_K8S" "$kv" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
   step kwok "$BIN_KWOK" build_kwok
-  step helm "$BIN_HELM" go_build helm "$BIN_HELM" "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" helm.sh/helm/v3/cmd/helm
+  local hv="-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" pkg
+  for pkg in chartutil lint/rules; do
+    hv+=" -X helm.sh/helm/v3/pkg/$pkg.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/$pkg.k8sVersionMinor=$HELM_KUBE_MINOR"
+  done
+  step helm "$BIN_HELM" go_build helm "$BIN_HELM" "$hv" helm.sh/helm/v3/cmd/helm
   if node_enabled; then build_node "$kv"; fi
 }
 
@@ -404,15 +429,40 @@ EOF
   done
 }
 
+# running_version: the Kubernetes release of the cluster in $DDP_CLUSTER_DIR ('' if none was started).
+running_version() { cat "$DDP_CLUSTER_DIR/k8s-version" 2>/dev/null || true; }
+
+# use_running_version: the binaries of the cluster that is up, whatever DDP_K8S_VERSION says now.
+use_running_version() {
+  local running
+  running=$(running_version)
+  [ -n "$running" ] && [ "$running" != "$K8S_VERSION" ] || return 0
+  K8S_VERSION=$running
+  BIN_K8S=$DDP_CACHE/bin/kubernetes-$running
+  BIN_KUBELET=$DDP_CACHE/bin/kubelet-$running
+}
+
+# controllers: the controller manager's, less node IPAM (kwok's nodes have fake addresses) and the cloud
+# node lifecycle (no cloud; 1.37 has no such controller).
+controllers() {
+  if [ "$K8S_MINOR" -lt 37 ]; then echo '*,-nodeipam,-cloud-node-lifecycle'; else echo '*,-nodeipam'; fi
+}
+
 cmd_up() {
   if alive kube-apiserver && api_healthy; then
-    log "already up: $KUBECONFIG_FILE"
+    local running
+    running=$(running_version)
+    if [ -n "$running" ] && [ "$running" != "$K8S_VERSION" ]; then
+      die "a Kubernetes $running cluster is up in $DDP_CLUSTER_DIR; take it down (cluster.sh down) to start $K8S_VERSION"
+    fi
+    log "already up ($K8S_VERSION): $KUBECONFIG_FILE"
     return 0
   fi
   [ -d "$PIDS" ] && cmd_down
   cmd_build
   local started=$SECONDS
   mkdir -p "$LOGS" "$PIDS" "$DDP_CLUSTER_DIR/etcd"
+  echo "$K8S_VERSION" >"$DDP_CLUSTER_DIR/k8s-version"
   make_pki
   write_kubeconfig admin "$KUBECONFIG_FILE"
   write_kubeconfig controller-manager "$DDP_CLUSTER_DIR/controller-manager.kubeconfig"
@@ -426,6 +476,8 @@ cmd_up() {
   # Each check also needs our process alive: a stray server on the same port must not pass for it.
   wait_for etcd 30 started_and etcd curl -sf "http://$BIND:$ETCD_PORT/health"
 
+  # No endpoint reconciler: the kubernetes Service's endpoint would be 127.0.0.1, which 1.35 and later
+  # refuse; pods reach the API server through the Service's address, DNAT'ed (node_network).
   start kube-apiserver "$BIN_K8S/kube-apiserver" \
     --etcd-servers "http://$BIND:$ETCD_PORT" \
     --bind-address "$BIND" --advertise-address "$BIND" --secure-port "$API_PORT" \
@@ -435,6 +487,7 @@ cmd_up() {
     --service-account-issuer https://kubernetes.default.svc.cluster.local \
     --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
     --service-cluster-ip-range "$SERVICE_CIDR" \
+    --endpoint-reconciler-type none \
     --allow-privileged=true --enable-priority-and-fairness=false \
     --enable-admission-plugins PodNodeSelector,PodTolerationRestriction \
     --kubelet-preferred-address-types InternalIP \
@@ -451,7 +504,7 @@ cmd_up() {
     --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
     --use-service-account-credentials=true \
     --cluster-cidr "$POD_CIDR" --service-cluster-ip-range "$SERVICE_CIDR" \
-    --controllers '*,-nodeipam,-cloud-node-lifecycle' \
+    --controllers "$(controllers)" \
     --leader-elect=false --profiling=false --v=1
 
   start kube-scheduler "$BIN_K8S/kube-scheduler" \
@@ -474,7 +527,7 @@ cmd_up() {
   wait_for "fake nodes" 60 nodes_ready
   wait_for "default service account" 60 kc -n default get serviceaccount default
   echo "$(date +%s)" >"$DDP_CLUSTER_DIR/up"
-  log "up in $((SECONDS - started)) s: $DDP_NODES nodes x $DDP_GPUS_PER_NODE nvidia.com/gpu; export KUBECONFIG=$KUBECONFIG_FILE"
+  log "Kubernetes $K8S_VERSION up in $((SECONDS - started)) s: $DDP_NODES nodes x $DDP_GPUS_PER_NODE nvidia.com/gpu; export KUBECONFIG=$KUBECONFIG_FILE"
   if [ -n "${DDP_CLUSTER_OWNER_PID:-}" ]; then watchdog "$DDP_CLUSTER_OWNER_PID"; fi
 }
 
@@ -499,6 +552,7 @@ watchdog() {
 }
 
 cmd_down() {
+  use_running_version
   if node_enabled; then node_down; fi
   if [ -d "$PIDS" ]; then
     local name pid
@@ -527,6 +581,7 @@ cmd_down() {
 
 cmd_status() {
   local name rc=0
+  use_running_version
   for name in "${COMPONENTS[@]}"; do
     if alive "$name"; then
       printf '%-24s running (pid %s)\n' "$name" "$(cat "$PIDS/$name.pid")"
@@ -597,14 +652,16 @@ case "${1:-}" in
   up) cmd_up ;;
   down) cmd_down ;;
   status) cmd_status ;;
-  env) cmd_env ;;
-  kubectl) shift; kc "$@" ;;
+  env) use_running_version; cmd_env ;;
+  kubectl) shift; use_running_version; kc "$@" ;;
   ctr) shift; ctr_node "$@" ;;
   image-import) shift; cmd_image_import "$@" ;;
   image-load) shift; cmd_image_load "$@" ;;
   helm) shift; KUBECONFIG=$KUBECONFIG_FILE "$BIN_HELM/helm" "$@" ;;
-  bindir) echo "$BIN_K8S:$BIN_HELM" ;;
+  bindir) use_running_version; echo "$BIN_K8S:$BIN_HELM" ;;
+  version) echo "$K8S_VERSION" ;;  # the Kubernetes release DDP_K8S_VERSION (or the default) picks
+  releases) printf '%s\n' "${K8S_RELEASES[@]}" ;;  # those it can pick
   sign) shift; sign "$@" ;;  # NAME SUBJECT [SAN]: a key and certificate from the cluster CA in $PKI
   build-patched) shift; go_cache_scope build_patched "$@" ;;  # NAME MODULE OUT LDFLAGS PATCH... (kueue.sh's build)
-  *) echo "usage: $0 build|up|down|status|env|kubectl ARGS|helm ARGS|ctr ARGS|image-import ROOTFS REF [CONFIG]|image-load TARBALL REF" >&2; exit 2 ;;
+  *) echo "usage: $0 build|up|down|status|env|version|releases|kubectl ARGS|helm ARGS|ctr ARGS|image-import ROOTFS REF [CONFIG]|image-load TARBALL REF" >&2; exit 2 ;;
 esac

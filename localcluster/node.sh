@@ -146,6 +146,12 @@ cluster.local:53 in-addr.arpa:53 {
 EOF
 }
 
+# cgroup_v1_setting: what lets this kubelet run on cgroup v1 (failCgroupV1 came in 1.31; it defaults to
+# true from 1.35).
+cgroup_v1_setting() {
+  if [ "$K8S_MINOR" -ge 31 ]; then echo 'failCgroupV1: false'; else echo '# (no failCgroupV1 before 1.31)'; fi
+}
+
 write_kubelet_config() {
   cat >"$NODE_DIR/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
@@ -164,7 +170,7 @@ authentication:
 authorization: {mode: Webhook}
 containerRuntimeEndpoint: unix://$CONTAINERD_SOCKET
 # This VM is cgroup v1 (with a cgroup2 mount beside it), and has swap settings of its own.
-failCgroupV1: false
+$(cgroup_v1_setting)
 cgroupDriver: cgroupfs
 cgroupRoot: /$NODE_CGROUP
 failSwapOn: false

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -15,7 +14,7 @@ from kubernetes import client
 
 from ddp_operator.config import ENV_IDENTITY, ENV_METRICS_ADDRESS, ENV_METRICS_PORT
 from fakenodes import FAKE_NODE_SELECTOR, FAKE_NODE_TOLERATION
-from kube import REPO, Cluster, Jobs, cluster_script, env_of, script_setting
+from kube import REPO, Cluster, Jobs, cluster_script, env_of
 
 CHART = REPO / "charts"
 # The release's operator pods (the Deployment's pod template labels).
@@ -43,8 +42,7 @@ def helm_for(cluster: Cluster) -> Helm:
 def offline_helm() -> Helm | None:
     """helm(*args, check=True) for what needs no cluster (`template`, `lint`): the local control plane's
     build where cluster.sh made it, else helm on PATH; None without either."""
-    cache = Path(os.environ.get("DDP_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ddp-operator")
-    built = cache / "bin" / f"helm-{script_setting('HELM_VERSION')}" / "helm"
+    built = Path(cluster_script("bindir").stdout.strip().split(":")[1]) / "helm"
     binary = str(built) if built.is_file() else shutil.which("helm")
     if binary is None:
         return None

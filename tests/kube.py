@@ -60,11 +60,16 @@ def cluster_script(*args: str, env: dict[str, str] | None = None, check: bool = 
 
 
 def script_setting(name: str) -> str:
-    """A pinned setting (e.g. K8S_VERSION) as written at the top of cluster.sh."""
+    """A pinned setting (e.g. ETCD_VERSION) as written at the top of cluster.sh."""
     for line in CLUSTER_SCRIPT.read_text().splitlines():
         if line.startswith(f"{name}="):
             return line.split("=", 1)[1]
     raise KeyError(f"{name} is not set in {CLUSTER_SCRIPT}")
+
+
+def k8s_version() -> str:
+    """The Kubernetes release the local cluster runs: the one DDP_K8S_VERSION picks, or the default."""
+    return cluster_script("version").stdout.strip()
 
 
 def local_kubeconfig(env: dict[str, str] | None = None) -> str:
@@ -79,11 +84,11 @@ def open_cluster() -> Cluster:
     if external:
         return Cluster(kubeconfig=external, kubectl="kubectl", local=False, started_here=False)
     was_up = cluster_script("status", check=False).returncode == 0
-    if not was_up:
-        # The watchdog takes the cluster down if this test process dies without cleaning up.
-        result = cluster_script("up", env={"DDP_CLUSTER_OWNER_PID": str(os.getpid())}, check=False)
-        if result.returncode != 0:
-            raise RuntimeError(f"local cluster failed to start:\n{result.stderr}")
+    # The watchdog takes the cluster down if this test process dies without cleaning up. A cluster
+    # that was up already must be of the release DDP_K8S_VERSION picks, or `up` says which it is.
+    result = cluster_script("up", env={} if was_up else {"DDP_CLUSTER_OWNER_PID": str(os.getpid())}, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"local cluster failed to start:\n{result.stderr}")
     kubectl = cluster_script("bindir").stdout.strip().split(":")[0] + "/kubectl"
     return Cluster(kubeconfig=local_kubeconfig(), kubectl=kubectl, local=True, started_here=not was_up)
 

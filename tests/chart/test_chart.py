@@ -163,6 +163,14 @@ def test_schema_refuses_unknown_and_bad_values(helm, setting: str, named: str) -
     assert refused.returncode != 0 and named in refused.stderr, refused.stderr
 
 
+def test_the_chart_refuses_a_kubernetes_older_than_the_oldest_it_is_tested_on(helm) -> None:
+    refused = helm("template", "rel", str(CHART), "--kube-version", "1.29.15", check=False)
+    assert refused.returncode != 0, refused.stdout[:200]
+    assert "requires kubeVersion: >=1.30.0-0" in refused.stderr and "v1.29.15" in refused.stderr, refused.stderr
+    for release in ("1.30.0", "1.37.2"):
+        assert render(helm, "--kube-version", release)["Deployment"]
+
+
 def test_cluster_scoped_names_differ_between_namespaces(helm) -> None:
     for kind in ("ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
         names = {render(helm, namespace=ns)[kind]["metadata"]["name"] for ns in ("team-a", "team-b")}

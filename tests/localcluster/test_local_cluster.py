@@ -15,7 +15,7 @@ from kubernetes.client.rest import ApiException
 
 from ddp_contract import kubeclient
 from fakenodes import on_fake_nodes
-from kube import Cluster, cluster_script, local_kubeconfig, script_setting, wait_until
+from kube import CLUSTER_SCRIPT, Cluster, cluster_script, k8s_version, local_kubeconfig, script_setting, wait_until
 from procs import alive, ip_of, is_loopback, listening_addresses
 
 
@@ -32,7 +32,7 @@ def test_server_and_kubectl_report_the_pinned_version(cluster: Cluster, kubectl)
     versions = json.loads(kubectl("version", "-o", "json").stdout)
     server = versions["serverVersion"]
     if cluster.local:
-        pinned = script_setting("K8S_VERSION")
+        pinned = k8s_version()
         assert server["gitVersion"] == pinned
         assert versions["clientVersion"]["gitVersion"] == pinned
     else:
@@ -157,6 +157,27 @@ SECOND_CLUSTER = {
     "DDP_KWOK_PORT": "21247",
 }
 CONTROL_PLANE = script_setting("CONTROL_PLANE").strip("()").split()
+K8S_RELEASES = script_setting("K8S_RELEASES").strip("()").split()
+
+
+@pytest.mark.parametrize("release", K8S_RELEASES)
+def test_each_release_is_built_from_a_wrapper_module_that_pins_it(release: str) -> None:
+    minor = release.lstrip("v").rsplit(".", 1)[0]
+    module = (CLUSTER_SCRIPT.parent / "go" / f"kubernetes-{minor}" / "go.mod").read_text()
+    assert f"k8s.io/kubernetes {release}" in module.replace("\t", " ")
+
+
+@pytest.mark.parametrize("wanted", ["1.30", "v1.30", "v1.30.14", "1.30.14"])
+def test_ddp_k8s_version_picks_a_release_by_its_minor_or_in_full(wanted: str) -> None:
+    assert cluster_script("version", env={"DDP_K8S_VERSION": wanted}).stdout.strip() == "v1.30.14"
+
+
+@pytest.mark.parametrize("wanted", ["1.29", "1.3", "1", "v1.30.1", "latest"])
+def test_a_kubernetes_release_the_cluster_does_not_build_is_refused_naming_those_it_does(wanted: str) -> None:
+    result = cluster_script("version", env={"DDP_K8S_VERSION": wanted}, check=False)
+    assert result.returncode != 0 and result.stdout == ""
+    assert f"DDP_K8S_VERSION={wanted} is not a Kubernetes release" in result.stderr
+    assert all(release in result.stderr for release in K8S_RELEASES)
 
 
 def cluster_pids(kubeconfig: str) -> dict[str, int]:
@@ -191,6 +212,13 @@ def test_second_cluster_up_is_idempotent_and_down_leaves_no_process(cluster: Clu
             again = cluster_script("up", env=env)
             assert "already up" in again.stderr
             assert time.monotonic() - started < 5
+            assert cluster_pids(kubeconfig) == first
+
+            running = k8s_version()
+            other = next(release for release in K8S_RELEASES if release != running)
+            refused = cluster_script("up", env={**env, "DDP_K8S_VERSION": other}, check=False)
+            assert refused.returncode != 0
+            assert f"a Kubernetes {running} cluster is up" in refused.stderr, refused.stderr
             assert cluster_pids(kubeconfig) == first
 
             assert cluster_script("status", env=env, check=False).returncode == 0

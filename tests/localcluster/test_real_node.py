@@ -23,7 +23,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kube import Cluster, cluster_script, wait_until
-from realnode import IMAGE, import_busybox
+from realnode import IMAGE, import_busybox, trainer_image
 
 pytestmark = pytest.mark.node
 
@@ -181,20 +181,33 @@ def test_env_from_a_secret_and_the_security_context_reach_the_container(
     assert logs(kubectl, namespace, "secure").strip() == f"uid=4321 gid=8765 token={secret}"
 
 
+# What client libraries do with in-cluster config: KUBERNETES_SERVICE_HOST/PORT, the mounted token and CA.
+# Python's TLS (OpenSSL), not busybox wget's: from Kubernetes 1.35 (Go 1.25's defaults) the API server
+# refuses a TLS 1.2 client that offers no signature algorithms, as busybox's own TLS does.
+IN_CLUSTER_REVIEW = """
+import json, os, ssl, urllib.request
+account = "/var/run/secrets/kubernetes.io/serviceaccount/"
+host = os.environ["KUBERNETES_SERVICE_HOST"]
+request = urllib.request.Request(
+    f"https://{host}:{os.environ['KUBERNETES_SERVICE_PORT']}/apis/authentication.k8s.io/v1/selfsubjectreviews",
+    data=json.dumps({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}).encode(),
+    headers={"Authorization": "Bearer " + open(account + "token").read(), "Content-Type": "application/json"})
+answer = urllib.request.urlopen(request, context=ssl.create_default_context(cafile=account + "ca.crt"))
+print(json.dumps({"host": host, "review": json.load(answer)}))
+"""
+
+
+@pytest.mark.images
 def test_a_pod_reaches_the_api_server_as_its_service_account_through_in_cluster_config(
-        core, namespace: str, busybox_image: str, kubectl) -> None:
-    # What client libraries do with in-cluster config: KUBERNETES_SERVICE_HOST/PORT and the mounted token.
-    review = json.dumps({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
-    script = ("wget -q -O- --header \"Authorization: Bearer $(cat /var/run/secrets/kubernetes.io/serviceaccount/token)\" "
-              f"--header 'Content-Type: application/json' --post-data '{review}' "
-              "https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT/apis/authentication.k8s.io/v1/selfsubjectreviews "
-              "| tr -d '\\n'; echo; echo host=$KUBERNETES_SERVICE_HOST")
-    pod = run_to_end(core, namespace, "incluster", script)
+        core, namespace: str, images_on_the_node: None, kubectl) -> None:
+    body = pod_body("incluster", "", container={"image": trainer_image(), "command": ["python", "-c", IN_CLUSTER_REVIEW]})
+    core.create_namespaced_pod(namespace, body)
+    pod = wait_phase(core, namespace, "incluster", {"Succeeded", "Failed"}, timeout=120)
 
     assert pod.status.phase == "Succeeded", describe(core, namespace, "incluster") + logs(kubectl, namespace, "incluster")
-    answer, host = [line for line in logs(kubectl, namespace, "incluster").splitlines() if line.startswith(("{", "host="))]
-    assert host == f"host={KUBERNETES_SERVICE_IP}"
-    assert json.loads(answer)["status"]["userInfo"]["username"] == f"system:serviceaccount:{namespace}:default"
+    seen = json.loads(logs(kubectl, namespace, "incluster").splitlines()[-1])
+    assert seen["host"] == KUBERNETES_SERVICE_IP
+    assert seen["review"]["status"]["userInfo"]["username"] == f"system:serviceaccount:{namespace}:default"
 
 
 def test_the_api_servers_certificate_is_valid_for_the_names_pods_use(cluster: Cluster, real_node: client.V1Node) -> None:

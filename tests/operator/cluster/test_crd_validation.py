@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,13 @@ def test_a_full_template_is_accepted(custom: Any, namespace: str) -> None:
     parse_spec(created["spec"])
 
 
-INVALID: list[tuple[str, dict[str, Any], str]] = [
+def rule_refusal(field: str, message: str) -> re.Pattern[str]:
+    """The API server's refusal by a CRD validation rule whose fieldPath is FIELD: 1.30 and 1.34 put the
+    object's type before the message (`Invalid value: "object": `), 1.37 does not."""
+    return re.compile(re.escape(f"{field}: Invalid value: ") + '(?:"object": )?' + re.escape(message))
+
+
+INVALID: list[tuple[str, dict[str, Any], str | re.Pattern[str]]] = [
     ("worldSize missing", spec_with(worldSize=None), "spec.worldSize: Required value"),
     ("worldSize 0", spec_with(worldSize=0), "spec.worldSize: Invalid value"),
     ("worldSize too large", spec_with(worldSize=4097), "spec.worldSize: Invalid value"),
@@ -130,7 +137,7 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     (
         "nccl on cpu",
         spec_with(backend="nccl", gpusPerRank=0),
-        'spec.backend: Invalid value: "object": spec.backend nccl requires',
+        rule_refusal("spec.backend", "spec.backend nccl requires"),
     ),
     ("master port 0", spec_with(masterPort=0), "spec.masterPort: Invalid value"),
     ("master port too large", spec_with(masterPort=65536), "spec.masterPort: Invalid value"),
@@ -149,7 +156,7 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     (
         "credentials env",
         spec_with(s3={"credentialsSecret": "creds"}, env=[{"name": "AWS_SECRET_ACCESS_KEY", "value": "x"}]),
-        'spec.env: Invalid value: "object": spec.env must not set AWS_ACCESS_KEY_ID',
+        rule_refusal("spec.env", "spec.env must not set AWS_ACCESS_KEY_ID"),
     ),
     ("env without name", spec_with(env=[{"value": "x"}]), "spec.env[0].name: Required value"),
     ("pull secret without name", spec_with(imagePullSecrets=[{}]), "spec.imagePullSecrets[0].name: Required value"),
@@ -235,16 +242,17 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     (
         "shm volume name",
         spec_with(shmSize="1Gi", template={"spec": {"volumes": [{"name": "dshm", "emptyDir": {}}]}}),
-        "spec.template.spec.volumes: Invalid value: \"object\": spec.template.spec.volumes: the volume name 'dshm' is reserved",
+        rule_refusal("spec.template.spec.volumes", "spec.template.spec.volumes: the volume name 'dshm' is reserved"),
     ),
 ]
 
 
 @pytest.mark.parametrize(("spec", "needle"), [case[1:] for case in INVALID], ids=[case[0] for case in INVALID])
 def test_invalid_spec_is_refused_naming_the_field(
-    custom: Any, namespace: str, spec: dict[str, Any], needle: str
+    custom: Any, namespace: str, spec: dict[str, Any], needle: str | re.Pattern[str]
 ) -> None:
-    assert needle in refusal(custom, namespace, ddpjob(spec))
+    refused = refusal(custom, namespace, ddpjob(spec))
+    assert needle.search(refused) if isinstance(needle, re.Pattern) else needle in refused, refused
 
 
 @pytest.mark.parametrize(
