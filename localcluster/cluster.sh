@@ -45,10 +45,6 @@ k8s_release() {
   done
   die "DDP_K8S_VERSION=$1 is not a Kubernetes release this cluster builds; pick one of ${K8S_RELEASES[*]} (or its minor, e.g. 1.30)"
 }
-K8S_VERSION=$(k8s_release "${DDP_K8S_VERSION:-$K8S_DEFAULT}")
-K8S_MINOR=${K8S_VERSION#v1.}
-K8S_MINOR=${K8S_MINOR%%.*}
-
 DDP_CACHE=${DDP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ddp-operator}
 DDP_CLUSTER_DIR=${DDP_CLUSTER_DIR:-$DDP_CACHE/cluster}
 # Node pool advertised by kwok.
@@ -85,8 +81,17 @@ POD_CIDR=10.244.0.0/16
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod
 source "$HERE/gocache.sh"
 
-K8S_MODULE=kubernetes-1.$K8S_MINOR
-BIN_K8S=$DDP_CACHE/bin/kubernetes-$K8S_VERSION
+# use_release RELEASE: K8S_VERSION and what follows from it (its minor, wrapper module and binaries).
+use_release() {
+  K8S_VERSION=$1
+  K8S_MINOR=${K8S_VERSION#v1.}
+  K8S_MINOR=${K8S_MINOR%%.*}
+  K8S_MODULE=kubernetes-1.$K8S_MINOR
+  BIN_K8S=$DDP_CACHE/bin/kubernetes-$K8S_VERSION
+  BIN_KUBELET=$DDP_CACHE/bin/kubelet-$K8S_VERSION
+}
+picked=$(k8s_release "${DDP_K8S_VERSION:-$K8S_DEFAULT}")  # an assignment, so that its refusal stops the script
+use_release "$picked"
 BIN_ETCD=$DDP_CACHE/bin/etcd-$ETCD_VERSION
 # kwok carries our patches (go/kwok/*.patch; the key changes with them): see build_kwok.
 KWOK_PATCHES=("$HERE"/go/kwok/*.patch)
@@ -95,7 +100,6 @@ BIN_KWOK=$DDP_CACHE/bin/kwok-$KWOK_VERSION-$(cat "${KWOK_PATCHES[@]}" | sha256su
 # is checked against): the client-go helm is built with, set as helm's own Makefile does (else 1.20).
 HELM_KUBE_MINOR=$(awk '$1 == "k8s.io/client-go" {split($2, v, "."); print v[2]}' "$HERE/go/helm/go.mod")
 BIN_HELM=$DDP_CACHE/bin/helm-$HELM_VERSION-kube1.$HELM_KUBE_MINOR
-BIN_KUBELET=$DDP_CACHE/bin/kubelet-$K8S_VERSION
 BIN_CONTAINERD=$DDP_CACHE/bin/containerd-$CONTAINERD_VERSION
 BIN_RUNC=$DDP_CACHE/bin/runc-$RUNC_VERSION
 BIN_CNI=$DDP_CACHE/bin/cni-plugins-$CNI_PLUGINS_VERSION
@@ -120,7 +124,6 @@ COMPONENTS=("${CONTROL_PLANE[@]}")
 
 node_enabled() { [ "$DDP_REAL_NODE" = 1 ]; }
 if node_enabled; then COMPONENTS+=("${NODE_COMPONENTS[@]}"); fi
-
 
 # --- build -----------------------------------------------------------------
 
@@ -437,9 +440,7 @@ use_running_version() {
   local running
   running=$(running_version)
   [ -n "$running" ] && [ "$running" != "$K8S_VERSION" ] || return 0
-  K8S_VERSION=$running
-  BIN_K8S=$DDP_CACHE/bin/kubernetes-$running
-  BIN_KUBELET=$DDP_CACHE/bin/kubelet-$running
+  use_release "$running"
 }
 
 # controllers: the controller manager's, less node IPAM (kwok's nodes have fake addresses) and the cloud
@@ -476,8 +477,8 @@ cmd_up() {
   # Each check also needs our process alive: a stray server on the same port must not pass for it.
   wait_for etcd 30 started_and etcd curl -sf "http://$BIND:$ETCD_PORT/health"
 
-  # No endpoint reconciler: the kubernetes Service's endpoint would be 127.0.0.1, which 1.35 and later
-  # refuse; pods reach the API server through the Service's address, DNAT'ed (node_network).
+  # No endpoint reconciler: the kubernetes Service's endpoint would be 127.0.0.1, which 1.37 refuses;
+  # pods reach the API server through the Service's address, DNAT'ed (node_network).
   start kube-apiserver "$BIN_K8S/kube-apiserver" \
     --etcd-servers "http://$BIND:$ETCD_PORT" \
     --bind-address "$BIND" --advertise-address "$BIND" --secure-port "$API_PORT" \
