@@ -12,7 +12,8 @@ from typing import Any
 
 from kubernetes import client
 
-from ddp_contract import api
+import demo
+from ddp_contract import api, labels
 from kube import REPO, Jobs, cluster_script
 
 IMAGE = "docker.io/library/busybox:ddp-test"
@@ -71,3 +72,21 @@ def import_busybox(root: Path, image: str = IMAGE, uid: int = BUSYBOX_UID) -> st
     config = {"Env": ["PATH=/bin"], "Cmd": ["sh"], "User": f"{uid}:{uid}"}
     cluster_script("image-import", str(root), image, json.dumps(config))
     return image
+
+
+# The ranks' code of the real-node training tests: tests/trainer/ddp_workloads.py, as the ConfigMap
+# `workloads` that WORKLOADS_TEMPLATE mounts on the trainer image's PYTHONPATH.
+WORKLOADS = REPO / "tests" / "trainer" / "ddp_workloads.py"
+WORKLOADS_TEMPLATE = {"spec": {
+    "volumes": [{"name": "workloads", "configMap": {"name": "workloads"}}],
+    "containers": [{"name": labels.CONTAINER_NAME, "volumeMounts": [
+        {"name": "workloads", "mountPath": "/opt/ddp/examples/ddp_workloads.py", "subPath": WORKLOADS.name}]}]}}
+
+
+def workloads_and_credentials(jobs: Jobs) -> None:
+    """The ranks' code (ddp_workloads.py, as a ConfigMap) and S3 credentials (the Secret `s3-credentials`)
+    in the test's namespace."""
+    jobs.core.create_namespaced_config_map(jobs.namespace, {"metadata": {"name": "workloads"},
+                                                            "data": {WORKLOADS.name: WORKLOADS.read_text()}})
+    jobs.core.create_namespaced_secret(jobs.namespace, {"metadata": {"name": "s3-credentials"}, "stringData": {
+        "AWS_ACCESS_KEY_ID": demo.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": demo.SECRET_KEY}})

@@ -14,14 +14,13 @@ from kubernetes import client
 
 import demo
 import s3server
-from ddp_contract import labels, layout, resource
+from ddp_contract import layout, resource
 from ddp_operator import constants as c
-from kube import REPO, Jobs
-from realnode import create_job, node_address, trainer_image
+from kube import Jobs
+from realnode import WORKLOADS_TEMPLATE, create_job, node_address, trainer_image, workloads_and_credentials
 
 pytestmark = [pytest.mark.node, pytest.mark.images, pytest.mark.timeout(600)]
 
-WORKLOADS = REPO / "tests" / "trainer" / "ddp_workloads.py"
 BUCKET = "ddp-private-ca"
 
 
@@ -48,12 +47,9 @@ def keys(endpoint: str, ca: Path, prefix: str) -> list[str]:
 
 def job_on(jobs: Jobs, name: str, endpoint: str, **s3: object) -> None:
     """ddp_workloads.train (2 ranks, a checkpoint every 3 steps, results and metrics) against the store."""
-    mount = {"name": "workloads", "mountPath": "/opt/ddp/examples/ddp_workloads.py", "subPath": WORKLOADS.name}
-    template = {"spec": {"volumes": [{"name": "workloads", "configMap": {"name": "workloads"}}],
-                         "containers": [{"name": labels.CONTAINER_NAME, "volumeMounts": [mount]}]}}
     settings = {"WL_BATCH": "4", "WL_EPOCHS": "2", "WL_CKPT_EVERY": "3", "OMP_NUM_THREADS": "1"}
     create_job(jobs, name, image=trainer_image(), entrypoint="ddp_workloads:train", backoffLimit=0,
-               env=[{"name": k, "value": v} for k, v in settings.items()], template=template,
+               env=[{"name": k, "value": v} for k, v in settings.items()], template=WORKLOADS_TEMPLATE,
                resources={"limits": {"memory": "1536Mi"}},
                s3={"endpoint": endpoint, "region": "us-east-1", "credentialsSecret": "s3-credentials",
                    "results": f"s3://{BUCKET}/results", **s3})
@@ -64,10 +60,7 @@ def ca_and_credentials(jobs: Jobs, private_ca_store: tuple[str, Path]) -> None:
     """The CA as the ConfigMap `s3-ca` (key ca.crt), the S3 credentials and the ranks' code."""
     _, ca = private_ca_store
     jobs.core.create_namespaced_config_map(jobs.namespace, {"metadata": {"name": "s3-ca"}, "data": {"ca.crt": ca.read_text()}})
-    jobs.core.create_namespaced_config_map(jobs.namespace, {"metadata": {"name": "workloads"},
-                                                            "data": {WORKLOADS.name: WORKLOADS.read_text()}})
-    jobs.core.create_namespaced_secret(jobs.namespace, {"metadata": {"name": "s3-credentials"}, "stringData": {
-        "AWS_ACCESS_KEY_ID": demo.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": demo.SECRET_KEY}})
+    workloads_and_credentials(jobs)
 
 
 def test_a_job_trusts_its_stores_private_ca_through_ca_bundle_and_says_so_without_it(

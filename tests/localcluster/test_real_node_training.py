@@ -24,13 +24,12 @@ from kubernetes import client
 import demo
 from ddp_contract import labels, layout
 from ddp_operator import constants as c
-from kube import REPO, Jobs, wait_until
+from kube import Jobs, wait_until
 from procs import rank_pid
-from realnode import create_job, node_address, trainer_image
+from realnode import WORKLOADS, WORKLOADS_TEMPLATE, create_job, node_address, trainer_image, workloads_and_credentials
 
 pytestmark = [pytest.mark.node, pytest.mark.images, pytest.mark.timeout(900)]
 
-WORKLOADS = REPO / "tests" / "trainer" / "ddp_workloads.py"
 sys.path.insert(0, str(WORKLOADS.parent))
 import ddp_workloads  # noqa: E402 - what the ranks run, and the single-process run the DDP gangs must match
 
@@ -62,14 +61,6 @@ def final_params(endpoint: str, namespace: str, job: str) -> dict[str, torch.Ten
     return torch.load(io.BytesIO(body))
 
 
-def workloads_and_credentials(jobs: Jobs) -> None:
-    """The ranks' code (ddp_workloads.py, as a ConfigMap) and S3 credentials in the test's namespace."""
-    jobs.core.create_namespaced_config_map(jobs.namespace, {"metadata": {"name": "workloads"},
-                                                            "data": {WORKLOADS.name: WORKLOADS.read_text()}})
-    jobs.core.create_namespaced_secret(jobs.namespace, {"metadata": {"name": "s3-credentials"}, "stringData": {
-        "AWS_ACCESS_KEY_ID": demo.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": demo.SECRET_KEY}})
-
-
 def assert_equal_params(interrupted: dict[str, torch.Tensor], uninterrupted: dict[str, torch.Tensor]) -> None:
     """Bit for bit: both jobs summed in the same order on this node (one thread a rank), so a resumption
     that continued exactly where its checkpoint left off changes nothing."""
@@ -85,15 +76,12 @@ def training_job(jobs: Jobs, name: str, endpoint: str, spec: dict | None = None,
     # must sum in the same order whatever torch's default thread count on this node would be.
     settings = {"WL_BATCH": str(BATCH), "WL_EPOCHS": str(EPOCHS), "WL_CKPT_EVERY": str(EVERY),
                 "WL_STEP_SECONDS": "0.25", "OMP_NUM_THREADS": "1", **env}
-    mount = {"name": "workloads", "mountPath": "/opt/ddp/examples/ddp_workloads.py", "subPath": WORKLOADS.name}
-    template = {"spec": {"volumes": [{"name": "workloads", "configMap": {"name": "workloads"}}],
-                         "containers": [{"name": labels.CONTAINER_NAME, "volumeMounts": [mount]}]}}
     create_job(jobs, name, image=trainer_image(), entrypoint="ddp_workloads:train", masterPort=29500,
                env=[{"name": k, "value": v} for k, v in settings.items()],
                resources={"limits": {"memory": "1536Mi"}}, backoffLimit=2,
                s3={"endpoint": endpoint, "region": "us-east-1", "credentialsSecret": "s3-credentials",
                    "results": f"s3://{BUCKET}/results"},
-               **{"template": template, **(spec or {})})
+               **{"template": WORKLOADS_TEMPLATE, **(spec or {})})
 
 
 def running_attempt(jobs: Jobs, name: str, attempt: int) -> bool:
