@@ -11,7 +11,8 @@ import torch
 
 from ddp_contract import envnames, layout
 from ddp_trainer.data.sampler import DistributedChunkedSampler
-from ddp_trainer.storage import s3
+from ddp_trainer.errors import ConfigError, CorruptDataError
+from ddp_trainer.storage import checkpoint, s3
 from ddp_trainer.storage.checkpoint import MANIFEST, STATE, CheckpointManager, restore_training_state, training_state
 
 
@@ -63,6 +64,57 @@ def test_uncommitted_and_corrupt_checkpoints_are_ignored(bucket: str) -> None:
     manager.save(4, _state(4))
     keys = [k for k, _ in s3.list_objects(manager.prefix)]
     assert not any("step-000000000002" in k for k in keys)
+
+
+def test_manifest_records_crc32c_and_a_changed_byte_is_caught(bucket: str) -> None:
+    from awscrt.checksums import crc32c
+
+    manager = CheckpointManager(s3.S3Url(bucket, "job"), keep=3, rank=0)
+    manager.save(1, _state(1))
+    manager.save(2, _state(2))
+    entry = json.loads(s3.get_bytes(manager.step_url(2).join(MANIFEST)))["files"][STATE]
+    data = s3.get_bytes(manager.step_url(2).join(STATE))
+    assert entry == {"size": len(data), "crc32c": f"{crc32c(data):08x}"}
+    # Same size, one bit flipped: only the checksum tells.
+    flipped = bytearray(data)
+    flipped[len(flipped) // 2] ^= 0x01
+    s3.put_bytes(manager.step_url(2).join(STATE), bytes(flipped))
+    with pytest.raises(CorruptDataError, match="does not match its manifest"):
+        manager.load(2)
+    assert manager.load_latest().step == 1
+
+
+def test_sha256_manifests_written_without_the_crt_still_load(bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    manager = CheckpointManager(s3.S3Url(bucket, "job"), keep=3, rank=0)
+    with monkeypatch.context() as without_crt:
+        without_crt.setattr(checkpoint, "_crc32c", lambda: None)
+        manager.save(1, _state(1))
+    entry = json.loads(s3.get_bytes(manager.step_url(1).join(MANIFEST)))["files"][STATE]
+    assert set(entry) == {"size", "sha256"}
+    latest = manager.load_latest()
+    assert latest.step == 1 and torch.equal(latest.state["model"]["weight"], _state(1)["model"]["weight"])
+    s3.put_bytes(manager.step_url(1).join(STATE), b"x" * entry["size"])
+    with pytest.raises(CorruptDataError, match="does not match its manifest"):
+        manager.load(1)
+
+
+def test_a_crc32c_manifest_without_the_crt_says_what_to_install(bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    manager = CheckpointManager(s3.S3Url(bucket, "job"), rank=0)
+    manager.save(1, _state(1))
+    monkeypatch.setattr(checkpoint, "_crc32c", lambda: None)
+    with pytest.raises(ConfigError, match=r"CRC32C.*boto3\[crt\]"):
+        manager.load(1)
+
+
+def test_a_manifest_without_a_checksum_is_malformed(bucket: str) -> None:
+    manager = CheckpointManager(s3.S3Url(bucket, "job"), rank=0)
+    manager.save(1, _state(1))
+    url = manager.step_url(1).join(MANIFEST)
+    manifest = json.loads(s3.get_bytes(url))
+    manifest["files"][STATE].pop("crc32c")
+    s3.put_bytes(url, json.dumps(manifest).encode())
+    with pytest.raises(CorruptDataError, match=r"malformed: .*crc32c or sha256"):
+        manager.load(1)
 
 
 def test_only_rank_0_writes(bucket: str) -> None:

@@ -3,7 +3,7 @@
 Layout under ``<job prefix>/checkpoints/``::
 
     step-<012d>/state.pt        torch.save of the state dict (multipart above part_size)
-    step-<012d>/MANIFEST.json   written last: {"step", "files": {"state.pt": {"size", "sha256"}}, ...}
+    step-<012d>/MANIFEST.json   written last: {"step", "files": {"state.pt": {"size", "crc32c"}}, ...}
 
 A checkpoint exists only once its manifest does, so a crash mid-save leaves nothing that looks
 complete. Pruning deletes the manifest of an old checkpoint before its data, and only after the
@@ -11,6 +11,10 @@ new one is committed. `load_latest` takes the newest checkpoint whose manifest m
 
 torch.save writes straight into the upload (s3.put_written): parts go up while it writes, so the
 serialised checkpoint is never whole in memory where the AWS CRT is installed (the trainer image).
+
+The manifest's checksum is the AWS CRT's CRC32C (hardware-accelerated: 0.06 CPU-s/GB against SHA-256's
+0.7), which catches what it is there for, a torn or altered upload; without awscrt, SHA-256. Either
+one is verified on load, so checkpoints written by either load anywhere awscrt is installed.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, Any, cast
@@ -37,6 +41,7 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
 STATE = "state.pt"
+CHECKSUMS = frozenset({"crc32c", "sha256"})  # a manifest entry records one: crc32c where awscrt is installed
 _STEP_DIR = re.compile(r"^step-(\d{12})$")
 
 
@@ -136,12 +141,22 @@ def serialize_into(state: Mapping[str, Any], file: IO[bytes]) -> None:
     torch.save(dict(state), file)
 
 
+def _crc32c() -> Callable[[Any, int], int] | None:
+    try:
+        from awscrt.checksums import crc32c
+    except ImportError:
+        return None
+    return cast(Callable[[Any, int], int], crc32c)
+
+
 class _Digesting(io.RawIOBase):
-    """Passes writes on to the file given to `into`, counting their size and SHA-256 (the manifest's)."""
+    """Passes writes on to the file given to `into`, counting their size and checksum (the manifest's)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.sha256 = hashlib.sha256()
+        self._crc32c = _crc32c()
+        self._crc = 0
+        self._sha256 = None if self._crc32c else hashlib.sha256()
         self.size = 0
         self._file: IO[bytes] | None = None
 
@@ -154,9 +169,32 @@ class _Digesting(io.RawIOBase):
 
     def write(self, data: Any) -> int:
         assert self._file is not None
-        self.sha256.update(data)
+        if self._crc32c is not None:
+            self._crc = self._crc32c(data, self._crc)
+        else:
+            assert self._sha256 is not None
+            self._sha256.update(data)
         self.size += memoryview(data).nbytes
         return self._file.write(data)
+
+    def entry(self) -> dict[str, Any]:
+        """The manifest's record of what was written."""
+        if self._sha256 is not None:
+            return {"size": self.size, "sha256": self._sha256.hexdigest()}
+        return {"size": self.size, "crc32c": f"{self._crc:08x}"}
+
+
+def matches(data: bytes, entry: Mapping[str, Any]) -> bool:
+    """Whether `data` is what a manifest's entry records (size and CRC32C or SHA-256)."""
+    if len(data) != entry["size"]:
+        return False
+    if "crc32c" in entry:
+        crc32c = _crc32c()
+        if crc32c is None:
+            raise ConfigError("this checkpoint's manifest has a CRC32C checksum, which needs the AWS CRT "
+                              "to verify: pip install 'boto3[crt]' (the trainer image has it)")
+        return f"{crc32c(data, 0):08x}" == entry["crc32c"]
+    return hashlib.sha256(data).hexdigest() == entry["sha256"]
 
 
 class CheckpointManager:
@@ -272,7 +310,7 @@ class CheckpointManager:
             "version": 1,
             "step": step,
             "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "files": {STATE: {"size": digest.size, "sha256": digest.sha256.hexdigest()}},
+            "files": {STATE: digest.entry()},
         }
         s3.put_bytes(url.join(MANIFEST), json.dumps(manifest).encode(), content_type="application/json")
         log.info("checkpoint step %d committed to %s (%d bytes, %.2fs)", step, url, digest.size, time.monotonic() - started)
@@ -329,14 +367,16 @@ class CheckpointManager:
         try:
             manifest = json.loads(s3.get_bytes(manifest_url))
             expected = manifest["files"][STATE]
-        except (ValueError, KeyError, TypeError) as exc:
+            if not CHECKSUMS & expected.keys() or not isinstance(expected["size"], int):
+                raise KeyError(f"{STATE} has no size and {' or '.join(sorted(CHECKSUMS))}")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptDataError(f"checkpoint manifest {manifest_url} is malformed: {exc}") from exc
         state_url = url.join(STATE)
         data = s3.get_bytes(state_url)
-        if len(data) != expected["size"] or hashlib.sha256(data).hexdigest() != expected["sha256"]:
+        if not matches(data, expected):
             raise CorruptDataError(
-                f"checkpoint {state_url} does not match its manifest "
-                f"({len(data)} bytes, manifest says {expected['size']})"
+                f"checkpoint {state_url} does not match its manifest: {len(data)} bytes, manifest says "
+                f"{expected['size']}, or the checksum differs"
             )
         state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=weights_only)
         return Checkpoint(step=step, state=state, url=url, manifest=manifest)
