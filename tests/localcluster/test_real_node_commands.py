@@ -244,8 +244,11 @@ def test_hugging_face_jobs_restarted_resume_from_their_kept_checkpoint_and_end_a
     program on the same CPU (one thread), the same data order (data_seed) and, from the checkpoint, the same
     model, optimizer, scheduler and every rank's RNG state."""
     endpoint, ns = s3_on_the_bridge, jobs.namespace
+    # 128 steps of at least 0.25 s: 24 s or more of training after the second checkpoint (step 32), so that
+    # both interruptions land while the jobs still train (at 0.1 s a step, the in-place one, interrupted
+    # second, had once trained to its end by then, and its pod's log held the ends of more than one attempt).
     train = ["python", "hf_trainer.py", "--output-dir", "/home/ddp/out", "--samples", "1024", "--epochs", "2",
-             "--save-steps", "16", "--step-seconds", "0.1", "--no-bar"]
+             "--save-steps", "16", "--step-seconds", "0.25", "--no-bar"]
     keep = {"keepFolders": ["/home/ddp/out"], "env": KEEP_FAST}
     command_job(jobs, "hf-through", frameworks_image, endpoint, train)
     command_job(jobs, "hf-recreated", frameworks_image, endpoint, train, **keep)
