@@ -3,6 +3,9 @@ SHELL := /bin/bash
 CLUSTER := localcluster/cluster.sh
 KUEUE := bash localcluster/kueue.sh
 PYTEST_ARGS ?=
+# make test's pytest-xdist workers; 2 runs the cluster's tests in one, in order, the others beside them
+# (DEVELOPMENT.md#tests says what that gains and what still fails then).
+PYTEST_WORKERS ?= 0
 
 BENCH_ARGS ?=
 
@@ -16,12 +19,11 @@ NAME ?=
 example:
 	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $$venv/bin/python localcluster/example.py $(NAME)
 
-# The images are built here, before pytest, so that their build says what it does (the tests' own
-# build, which imports them into the node, then finds them made).
+# Everything is built here, before pytest, so that each build says what it does (the tests' own
+# build of the images, which imports them into the node, then finds them made).
 test:
-	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $(KUEUE) build && images/build.sh build && \
-	  $$venv/bin/python localcluster/s3server.py build && scripts/chromium.sh >/dev/null && \
-	  $$venv/bin/python -m pytest $(PYTEST_ARGS)
+	@venv=$$(scripts/venv.sh) && scripts/build-for-tests.sh "$$venv" && \
+	  $$venv/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # ruff (lint, import order), mypy (types) and import-linter (the operator never imports the runtime).
 lint:

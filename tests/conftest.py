@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -10,7 +12,19 @@ from collections.abc import Iterator
 import pytest
 
 from ddp_operator.config import ENV_NAMESPACES
-from kube import REPO, Cluster, Jobs, OperatorProcess, cluster_script, install_crd, open_cluster, own_namespace_in, wait_until
+from kube import (
+    REPO,
+    Cluster,
+    Jobs,
+    OperatorProcess,
+    across_workers,
+    cluster_script,
+    install_crd,
+    own_namespace_in,
+    run_folder,
+    shared_cluster,
+    wait_until,
+)
 from kueue import Queues, start_kueue, stop_kueue
 from realnode import import_busybox, the_real_node
 from registry import Registry, start_registry, stop_registry
@@ -23,10 +37,13 @@ SESSION_PREFIX = f"t-{uuid.uuid4().hex[:4]}-"
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    found = open_cluster()
-    yield found
-    if found.started_here:
-        cluster_script("down", check=False)
+    with shared_cluster() as found:
+        yield found
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # the run's controller, or a run without workers
+        shutil.rmtree(run_folder(), ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -95,7 +112,8 @@ def images_on_the_node(cluster: Cluster, real_node) -> None:
     """`make images`: builds what changed and loads both images into the real node's containerd (once
     it answers: a cluster just started may not have it up yet, and the build then only makes tarballs)."""
     wait_until(lambda: cluster_script("ctr", "version", check=False).returncode == 0, 120, "the node's containerd")
-    result = subprocess.run(["bash", str(REPO / "images" / "build.sh"), "build"], capture_output=True, text=True)
+    with across_workers("images"):  # one import into the node at a time
+        result = subprocess.run(["bash", str(REPO / "images" / "build.sh"), "build"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     listed = cluster_script("ctr", "images", "ls", "-q").stdout
     assert "docker.io/ddp-operator/operator:" in listed and "docker.io/ddp-operator/trainer:" in listed, \
@@ -117,7 +135,7 @@ def pool_label(jobs: Jobs, kube_api, real_node) -> Iterator[tuple[str, str]]:
     from kubernetes import client
 
     core = client.CoreV1Api(kube_api)
-    key, value = "ddp-operator-test/pool", jobs.namespace[-63:]
+    key, value = f"ddp-operator-test/pool-{uuid.uuid4().hex[:8]}", jobs.namespace[-63:]  # tests run side by side
     core.patch_node(real_node.metadata.name, {"metadata": {"labels": {key: value}}})
     try:
         yield key, value
@@ -175,8 +193,17 @@ def queues(kube_api, namespace: str, kueue: None, jobs: Jobs) -> Iterator[Queues
     made.cleanup(jobs)
 
 
+# With PYTEST_WORKERS=2, `make test` runs two pytest-xdist workers with --dist loadgroup: the tests on the
+# cluster and those building the images in one lane, in the order of a single session (they share one
+# cluster, its real node, Kueue and BuildKit), the others a module at a time on the other worker.
+CLUSTER_LANE = "cluster"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the lanes
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Every test that touches the cluster is marked, so `-m "not cluster"` runs the fast ones alone.
     for item in items:
+        # Every test that touches the cluster is marked, so `-m "not cluster"` runs the fast ones alone.
         if "cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
+        on_cluster = item.get_closest_marker("cluster") or item.get_closest_marker("images")
+        item.add_marker(pytest.mark.xdist_group(CLUSTER_LANE if on_cluster else item.nodeid.split("::")[0]))
