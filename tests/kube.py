@@ -97,11 +97,15 @@ def open_cluster(owner_pid: int | None = None) -> Cluster:
     return Cluster(kubeconfig=local_kubeconfig(), kubectl=kubectl, local=True, started_here=not was_up)
 
 
+def run_pid() -> int:
+    """The process a test run lives as long as: under pytest-xdist its controller (the workers' parent),
+    else this one."""
+    return os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
+
+
 def run_folder() -> Path:
-    """A folder that the processes of one test run share: under pytest-xdist, its workers (children of
-    its controller, whose pid names the folder); else this process alone."""
-    run = os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
-    folder = Path(tempfile.gettempdir()) / f"ddp-test-run.{run}"
+    """A folder that the processes of one test run share, named by its run_pid()."""
+    folder = Path(tempfile.gettempdir()) / f"ddp-test-run.{run_pid()}"
     folder.mkdir(exist_ok=True)
     return folder
 
@@ -122,8 +126,7 @@ def shared_cluster() -> Iterator[Cluster]:
     started it."""
     me = f"user.{os.getpid()}"
     with across_workers("cluster") as folder:
-        owner = os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
-        found = open_cluster(owner_pid=owner)
+        found = open_cluster(owner_pid=run_pid())
         if found.started_here:
             (folder / "cluster-started").touch()
         (folder / me).touch()
