@@ -98,11 +98,13 @@ venv:
 # The operator image and the trainer's CPU variant, built with BuildKit without Docker (images/build.sh),
 # loaded into the local node; with REGISTRY=host[:port][/path] pushed there instead, as
 # REGISTRY/ddp-operator/<name>:<tag>, with the Docker config's credentials and REGISTRY_CA (a PEM file)
-# trusted for it. Set here so that only the command line sets them, never a stray environment variable.
+# trusted for it, layers compressed with PUSH_COMPRESSION (zstd or gzip). Set here so that only the
+# command line sets them, never a stray environment variable.
 REGISTRY =
 REGISTRY_CA =
+PUSH_COMPRESSION = zstd
 images:
-	@$(if $(REGISTRY),images/build.sh push '$(REGISTRY)' '$(REGISTRY_CA)',images/build.sh build)
+	@$(if $(REGISTRY),PUSH_COMPRESSION='$(PUSH_COMPRESSION)' images/build.sh push '$(REGISTRY)' '$(REGISTRY_CA)',images/build.sh build)
 
 cluster-build:
 	@$(CLUSTER) build && $(KUEUE) build

@@ -374,13 +374,14 @@ def test_an_elastic_job_s_pod_taken_in_at_a_restart_restores_the_kept_snapshot(
     """An elastic job a quota holds to 2 of its 3 pods runs at 2 and keeps rank 0's snapshot. Once the quota has
     room, pod 2 comes and waits; the gang takes it in when it re-forms (rank 0's process is killed: an in-place
     restart), and pod 2, new and empty, finds the snapshot where rank 0 left it, as pods 0 and 1 do: all three
-    resume from the same epoch and end with one model."""
+    resume from the same epoch and end with one model. 24 epochs at 2 ranks last over 80 s; rank 0 is killed
+    about 20 s after the start here (5 s of settling, a kept snapshot, pod 2 started)."""
     endpoint, ns = s3_on_the_bridge, jobs.namespace
     jobs.quota("pods", {"pods": "2"})
     command_job(jobs, "grows", frameworks_image, endpoint,
-                ["torchrun", "torchrun_train.py", "40", "1", "--step-seconds", "0.1", "--snapshot-path",
+                ["torchrun", "torchrun_train.py", "24", "1", "--step-seconds", "0.1", "--snapshot-path",
                  "/home/ddp/snap/snapshot.pt"], worldSize=3, minWorldSize=2, restartStrategy="InPlace",
-                keepFolders=["/home/ddp/snap"], env=KEEP_FAST, backoffLimit=1)
+                elasticSettleSeconds=5, keepFolders=["/home/ddp/snap"], env=KEEP_FAST, backoffLimit=1)
     shrunk = jobs.wait_condition("grows", c.COND_SHRUNK, "True", timeout=300)
     assert shrunk["members"] == [0, 1] and "ResourceQuota pods" in shrunk["message"], shrunk
     wait_until(lambda: kept_object(endpoint, ns, "grows", "home/ddp/snap/snapshot.pt"), 300, "grows' kept snapshot")
