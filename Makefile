@@ -3,9 +3,9 @@ SHELL := /bin/bash
 CLUSTER := localcluster/cluster.sh
 KUEUE := bash localcluster/kueue.sh
 PYTEST_ARGS ?=
-# make test's pytest-xdist workers; 2 runs the cluster's tests in one, in order, the others beside them
-# (DEVELOPMENT.md#tests says what that gains and what still fails then).
-PYTEST_WORKERS ?= 0
+# make test's pytest-xdist workers: 2 runs the cluster's tests in one lane, in order, the others beside it;
+# 0 runs one process (DEVELOPMENT.md#tests).
+PYTEST_WORKERS ?= 2
 
 BENCH_ARGS ?=
 

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -207,3 +208,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.cluster)
         on_cluster = item.get_closest_marker("cluster") or item.get_closest_marker("images")
         item.add_marker(pytest.mark.xdist_group(CLUSTER_LANE if on_cluster else item.nodeid.split("::")[0]))
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's, on its controller
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """xdist's loadgroup groups tests by a suffix (`@<group>`) its workers write into their node ids;
+    pytest 9.2 drops it (pytest-xdist#1386), and the cluster's tests would run on both workers at once."""
+    ungrouped = [nodeid for nodeid in ids if "@" not in nodeid]
+    if node.config.getoption("dist") == "loadgroup" and ungrouped:
+        pytest.exit(f"pytest-xdist did not group {len(ungrouped)} tests into lanes ({ungrouped[0]}, ...): this pytest "
+                    "loses their xdist_group marks (pytest-xdist#1386); use requirements/test.txt's pins",
+                    returncode=pytest.ExitCode.USAGE_ERROR)
