@@ -68,7 +68,7 @@ REPOSITORY=ddp-operator
 EXPORT="type=docker,compression=zstd,force-compression=true"
 # Pushed layers are zstd, as the tarball's are, so the push uploads the built blobs without compressing
 # them again (gzip took 3.5 min for the trainer's layers on 2 cores) and nodes unpack them faster: every
-# node of the Kubernetes releases the chart supports (containerd 1.7 or later, CRI-O) and Docker 23 or
+# node of the Kubernetes releases the chart supports (containerd 1.6 or later, CRI-O) and Docker 23 or
 # later pull them. PUSH_COMPRESSION=gzip is for older clients; BuildKit keeps the gzip blobs in its cache.
 PUSH_COMPRESSION=${PUSH_COMPRESSION:-zstd}
 PUSH_REGISTRY=""  # host[:port][/path] for `push`
