@@ -461,6 +461,11 @@ cmd_up() {
   fi
   [ -d "$PIDS" ] && cmd_down
   cmd_build
+  # containerd's longest socket; a unix socket's path holds at most 107 bytes.
+  local ttrpc=$CONTAINERD_SOCKET.ttrpc
+  if node_enabled && [ ${#ttrpc} -gt 107 ]; then
+    die "the node's socket $ttrpc is longer than a unix socket's 107 bytes: set DDP_CLUSTER_DIR to a shorter folder"
+  fi
   local started=$SECONDS
   mkdir -p "$LOGS" "$PIDS" "$DDP_CLUSTER_DIR/etcd"
   echo "$K8S_VERSION" >"$DDP_CLUSTER_DIR/k8s-version"

@@ -51,14 +51,19 @@ class Cluster:
     started_here: bool
 
 
+class ScriptFailed(subprocess.CalledProcessError):
+    """A failed localcluster script, said with the end of what it wrote to stderr (where it says why)."""
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}\n{(self.stderr or '')[-3000:]}"
+
+
 def cluster_script(*args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["bash", str(CLUSTER_SCRIPT), *args],
-        env={**os.environ, **(env or {})},
-        check=check,
-        capture_output=True,
-        text=True,
-    )
+    result = subprocess.run(["bash", str(CLUSTER_SCRIPT), *args], env={**os.environ, **(env or {})},
+                            capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise ScriptFailed(result.returncode, result.args, result.stdout, result.stderr)
+    return result
 
 
 def script_setting(name: str) -> str:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -274,11 +277,30 @@ def host_traces(bridge: str, folder: Path) -> dict[str, list[str]]:
     }
 
 
-def test_cluster_down_leaves_nothing_of_the_real_node_behind(cluster: Cluster, tmp_path: Path) -> None:
+@pytest.fixture
+def short_folder() -> Iterator[Path]:
+    """A folder of a short path for a second node, whose unix sockets' paths must fit in 107 bytes (the
+    tmp_path of a pytest-xdist worker is too long)."""
+    folder = Path(tempfile.mkdtemp(prefix="ddp-node-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_cluster_folder_too_long_for_the_node_s_sockets_is_refused_before_anything_starts(
+        cluster: Cluster, tmp_path: Path) -> None:
+    folder = tmp_path / ("x" * 80) / "second"
+    result = cluster_script("up", env={**SECOND_CLUSTER, **SECOND_NODE, "DDP_CLUSTER_DIR": str(folder)}, check=False)
+    assert result.returncode != 0
+    assert f"the node's socket {folder}/node/containerd.sock.ttrpc is longer than a unix socket's 107 bytes: " \
+           "set DDP_CLUSTER_DIR to a shorter folder" in result.stderr, result.stderr
+    assert not folder.exists()
+
+
+def test_cluster_down_leaves_nothing_of_the_real_node_behind(cluster: Cluster, short_folder: Path) -> None:
     if not cluster.local:
         pytest.fail("this checks the local control plane; unset DDP_TEST_KUBECONFIG to run it")
-    env = {**SECOND_CLUSTER, **SECOND_NODE, "DDP_CLUSTER_DIR": str(tmp_path / "second"),
-           "DDP_CONTAINERD_ROOT": str(tmp_path / "containerd")}
+    env = {**SECOND_CLUSTER, **SECOND_NODE, "DDP_CLUSTER_DIR": str(short_folder / "second"),
+           "DDP_CONTAINERD_ROOT": str(short_folder / "containerd")}
     try:
         cluster_script("up", env=env)
         kubeconfig = local_kubeconfig(env)
@@ -292,15 +314,15 @@ def test_cluster_down_leaves_nothing_of_the_real_node_behind(cluster: Cluster, t
         wait_until(lambda: core.read_namespaced_pod("sandboxed", "default").status.phase == "Running", 60,
                    "the pod to run on the second cluster's real node")
         api.close()
-        running = host_traces(SECOND_NODE["DDP_BRIDGE"], tmp_path)
+        running = host_traces(SECOND_NODE["DDP_BRIDGE"], short_folder)
         # Each kind of trace is there while the pod runs, so its absence below means something.
         assert all(running.values()), running
         assert len(running["interfaces"]) >= 2, "the pod's veth on the bridge"
 
         cluster_script("down", env=env)
-        assert host_traces(SECOND_NODE["DDP_BRIDGE"], tmp_path) == {kind: [] for kind in running}
+        assert host_traces(SECOND_NODE["DDP_BRIDGE"], short_folder) == {kind: [] for kind in running}
         # containerd's image store stays for the next up: imported images are not imported again.
-        content = tmp_path / "containerd" / "io.containerd.content.v1.content" / "blobs" / "sha256"
+        content = short_folder / "containerd" / "io.containerd.content.v1.content" / "blobs" / "sha256"
         assert len(list(content.iterdir())) >= 3, "the pause image's index, config and layer"
     finally:
         cluster_script("down", env=env, check=False)
