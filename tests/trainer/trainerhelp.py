@@ -6,7 +6,6 @@ Plain functions imported by name; conftest.py keeps the fixtures.
 from __future__ import annotations
 
 import os
-import random
 import socket
 import subprocess
 import sys
@@ -38,23 +37,10 @@ class FakeClock:
         return self.now
 
 
-PORTS_PER_WORKER = 4000
-
-
 def free_port() -> int:
-    """A port nothing listens on, from a range of this pytest-xdist worker's own below Linux's ephemeral
-    ports: two workers given a port by the kernel at once can get the same one, and their ranks then
-    meet in one world."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    low = 20000 + PORTS_PER_WORKER * (int(worker) % 3 if worker.isdigit() else 0)
-    for port in random.sample(range(low, low + PORTS_PER_WORKER), 100):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port among 100 tried in {low}-{low + PORTS_PER_WORKER - 1}")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 @dataclass
