@@ -3,9 +3,9 @@ SHELL := /bin/bash
 CLUSTER := localcluster/cluster.sh
 KUEUE := bash localcluster/kueue.sh
 PYTEST_ARGS ?=
-# make test's pytest-xdist workers: 2 runs the cluster's tests in one lane, in order, the others beside it;
-# 0 runs one process (DEVELOPMENT.md#tests).
-PYTEST_WORKERS ?= 2
+# make test's pytest-xdist workers: 0 runs one process; 2 runs the cluster's tests in one lane, in order,
+# the others beside it (DEVELOPMENT.md#tests says what that gains and what fails then).
+PYTEST_WORKERS ?= 0
 
 BENCH_ARGS ?=
 
