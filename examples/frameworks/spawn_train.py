@@ -43,6 +43,10 @@ def main_worker(gpu: int, ngpus_per_node: int, args: argparse.Namespace) -> None
     flat = torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy().tobytes()
     print(json.dumps({"event": "params", "rank": dist.get_rank(), "world_size": dist.get_world_size(),
                       "digest": hashlib.sha256(flat).hexdigest()}), flush=True)
+    # No rank starts to exit while another still works: gloo's threads let go of the backward pass's
+    # last all-reduces while the barrier waits (they need the GIL, which an exiting interpreter no
+    # longer hands out: the process would abort with "terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 

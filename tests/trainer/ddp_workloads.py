@@ -251,6 +251,10 @@ def succeed_then_abort_in_teardown(ctx: RankContext) -> None:
     print(f"rank {ctx.rank} done", flush=True)
 
 
+def nothing(ctx: RankContext) -> None:
+    """User code that returns at once: what the runtime does around it shows alone."""
+
+
 def use_collective(ctx: RankContext) -> None:
     """Rank 1 dies; rank 0 then fails in an all-reduce, which is an infrastructure error."""
     import time
