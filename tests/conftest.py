@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -18,12 +17,10 @@ from kube import (
     Cluster,
     Jobs,
     OperatorProcess,
-    across_workers,
     cluster_script,
     install_crd,
+    open_cluster,
     own_namespace_in,
-    run_folder,
-    shared_cluster,
     wait_until,
 )
 from kueue import Queues, start_kueue, stop_kueue
@@ -37,14 +34,15 @@ SESSION_PREFIX = f"t-{uuid.uuid4().hex[:4]}-"
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
-    with shared_cluster() as found:
-        yield found
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    if not os.environ.get("PYTEST_XDIST_WORKER"):  # the run's controller, or a run without workers
-        shutil.rmtree(run_folder(), ignore_errors=True)
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    # An xdist worker knows `--dist loadgroup` as its option `loadgroup` (its own `dist` is "no").
+    if os.environ.get("PYTEST_XDIST_WORKER") and not request.config.getoption("loadgroup", False):
+        pytest.fail("the tests on the cluster must run in one pytest-xdist worker: pass --dist loadgroup (as `make "
+                    "test` does), or leave them out with -m 'not cluster and not images'", pytrace=False)
+    found = open_cluster()
+    yield found
+    if found.started_here:
+        cluster_script("down", check=False)
 
 
 @pytest.fixture(scope="session")
@@ -113,8 +111,7 @@ def images_on_the_node(cluster: Cluster, real_node) -> None:
     """`make images`: builds what changed and loads both images into the real node's containerd (once
     it answers: a cluster just started may not have it up yet, and the build then only makes tarballs)."""
     wait_until(lambda: cluster_script("ctr", "version", check=False).returncode == 0, 120, "the node's containerd")
-    with across_workers("images"):  # one import into the node at a time
-        result = subprocess.run(["bash", str(REPO / "images" / "build.sh"), "build"], capture_output=True, text=True)
+    result = subprocess.run(["bash", str(REPO / "images" / "build.sh"), "build"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     listed = cluster_script("ctr", "images", "ls", "-q").stdout
     assert "docker.io/ddp-operator/operator:" in listed and "docker.io/ddp-operator/trainer:" in listed, \
@@ -136,7 +133,7 @@ def pool_label(jobs: Jobs, kube_api, real_node) -> Iterator[tuple[str, str]]:
     from kubernetes import client
 
     core = client.CoreV1Api(kube_api)
-    key, value = f"ddp-operator-test/pool-{uuid.uuid4().hex[:8]}", jobs.namespace[-63:]  # tests run side by side
+    key, value = "ddp-operator-test/pool", jobs.namespace[-63:]
     core.patch_node(real_node.metadata.name, {"metadata": {"labels": {key: value}}})
     try:
         yield key, value
@@ -196,7 +193,8 @@ def queues(kube_api, namespace: str, kueue: None, jobs: Jobs) -> Iterator[Queues
 
 # With PYTEST_WORKERS=2, `make test` runs two pytest-xdist workers with --dist loadgroup: the tests on the
 # cluster and those building the images in one lane, in the order of a single session (they share one
-# cluster, its real node, Kueue and BuildKit), the others a module at a time on the other worker.
+# cluster, its real node, Kueue and BuildKit), the others a module at a time on the other worker. The
+# cluster's fixtures assume that one lane: `cluster` refuses other ways of spreading them over workers.
 CLUSTER_LANE = "cluster"
 
 

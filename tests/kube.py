@@ -6,14 +6,12 @@ DDP_TEST_KUBECONFIG to a kubeconfig to run the same tests against another cluste
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -86,63 +84,20 @@ def local_kubeconfig(env: dict[str, str] | None = None) -> str:
     raise RuntimeError("cluster.sh env printed no KUBECONFIG")
 
 
-def open_cluster(owner_pid: int | None = None) -> Cluster:
-    """The cluster, started if it is not up; one started here is taken down by its watchdog should the
-    process `owner_pid` (default: this one) die without taking it down."""
+def open_cluster() -> Cluster:
+    """The cluster, started if it is not up; one started here is taken down by its watchdog should this
+    process die without taking it down."""
     external = os.environ.get(KUBECONFIG_ENV)
     if external:
         return Cluster(kubeconfig=external, kubectl="kubectl", local=False, started_here=False)
     was_up = cluster_script("status", check=False).returncode == 0
     # A cluster that was up already must be of the release DDP_K8S_VERSION picks, or `up` says which it is.
-    owner = {} if was_up else {"DDP_CLUSTER_OWNER_PID": str(owner_pid or os.getpid())}
+    owner = {} if was_up else {"DDP_CLUSTER_OWNER_PID": str(os.getpid())}
     result = cluster_script("up", env=owner, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"local cluster failed to start:\n{result.stderr}")
     kubectl = cluster_script("bindir").stdout.strip().split(":")[0] + "/kubectl"
     return Cluster(kubeconfig=local_kubeconfig(), kubectl=kubectl, local=True, started_here=not was_up)
-
-
-def run_pid() -> int:
-    """The process a test run lives as long as: under pytest-xdist its controller (the workers' parent),
-    else this one."""
-    return os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
-
-
-def run_folder() -> Path:
-    """A folder that the processes of one test run share, named by its run_pid()."""
-    folder = Path(tempfile.gettempdir()) / f"ddp-test-run.{run_pid()}"
-    folder.mkdir(exist_ok=True)
-    return folder
-
-
-@contextmanager
-def across_workers(name: str) -> Iterator[Path]:
-    """Holds the test run's lock `name` (one worker at a time); yields the run's folder."""
-    folder = run_folder()
-    with open(folder / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield folder
-
-
-@contextmanager
-def shared_cluster() -> Iterator[Cluster]:
-    """The cluster for a test session. Under pytest-xdist the workers share it: the first to ask starts it
-    (its watchdog follows the run's controller), and the last to let go takes it down if this run
-    started it."""
-    me = f"user.{os.getpid()}"
-    with across_workers("cluster") as folder:
-        found = open_cluster(owner_pid=run_pid())
-        if found.started_here:
-            (folder / "cluster-started").touch()
-        (folder / me).touch()
-    try:
-        yield found
-    finally:
-        with across_workers("cluster") as folder:
-            (folder / me).unlink()
-            if not any(folder.glob("user.*")) and (folder / "cluster-started").exists():
-                (folder / "cluster-started").unlink()
-                cluster_script("down", check=False)
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.2) -> object:
@@ -175,24 +130,14 @@ def install_crd(kube_api: Any) -> None:
     """Creates or updates the CRD from crds/ddpjob.yaml and waits until it is served."""
     crds = client.ApiextensionsV1Api(kube_api)
     body = yaml.safe_load(CRD_FILE.read_text())
-    # Under pytest-xdist the workers' sessions install it at once: a replace that lost the race is tried again.
-    for _ in range(10):
-        try:
-            crds.create_custom_resource_definition(body)
-            break
-        except ApiException as error:
-            if error.status != 409:
-                raise
+    try:
+        crds.create_custom_resource_definition(body)
+    except ApiException as error:
+        if error.status != 409:
+            raise
         current = crds.read_custom_resource_definition(api.CRD_NAME)
         body["metadata"]["resourceVersion"] = current.metadata.resource_version
-        try:
-            crds.replace_custom_resource_definition(api.CRD_NAME, body)
-            break
-        except ApiException as error:
-            if error.status != 409:
-                raise
-    else:
-        raise AssertionError(f"CRD {api.CRD_NAME} could not be installed: every replace lost to another")
+        crds.replace_custom_resource_definition(api.CRD_NAME, body)
 
     def established() -> bool:
         conditions = crds.read_custom_resource_definition(api.CRD_NAME).status.conditions or []
