@@ -272,8 +272,11 @@ def test_hugging_face_jobs_restarted_resume_from_their_kept_checkpoint_and_end_a
         assert len(starts) == 1 and int(starts.pop().split("-")[-1]) >= 32, (name, resumed)
         found = params(jobs, name, 2)
         assert [p["global_step"] for p in found] == [p["global_step"] for p in reference] == [128, 128], found
-        kept_files = [o["Key"].rsplit("/", 2)[-2:] for o in demo.s3_client(endpoint).list_objects_v2(
-            Bucket=BUCKET, Prefix=f"results/{ns}/{name}/{layout.KEPT}/home/ddp/out/").get("Contents", [])]
+        # What the attempt that resumed found kept of its checkpoint, and what Trainer said of RNG states.
+        kept_prefix = f"results/{ns}/{name}/{layout.KEPT}/home/ddp/out/"
+        kept_files = sorted(o["Key"][len(kept_prefix):] for start in {r["from"] for r in resumed if r["from"]}
+                            for o in demo.s3_client(endpoint).list_objects_v2(
+                                Bucket=BUCKET, Prefix=f"{kept_prefix}{start.rsplit('/', 1)[-1]}/").get("Contents", []))
         rng_said = [line for log in logs for line in log.splitlines() if "RNG" in line or "rng" in line]
         assert {p["digest"] for p in found} == {p["digest"] for p in reference}, (name, resumed, kept_files, rng_said)
         assert done["kept"]["folders"][0]["path"] == "/home/ddp/out" and done["kept"]["folders"][0]["files"] > 0, done
