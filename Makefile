@@ -4,7 +4,7 @@ CLUSTER := localcluster/cluster.sh
 KUEUE := bash localcluster/kueue.sh
 PYTEST_ARGS ?=
 # make test's pytest-xdist workers: 0 runs one process; 2 runs the cluster's tests in one lane, in order,
-# the others beside it (DEVELOPMENT.md#tests says what that gains and what fails then).
+# the others beside it (DEVELOPMENT.md#tests says what that gains and why it is not the default).
 PYTEST_WORKERS ?= 0
 
 BENCH_ARGS ?=

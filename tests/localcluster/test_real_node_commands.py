@@ -226,12 +226,16 @@ RESUME = re.compile(r'\{"event": "resume"[^}]*\}')
 KEEP_FAST = [{"name": "DDP_KEEP_SETTLE_SECONDS", "value": "2"}, {"name": "DDP_KEEP_INTERVAL_SECONDS", "value": "1"}]
 
 
-def kept_checkpoints(endpoint: str, namespace: str, name: str) -> list[int]:
-    """The steps of the job's Trainer checkpoints kept whole in S3 (their trainer_state.json is there)."""
+def kept_out_files(endpoint: str, namespace: str, name: str) -> list[str]:
+    """What the job keeps of its /home/ddp/out in S3, by path below it."""
     prefix = f"results/{namespace}/{name}/{layout.KEPT}/home/ddp/out/"
     listed = demo.s3_client(endpoint).list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
-    names = [o["Key"][len(prefix):] for o in listed]
-    return sorted(int(n.split("/")[0].split("-")[1]) for n in names
+    return sorted(o["Key"][len(prefix):] for o in listed)
+
+
+def kept_checkpoints(endpoint: str, namespace: str, name: str) -> list[int]:
+    """The steps of the job's Trainer checkpoints kept whole in S3 (their trainer_state.json is there)."""
+    return sorted(int(n.split("/")[0].split("-")[1]) for n in kept_out_files(endpoint, namespace, name)
                   if n.startswith("checkpoint-") and n.endswith("/trainer_state.json"))
 
 
@@ -273,10 +277,8 @@ def test_hugging_face_jobs_restarted_resume_from_their_kept_checkpoint_and_end_a
         found = params(jobs, name, 2)
         assert [p["global_step"] for p in found] == [p["global_step"] for p in reference] == [128, 128], found
         # What the attempt that resumed found kept of its checkpoint, and what Trainer said of RNG states.
-        kept_prefix = f"results/{ns}/{name}/{layout.KEPT}/home/ddp/out/"
-        kept_files = sorted(o["Key"][len(kept_prefix):] for start in {r["from"] for r in resumed if r["from"]}
-                            for o in demo.s3_client(endpoint).list_objects_v2(
-                                Bucket=BUCKET, Prefix=f"{kept_prefix}{start.rsplit('/', 1)[-1]}/").get("Contents", []))
+        folders = {r["from"].rsplit("/", 1)[-1] for r in resumed if r["from"]}
+        kept_files = [n for n in kept_out_files(endpoint, ns, name) if n.split("/")[0] in folders]
         rng_said = [line for log in logs for line in log.splitlines() if "RNG" in line or "rng" in line]
         assert {p["digest"] for p in found} == {p["digest"] for p in reference}, (name, resumed, kept_files, rng_said)
         assert done["kept"]["folders"][0]["path"] == "/home/ddp/out" and done["kept"]["folders"][0]["files"] > 0, done
