@@ -36,7 +36,8 @@ def clock() -> FakeClock:
 
 
 class Pods(dict[str, tuple[Path, FolderKeeper]]):
-    """pods[name]: a pod's local folder and its keeper (settling in 10 s of `clock`), made on first use."""
+    """pods[name]: a pod's local folder and its keeper (settling in 10 s of `clock`, in a world of two ranks
+    as start() would say), made on first use."""
 
     def __init__(self, root: Path, prefix: s3.S3Url, clock: FakeClock) -> None:
         super().__init__()
@@ -48,6 +49,7 @@ class Pods(dict[str, tuple[Path, FolderKeeper]]):
         passes = KeptPasses(s3.S3Url(self.prefix.bucket, "runs/ns/job/kept-passes"), name)
         self[name] = (local, FolderKeeper([folder], interval_s=3600, settle_s=10, clock=self.clock, passes=passes,
                                           passes_wait_s=3))
+        self[name][1].world = 2
         return self[name]
 
 
@@ -90,7 +92,7 @@ def test_what_two_pods_write_is_kept_as_one_folder_and_restored_whole_with_its_t
     (rank0, keeper0), (rank1, keeper1) = pods["job-0"], pods["job-1"]
     hugging_face_checkpoint(rank0, rank1, 2, at=1_700_000_000)
     write(rank0 / "runs" / "events.out.tfevents.1.job-0", b"event 1", 1_700_000_005)
-    for keeper in (keeper0, keeper1):
+    for keeper in (keeper1, keeper0):
         settle(keeper, clock)
     assert sorted(listing(prefix)) == ["checkpoint-2/model.safetensors", "checkpoint-2/optimizer.pt",
                                        "checkpoint-2/rng_state_0.pth", "checkpoint-2/rng_state_1.pth",
@@ -114,8 +116,8 @@ def test_a_checkpoint_a_failed_rank_left_half_written_is_not_restored_and_is_rem
         pods: Pods, prefix: s3.S3Url, clock: FakeClock) -> None:
     (rank0, keeper0), (rank1, keeper1) = pods["job-0"], pods["job-1"]
     hugging_face_checkpoint(rank0, rank1, 2, at=1_700_000_000)
-    settle(keeper0, clock)
     settle(keeper1, clock)
+    settle(keeper0, clock)
     write(rank0 / "checkpoint-3" / "model.safetensors", b"weights 3", 1_700_000_100)
     settle(keeper0, clock)  # the weights settle and go up
     write(rank0 / "checkpoint-3" / "optimizer.pt", b"optim")  # ...the rank fails while writing this one
@@ -287,11 +289,11 @@ def test_what_is_kept_is_said_in_the_status_when_it_changes_at_most_every_30_s_a
 
 def test_the_pods_of_a_later_attempt_all_resume_from_the_same_checkpoint(pods: Pods, clock: FakeClock) -> None:
     (rank0, keeper0), (rank1, keeper1) = pods["job-0"], pods["job-1"]
-    keeper0.start(0)
-    keeper1.start(0)
+    keeper0.start(0, world=2)
+    keeper1.start(0, world=2)
     hugging_face_checkpoint(rank0, rank1, 16, at=1_700_000_000)
-    settle(keeper0, clock)
     settle(keeper1, clock)
+    settle(keeper0, clock)
     hugging_face_checkpoint(rank0, rank1, 32, at=1_700_000_100)  # whole in rank 0's pod, not yet kept...
     keeper0.finish(ended_cleanly=False, upload_s=30)  # ...when the attempt ends (InPlace: the pods stay)
     keeper1.finish(ended_cleanly=False, upload_s=30)
@@ -302,10 +304,43 @@ def test_the_pods_of_a_later_attempt_all_resume_from_the_same_checkpoint(pods: P
         "model.safetensors", "optimizer.pt", "rng_state_0.pth", "rng_state_1.pth", "trainer_state.json"]
 
 
+def test_a_checkpoint_s_marker_waits_until_every_rank_s_rng_state_is_kept(
+        pods: Pods, prefix: s3.S3Url, clock: FakeClock) -> None:
+    """Restored without rank 1's RNG state, rank 1 would resume with other random numbers (dropout): the
+    checkpoint counts as whole only once its pod has kept it."""
+    (rank0, keeper0), (rank1, keeper1) = pods["job-0"], pods["job-1"]
+    hugging_face_checkpoint(rank0, rank1, 16, at=1_700_000_000)
+    settle(keeper0, clock)
+    assert sorted(listing(prefix)) == ["checkpoint-16/model.safetensors", "checkpoint-16/optimizer.pt",
+                                       "checkpoint-16/rng_state_0.pth"]
+    settle(keeper1, clock)
+    keeper0.keep(ended_cleanly=False, final=False)
+    assert "checkpoint-16/trainer_state.json" in listing(prefix)
+
+
+def test_a_pod_stopped_before_its_rank_s_rng_state_is_kept_leaves_that_checkpoint_out_of_the_next_attempt(
+        pods: Pods, prefix: s3.S3Url, clock: FakeClock, caplog: pytest.LogCaptureFixture) -> None:
+    """Rank 1's pod is deleted (or lost) before its keeper kept checkpoint-32's RNG state: rank 0's pod does
+    not keep checkpoint-32's marker, even at its last pass, and the next attempt resumes from checkpoint-16."""
+    (rank0, keeper0), (rank1, keeper1) = pods["job-0"], pods["job-1"]
+    hugging_face_checkpoint(rank0, rank1, 16, at=1_700_000_000)
+    settle(keeper1, clock)
+    settle(keeper0, clock)
+    hugging_face_checkpoint(rank0, rank1, 32, at=1_700_000_100)
+    settle(keeper0, clock)
+    with caplog.at_level(logging.WARNING):
+        keeper0.finish(ended_cleanly=False, upload_s=30)
+    assert "out/checkpoint-32 is not kept whole: checkpoint-32/rng_state_1.pth of its ranks never came" in caplog.text
+    fresh, keeper = pods["job-1-next"]
+    assert "left out incomplete checkpoint folder(s) out/checkpoint-32" in keeper.restore()
+    assert sorted(p.name for p in fresh.iterdir()) == ["checkpoint-16"]
+    assert (fresh / "checkpoint-16" / "rng_state_1.pth").read_bytes() == b"rng 1"
+
+
 def test_a_later_attempt_waits_for_the_last_pass_of_a_pod_still_making_it(pods: Pods) -> None:
     keeper0, (rank1, keeper1) = pods["job-0"][1], pods["job-1"]
-    keeper0.start(0)
-    keeper1.start(0)
+    keeper0.start(0, world=2)
+    keeper1.start(0, world=2)
     keeper0.finish(ended_cleanly=True, upload_s=30)
     write(rank1 / "final.txt", b"written as the ranks ended")
     # job-1 has not made its last pass (a pod still stopping, or one lost without it): waited for, then named.

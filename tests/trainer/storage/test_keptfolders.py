@@ -8,7 +8,9 @@ from ddp_trainer.storage.keptfolders import (
     FileState,
     Settler,
     folder_times,
+    hf_checkpoint_of_marker,
     incomplete_checkpoints,
+    rank_states_missing,
     restorable,
     scan,
     scan_one,
@@ -51,6 +53,27 @@ def test_uploads_are_the_changed_files_with_the_tools_last_written_files_last() 
     kept = {"same": state, "runs/events": FileState(0, 1)}
     assert to_upload(ready, kept) == ["checkpoint-5/model.safetensors", "dcp/__0_0.distcp", "runs/events",
                                       "checkpoint-5/trainer_state.json", "dcp/.metadata"]
+
+
+def test_a_trainer_checkpoint_s_marker_is_named_by_its_folder() -> None:
+    assert hf_checkpoint_of_marker("out/checkpoint-32/trainer_state.json") == "out/checkpoint-32"
+    assert hf_checkpoint_of_marker("checkpoint-32/trainer_state.json") == "checkpoint-32"
+    assert hf_checkpoint_of_marker("trainer_state.json") is None  # save_model's, not a checkpoint's
+    assert hf_checkpoint_of_marker("checkpoint-32/config.json") is None
+    assert hf_checkpoint_of_marker("dcp/.metadata") is None
+
+
+def test_a_checkpoint_with_one_rng_state_per_rank_misses_those_of_the_world_not_kept() -> None:
+    local = ["checkpoint-32/model.safetensors", "checkpoint-32/rng_state_0.pth", "checkpoint-32/trainer_state.json",
+             "checkpoint-16/rng_state_0.pth"]
+    kept = ["checkpoint-32/rng_state_0.pth", "checkpoint-32/rng_state_2.pth", "checkpoint-16/rng_state_1.pth"]
+    assert rank_states_missing("checkpoint-32", local, kept, world=4) == [
+        "checkpoint-32/rng_state_1.pth", "checkpoint-32/rng_state_3.pth"]
+    assert rank_states_missing("checkpoint-32", local, [*kept, "checkpoint-32/rng_state_1.pth",
+                                                        "checkpoint-32/rng_state_3.pth"], world=4) == []
+    # One rank (rng_state.pth), or save_only_model (none): nothing of other ranks to wait for.
+    assert rank_states_missing("checkpoint-8", ["checkpoint-8/rng_state.pth"], [], world=1) == []
+    assert rank_states_missing("checkpoint-8", ["checkpoint-8/model.safetensors"], [], world=2) == []
 
 
 def test_a_folder_gone_whole_is_removed_whole_and_single_files_one_by_one() -> None:

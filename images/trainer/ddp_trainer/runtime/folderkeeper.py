@@ -109,6 +109,7 @@ class FolderKeeper:
         self.passes = passes
         self.passes_wait_s = passes_wait_s
         self.attempt = 0
+        self.world = 1  # the attempt's number of ranks, across its pods
         self.interval_s = interval_s
         self.clock = clock
         self.report = report
@@ -180,8 +181,8 @@ class FolderKeeper:
                 shutil.rmtree(where, ignore_errors=True)
         return count, size, torn
 
-    def start(self, attempt: int = 0) -> FolderKeeper:
-        self.attempt = attempt
+    def start(self, attempt: int = 0, world: int = 1) -> FolderKeeper:
+        self.attempt, self.world = attempt, world
         if self.passes is not None:
             self._mark("started")
         self._stop = threading.Event()
@@ -199,7 +200,7 @@ class FolderKeeper:
         with self._lock:
             for folder in self.folders:
                 try:
-                    self._keep(folder, ended_cleanly)
+                    self._keep(folder, ended_cleanly, final)
                 except (TrainerError, OSError) as error:
                     if final or not self._warned:
                         self._warned = True
@@ -228,7 +229,7 @@ class FolderKeeper:
         self._changed = False
         self._reported_at = self.clock()
 
-    def _keep(self, folder: KeptFolder, ended_cleanly: bool) -> None:
+    def _keep(self, folder: KeptFolder, ended_cleanly: bool, final: bool) -> None:
         now = self.clock()
         files = keptfolders.scan(folder.local)
         settler = self._settlers[folder.path]
@@ -239,6 +240,9 @@ class FolderKeeper:
             state = ready[name]
             if keptfolders.scan_one(path) != state:
                 continue  # changed since the scan: not settled after all
+            checkpoint = keptfolders.hf_checkpoint_of_marker(name)
+            if checkpoint is not None and not self._rank_states_kept(folder, checkpoint, files, final):
+                continue
             if name not in folder.kept:
                 other = folder.store.kept(name)
                 if other is not None and other.writer and other.writer != folder.store.writer:
@@ -254,6 +258,19 @@ class FolderKeeper:
             self._changed = True
             for name in [n for n in folder.kept if n in gone_files or keptfolders.within(n, gone_folders)]:
                 del folder.kept[name]
+
+    def _rank_states_kept(self, folder: KeptFolder, checkpoint: str, files: Mapping[str, FileState],
+                          final: bool) -> bool:
+        """Whether every rank's RNG state of the Hugging Face `checkpoint` is in S3 (kept by this pod, or
+        listed there from the others), so that its marker may go up."""
+        missing = keptfolders.rank_states_missing(checkpoint, files, folder.kept, self.world)
+        if missing:
+            missing = keptfolders.rank_states_missing(checkpoint, files, folder.store.names_below(checkpoint),
+                                                      self.world)
+        if missing and final:
+            log.warning("%s/%s is not kept whole: %s of its ranks never came to S3, so a later attempt resumes "
+                        "from an earlier checkpoint", folder.path, checkpoint, ", ".join(missing))
+        return not missing
 
     def finish(self, ended_cleanly: bool, upload_s: float) -> None:
         """The last pass, when the ranks have ended: every file if they exited 0, else those settled
@@ -301,7 +318,7 @@ class KeptRanks:
     def start(self, environ: Mapping[str, str]) -> None:
         attempt = env.JobInfo.from_env(environ).attempt
         log.info("%s", self.keeper.restore(attempt))
-        self.keeper.start(attempt)
+        self.keeper.start(attempt, int(environ.get(envnames.WORLD_SIZE) or 1))
         self.ranks.start(environ)
 
     def supervise(self, interrupted: Callable[[], bool] = lambda: False) -> bool:

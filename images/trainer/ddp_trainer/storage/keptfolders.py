@@ -9,7 +9,11 @@ file by file, is restored only whole, that is holding the file the tool writes l
     a folder of *.distcp files (torch.distributed.checkpoint)  .metadata
 
 Files are uploaded with those markers last, so a listing that shows a marker shows its folder's
-other files too. Pure functions and plain data only; storage/keptstore.py moves the bytes.
+other files too. A Trainer checkpoint of a world of more than one rank also holds each rank's RNG
+state (rng_state_<rank>.pth), written in that rank's pod: its marker is kept only once every rank's
+is, so that no rank resumes from it with other random numbers.
+
+Pure functions and plain data only; storage/keptstore.py moves the bytes.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 
 HF_CHECKPOINT = re.compile(r"^checkpoint-\d+$")
 HF_MARKER = "trainer_state.json"
+HF_RANK_RNG = re.compile(r"^rng_state_\d+\.pth$")
 DCP_SUFFIX = ".distcp"
 DCP_MARKER = ".metadata"
 MARKERS = (HF_MARKER, DCP_MARKER)
@@ -95,6 +100,23 @@ def to_upload(ready: Mapping[str, FileState], kept: Mapping[str, FileState]) -> 
 
 def upload_order(name: str) -> tuple[bool, str]:
     return (posixpath.basename(name) in MARKERS, name)
+
+
+def hf_checkpoint_of_marker(name: str) -> str | None:
+    """The Hugging Face checkpoint folder whose marker `name` is, else None."""
+    folder, base = posixpath.split(name)
+    return folder if base == HF_MARKER and HF_CHECKPOINT.match(posixpath.basename(folder)) else None
+
+
+def rank_states_missing(checkpoint: str, local: Iterable[str], kept: Iterable[str], world: int) -> list[str]:
+    """The ranks' RNG states of the Hugging Face `checkpoint` that are not in `kept`: Trainer writes one
+    per rank (rng_state_<rank>.pth) in a world of more than one rank, each in its rank's pod, so where
+    `local` holds one of them every rank of the `world` must have its own; [] where it holds none (one
+    rank's rng_state.pth, or save_only_model)."""
+    if not any(posixpath.dirname(n) == checkpoint and HF_RANK_RNG.match(posixpath.basename(n)) for n in local):
+        return []
+    present = set(kept)
+    return [name for name in (f"{checkpoint}/rng_state_{rank}.pth" for rank in range(world)) if name not in present]
 
 
 def to_delete(local: Iterable[str], kept: Iterable[str]) -> tuple[list[str], list[str]]:

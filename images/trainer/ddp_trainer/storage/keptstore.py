@@ -49,6 +49,10 @@ class KeptStore:
         """Every kept file's name (relative to the folder) and size."""
         return dict(relative_listing(self.prefix))
 
+    def names_below(self, folder: str) -> set[str]:
+        """The kept files below `folder`, named as in listing()."""
+        return {f"{folder}/{name}" for name, _ in relative_listing(self.url(folder))}
+
     def kept(self, name: str) -> Kept | None:
         """The object's metadata, or None if there is no such object."""
         try:
