@@ -330,11 +330,49 @@ def test_a_pod_stopped_before_its_rank_s_rng_state_is_kept_leaves_that_checkpoin
     settle(keeper0, clock)
     with caplog.at_level(logging.WARNING):
         keeper0.finish(ended_cleanly=False, upload_s=30)
-    assert "out/checkpoint-32 is not kept whole: checkpoint-32/rng_state_1.pth of its ranks never came" in caplog.text
+    assert "out/checkpoint-32 is not kept whole: checkpoint-32/rng_state_1.pth, written by other ranks, never came " \
+           "to S3" in caplog.text
     fresh, keeper = pods["job-1-next"]
     assert "left out incomplete checkpoint folder(s) out/checkpoint-32" in keeper.restore()
     assert sorted(p.name for p in fresh.iterdir()) == ["checkpoint-16"]
     assert (fresh / "checkpoint-16" / "rng_state_1.pth").read_bytes() == b"rng 1"
+
+
+SAVE_DCP = """
+import sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+dcp.save({"model": torch.nn.Linear(64, 8).state_dict()}, checkpoint_id=sys.argv[1])
+dist.destroy_process_group()
+"""
+
+
+def test_a_distributed_checkpoint_is_restored_once_every_rank_s_files_are_kept_and_loads(
+        tmp_path: Path, pods: Pods, prefix: s3.S3Url, clock: FakeClock) -> None:
+    """torch.distributed.checkpoint over two ranks, each in its own pod: rank 0 writes __0_0.distcp and
+    .metadata, rank 1 __1_0.distcp, which .metadata names. Until rank 1's pod kept its file, the folder is
+    not whole in S3; then a new pod restores it, and it loads."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    (rank0, keeper0), (rank1, keeper1) = pods["job-0"], pods["job-1"]
+    (tmp_path / "save.py").write_text(SAVE_DCP)
+    port = free_port()
+    ranks = [subprocess.Popen([sys.executable, str(tmp_path / "save.py"), str(local / "dcp" / "step-1")],
+                              env=rank_env({}, rank, 2, port)) for rank, local in enumerate((rank0, rank1))]
+    assert [rank.wait(timeout=120) for rank in ranks] == [0, 0]
+    settle(keeper0, clock)
+    assert sorted(listing(prefix)) == ["dcp/step-1/__0_0.distcp"]  # .metadata waits for rank 1's file
+    settle(keeper1, clock)
+    keeper0.keep(ended_cleanly=False, final=False)
+    assert sorted(listing(prefix)) == ["dcp/step-1/.metadata", "dcp/step-1/__0_0.distcp", "dcp/step-1/__1_0.distcp"]
+    fresh, keeper = pods["job-0-next"]
+    keeper.restore()
+    loaded = {"model": torch.nn.Linear(64, 8).state_dict()}
+    dcp.load(loaded, checkpoint_id=fresh / "dcp" / "step-1")
+    torch.manual_seed(0)
+    saved = torch.nn.Linear(64, 8).state_dict()
+    assert all(torch.equal(loaded["model"][name], saved[name]) for name in saved)
 
 
 def test_a_later_attempt_waits_for_the_last_pass_of_a_pod_still_making_it(pods: Pods) -> None:

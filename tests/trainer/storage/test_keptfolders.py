@@ -7,10 +7,11 @@ from pathlib import Path
 from ddp_trainer.storage.keptfolders import (
     FileState,
     Settler,
+    dcp_data_files,
     folder_times,
-    hf_checkpoint_of_marker,
     incomplete_checkpoints,
-    rank_states_missing,
+    parts_from_other_pods,
+    rank_states,
     restorable,
     scan,
     scan_one,
@@ -55,25 +56,31 @@ def test_uploads_are_the_changed_files_with_the_tools_last_written_files_last() 
                                       "checkpoint-5/trainer_state.json", "dcp/.metadata"]
 
 
-def test_a_trainer_checkpoint_s_marker_is_named_by_its_folder() -> None:
-    assert hf_checkpoint_of_marker("out/checkpoint-32/trainer_state.json") == "out/checkpoint-32"
-    assert hf_checkpoint_of_marker("checkpoint-32/trainer_state.json") == "checkpoint-32"
-    assert hf_checkpoint_of_marker("trainer_state.json") is None  # save_model's, not a checkpoint's
-    assert hf_checkpoint_of_marker("checkpoint-32/config.json") is None
-    assert hf_checkpoint_of_marker("dcp/.metadata") is None
-
-
-def test_a_checkpoint_with_one_rng_state_per_rank_misses_those_of_the_world_not_kept() -> None:
-    local = ["checkpoint-32/model.safetensors", "checkpoint-32/rng_state_0.pth", "checkpoint-32/trainer_state.json",
-             "checkpoint-16/rng_state_0.pth"]
-    kept = ["checkpoint-32/rng_state_0.pth", "checkpoint-32/rng_state_2.pth", "checkpoint-16/rng_state_1.pth"]
-    assert rank_states_missing("checkpoint-32", local, kept, world=4) == [
-        "checkpoint-32/rng_state_1.pth", "checkpoint-32/rng_state_3.pth"]
-    assert rank_states_missing("checkpoint-32", local, [*kept, "checkpoint-32/rng_state_1.pth",
-                                                        "checkpoint-32/rng_state_3.pth"], world=4) == []
+def test_a_trainer_checkpoint_s_marker_waits_for_every_rank_s_rng_state_where_the_ranks_write_one_each(
+        tmp_path: Path) -> None:
+    local = ["out/checkpoint-32/model.safetensors", "out/checkpoint-32/rng_state_0.pth",
+             "out/checkpoint-32/trainer_state.json", "out/checkpoint-16/rng_state_1.pth"]
+    assert parts_from_other_pods("out/checkpoint-32/trainer_state.json", local, str(tmp_path), world=3) == (
+        "out/checkpoint-32", ["out/checkpoint-32/rng_state_0.pth", "out/checkpoint-32/rng_state_1.pth",
+                              "out/checkpoint-32/rng_state_2.pth"])
     # One rank (rng_state.pth), or save_only_model (none): nothing of other ranks to wait for.
-    assert rank_states_missing("checkpoint-8", ["checkpoint-8/rng_state.pth"], [], world=1) == []
-    assert rank_states_missing("checkpoint-8", ["checkpoint-8/model.safetensors"], [], world=2) == []
+    assert rank_states("checkpoint-8", ["checkpoint-8/rng_state.pth"], world=1) == []
+    assert rank_states("checkpoint-8", ["checkpoint-8/model.safetensors"], world=2) == []
+    for other in ("trainer_state.json", "checkpoint-32/config.json", "runs/events", "last.ckpt"):
+        assert parts_from_other_pods(other, local, str(tmp_path), world=3) == ("", [])  # not a marker
+
+
+def test_a_distributed_checkpoint_s_marker_waits_for_the_files_its_metadata_names(tmp_path: Path) -> None:
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"w": torch.ones(3)}, checkpoint_id=tmp_path / "dcp" / "step-1")  # one process: __0_0.distcp
+    assert dcp_data_files(str(tmp_path), "dcp/step-1") == ["dcp/step-1/__0_0.distcp"]
+    assert parts_from_other_pods("dcp/step-1/.metadata", [], str(tmp_path), world=2) == (
+        "dcp/step-1", ["dcp/step-1/__0_0.distcp"])
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / ".metadata").write_bytes(b"not a pickle")  # some other tool's: nothing to wait for
+    assert parts_from_other_pods("other/.metadata", [], str(tmp_path), world=2) == ("other", [])
 
 
 def test_a_folder_gone_whole_is_removed_whole_and_single_files_one_by_one() -> None:

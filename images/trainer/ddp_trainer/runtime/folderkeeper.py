@@ -240,8 +240,8 @@ class FolderKeeper:
             state = ready[name]
             if keptfolders.scan_one(path) != state:
                 continue  # changed since the scan: not settled after all
-            checkpoint = keptfolders.hf_checkpoint_of_marker(name)
-            if checkpoint is not None and not self._rank_states_kept(folder, checkpoint, files, final):
+            checkpoint, parts = keptfolders.parts_from_other_pods(name, files, folder.local, self.world)
+            if parts and not self._parts_kept(folder, checkpoint, parts, final):
                 continue
             if name not in folder.kept:
                 other = folder.store.kept(name)
@@ -259,17 +259,16 @@ class FolderKeeper:
             for name in [n for n in folder.kept if n in gone_files or keptfolders.within(n, gone_folders)]:
                 del folder.kept[name]
 
-    def _rank_states_kept(self, folder: KeptFolder, checkpoint: str, files: Mapping[str, FileState],
-                          final: bool) -> bool:
-        """Whether every rank's RNG state of the Hugging Face `checkpoint` is in S3 (kept by this pod, or
-        listed there from the others), so that its marker may go up."""
-        missing = keptfolders.rank_states_missing(checkpoint, files, folder.kept, self.world)
+    def _parts_kept(self, folder: KeptFolder, checkpoint: str, parts: list[str], final: bool) -> bool:
+        """Whether the `parts` of `checkpoint` (its ranks' own files) are all in S3, kept by this pod or
+        listed there from the others, so that its marker may go up."""
+        missing = [name for name in parts if name not in folder.kept]
         if missing:
-            missing = keptfolders.rank_states_missing(checkpoint, files, folder.store.names_below(checkpoint),
-                                                      self.world)
+            listed = folder.store.names_below(checkpoint)
+            missing = [name for name in missing if name not in listed]
         if missing and final:
-            log.warning("%s/%s is not kept whole: %s of its ranks never came to S3, so a later attempt resumes "
-                        "from an earlier checkpoint", folder.path, checkpoint, ", ".join(missing))
+            log.warning("%s/%s is not kept whole: %s, written by other ranks, never came to S3, so a later "
+                        "attempt resumes from an earlier checkpoint", folder.path, checkpoint, ", ".join(missing))
         return not missing
 
     def finish(self, ended_cleanly: bool, upload_s: float) -> None:

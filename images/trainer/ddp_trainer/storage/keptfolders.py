@@ -9,9 +9,10 @@ file by file, is restored only whole, that is holding the file the tool writes l
     a folder of *.distcp files (torch.distributed.checkpoint)  .metadata
 
 Files are uploaded with those markers last, so a listing that shows a marker shows its folder's
-other files too. A Trainer checkpoint of a world of more than one rank also holds each rank's RNG
-state (rng_state_<rank>.pth), written in that rank's pod: its marker is kept only once every rank's
-is, so that no rank resumes from it with other random numbers.
+other files too. Some files of a checkpoint each rank writes, in its own pod: a Trainer checkpoint's
+rng_state_<rank>.pth, a torch.distributed.checkpoint's __<rank>_<n>.distcp. The marker is kept only
+once every rank's are (parts_from_other_pods), so that a checkpoint restored whole is the one the
+ranks wrote.
 
 Pure functions and plain data only; storage/keptstore.py moves the bytes.
 """
@@ -102,21 +103,41 @@ def upload_order(name: str) -> tuple[bool, str]:
     return (posixpath.basename(name) in MARKERS, name)
 
 
-def hf_checkpoint_of_marker(name: str) -> str | None:
-    """The Hugging Face checkpoint folder whose marker `name` is, else None."""
-    folder, base = posixpath.split(name)
-    return folder if base == HF_MARKER and HF_CHECKPOINT.match(posixpath.basename(folder)) else None
+def parts_from_other_pods(marker: str, local: Iterable[str], root: str, world: int) -> tuple[str, list[str]]:
+    """For a checkpoint's marker, (its folder, the files of it that each rank writes, so maybe in another
+    pod, which must be kept before the marker is); ("", []) for any other file.
+
+    Trainer's checkpoint-<step>/: every rank's rng_state_<rank>.pth, where `local` holds one (a world of
+    more than one rank). A torch.distributed.checkpoint folder: every file its .metadata (below `root`)
+    says holds data; each rank writes its own."""
+    folder, base = posixpath.split(marker)
+    if base == HF_MARKER and HF_CHECKPOINT.match(posixpath.basename(folder)):
+        return folder, rank_states(folder, local, world)
+    if base == DCP_MARKER and folder:
+        return folder, dcp_data_files(root, folder)
+    return "", []
 
 
-def rank_states_missing(checkpoint: str, local: Iterable[str], kept: Iterable[str], world: int) -> list[str]:
-    """The ranks' RNG states of the Hugging Face `checkpoint` that are not in `kept`: Trainer writes one
-    per rank (rng_state_<rank>.pth) in a world of more than one rank, each in its rank's pod, so where
-    `local` holds one of them every rank of the `world` must have its own; [] where it holds none (one
+def rank_states(checkpoint: str, local: Iterable[str], world: int) -> list[str]:
+    """Every rank's RNG state of the Trainer `checkpoint` of a `world` of ranks, where `local` holds one
+    (Trainer writes rng_state_<rank>.pth when there is more than one rank); [] where it holds none (one
     rank's rng_state.pth, or save_only_model)."""
     if not any(posixpath.dirname(n) == checkpoint and HF_RANK_RNG.match(posixpath.basename(n)) for n in local):
         return []
-    present = set(kept)
-    return [name for name in (f"{checkpoint}/rng_state_{rank}.pth" for rank in range(world)) if name not in present]
+    return [f"{checkpoint}/rng_state_{rank}.pth" for rank in range(world)]
+
+
+def dcp_data_files(root: str, checkpoint: str) -> list[str]:
+    """The files the .metadata of the torch.distributed.checkpoint folder `checkpoint` (below `root`)
+    names as holding its data; [] where torch cannot read it as one."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        metadata = FileSystemReader(os.path.join(root, checkpoint)).read_metadata()
+        paths = {info.relative_path for info in (metadata.storage_data or {}).values()}
+    except Exception:  # noqa: BLE001 - not a .metadata this torch writes (a pickle of anything): nothing to wait for
+        return []
+    return sorted(f"{checkpoint}/{path}" for path in paths)
 
 
 def to_delete(local: Iterable[str], kept: Iterable[str]) -> tuple[list[str], list[str]]:
