@@ -38,8 +38,11 @@ def pod_env(job: Mapping[str, Any], index: int, port: int, extra: Mapping[str, s
     for name in ("MASTER_PORT", "PET_MASTER_PORT"):
         env[name] = str(port)
     path = os.pathsep.join([*RUNTIME_PATH, os.environ.get("PYTHONPATH", "")])
+    # A pod's /tmp is its own; these pods share the host's, so they write the test's file (conftest's).
+    progress_file = {k: v for k, v in os.environ.items() if k == "DDP_PROGRESS_FILE"}
     return {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"),
-            "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **env, **(extra or {})}
+            "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
+            **progress_file, **env, **(extra or {})}
 
 
 def command_of(job: Mapping[str, Any]) -> list[str]:

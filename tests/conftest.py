@@ -7,6 +7,7 @@ import re
 import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +32,13 @@ from testnodes import NodeMaker
 # Every namespace this test session creates starts with this, and its operator serves only those: test
 # sessions sharing one cluster (several clones, CI) never act on each other's jobs.
 SESSION_PREFIX = f"t-{uuid.uuid4().hex[:4]}-"
+
+
+@pytest.fixture(autouse=True)
+def progress_file_of_the_test(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0's progress file (DDP_PROGRESS_FILE, /tmp/ddp-progress.json outside a pod) in the test's own
+    folder, for the ranks its subprocesses start too, unless the test names one."""
+    monkeypatch.setenv("DDP_PROGRESS_FILE", str(tmp_path / "ddp-progress.json"))
 
 
 @pytest.fixture(scope="session")

@@ -52,7 +52,9 @@ class RankResult:
 
 
 def rank_env(extra: Mapping[str, str], rank: int, world_size: int, port: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("WL_", "DDP_", "MASTER_"))}
+    # The test's own progress file (conftest's autouse fixture) is the one DDP_ setting passed on.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("WL_", "DDP_", "MASTER_")) or k == "DDP_PROGRESS_FILE"}
     env.update(
         # Ahead of, not instead of, an inherited PYTHONPATH (packages installed with --target).
         PYTHONPATH=os.pathsep.join([str(CONTRACT_SRC), str(TRAINER_SRC), str(HERE), str(EXAMPLES),
