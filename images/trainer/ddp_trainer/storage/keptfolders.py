@@ -14,7 +14,8 @@ rng_state_<rank>.pth, a torch.distributed.checkpoint's __<rank>_<n>.distcp. The 
 once every rank's are (parts_from_other_pods), so that a checkpoint restored whole is the one the
 ranks wrote.
 
-Pure functions and plain data only; storage/keptstore.py moves the bytes.
+The rules, and what they read of the local folder (its files, a .metadata); storage/keptstore.py
+moves the bytes.
 """
 
 from __future__ import annotations
