@@ -258,9 +258,11 @@ def test_hugging_face_jobs_restarted_resume_from_their_kept_checkpoint_and_end_a
     command_job(jobs, "hf-recreated", frameworks_image, endpoint, train, **keep)
     command_job(jobs, "hf-in-place", frameworks_image, endpoint, train, restartStrategy="InPlace", backoffLimit=1,
                 **keep)
-    wait_until(lambda: len(kept_checkpoints(endpoint, ns, "hf-recreated")) >= 2, 600, "hf-recreated's 2nd checkpoint")
+    wait_until(lambda: max(kept_checkpoints(endpoint, ns, "hf-recreated"), default=0) >= 32, 600,
+               "hf-recreated's checkpoint-32")
     jobs.core.delete_namespaced_pod("hf-recreated-1", ns)
-    wait_until(lambda: len(kept_checkpoints(endpoint, ns, "hf-in-place")) >= 2, 600, "hf-in-place's 2nd checkpoint")
+    wait_until(lambda: max(kept_checkpoints(endpoint, ns, "hf-in-place"), default=0) >= 32, 600,
+               "hf-in-place's checkpoint-32")
     pids = wait_until(lambda: command_pids(ns, "hf-in-place", 1), 30, "hf-in-place's rank 1 process")
     os.kill(pids[0], signal.SIGKILL)  # type: ignore[index]
     through = jobs.wait_phase("hf-through", c.PHASE_SUCCEEDED, timeout=600)

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from ddp_trainer.runtime.folderkeeper import FolderKeeper, KeptFolder, folders_f
 from ddp_trainer.storage import s3
 from ddp_trainer.storage.keptfolders import scan_one
 from ddp_trainer.storage.keptstore import Kept, KeptPasses, KeptStore
+from kube import wait_until
 
 
 @pytest.fixture
@@ -48,7 +50,7 @@ class Pods(dict[str, tuple[Path, FolderKeeper]]):
         folder = KeptFolder("out", str(local), KeptStore(self.prefix, name))
         passes = KeptPasses(s3.S3Url(self.prefix.bucket, "runs/ns/job/kept-passes"), name)
         self[name] = (local, FolderKeeper([folder], interval_s=3600, settle_s=10, clock=self.clock, passes=passes,
-                                          passes_wait_s=3))
+                                          passes_wait_s=3, parts_wait_s=3))
         self[name][1].world = 2
         return self[name]
 
@@ -316,6 +318,20 @@ def test_a_checkpoint_s_marker_waits_until_every_rank_s_rng_state_is_kept(
     settle(keeper1, clock)
     keeper0.keep(ended_cleanly=False, final=False)
     assert "checkpoint-16/trainer_state.json" in listing(prefix)
+
+
+def test_at_the_end_the_pod_of_rank_0_waits_for_the_other_pods_last_passes_to_keep_its_last_checkpoint_whole(
+        pods: Pods, prefix: s3.S3Url) -> None:
+    """The ranks exit 0 right after their last checkpoint: every pod's last pass keeps every file, at the
+    same time; rank 0's waits for rank 1's RNG state to be there before it keeps the marker."""
+    (rank0, keeper0), (rank1, keeper1) = pods["job-0"], pods["job-1"]
+    hugging_face_checkpoint(rank0, rank1, 128, at=1_700_000_000)
+    last = threading.Thread(target=keeper0.finish, kwargs={"ended_cleanly": True, "upload_s": 30})
+    last.start()
+    wait_until(lambda: "checkpoint-128/rng_state_0.pth" in listing(prefix), 30, "rank 0's last pass")
+    keeper1.finish(ended_cleanly=True, upload_s=30)
+    last.join()
+    assert "checkpoint-128/trainer_state.json" in listing(prefix)
 
 
 def test_a_pod_stopped_before_its_rank_s_rng_state_is_kept_leaves_that_checkpoint_out_of_the_next_attempt(

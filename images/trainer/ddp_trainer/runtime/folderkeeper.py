@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 # Before it restores, how long a pod waits for the last passes of the earlier attempts' pods (one that
 # is gone without its last pass, killed or lost with its node, is waited for this long).
 PASSES_WAIT_SECONDS = 60.0
+# At its last pass, how long a pod waits for the other pods' last passes to bring a checkpoint's files
+# their ranks wrote (parts_from_other_pods) before it gives up on keeping that checkpoint's marker.
+PARTS_WAIT_SECONDS = 15.0
 STATUS_EVERY_SECONDS = 30.0  # status.kept: written at most this often while the ranks run, and at their end
 
 # How long the last pass may take: when the ranks ended by themselves nobody waits for the pod, and a
@@ -102,12 +105,14 @@ class FolderKeeper:
     def __init__(self, folders: list[KeptFolder], interval_s: float = env.DEFAULT_KEEP_INTERVAL_SECONDS,
                  settle_s: float = env.DEFAULT_KEEP_SETTLE_SECONDS, clock: Callable[[], float] = time.monotonic,
                  report: Callable[[dict[str, Any]], object] | None = None, passes: KeptPasses | None = None,
-                 passes_wait_s: float = PASSES_WAIT_SECONDS) -> None:
+                 passes_wait_s: float = PASSES_WAIT_SECONDS, parts_wait_s: float = PARTS_WAIT_SECONDS) -> None:
         """report: where status.kept goes (the job's status, from the pod of index 0); passes: where the
         pods say when they keep, per attempt (none: a later attempt does not wait for anyone)."""
         self.folders = folders
         self.passes = passes
         self.passes_wait_s = passes_wait_s
+        self.parts_wait_s = parts_wait_s
+        self._parts_deadline = 0.0  # time.monotonic() until which the last pass waits for other pods' parts
         self.attempt = 0
         self.world = 1  # the attempt's number of ranks, across its pods
         self.interval_s = interval_s
@@ -263,9 +268,12 @@ class FolderKeeper:
         """Whether the `parts` of `checkpoint` (its ranks' own files) are all in S3, kept by this pod or
         listed there from the others, so that its marker may go up."""
         missing = [name for name in parts if name not in folder.kept]
-        if missing:
+        while missing:
             listed = folder.store.names_below(checkpoint)
             missing = [name for name in missing if name not in listed]
+            if not missing or not final or time.monotonic() >= self._parts_deadline:
+                break
+            time.sleep(1.0)  # the other pods' last passes run now too
         if missing and final:
             log.warning("%s/%s is not kept whole: %s, written by other ranks, never came to S3, so a later "
                         "attempt resumes from an earlier checkpoint", folder.path, checkpoint, ", ".join(missing))
@@ -278,6 +286,7 @@ class FolderKeeper:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(upload_s)
+        self._parts_deadline = time.monotonic() + min(self.parts_wait_s, upload_s / 2)
         last = threading.Thread(target=self.keep, args=(ended_cleanly, True), name="ddp-folder-keeper-last",
                                 daemon=True)
         last.start()
