@@ -61,6 +61,10 @@ def main() -> None:
     print(json.dumps({"event": "resume", "rank": int(os.environ.get("RANK", "0")), "from": last}), flush=True)
     trainer.train(resume_from_checkpoint=last)
     print_params(model, trainer.state.global_step)
+    # No rank starts to exit while another still works: gloo's threads let go of the backward pass's last
+    # all-reduces while the barrier waits (they need the GIL, which an exiting interpreter no longer hands
+    # out: the process could abort with "terminate called without an active exception").
+    trainer.accelerator.wait_for_everyone()
 
 
 class Pause(TrainerCallback):

@@ -73,6 +73,7 @@ def main() -> None:
     flat = torch.cat([p.detach().flatten() for p in model.parameters()]).numpy().tobytes()
     print(json.dumps({"event": "params", "rank": trainer.global_rank, "world_size": trainer.world_size,
                       "digest": hashlib.sha256(flat).hexdigest(), "global_step": trainer.global_step}), flush=True)
+    trainer.strategy.barrier()  # before exiting: see hf_trainer.py's end
 
 
 class Pause(L.Callback):
