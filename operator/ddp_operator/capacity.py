@@ -31,21 +31,23 @@ SUFFIXES = {
     "m": Decimal("1e-3"), "": Decimal(1), "k": Decimal("1e3"), "M": Decimal("1e6"), "G": Decimal("1e9"),
     "T": Decimal("1e12"), "P": Decimal("1e15"), "E": Decimal("1e18"),
 }
+# The largest quantity the API server holds: resource.Quantity caps larger ones at int64's maximum.
+MAX_QUANTITY = Decimal(2**63 - 1)
 QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
 
 
 def parse_quantity(value: Any) -> Decimal | None:
-    """A Kubernetes resource quantity ("500m", "64Gi", "8", 8) as a number; None if it is not one."""
+    """A Kubernetes resource quantity ("500m", "64Gi", "8", 8) as a number, held within the API server's
+    bounds (1e999999999 is MAX_QUANTITY); None if it is not one."""
     match = QUANTITY.match(str(value).strip())
     if not match:
         return None
     number, suffix = match.group(1), match.group(2) or ""
     try:
-        if suffix[:1] in ("e", "E"):
-            return Decimal(number + suffix)
-        return Decimal(number) * SUFFIXES[suffix]
+        amount = Decimal(number) * SUFFIXES[suffix] if suffix in SUFFIXES else Decimal(number + suffix)  # 1e3
     except InvalidOperation:
         return None
+    return max(-MAX_QUANTITY, min(amount, MAX_QUANTITY))
 
 
 def rank_requests(spec: JobSpec) -> dict[str, Decimal]:

@@ -83,6 +83,9 @@ REASON_BACKOFF_LIMIT: Final = "BackoffLimitExceeded"
 REASON_PERMANENT: Final = "PermanentFailure"
 REASON_DEADLINE: Final = "DeadlineExceeded"
 REASON_INVALID_SPEC: Final = "InvalidSpec"
+# A pass raised on the job for a cause that is not the API server's (passerrors.py): said on the job
+# and tried again with backoff; ranks its creation pass could not make are held up with it.
+REASON_RECONCILE_ERROR: Final = "ReconcileError"
 REASON_HUNG: Final = "Hung"
 REASON_DETERMINISTIC: Final = "DeterministicFailure"
 REASON_IN_PLACE_TIMED_OUT: Final = "InPlaceRestartTimedOut"

@@ -18,6 +18,7 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from ddp_contract.resource import JobKey, job_key
+from ddp_operator import constants as c
 from ddp_operator.admission import Refusal, classify, refused
 from ddp_operator.capacity import InTheWay
 from ddp_operator.dataworkers import DataWorkerSummary
@@ -31,6 +32,7 @@ from ddp_operator.manifests import (
     build_service,
     build_token_secret,
 )
+from ddp_operator.passerrors import failed_pass_message, is_transient
 from ddp_operator.quota import gang_shortfall, pods_that_fit
 from ddp_operator.spec import JobSpec
 
@@ -50,6 +52,18 @@ class Creation:
 
     async def gang(self, job: dict[str, Any], spec: JobSpec, ranks: tuple[int, ...], attempt: int, *,
                    live: int = 0, leaving: int = 0) -> None:
+        """`_gang`; where it raises for a cause of the job's own (not the API server's, nor the network's),
+        the ranks are held up with reason ReconcileError, said by the status pass and tried again with
+        growing pauses, as a quota's refusal is."""
+        try:
+            await self._gang(job, spec, ranks, attempt, live=live, leaving=leaving)
+        except Exception as error:
+            if isinstance(error, ApiException) or is_transient(error):
+                raise
+            self._note_refused(job_key(job), attempt, ranks, self._failed(job_key(job), error))
+
+    async def _gang(self, job: dict[str, Any], spec: JobSpec, ranks: tuple[int, ...], attempt: int, *,
+                    live: int = 0, leaving: int = 0) -> None:
         """Creates the job's Service and progress identity, then the ranks' pods: all of them or, when a
         namespace quota could not hold the whole gang, none (an elastic job: those that fit, if at least
         its minimum). `live`: how many of the attempt's ranks have pods already; with none (the attempt's
@@ -105,23 +119,32 @@ class Creation:
         key = job_key(job)
         memory = self.memory(key)
         try:
-            await self.kube.ensure(adopt(build_service(job, spec), job))
-            await self.kube.create_secret(adopt(build_token_secret(job, secrets.token_hex(32)), job))
-            results = await asyncio.gather(
-                *(self.kube.ensure(adopt(build_data_worker_pod(job, spec, i), job)) for i in workers.missing),
-                return_exceptions=True)
-            for result in results:
-                if isinstance(result, BaseException):
-                    raise result
+            await self._data_workers(job, spec, workers)
         except ApiException as error:
             refusal = self._refusal(error)
             memory.data_refused = Refusal(refusal.reason, refusal.said_of("data worker pod"))
             log.info("%s/%s: data workers refused (%s): %s", *key, refusal.reason, refusal.message)
             self.ask_status_pass(key)
             return
+        except Exception as error:
+            if is_transient(error):
+                raise
+            memory.data_refused = self._failed(key, error)
+            self.ask_status_pass(key)
+            return
         if memory.data_refused is not None:
             memory.data_refused = None
             self.ask_status_pass(key)
+
+    async def _data_workers(self, job: dict[str, Any], spec: JobSpec, workers: DataWorkerSummary) -> None:
+        await self.kube.ensure(adopt(build_service(job, spec), job))
+        await self.kube.create_secret(adopt(build_token_secret(job, secrets.token_hex(32)), job))
+        results = await asyncio.gather(
+            *(self.kube.ensure(adopt(build_data_worker_pod(job, spec, i), job)) for i in workers.missing),
+            return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
 
     async def _pods(self, job: dict[str, Any], spec: JobSpec, ranks: tuple[int, ...], attempt: int,
@@ -167,6 +190,16 @@ class Creation:
             return None
         return tuple((rank, pod["metadata"]["name"]) for rank, pod, holder in zip(ranks, built, results, strict=True)
                      if holder is not None and not is_controlled_by(holder, job))  # type: ignore[arg-type]
+
+    def _failed(self, key: JobKey, error: Exception) -> Refusal:
+        """A creation that raised for a cause of the job's own, as a refusal the status pass says
+        (ReconcileError); the traceback is logged the first time its words come up for the job."""
+        message = failed_pass_message(error, "creation pass")
+        said = self.memory(key).failures_said
+        if message not in said:
+            said.add(message)
+            log.error("%s/%s: %s", *key, message, exc_info=error)
+        return Refusal(c.REASON_RECONCILE_ERROR, message)
 
     @staticmethod
     def _refusal(error: ApiException) -> Refusal:

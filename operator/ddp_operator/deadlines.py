@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from ddp_contract.resource import JobStatus
 from ddp_contract.timestamps import parse_rfc3339
 from ddp_operator import constants as c
 from ddp_operator.spec import JobSpec
+
+
+def left_of(seconds: float, since: datetime, now: datetime) -> float:
+    """Seconds left of `seconds` counted from `since`. Counted from the time passed, never as a date:
+    `since` plus the seconds may lie past the calendar's end (the year 9999)."""
+    return seconds - (now - since).total_seconds()
 
 
 def deadline_exceeded(status: JobStatus, spec: JobSpec, now: datetime) -> bool:
@@ -20,7 +26,7 @@ def deadline_remaining(status: JobStatus, spec: JobSpec, now: datetime) -> float
     start = parse_rfc3339(status.start_time)
     if spec.active_deadline_seconds is None or start is None or status.phase in c.TERMINAL_PHASES:
         return None
-    return (start + timedelta(seconds=spec.active_deadline_seconds) - now).total_seconds()
+    return left_of(spec.active_deadline_seconds, start, now)
 
 
 def ttl_expired(status: JobStatus, spec: JobSpec, now: datetime) -> bool:
@@ -33,7 +39,7 @@ def ttl_remaining(status: JobStatus, spec: JobSpec, now: datetime) -> float | No
     done = parse_rfc3339(status.completion_time)
     if spec.ttl_seconds_after_finished is None or done is None or status.phase not in c.TERMINAL_PHASES:
         return None
-    return (done + timedelta(seconds=spec.ttl_seconds_after_finished) - now).total_seconds()
+    return left_of(spec.ttl_seconds_after_finished, done, now)
 
 
 def startup_remaining(status: JobStatus, spec: JobSpec, now: datetime) -> float | None:
@@ -43,7 +49,7 @@ def startup_remaining(status: JobStatus, spec: JobSpec, now: datetime) -> float 
     since = parse_rfc3339((blocked or {}).get("lastTransitionTime"))
     if blocked is None or blocked.get("status") != "True" or since is None or status.phase in c.TERMINAL_PHASES:
         return None
-    return (since + timedelta(seconds=spec.startup_deadline_seconds) - now).total_seconds()
+    return left_of(spec.startup_deadline_seconds, since, now)
 
 
 def requeue_after(status: JobStatus, spec: JobSpec, now: datetime) -> float | None:

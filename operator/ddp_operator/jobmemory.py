@@ -4,9 +4,9 @@ pass says it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import NamedTuple
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from ddp_operator.admission import Refusal, Refused
 from ddp_operator.capacity import InTheWay
@@ -28,3 +28,9 @@ class JobMemory:
     fit: Fit | None = None  # whether the gang can fit the nodes at all, judged last
     refused: Refused | None = None  # what the API server (or a quota) refused the last creation pass
     data_refused: Refusal | None = None  # what it refused of the job's data workers, last time
+    failures_said: set[str] = field(default_factory=set)  # why its passes raised, as logged (passerrors.py)
+    nodes_seen: dict[str, str] = field(default_factory=dict)  # pod name -> the node it was last seen bound to
+
+    def saw_nodes(self, pods: Iterable[Mapping[str, Any]]) -> None:
+        """Keeps where each pod is bound, so that a pod that vanishes can still be placed (RankMissing)."""
+        self.nodes_seen.update({pod["metadata"]["name"]: node for pod in pods if (node := pod["spec"].get("nodeName"))})

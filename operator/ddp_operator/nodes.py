@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from ddp_contract.timestamps import parse_rfc3339, rfc3339
@@ -86,7 +86,7 @@ def lost_nodes(names: Iterable[str], nodes: Nodes, grace: float, now: datetime) 
             continue
         node = nodes.known.get(name)
         since = not_ready_since(node) if node else None
-        if node and since and now - since >= timedelta(seconds=grace):
+        if node and since and (now - since).total_seconds() >= grace:
             status = f"Ready {node.ready}" + (f": {node.ready_reason}" if node.ready_reason else "")
             lost[name] = f"node {name} NotReady since {rfc3339(since)} ({status})"
     return lost
@@ -99,7 +99,7 @@ def seconds_until_lost(names: Iterable[str], nodes: Nodes, grace: float, now: da
         node = nodes.known.get(name)
         since = not_ready_since(node) if node else None
         if since is not None:
-            waits.append((since + timedelta(seconds=grace) - now).total_seconds())
+            waits.append(grace - (now - since).total_seconds())
     pending = [w for w in waits if w > 0]
     return min(pending) if pending else None
 

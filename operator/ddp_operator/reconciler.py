@@ -61,6 +61,7 @@ from ddp_operator.kueue.workloads import WorkloadCache
 from ddp_operator.listwatch import JobKey
 from ddp_operator.modes import elastic
 from ddp_operator.nodes import Nodes, lost_nodes, seconds_until_lost
+from ddp_operator.passerrors import RetryLater, describe_error, failed_pass_message, is_transient
 from ddp_operator.podsummary import PodSummary, summarize_pods
 from ddp_operator.podwatch import PodCache
 from ddp_operator.spec import InvalidSpec, JobSpec, parse_spec, validate_job_name
@@ -68,6 +69,7 @@ from ddp_operator.statuspatch import (
     changed_fields,
     compute_status,
     events_for,
+    failed_pass_status,
     invalid_spec_status,
     next_phase,
     only_counts_changed,
@@ -177,7 +179,17 @@ class Reconciler:
         return self._memory.setdefault(key, JobMemory())
 
     async def reconcile(self, key: JobKey) -> float | None:
-        """The status pass: decide, record status, delete, and hand pod creation to `creations`."""
+        """The status pass: decide, record status, delete, and hand pod creation to `creations`. One that
+        raises says why on the job and raises RetryLater, for the queue to try again with backoff."""
+        try:
+            wait = await self._status_pass(key)
+        except Exception as error:
+            message, new = self._failed(key, error, "status pass")
+            await self._say_failed(key, message, new)
+            raise RetryLater(message) from error
+        return wait
+
+    async def _status_pass(self, key: JobKey) -> float | None:
         current = await self._current(key, record_invalid=True)
         if current is None:
             return None
@@ -196,7 +208,15 @@ class Reconciler:
 
     async def create_children(self, key: JobKey) -> None:
         """The creation pass, run by `creations`: decides again from what the cluster holds now
-        and creates the missing children, so a stale request creates nothing."""
+        and creates the missing children, so a stale request creates nothing. What it could not make
+        for a cause of the job's own is kept for the status pass to say (Creation); anything else that
+        raises is logged and raised as RetryLater: the status pass, running the same reading first, says it."""
+        try:
+            await self._creation_pass(key)
+        except Exception as error:
+            raise RetryLater(self._failed(key, error, "creation pass")[0]) from error
+
+    async def _creation_pass(self, key: JobKey) -> None:
         current = await self._current(key, record_invalid=False)
         if current is None:
             return
@@ -376,6 +396,38 @@ class Reconciler:
             self._deleting.pop((uid, force), None)  # not deleted: the next pass tries again
         if failed:
             raise failed[0][1]
+
+    def _failed(self, key: JobKey, error: Exception, what: str) -> tuple[str, bool]:
+        """Why a pass raised, in words for the job, and whether they are new: the traceback is logged the
+        first time they come up for the job. An error of the API server or the network is raised again
+        as RetryLater: the queue logs it in a line and tries again."""
+        if is_transient(error):
+            raise RetryLater(f"{what}: {describe_error(error)}", logging.WARNING) from error
+        message = failed_pass_message(error, what)
+        said = self._of(key).failures_said
+        new = message not in said
+        if new:
+            said.add(message)
+            log.error("%s/%s: %s", *key, message, exc_info=error)
+        return message, new
+
+    async def _say_failed(self, key: JobKey, message: str, new: bool) -> None:
+        """Says on the job why its status pass failed: status.reason ReconcileError with the message (an
+        ended job keeps why it ended), and a Warning Event, once for the same words."""
+        job = self.jobs.get(key)
+        if job is None or job["metadata"].get("deletionTimestamp"):
+            return
+        patch = failed_pass_status(job.get("status") or {}, message)
+        if patch is not None:
+            try:
+                job = await self.kube.patch_job_status(*key, patch)
+            except ApiException as error:
+                log.warning("%s/%s: could not say on the job why its status pass failed: %s", *key,
+                            api_message(error))
+                return
+            self.jobs.put(job)
+        if patch is not None or new:
+            await post_event(self.kube, job, "Warning", c.REASON_RECONCILE_ERROR, message)
 
     async def _record(self, job: dict[str, Any], patch: Mapping[str, Any]) -> None:
         """Patches status when it changed, keeps the answer, and announces a new phase as an Event."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -41,11 +41,19 @@ MAX_RANKS_PER_POD: Final = 64
 MAX_TOTAL_GPUS: Final = 16384
 DEFAULT_DATA_WORKER_REPLICAS: Final = 1
 MAX_DATA_WORKERS: Final = 256
+# Every *Seconds field's ceiling (about 68 years): the bound Kubernetes gives a pod's activeDeadlineSeconds
+# (math.MaxInt32) so that it times as a duration. It keeps a deadline inside the calendar (Python's dates
+# end at the year 9999) and nodeLostGraceSeconds inside a toleration's tolerationSeconds.
+MAX_SECONDS: Final = 2**31 - 1
+# backoffLimit and infrastructureBackoffLimit: int32, as a batch Job's backoffLimit.
+MAX_BACKOFF_LIMIT: Final = 2**31 - 1
 # What the operator sets on ranks and data workers when the job has spec.dataWorkers.
 DATA_WORKER_ENV: Final = frozenset({envnames.DATA_WORKERS, envnames.DATA_WORKER_TOKEN, envnames.DATA_WORKER_PORT})
 
-# A Kubernetes resource quantity (k8s.io/apimachinery resource.Quantity).
-QUANTITY_RE = re.compile(r"^(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?$")
+# A Kubernetes resource quantity (k8s.io/apimachinery resource.Quantity) of 0 or more, as the CRD's pattern
+# takes it: an exponent of at most two digits (the API server caps a quantity at 2**63 - 1 anyway, and
+# its CEL quantity() spends minutes on 1e999999999).
+QUANTITY_RE = re.compile(r"^\+?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]{1,2})?$")
 # DNS-1035 label: what a Service name must be.
 DNS1035_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS_LABEL_MAX = 63
@@ -58,6 +66,8 @@ S3_SCHEME = "s3://"
 TRAINER_OWNED_FIELDS = ("image", "command", "args", "resources")
 # Pod spec fields the operator owns.
 POD_OWNED_FIELDS = ("hostname", "subdomain", "activeDeadlineSeconds")
+# Pod spec fields that are lists of objects, which the operator reads or extends.
+POD_LISTS = ("containers", "initContainers", "tolerations", "imagePullSecrets", "volumes")
 # Pod spec fields a data worker template may not set: its one container is made from the job's trainer.
 DATA_WORKER_OWNED_FIELDS = ("hostname", "subdomain", "restartPolicy", "containers", "initContainers")
 
@@ -213,7 +223,7 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
     shm_size = _shm_size(spec.get("shmSize"), template)
     env = _env(spec.get("env") or [], "env")
     s3 = _s3(spec.get("s3"))
-    hang_timeout = _optional_int(spec, "hangTimeoutSeconds", low=0)
+    hang_timeout = _optional_int(spec, "hangTimeoutSeconds", low=0, high=MAX_SECONDS)
     if hang_timeout is not None:
         _check_env_names(env, "env", {envnames.HANG_TIMEOUT_SECONDS}, "is set from spec.hangTimeoutSeconds")
     if s3 and s3.credentials_secret:
@@ -246,17 +256,22 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
         restart_strategy=_restart_strategy(spec),
         trainer_runtime=_trainer_runtime(spec),
         launcher=_launcher(spec),
-        in_place_deadline_seconds=_int(spec, "inPlaceDeadlineSeconds", default=DEFAULT_IN_PLACE_DEADLINE_SECONDS, low=1),
+        in_place_deadline_seconds=_int(spec, "inPlaceDeadlineSeconds", default=DEFAULT_IN_PLACE_DEADLINE_SECONDS, low=1,
+                                       high=MAX_SECONDS),
         min_world_size=_min_world_size(spec, world_size),
-        elastic_settle_seconds=_int(spec, "elasticSettleSeconds", default=DEFAULT_ELASTIC_SETTLE_SECONDS, low=0),
-        backoff_limit=_int(spec, "backoffLimit", default=DEFAULT_BACKOFF_LIMIT, low=0),
+        elastic_settle_seconds=_int(spec, "elasticSettleSeconds", default=DEFAULT_ELASTIC_SETTLE_SECONDS, low=0,
+                                    high=MAX_SECONDS),
+        backoff_limit=_int(spec, "backoffLimit", default=DEFAULT_BACKOFF_LIMIT, low=0, high=MAX_BACKOFF_LIMIT),
         infrastructure_backoff_limit=_int(
-            spec, "infrastructureBackoffLimit", default=DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT, low=0),
+            spec, "infrastructureBackoffLimit", default=DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT, low=0,
+            high=MAX_BACKOFF_LIMIT),
         hang_timeout_seconds=hang_timeout,
-        active_deadline_seconds=_optional_int(spec, "activeDeadlineSeconds", low=1),
-        startup_deadline_seconds=_int(spec, "startupDeadlineSeconds", default=DEFAULT_STARTUP_DEADLINE_SECONDS, low=1),
-        node_lost_grace_seconds=_int(spec, "nodeLostGraceSeconds", default=DEFAULT_NODE_LOST_GRACE_SECONDS, low=0),
-        ttl_seconds_after_finished=_optional_int(spec, "ttlSecondsAfterFinished", low=0),
+        active_deadline_seconds=_optional_int(spec, "activeDeadlineSeconds", low=1, high=MAX_SECONDS),
+        startup_deadline_seconds=_int(spec, "startupDeadlineSeconds", default=DEFAULT_STARTUP_DEADLINE_SECONDS, low=1,
+                                      high=MAX_SECONDS),
+        node_lost_grace_seconds=_int(spec, "nodeLostGraceSeconds", default=DEFAULT_NODE_LOST_GRACE_SECONDS, low=0,
+                                     high=MAX_SECONDS),
+        ttl_seconds_after_finished=_optional_int(spec, "ttlSecondsAfterFinished", low=0, high=MAX_SECONDS),
         suspend=_bool(spec, "suspend", False),
         metrics_from_output=_bool(spec, "metricsFromOutput", True),
         data_workers=data_workers,
@@ -443,7 +458,19 @@ def _resources(resources: Any, key: str = "resources", gpus: str = "use gpusPerR
             raise InvalidSpec(f"{key}.{part}", "must map resource names to quantities")
         if c.GPU_RESOURCE in values:
             raise InvalidSpec(f"{key}.{part}", f"must not set {c.GPU_RESOURCE}: {gpus}")
+        for name, value in values.items():
+            if not _is_quantity(value):
+                raise InvalidSpec(f"{key}.{part}.{name}", f"must be a quantity of 0 or more such as 500m or 4Gi, "
+                                  f"got {value!r}")
     return copy.deepcopy(dict(resources))
+
+
+def _is_quantity(value: Any) -> bool:
+    """A resource quantity a container may ask for: an integer or a string such as 500m, 4Gi or 1e3, not
+    below 0 (a pod's are refused below it)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value >= 0
+    return isinstance(value, str) and bool(QUANTITY_RE.match(value))
 
 
 
@@ -462,6 +489,7 @@ def _data_workers(value: Any) -> DataWorkersSpec | None:
     pod = template.get("spec") or {}
     if not isinstance(pod, Mapping):
         raise InvalidSpec("dataWorkers.template.spec", "must be an object (PodSpec fields)")
+    _check_pod_shape(pod, "dataWorkers.template.spec")
     for key in DATA_WORKER_OWNED_FIELDS:
         if key in pod:
             raise InvalidSpec(f"dataWorkers.template.spec.{key}",
@@ -589,7 +617,71 @@ def _template(template: Any) -> dict[str, Any]:
     return copied
 
 
-def _check_template_metadata(metadata: Mapping[str, Any], where: str = "template") -> None:
+def _check_pod_shape(pod: Mapping[str, Any], where: str) -> None:
+    """The pod template's fields the operator reads (to merge, to judge a quota or the nodes) are of
+    their kinds; their values are the API server's to judge when it gets the pod."""
+    for key in POD_LISTS:
+        items = pod.get(key) or []
+        if not isinstance(items, list) or not all(isinstance(item, Mapping) for item in items):
+            raise InvalidSpec(f"{where}.{key}", "must be a list of objects")
+    for key in ("securityContext", "affinity", "nodeSelector"):
+        if not isinstance(pod.get(key) or {}, Mapping):
+            raise InvalidSpec(f"{where}.{key}", "must be an object")
+    if not all(isinstance(value, str) for value in (pod.get("nodeSelector") or {}).values()):
+        raise InvalidSpec(f"{where}.nodeSelector", "must map label names to strings")
+    for index, item in enumerate(pod.get("imagePullSecrets") or []):
+        if not isinstance(item.get("name", ""), str):
+            raise InvalidSpec(f"{where}.imagePullSecrets[{index}].name", "must be a string")
+    for index, item in enumerate(pod.get("volumes") or []):
+        if not isinstance(item.get("name"), str) or not item["name"]:
+            raise InvalidSpec(f"{where}.volumes[{index}].name", "must be a non-empty string")
+    for key in ("initContainers", "containers"):
+        for index, container in enumerate(pod.get(key) or []):
+            _check_container_shape(container, f"{where}.{key}[{index}]")
+    for path, value in _template_quantities(pod, where):
+        if not _is_quantity(value):
+            raise InvalidSpec(path, f"must be a quantity of 0 or more such as 500m or 4Gi (an exponent of at most two "
+                              f"digits), got {value!r}")
+
+
+def _template_quantities(pod: Mapping[str, Any], where: str) -> Iterator[tuple[str, Any]]:
+    """The quantities a pod template holds, by field: its containers' resources, the pod's own resources
+    and overhead, emptyDir size limits. The API server spends minutes on one such as 1e999999999 and
+    answers the pod's creation with a timeout, so the operator judges them before it makes the pods."""
+    groups: list[tuple[str, Any]] = [(f"{where}.overhead", pod.get("overhead"))]
+    groups += [(f"{where}.resources.{part}", (pod.get("resources") or {}).get(part)) for part in ("limits", "requests")
+               if isinstance(pod.get("resources"), Mapping)]
+    for key in ("initContainers", "containers"):
+        for index, container in enumerate(pod.get(key) or []):
+            resources = container.get("resources") or {}
+            groups += [(f"{where}.{key}[{index}].resources.{part}", resources.get(part)) for part in ("limits", "requests")]
+    for where_group, values in groups:
+        if isinstance(values, Mapping):
+            yield from ((f"{where_group}.{name}", value) for name, value in values.items())
+    for index, volume in enumerate(pod.get("volumes") or []):
+        empty_dir = volume.get("emptyDir")
+        if isinstance(empty_dir, Mapping) and "sizeLimit" in empty_dir:
+            yield f"{where}.volumes[{index}].emptyDir.sizeLimit", empty_dir["sizeLimit"]
+
+
+def _check_container_shape(container: Mapping[str, Any], where: str) -> None:
+    if not isinstance(container.get("name"), str) or not container["name"]:
+        raise InvalidSpec(f"{where}.name", "is required")
+    for key in ("env", "envFrom", "volumeMounts"):
+        items = container.get(key) or []
+        if not isinstance(items, list) or not all(isinstance(item, Mapping) for item in items):
+            raise InvalidSpec(f"{where}.{key}", "must be a list of objects")
+    if not isinstance(container.get("securityContext") or {}, Mapping):
+        raise InvalidSpec(f"{where}.securityContext", "must be an object")
+    resources = container.get("resources") or {}
+    if not isinstance(resources, Mapping) or not all(
+            isinstance(resources.get(part) or {}, Mapping) for part in ("limits", "requests")):
+        raise InvalidSpec(f"{where}.resources", "must be an object with limits and/or requests")
+
+
+def _check_template_metadata(metadata: Any, where: str = "template") -> None:
+    if not isinstance(metadata, Mapping):
+        raise InvalidSpec(f"{where}.metadata", "must be an object with labels and annotations")
     for key in ("labels", "annotations"):
         values = metadata.get(key) or {}
         if not isinstance(values, Mapping) or not all(isinstance(v, str) for v in values.values()):
@@ -602,6 +694,7 @@ def _check_template_metadata(metadata: Mapping[str, Any], where: str = "template
 def _check_pod_spec(pod: Mapping[str, Any]) -> None:
     if not isinstance(pod, Mapping):
         raise InvalidSpec("template.spec", "must be an object (a PodSpec)")
+    _check_pod_shape(pod, "template.spec")
     restart = pod.get("restartPolicy")
     if restart not in (None, "Never"):
         raise InvalidSpec(

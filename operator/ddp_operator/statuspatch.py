@@ -201,6 +201,16 @@ def invalid_spec_status(
     return patch
 
 
+def failed_pass_status(status: Mapping[str, Any], message: str) -> dict[str, Any] | None:
+    """Status patch for a status pass that raised (passerrors.py): reason ReconcileError and why, the phase
+    kept (Pending for a job that has none yet); the next pass that succeeds writes its own. None where
+    the status says so already, or the job has ended: its reason stays why it ended."""
+    if status.get("phase") in c.TERMINAL_PHASES or (
+            status.get("reason") == c.REASON_RECONCILE_ERROR and status.get("message") == message):
+        return None
+    return {"phase": status.get("phase") or c.PHASE_PENDING, "reason": c.REASON_RECONCILE_ERROR, "message": message}
+
+
 def _conditions(
     status: Mapping[str, Any],
     phase: str,

@@ -2,7 +2,8 @@
 
 A key (namespace, job name) is reconciled by at most one worker at a time; keys added while
 their reconcile runs are coalesced into one more run afterwards; a reconcile can ask to run
-again after a delay (deadlines, TTLs, backoff).
+again after a delay (deadlines, TTLs, backoff). A reconcile that raises is tried again with backoff:
+RetryLater (it said why itself) is logged in a line, anything else with its traceback.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
 
 from ddp_operator import metrics
+from ddp_operator.passerrors import RetryLater
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +110,11 @@ class WorkQueue(Generic[K]):
                 self._failures.pop(key, None)
             except asyncio.CancelledError:
                 raise
+            except RetryLater as failed:
+                metrics.RECONCILE_ERRORS.labels(self.name).inc()
+                requeue_after = self.backoff(key)
+                log.log(failed.level, "%s pass of %s failed: %s; retrying in %.1fs", self.name, key, failed,
+                        requeue_after)
             except Exception:
                 metrics.RECONCILE_ERRORS.labels(self.name).inc()
                 requeue_after = self.backoff(key)

@@ -145,6 +145,20 @@ INVALID: list[tuple[str, dict[str, Any], str | re.Pattern[str]]] = [
     ("negative backoff", spec_with(backoffLimit=-1), "spec.backoffLimit: Invalid value"),
     ("zero deadline", spec_with(activeDeadlineSeconds=0), "spec.activeDeadlineSeconds: Invalid value"),
     ("negative ttl", spec_with(ttlSecondsAfterFinished=-1), "spec.ttlSecondsAfterFinished: Invalid value"),
+    # Past what the operator holds: a deadline past the calendar's end, budgets past int32.
+    ("deadline of 2^40 s", spec_with(activeDeadlineSeconds=2**40), "spec.activeDeadlineSeconds: Invalid value"),
+    ("ttl past int32", spec_with(ttlSecondsAfterFinished=2**31), "spec.ttlSecondsAfterFinished: Invalid value"),
+    ("backoff past int32", spec_with(backoffLimit=2**31), "spec.backoffLimit: Invalid value"),
+    ("grace past int32", spec_with(nodeLostGraceSeconds=2**31), "spec.nodeLostGraceSeconds: Invalid value"),
+    ("negative cpu", spec_with(resources={"limits": {"cpu": -1}}), "spec.resources.limits.cpu: Invalid value"),
+    ("negative memory", spec_with(resources={"requests": {"memory": "-1Gi"}}), "spec.resources.requests.memory: Invalid"),
+    (
+        "a quantity's exponent of three digits",
+        spec_with(dataWorkers={"resources": {"requests": {"cpu": "1e100"}}}),
+        "spec.dataWorkers.resources.requests.cpu: Invalid value",
+    ),
+    # Refused at once: quantity() in the CEL rule would outlast the request's timeout on it.
+    ("shm exponent", spec_with(shmSize="1e999999999"), "spec.shmSize must be a positive quantity"),
     ("suspend not bool", spec_with(suspend="yes"), "spec.suspend: Invalid value"),
     ("shm not a quantity", spec_with(shmSize="lots"), "spec.shmSize: Invalid value"),
     ("shm zero", spec_with(shmSize="0"), "spec.shmSize must be a positive quantity"),

@@ -23,6 +23,7 @@ from ddp_operator.spec import (
     DEFAULT_RESTART_POLICY,
     DEFAULT_STARTUP_DEADLINE_SECONDS,
     MAX_GPUS_PER_RANK,
+    MAX_SECONDS,
     MAX_WORLD_SIZE,
     RESTART_POLICIES,
     InvalidSpec,
@@ -153,3 +154,51 @@ def test_examples_parse_and_match_the_schema(path: Path, crd: dict[str, Any]) ->
         assert doc["apiVersion"] == api.API_VERSION
         parse_spec(doc["spec"])
         assert undeclared(doc["spec"], schema(crd)["properties"]["spec"], "spec") == []
+
+
+def integer_fields(node: dict[str, Any], path: str = "spec") -> list[tuple[str, dict[str, Any]]]:
+    """Every integer (or number) field under the spec schema, nested ones too, by its path."""
+    found = [(path, node)] if node.get("type") in ("integer", "number") else []
+    for key, child in (node.get("properties") or {}).items():
+        found += integer_fields(child, f"{path}.{key}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            found += integer_fields(node[key], f"{path}[]" if key == "items" else f"{path}.*")
+    return found
+
+
+def test_every_integer_of_the_spec_is_bounded_within_int32(crd: dict[str, Any]) -> None:
+    """The operator holds any value the schema lets through: each integer has a minimum and a maximum
+    that fit an int32, as the pod fields some of them end up in do."""
+    fields = integer_fields(schema(crd)["properties"]["spec"])
+    assert {"spec.activeDeadlineSeconds", "spec.dataWorkers.replicas"} <= {path for path, _ in fields}
+    unbounded = [path for path, node in fields if node.get("type") != "integer" or "minimum" not in node
+                 or not 0 <= node.get("maximum", 2**31) <= MAX_SECONDS]
+    assert unbounded == []
+
+
+# What each bounded field needs beside it for its maximum to be valid (ranksPerPod divides worldSize, ...).
+AT_MAXIMUM: dict[str, dict[str, Any]] = {
+    "ranksPerPod": {"worldSize": 64},
+    "minWorldSize": {"worldSize": 4096},
+}
+
+
+@pytest.mark.parametrize("path", [path for path, _ in integer_fields(
+    schema(yaml.safe_load(CRD_PATH.read_text()))["properties"]["spec"]) if not path.startswith("spec.template.")])
+def test_parse_spec_takes_each_integer_s_crd_maximum_and_refuses_one_more(crd: dict[str, Any], path: str) -> None:
+    """parse_spec repeats the CRD's bounds (for objects stored under an older CRD): the maximum is taken,
+    one more is refused naming the field."""
+    node = dict(integer_fields(schema(crd)["properties"]["spec"]))[path]
+    field = path.removeprefix("spec.")
+
+    def spec_with(value: int) -> dict[str, Any]:
+        top, _, nested = field.partition(".")
+        spec = {"worldSize": 2, "image": "x", "entrypoint": "a:b", "gpusPerRank": 0, **AT_MAXIMUM.get(field, {})}
+        spec[top] = {nested: value} if nested else value
+        return spec
+
+    parse_spec(spec_with(node["maximum"]))
+    with pytest.raises(InvalidSpec) as refused:
+        parse_spec(spec_with(node["maximum"] + 1))
+    assert refused.value.field == field, refused.value

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -10,8 +10,9 @@ import pytest
 
 from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
-from ddp_operator.capacity import gang_too_large, parse_quantity, rank_requests
+from ddp_operator.capacity import MAX_QUANTITY, gang_too_large, parse_quantity, rank_requests
 from ddp_operator.nodes import Nodes, Taint, lost_nodes, node_info, schedulable_for, seconds_until_lost, tolerates
+from ddp_operator.spec import MAX_SECONDS
 from podfixtures import NOW, api_node, job_spec
 
 
@@ -89,7 +90,9 @@ def test_a_node_is_schedulable_for_a_pod_if_ready_uncordoned_selected_and_its_ta
 @pytest.mark.parametrize("text, value", [
     ("8", Decimal(8)), (8, Decimal(8)), ("500m", Decimal("0.5")), ("64Gi", Decimal(64 * 2**30)),
     ("1.5", Decimal("1.5")), ("2k", Decimal(2000)), ("1e3", Decimal(1000)), ("128M", Decimal(128_000_000)),
-    ("lots", None), ("", None),
+    ("lots", None), ("", None), ("2Ei", Decimal(2 * 2**60)), ("3E", Decimal(3 * 10**18)),
+    # Capped at int64's maximum, as the API server's resource.Quantity is: no sum or product of them overflows.
+    ("1e999999999", MAX_QUANTITY), ("99999999999Ei", MAX_QUANTITY), (2**64, MAX_QUANTITY), ("-1e999999999", -MAX_QUANTITY),
 ])
 def test_quantities_are_read_as_the_api_writes_them(text: Any, value: Decimal | None) -> None:
     assert parse_quantity(text) == value
@@ -140,3 +143,19 @@ def test_only_the_nodes_a_rank_could_use_count() -> None:
 def test_no_usable_node_at_all_is_left_to_the_schedulers_words() -> None:
     spec = job_spec(worldSize=2, gpusPerRank=8, template={"spec": {"nodeSelector": {"pool": "none"}}})
     assert gang_too_large(spec, FOUR_NODES) is None
+
+
+def test_the_longest_grace_is_counted_without_leaving_the_calendar() -> None:
+    """nodeLostGraceSeconds at its limit for a node NotReady since the year 9990: not lost, and the wait is counted."""
+    late = datetime(9990, 1, 1, tzinfo=UTC)
+    nodes = view(api_node("gpu-1", "False", late))
+    assert lost_nodes(["gpu-1"], nodes, MAX_SECONDS, late + timedelta(seconds=1)) == {}
+    assert seconds_until_lost(["gpu-1"], nodes, MAX_SECONDS, late + timedelta(seconds=1)) == MAX_SECONDS - 1
+
+
+def test_a_gang_asking_past_every_bound_is_too_large_in_words() -> None:
+    """A sidecar's resources are the template's, kept as written (the API server judges them in the pod)."""
+    sidecar = {"name": "side", "image": "busybox", "resources": {"requests": {"cpu": "1e99"}}}
+    spec = job_spec(worldSize=4, gpusPerRank=0, template={"spec": {"containers": [sidecar]}})
+    said = gang_too_large(spec, [node_info(api_node("cpu-0"))])
+    assert said is not None and said.startswith("each rank needs 9.22337e+18 cpu"), said

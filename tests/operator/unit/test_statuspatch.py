@@ -18,6 +18,7 @@ from ddp_operator.statuspatch import (
     changed_fields,
     compute_status,
     events_for,
+    failed_pass_status,
     get_condition,
     invalid_spec_status,
     next_phase,
@@ -234,6 +235,18 @@ def test_invalid_spec_status_fails_naming_the_field() -> None:
     assert patch["message"].startswith("spec.worldSize: ")
     assert get_condition(patch["conditions"], c.COND_FAILED)["status"] == "True"
     assert patch["observedGeneration"] == 3 and patch["completionTime"] == rfc3339(NOW)
+
+
+def test_a_failed_status_pass_is_said_once_keeping_the_phase_and_never_over_an_end() -> None:
+    message = "the operator's status pass failed on this job: OverflowError: date value out of range"
+    assert failed_pass_status({}, message) == {"phase": c.PHASE_PENDING, "reason": c.REASON_RECONCILE_ERROR,
+                                               "message": message}
+    running = {"phase": c.PHASE_RUNNING, "reason": c.REASON_ALL_READY, "message": "2 ranks ready"}
+    said = failed_pass_status(running, message)
+    assert said == {"phase": c.PHASE_RUNNING, "reason": c.REASON_RECONCILE_ERROR, "message": message}
+    assert failed_pass_status({**running, **said}, message) is None, "said already"
+    assert failed_pass_status({**running, **said}, message + " again") is not None, "other words are said"
+    assert failed_pass_status({"phase": c.PHASE_FAILED, "reason": c.REASON_BACKOFF_LIMIT}, message) is None
 
 
 def gang_coming_up(spec: Any, steps: list[list[dict[str, Any]]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:

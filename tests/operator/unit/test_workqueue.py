@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
+import pytest
+
+from ddp_operator.passerrors import RetryLater
 from ddp_operator.workqueue import WorkQueue
 
 WAIT_S = 10.0  # how long a test waits for something the queue is to do before it fails
@@ -113,3 +117,31 @@ def test_failures_back_off_exponentially_up_to_a_cap_and_reset_on_success() -> N
     assert [queue.backoff("k") for _ in range(5)] == [0.5, 1.0, 2.0, 4.0, 4.0]
     queue.forget("k")
     assert queue.backoff("k") == 0.5
+
+
+@pytest.mark.parametrize(("raised", "traceback"), [(RetryLater("said on the job"), False), (KeyError("x"), True)])
+def test_a_failed_pass_is_tried_again_with_backoff_and_only_an_unsaid_one_logs_its_traceback(
+        raised: Exception, traceback: bool, caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> int:
+        calls = 0
+        done = asyncio.Event()
+
+        async def reconcile(key):
+            nonlocal calls
+            calls += 1
+            if calls < 3:
+                raise raised
+            done.set()
+            return None
+
+        queue = WorkQueue(reconcile, workers=1, error_backoff=0.01)
+        queue.start()
+        queue.add("a")
+        await within(done.wait())
+        await queue.stop()
+        return calls
+
+    with caplog.at_level(logging.DEBUG, logger="ddp_operator.workqueue"):
+        assert run(scenario()) == 3
+    failed = [record for record in caplog.records if "failed" in record.getMessage()]
+    assert len(failed) == 2 and all((record.exc_info is not None) is traceback for record in failed)
