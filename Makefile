@@ -37,7 +37,8 @@ test-k8s-versions:
 	@scripts/k8s-versions.sh $(K8S_VERSIONS)
 
 test-unit:
-	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/s3server.py build && $$venv/bin/python -m pytest -m "not cluster and not images" $(PYTEST_ARGS)
+	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/s3server.py build && bash localcluster/prometheus.sh build && \
+	  $$venv/bin/python -m pytest -m "not cluster and not images" $(PYTEST_ARGS)
 
 bench-data:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python benchmarks/bench_data.py $(BENCH_ARGS)

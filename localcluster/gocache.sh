@@ -1,4 +1,4 @@
-# Sourced by the scripts that build Go binaries (cluster.sh, registry.sh, images/build.sh); they set
+# Sourced by the scripts that build Go binaries (cluster.sh, registry.sh, prometheus.sh, images/build.sh); they set
 # DDP_CACHE first.
 #
 # go_cache_scope COMMAND...: runs COMMAND in a subshell whose Go build cache is a folder of its own,
@@ -22,4 +22,16 @@ go_cache_scope() {
     trap 'rm -rf "$GOCACHE"' EXIT
     "$@"
   )
+}
+
+# go_build_into BIN MODULE_DIR PACKAGE GO_BUILD_ARGS...: builds PACKAGE from the pinned go.mod in MODULE_DIR
+# into the folder BIN, static (no cgo), with a build cache of its own; a folder BIN another build made in
+# the meantime is kept. The caller checks BIN's binary afterwards and says what failed.
+go_build_into() {
+  local bin=$1 dir=$2 package=$3
+  shift 3
+  local tmp="$bin.tmp.$$"
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  (cd "$dir" && CGO_ENABLED=0 go_cache_scope nice go build -trimpath "$@" -o "$tmp/" "$package") || { rm -rf "$tmp"; return 1; }
+  mv -T "$tmp" "$bin" 2>/dev/null || rm -rf "$tmp"  # another build may have got there first
 }

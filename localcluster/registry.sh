@@ -56,12 +56,9 @@ die() { printf '[registry] error: %s\n' "$*" >&3; exit 1; }
 cmd_build() {
   [ -x "$BIN/registry" ] && return 0
   command -v go >/dev/null || die "go is not installed; the registry is built from its Go module"
-  local tmp="$BIN.tmp.$$"
-  rm -rf "$tmp" && mkdir -p "$tmp"
   log "building the distribution registry $REGISTRY_VERSION (cached afterwards in $BIN)"
-  (cd "$HERE/go/registry" && CGO_ENABLED=0 go_cache_scope go build -trimpath \
-    -ldflags "-s -w -X $REGISTRY_MODULE/version.version=$REGISTRY_VERSION" -o "$tmp/" "$REGISTRY_MODULE/cmd/registry")
-  mv -T "$tmp" "$BIN" 2>/dev/null || rm -rf "$tmp"  # another build may have got there first
+  go_build_into "$BIN" "$HERE/go/registry" "$REGISTRY_MODULE/cmd/registry" \
+    -ldflags "-s -w -X $REGISTRY_MODULE/version.version=$REGISTRY_VERSION" || die "building the registry failed"
   [ -x "$BIN/registry" ] || die "could not build $BIN/registry"
 }
 

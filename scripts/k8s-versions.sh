@@ -30,6 +30,7 @@ venv=$(scripts/venv.sh)
 images/build.sh build
 bash localcluster/kueue.sh build
 "$venv/bin/python" localcluster/s3server.py build
+bash localcluster/prometheus.sh build
 reports=$(mktemp -d)
 trap 'rm -rf "$reports"' EXIT
 summary=()

@@ -26,6 +26,10 @@ NAMESPACE = "ddp_operator"
 PODS_CREATED = Counter("pods_created", "Rank pods the operator created.", namespace=NAMESPACE)
 PODS_DELETED = Counter("pods_deleted", "Rank pods the operator deleted (forced: grace period 0, a lost node's).",
                        ["forced"], namespace=NAMESPACE)
+# Both children at 0 from the start, as the work queues' error counters are: a counter whose series
+# appears at 1 hides that first increment from rate() and increase(), so a dashboard would miss it.
+PODS_DELETED.labels("false")
+PODS_DELETED.labels("true")
 GANG_RESTARTS = Counter("gang_restarts", "Gang restarts, by the restart's reason and the failure's kind.",
                         ["reason", "kind"], namespace=NAMESPACE)
 TIME_TO_RUNNING = Histogram(

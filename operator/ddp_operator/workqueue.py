@@ -41,6 +41,7 @@ class WorkQueue(Generic[K]):
         self._idle = asyncio.Event()
         self._idle.set()
         metrics.QUEUE_DEPTH.labels(name).set_function(lambda: len(self._queued))
+        metrics.RECONCILE_ERRORS.labels(name)  # at 0 from the start: a counter born at 1 hides its first error from rate()
 
     def add(self, key: K) -> None:
         """Schedules a reconcile of key now (coalesced with any pending one)."""

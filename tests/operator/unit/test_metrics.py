@@ -117,3 +117,15 @@ def test_a_work_queue_reports_its_depth_its_passes_and_their_errors() -> None:
     passes, errors = sample("ddp_operator_reconcile_seconds_count"), sample("ddp_operator_reconcile_errors_total")
     assert asyncio.run(asyncio.wait_for(scenario(), 10)) == (2, 0)
     assert sample("ddp_operator_reconcile_errors_total") == errors + 1
+
+
+def test_counters_whose_labels_are_known_are_served_at_zero_before_their_first_increment() -> None:
+    """A series that first appears at 1 hides that increment from rate() and increase(): the dashboard's
+    error and deletion panels would miss a queue's first error and the first pods deleted."""
+    async def reconcile(key: str) -> None:
+        return None
+
+    WorkQueue(reconcile, workers=1, name="unit-fresh")
+    assert REGISTRY.get_sample_value("ddp_operator_reconcile_errors_total", {"queue": "unit-fresh"}) == 0
+    for forced in ("false", "true"):
+        assert REGISTRY.get_sample_value("ddp_operator_pods_deleted_total", {"forced": forced}) is not None
