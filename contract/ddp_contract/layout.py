@@ -9,6 +9,7 @@ The runtime writes there and the client (`ddp_client`, `kubectl ddp`) reads it b
     logs/attempt-<n>/rank-<r>/part-<ppppp>.log       every rank's output, per gang attempt
     kept/<folder>/<path>                             spec.keepFolders: the folders' files, as on disk
     kept-passes/attempt-<n>/<pod>.started|.done      each pod's keeping of them, per attempt
+    restarts/attempt-<n>.json                        why attempt n began (status.attemptCause), from its rank 0
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ HANGS: Final = "hangs"
 LOGS: Final = "logs"
 KEPT: Final = "kept"
 KEPT_PASSES: Final = "kept-passes"
+RESTARTS: Final = "restarts"
 
 _LOG_PART = re.compile(r"^attempt-(?P<attempt>\d+)/rank-(?P<rank>\d+)/part-(?P<part>\d+)\.log$")
+_ATTEMPT_CAUSE = re.compile(r"^attempt-(?P<attempt>\d+)\.json$")
 
 
 def job_key(base: str, namespace: str, job: str) -> str:
@@ -68,3 +71,14 @@ def parse_log_part(relative: str) -> LogPart | None:
     if match is None or not relative.startswith(f"{LOGS}/"):
         return None
     return LogPart(int(match["attempt"]), int(match["rank"]), int(match["part"]))
+
+
+def attempt_cause(attempt: int) -> str:
+    """The key, relative to the job's prefix, of why `attempt` began."""
+    return f"{RESTARTS}/attempt-{attempt}.json"
+
+
+def parse_attempt_cause(relative: str) -> int | None:
+    """The attempt of an attempt_cause key relative to the job's prefix, or None for anything else."""
+    match = _ATTEMPT_CAUSE.match(relative.removeprefix(f"{RESTARTS}/"))
+    return int(match["attempt"]) if match is not None and relative.startswith(f"{RESTARTS}/") else None

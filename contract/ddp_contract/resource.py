@@ -16,6 +16,7 @@ STATUS_PHASE: Final = "phase"
 STATUS_ATTEMPT: Final = "attempt"  # the current gang attempt: 0, then +1 per restart or resize
 STATUS_RECREATED_ATTEMPT: Final = "recreatedAttempt"  # the attempt whose pods were last all created anew
 STATUS_ATTEMPT_TIME: Final = "attemptTime"  # when the current attempt began
+STATUS_ATTEMPT_CAUSE: Final = "attemptCause"  # {attempt, reason, message, time}: why that attempt began
 STATUS_RENDEZVOUS: Final = "rendezvous"  # {attempt, ...}: rank 0 says the attempt's gang formed
 STATUS_LAST_CHECKPOINT: Final = "lastCheckpoint"  # {uri, step, ...}: the job's newest committed checkpoint
 STATUS_FAILED_RANK: Final = "failedRank"  # the failure that ended or restarted the last attempt
@@ -164,6 +165,11 @@ class JobStatus:
     def failed_rank(self) -> Mapping[str, Any] | None:
         found = self.raw.get(STATUS_FAILED_RANK)
         return found if isinstance(found, Mapping) else None
+
+    def attempt_cause(self, attempt: int) -> Mapping[str, Any] | None:
+        """Why `attempt` began (a gang restart or a resize), while the status still says it."""
+        found = self.raw.get(STATUS_ATTEMPT_CAUSE)
+        return found if isinstance(found, Mapping) and found.get(STATUS_ATTEMPT) == attempt else None
 
 
 def _text(value: object) -> str | None:

@@ -5,7 +5,7 @@ that failed in them; modes/elastic.py: the pods waiting apart from an elastic jo
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ddp_operator.failures import PodProblem
@@ -20,6 +20,8 @@ class PodSummary(GangPods):
 
     kept: inplace.KeptPods = inplace.KeptPods()
     waiting: elastic.WaitingPods = elastic.WaitingPods()
+    # pod name -> the node the operator last saw it bound to (JobMemory): where a pod that vanished ran
+    nodes_seen: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def running_pods(self) -> tuple[str, ...]:

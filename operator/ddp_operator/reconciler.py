@@ -32,6 +32,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -288,13 +289,14 @@ class Reconciler:
                                  process_failures=read.process_failures,
                                  members=elastic.members(spec, read) if spec.elastic else None)
         memory = self._of(key)
+        memory.saw_nodes(pods)
         held = memory.in_the_way.problems(spec.pods, summary.live_indices)
         if memory.refused is not None:
             held += memory.refused.problems(summary.attempt, summary.live_indices)
         too_large = self._too_large(job, spec, nodes) if summary.unscheduled_indices else None
         if too_large:
             held += tuple(PodProblem(rank, c.REASON_GANG_TOO_LARGE, too_large) for rank in summary.unscheduled_indices)
-        return summary.with_problems(held)
+        return replace(summary.with_problems(held), nodes_seen=memory.nodes_seen)
 
     def _too_large(self, job: Mapping[str, Any], spec: JobSpec, nodes: Nodes) -> str | None:
         """gang_too_large, judged again only when the nodes or the job's spec changed: a gang coming up

@@ -12,6 +12,7 @@ from typing import Any
 from ddp_contract import api
 from ddp_contract.resource import (
     STATUS_ATTEMPT,
+    STATUS_ATTEMPT_CAUSE,
     STATUS_ATTEMPT_TIME,
     STATUS_FAILED_RANK,
     STATUS_PHASE,
@@ -113,6 +114,10 @@ def compute_status(
         patch["observedGeneration"] = generation
     if decision.failure is not None and status.get("phase") not in c.TERMINAL_PHASES:
         patch[STATUS_FAILED_RANK] = decision.failure.as_status()
+    if decision.attempt != JobStatus.of(status).attempt:
+        # In words the Event says too: rank 0 keeps them in S3 with the attempt, for when both are gone.
+        patch[STATUS_ATTEMPT_CAUSE] = {STATUS_ATTEMPT: decision.attempt, "reason": reason, "message": message,
+                                       "time": stamp}
     return patch
 
 

@@ -3,14 +3,16 @@ starts again in its own pod, a deleted pod is the only one replaced, and trainin
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from ddp_contract import api, labels
+import demo
+from ddp_contract import api, labels, layout
 from ddp_operator import constants as c
-from e2ehelp import start_job, workload_job
+from e2ehelp import BUCKET, start_job, workload_job
 from kube import Jobs, wait_until
 from procs import rank_pid
 
@@ -41,6 +43,18 @@ def steady_params(jobs: Jobs, s3_endpoint: str, podrunner: Path, tmp_path_factor
     return _STEADY
 
 
+def attempt_causes(endpoint: str, namespace: str, name: str) -> dict[int, dict]:
+    """What the job's rank 0 kept in S3 of why each attempt began, read as the client reads it."""
+    found: dict[int, dict] = {}
+    s3 = demo.s3_client(endpoint)
+    prefix = f"results/{namespace}/{name}/"
+    for item in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}{layout.RESTARTS}/").get("Contents", []):
+        attempt = layout.parse_attempt_cause(item["Key"].removeprefix(prefix))
+        if attempt is not None:
+            found[attempt] = json.loads(s3.get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read())
+    return found
+
+
 def uids(jobs: Jobs, name: str) -> dict[str, str]:
     return {p.metadata.name: p.metadata.uid for p in jobs.pods(name)}
 
@@ -69,6 +83,14 @@ def test_failed_rank_processes_start_again_in_their_pods_and_the_job_ends_as_if_
     restarts = [e.message for e in jobs.events("in-place") if e.reason in (c.REASON_RANK_FAILED,)]
     assert any("rank 1" in m and "RuntimeError: rank 1 fails at step 6 on attempt 0" in m and "in place" in m
                for m in restarts), restarts
+    # Why each attempt began, as the Events said it, kept in S3 by the attempt's rank 0 for when they are gone.
+    assert status["attemptCause"]["attempt"] == 2 and status["attemptCause"]["reason"] == c.REASON_RANK_FAILED
+    causes = wait_until(lambda: (kept := attempt_causes(s3_endpoint, jobs.namespace, "in-place")) and len(kept) == 2
+                        and kept, 30, "both restarts' causes in S3")
+    said = {(e.reason, e.message) for e in jobs.events("in-place")}
+    assert {(cause["reason"], cause["message"]) for cause in causes.values()} <= said, (causes, said)
+    assert "RuntimeError: rank 1 fails at step 6 on attempt 0" in causes[1]["message"]
+    assert causes[2] == status["attemptCause"] and "exited with code 137" in causes[2]["message"]
     # Each pod's output holds its attempts in order, each marked.
     for pod in first:
         said = pod_log(podrunner, jobs.namespace, pod)

@@ -41,18 +41,23 @@ class JobStatusSink:
 
     def patch(self, fields: dict[str, Any]) -> bool:
         """Merge `fields` into the job's status; False (logged, rate-limited) when the write failed."""
+        return self.patched(fields) is not None
+
+    def patched(self, fields: dict[str, Any]) -> dict[str, Any] | None:
+        """Merge `fields` into the job's status: the job as the API server returned it, None (logged,
+        rate-limited) when the write failed."""
         try:
-            self.api.patch_namespaced_custom_object_status(
+            job = self.api.patch_namespaced_custom_object_status(
                 GROUP, VERSION, self.namespace, PLURAL, self.name, {"status": fields}, _request_timeout=10,
             )
-            return True
+            return job if isinstance(job, dict) else {}
         except Exception as error:  # noqa: BLE001 - see the module docstring
             now = time.monotonic()
             if now - self._last_warning >= self.quiet_s:
                 self._last_warning = now
                 log.warning("could not write %s to DDPJob %s/%s: %s", ", ".join(fields), self.namespace, self.name,
                             error)
-            return False
+            return None
 
 
 def last_checkpoint(step: int, uri: str, now: float | None = None) -> dict[str, Any]:
@@ -80,9 +85,14 @@ def rendezvous(attempt: int, formed_s: float, check_s: float | None, now: float 
 
 def record(fields: dict[str, Any]) -> bool:
     """Merge `fields` into this rank's job's status when it runs under the operator; never raises."""
+    return recorded(fields) is not None
+
+
+def recorded(fields: dict[str, Any], sink: JobStatusSink | None = None) -> dict[str, Any] | None:
+    """record(), returning the job as the API server returned it (None: not written)."""
     try:
-        sink = in_cluster_sink()
+        sink = sink or in_cluster_sink()
     except Exception as error:  # noqa: BLE001 - e.g. no service-account token: the log still has it
         log.warning("cannot write %s to the DDPJob status: %s", ", ".join(fields), error)
-        return False
-    return sink.patch(fields) if sink is not None else False
+        return None
+    return sink.patched(fields) if sink is not None else None

@@ -11,6 +11,7 @@ from ddp_operator import constants as c
 from ddp_operator.manifests import progress_service_account
 from ddp_trainer.jobstatus import JobStatusSink, last_checkpoint
 from ddp_trainer.jobwatch import JobWatch
+from ddp_trainer.runtime.formed import record_formed
 from ddp_trainer.runtime.progress import ProgressReporter
 from kube import client_as, env_of, wait_until
 
@@ -99,3 +100,40 @@ def test_the_last_checkpoint_rank_0_records_is_where_the_next_gang_resumes(jobs,
     pods = jobs.wait_pods("resumes", 2, attempt=1)
     assert all(env_of(p)[envnames.RESUME_FROM] == uri for p in pods)
     assert jobs.wait_phase("resumes", c.PHASE_RUNNING)["lastCheckpoint"]["step"] == 300
+
+
+def test_rank_0_of_a_restarted_gang_keeps_why_its_attempt_began_in_s3(jobs, kube_api, monkeypatch) -> None:
+    """status.attemptCause, read from the answer to rank 0's rendezvous record (its own identity), goes to S3
+    as the Event said it: what the dashboard's restart marks say once the Events and the job are gone."""
+    import demo
+    from ddp_client import Job
+    from ddp_client.store import S3Access
+    from ddp_trainer.storage import s3 as runtime_s3
+
+    with demo.s3_server(0, buckets=("causes",)) as endpoint:
+        results = "s3://causes/runs"
+        jobs.create("explains", worldSize=2, s3={"endpoint": endpoint, "results": results})
+        jobs.wait_phase("explains", c.PHASE_RUNNING)
+        jobs.finish("explains-1", 1, message="ValueError: bad batch")
+        jobs.wait_pods("explains", 2, attempt=1)
+        cause = jobs.wait_phase("explains", c.PHASE_RUNNING)["attemptCause"]
+        assert cause["attempt"] == 1 and (cause["reason"], cause["message"]) in {
+            (e.reason, e.message) for e in jobs.events("explains")}
+        as_rank = JobStatusSink(jobs.namespace, "explains", api_client=client_as(
+            kube_api, jobs.namespace, progress_service_account("explains")))
+        for name, value in {"AWS_ACCESS_KEY_ID": demo.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": demo.SECRET_KEY,
+                            envnames.S3_ENDPOINT: endpoint, envnames.RESULTS_URI: results,
+                            envnames.JOB_NAME: "explains", envnames.JOB_NAMESPACE: jobs.namespace}.items():
+            monkeypatch.setenv(name, value)
+        runtime_s3.reset_clients()
+        try:
+            assert record_formed(0, 1.0, None, sink=as_rank) is None  # the first attempt: nothing to explain
+            keeping = record_formed(1, 1.0, None, sink=as_rank)
+            assert keeping is not None
+            keeping.join(30)
+        finally:
+            runtime_s3.reset_clients()
+        assert jobs.status("explains")["rendezvous"]["attempt"] == 1
+        job = Job("explains", jobs.namespace, kube_api, S3Access(endpoint=endpoint, access_key_id=demo.ACCESS_KEY,
+                                                                 secret_access_key=demo.SECRET_KEY))
+        assert job.attempt_causes() == {1: cause}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -98,7 +99,16 @@ def test_backoff_limit(restarts: int, limit: int, action: Action) -> None:
 def test_rank_lost_after_the_gang_formed_restarts_it() -> None:
     decision = decide(job_spec(), {"phase": "Running", "attempt": 0}, summary_of(pod(0)), NOW)
     assert decision.action == Action.RESTART and decision.reason == c.REASON_RANK_EVICTED
-    assert decision.failure == RankFailure(1, "mnist-1", None, c.REASON_RANK_MISSING, True)
+    assert decision.failure == RankFailure(1, "mnist-1", None, c.REASON_RANK_MISSING, True, attempt=0)
+
+
+def test_a_lost_rank_names_its_attempt_and_the_node_its_pod_was_last_seen_on() -> None:
+    summary = replace(summary_of(pod(0, attempt=2), attempt=2), nodes_seen={"mnist-0": "node-a", "mnist-1": "node-b"})
+    failure = decide(job_spec(), {"phase": "Running", "attempt": 2}, summary, NOW).failure
+    assert failure is not None and failure.reason == c.REASON_RANK_MISSING
+    assert failure.as_status() | {"message": None} == {
+        "rank": 1, "pod": "mnist-1", "node": "node-b", "exitCode": None, "signal": None, "oomKilled": False,
+        "reason": c.REASON_RANK_MISSING, "message": None, "kind": c.KIND_INFRASTRUCTURE, "attempt": 2, "step": None}
 
 
 def test_rank_being_deleted_after_the_gang_formed_restarts_it() -> None:

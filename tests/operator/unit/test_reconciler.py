@@ -5,13 +5,17 @@ a quota too small for the gang creating nothing and waiting."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import pytest
 
 from ddp_operator import constants as c
+from ddp_operator import creation as creation_module
 from ddp_operator import reconciler as reconciler_module
+from ddp_operator.admission import RETRY_FIRST
+from ddp_operator.passerrors import RetryLater
 from fakekube import KEY, ddpjob, rank_of, reconciler_for, refusal
 from podfixtures import pod
 
@@ -189,3 +193,73 @@ def test_a_spec_the_operator_cannot_use_fails_the_job_naming_the_field() -> None
     assert kube.status_patches[-1]["reason"] == c.REASON_INVALID_SPEC and "worldSize" in kube.status_patches[-1]["message"]
     run(reconciler.create_children(KEY))
     assert kube.created("Pod") == []
+
+
+def test_a_rank_whose_pod_vanished_is_recorded_with_its_attempt_and_the_node_it_was_seen_on() -> None:
+    job = ddpjob({"phase": "Running", "attempt": 2, "startTime": "2025-01-02T03:00:00Z"})
+    reconciler, kube, pods = reconciler_for(job)
+    pods.set(job, [pod(0, "running", attempt=2, node="gpu-a"), pod(1, "running", attempt=2, node="gpu-b")])
+    run(reconciler.reconcile(KEY))
+    pods.set(job, [pod(0, "running", attempt=2, node="gpu-a")])  # rank 1's pod is gone, node and all
+    run(reconciler.reconcile(KEY))
+    failed = kube.status_patches[-1]["failedRank"]
+    assert (failed["reason"], failed["pod"], failed["attempt"], failed["node"]) == (
+        c.REASON_RANK_MISSING, "mnist-1", 2, "gpu-b")
+
+
+def overflowing(*_: Any, **__: Any) -> Any:
+    """A decision that fails as the deadline arithmetic did on a deadline past the calendar's end."""
+    raise OverflowError("date value out of range")
+
+
+def test_a_status_pass_that_raises_says_why_on_the_job_once_and_logs_its_traceback_once(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    reconciler, kube, _ = reconciler_for(ddpjob())
+    monkeypatch.setattr(reconciler_module, "decide", overflowing)
+    for _ in range(3):
+        with pytest.raises(RetryLater) as failed:
+            run(reconciler.reconcile(KEY))
+        assert failed.value.level == logging.DEBUG  # said already: the queue's line is quiet
+    said = kube.status_patches
+    assert len(said) == 1 and said[0]["phase"] == c.PHASE_PENDING and said[0]["reason"] == c.REASON_RECONCILE_ERROR
+    assert said[0]["message"].startswith("the operator's status pass failed on this job: OverflowError: date value "
+                                         "out of range (reconciler.py:")
+    assert [(e["type"], e["reason"], e["message"]) for e in kube.events] == [
+        ("Warning", c.REASON_RECONCILE_ERROR, said[0]["message"])]
+    assert len([r for r in caplog.records if r.exc_info is not None]) == 1
+
+    monkeypatch.undo()  # the cause is gone: the next pass writes the job's own status again
+    run(reconciler.reconcile(KEY))
+    assert kube.status_patches[-1]["reason"] == c.REASON_WAITING
+
+
+def test_an_api_server_error_in_a_status_pass_is_retried_and_not_said_on_the_job(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    reconciler, kube, _ = reconciler_for(ddpjob())
+
+    async def unavailable(*_: Any) -> Any:
+        raise refusal(503, "the server is currently unable to handle the request")
+
+    monkeypatch.setattr(kube, "patch_job_status", unavailable)
+    with pytest.raises(RetryLater) as failed:
+        run(reconciler.reconcile(KEY))
+    assert failed.value.level == logging.WARNING and "503 the server is currently unable" in str(failed.value)
+    assert kube.events == []
+
+
+def test_a_creation_pass_that_raises_holds_the_ranks_up_said_by_the_status_pass_and_tries_again_later(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    reconciler, kube, _ = reconciler_for(ddpjob())
+    handed: list[tuple[str, str]] = []
+    monkeypatch.setattr(reconciler.creations, "add", handed.append)
+    run(reconciler.reconcile(KEY))
+    monkeypatch.setattr(creation_module, "build_pod", overflowing)
+    run(reconciler.create_children(KEY))
+    assert kube.created("Pod") == [] and handed == [KEY]
+    wait = run(reconciler.reconcile(KEY))
+    status = kube.status_patches[-1]
+    assert status["reason"] == c.REASON_RECONCILE_ERROR and "creation pass failed on this job" in status["message"]
+    blocked = next(x for x in status["conditions"] if x["type"] == c.COND_RANKS_BLOCKED)
+    assert blocked["status"] == "True" and blocked["reason"] == c.REASON_RECONCILE_ERROR
+    assert handed == [KEY] and wait == pytest.approx(RETRY_FIRST, abs=0.5), "the next try waits, as after a quota's refusal"
+    assert [e["reason"] for e in kube.events if e["type"] == "Warning"] == [c.REASON_RECONCILE_ERROR]

@@ -122,11 +122,15 @@ def test_restart_status() -> None:
     assert get_condition(patch["conditions"], c.COND_RUNNING)["status"] == "False"
     assert get_condition(patch["conditions"], c.COND_RESTARTING)["status"] == "True"
     assert patch["completionTime"] is None
+    events = events_for(status, patch)
+    assert patch["attemptCause"] == {"attempt": 1, "reason": events[0][1], "message": events[0][2],
+                                     "time": rfc3339(NOW)}  # the words of the restart's Event
 
 
 def test_restarting_keeps_its_reason_until_the_new_gang_runs() -> None:
     status = {"phase": "Restarting", "attempt": 1, "restarts": 1, "reason": c.REASON_RANK_FAILED, "message": "m"}
     patch = status_after(job_spec(), status, summary_of(attempt=1))
+    assert "attemptCause" not in patch  # said when the attempt began, not again
     assert (patch["phase"], patch["reason"], patch["message"], patch["restarts"]) == (
         "Restarting",
         c.REASON_RANK_FAILED,

@@ -35,10 +35,11 @@ from ddp_contract import envnames as names
 from ddp_contract.exitcodes import ExitCode, is_retryable_exit
 from ddp_contract.failureline import describe_hang, format_line, parse_line
 
-from .. import env, jobstatus
+from .. import env
 from ..errors import ConfigError
 from ..storage import s3
 from . import logkeeper
+from .formed import record_formed
 from .hangwatch import Hang, HangWatch, save_dump
 from .heartbeat import HEARTBEAT, Heartbeat
 from .inprocess import LAUNCHER_ERRORS
@@ -378,8 +379,7 @@ class CommandProcess:
             return
         took = max(0.0, float(formed.get("time", self._started)) - self._started)
         log.info("attempt %d: rank 0's process group formed %.2fs after the command started", self.attempt, took)
-        record = jobstatus.rendezvous(self.attempt, took, None)
-        threading.Thread(target=jobstatus.record, args=({"rendezvous": record},), daemon=True).start()
+        threading.Thread(target=record_formed, args=(self.attempt, took, None), daemon=True).start()
 
     def _on_hang(self, hang: Hang) -> None:
         """The hang watch's: every Python process prints its stacks (SIGUSR1), they go to S3, and the

@@ -21,12 +21,13 @@ from collections.abc import Sequence
 
 from ddp_contract import envnames as names
 
-from .. import env, jobstatus
+from .. import env
 from ..errors import ConfigError, ExitCode, TrainerError
 from . import inplace, logkeeper, progress, supervisor
 from .command import CommandProcess
 from .command import run as run_command_once
 from .context import RankContext, set_context, target_world_size
+from .formed import record_formed
 from .hangwatch import HangWatch, hang_handler, stall_handler
 from .heartbeat import HEARTBEAT
 from .rankexit import classify, exit_code_of_system_exit, report
@@ -97,7 +98,7 @@ def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None 
                  " open after %.2fs), all-reduce check %.1f ms", settings.rank, settings.world_size, backend, device,
                  formed_s, resolved_s, listening_s, check_s * 1000)
         if settings.rank == 0:
-            jobstatus.record({"rendezvous": jobstatus.rendezvous(job.attempt, formed_s, check_s)})
+            record_formed(job.attempt, formed_s, check_s)
         context = RankContext(
             rank=settings.rank,
             world_size=settings.world_size,

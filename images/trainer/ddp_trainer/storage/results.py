@@ -18,18 +18,21 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from ddp_contract import layout
+from ddp_contract import envnames, layout
 
 from .. import env
-from ..errors import ConfigError
+from ..errors import ConfigError, TrainerError
 from ..values import to_number
 from . import s3
+
+log = logging.getLogger(__name__)
 
 PART_BYTES = 4 * 1024 * 1024  # a metrics object this large is left as it is; later lines go to the next part
 
@@ -39,6 +42,18 @@ def job_prefix(results_uri: str | None = None, job: env.JobInfo | None = None) -
     base = s3.parse_uri(results_uri or env.results_uri())
     job = job or env.JobInfo.from_env()
     return base.join(job.namespace, job.require_name())
+
+
+def keep_attempt_cause(attempt: int, cause: dict[str, Any]) -> None:
+    """Why `attempt` began (status.attemptCause), under the job's results for when its Events and the job
+    are gone; nothing without a results prefix. A failure is logged: the dashboard's mark then says less."""
+    if not os.environ.get(envnames.RESULTS_URI, "").strip():
+        return
+    try:
+        s3.put_bytes(job_prefix().join(layout.attempt_cause(attempt)), json.dumps(cause).encode(),
+                     content_type="application/json")
+    except (TrainerError, OSError) as error:
+        log.warning("why attempt %d began is not kept in S3: %s", attempt, error)
 
 
 def _check_name(name: str) -> str:
