@@ -6,10 +6,11 @@ Lightning, torchrun, torch.distributed.launch and plain tqdm scripts that import
 Each job trains one model across its gang: every rank ends with the same parameters (a digest of their
 bytes: DDP keeps the replicas identical, its all-reduce giving every rank the same sums) and a world of
 the job's size. While they run, the job's status shows their epoch, step, loss and percent, read from what
-they print and what their trainers say; their output is kept in S3. Under restartStrategy InPlace a
-killed rank process restarts the command in its pod; an elastic job's torchrun ranks see the smaller
-gang after a shrink. Folders a job keeps (keepFolders) come back into new pods, which resume from them: Hugging
-Face and Lightning checkpoints, a snapshot, a pod an elastic job takes in. Select with `pytest -m node`."""
+they print and what their trainers say, and once they succeeded their last step and 100%; their output is
+kept in S3. Under restartStrategy InPlace a killed rank process restarts the command in its pod; an elastic
+job's torchrun ranks see the smaller gang after a shrink. Folders a job keeps (keepFolders) come back into
+new pods, which resume from them: Hugging Face and Lightning checkpoints, a snapshot, a pod an elastic job
+takes in. Select with `pytest -m node`."""
 
 from __future__ import annotations
 
@@ -113,6 +114,15 @@ def assert_showed_progress(seen: list[dict[str, Any]], name: str) -> None:
     assert all(p.get("epoch") is not None or p.get("step") is not None for p in midway), (name, seen)
 
 
+def assert_ended_complete(status: dict[str, Any], name: str, found: list[dict[str, Any]], steps: int | None) -> None:
+    """A job that succeeded shows its run's last step (rank 0's `global_step`, else `steps`), 100% and no time
+    left, whatever said how far it was and however fast its last steps came."""
+    last = next((p["global_step"] for p in found if p["rank"] == 0 and "global_step" in p), steps)
+    progress = status.get("progress") or {}
+    assert (progress.get("step"), progress.get("percent"), progress.get("remaining")) == (last, 100.0, "0s"), \
+        (name, last, progress)
+
+
 def assert_output_kept(endpoint: str, namespace: str, name: str, text: str, attempt: int = 0) -> None:
     key = f"results/{namespace}/{name}/{layout.log_part(attempt, 0, 0)}"
     s3 = demo.s3_client(endpoint)
@@ -128,15 +138,19 @@ def finish(jobs: Jobs, names: list[str], timeout: float = 600) -> None:
         assert status["restarts"] == 0, status
 
 
-def trained_with_progress(jobs: Jobs, names: list[str], meanwhile: Callable[[ProgressWatch], None] | None = None) -> None:
-    """Each job succeeds, having trained one model across its 2 ranks and shown how far it was."""
+def trained_with_progress(jobs: Jobs, names: list[str], meanwhile: Callable[[ProgressWatch], None] | None = None,
+                          steps: dict[str, int] | None = None) -> None:
+    """Each job succeeds, having trained one model across its 2 ranks, shown how far it was and, at its end,
+    its last step (`steps`: those of a script that does not print its global step) and 100%."""
     with ProgressWatch(jobs, names) as watch:
         if meanwhile is not None:
             meanwhile(watch)
         finish(jobs, names)
     for name in names:
-        assert_one_model(params(jobs, name, 2), 2)
+        found = params(jobs, name, 2)
+        assert_one_model(found, 2)
         assert_showed_progress(watch.seen[name], name)
+        assert_ended_complete(jobs.status(name), name, found, (steps or {}).get(name))
 
 
 def test_hugging_face_trainer_scripts_as_commands_and_as_an_entrypoint_train_one_model_and_show_progress(
@@ -145,8 +159,9 @@ def test_hugging_face_trainer_scripts_as_commands_and_as_an_entrypoint_train_one
     command_job(jobs, "hf-torchrun", frameworks_image, endpoint, ["torchrun", "hf_trainer.py", *train])
     command_job(jobs, "hf-nobar", frameworks_image, endpoint, ["python", "hf_trainer.py", *train, "--no-bar"])
     # The same function as an entrypoint (the image's working folder holds it): the runtime forms the gang,
-    # the Trainer finds it formed.
-    create_job(jobs, "hf-entry", image=frameworks_image, entrypoint="hf_trainer:main", args=train, backoffLimit=0,
+    # the Trainer finds it formed. Without its bar, only the Trainer itself says its step of how many.
+    create_job(jobs, "hf-entry", image=frameworks_image, entrypoint="hf_trainer:main", args=[*train, "--no-bar"],
+               backoffLimit=0,
                env=[{"name": "OMP_NUM_THREADS", "value": "1"}, {"name": "DDP_PROGRESS_INTERVAL_SECONDS", "value": "1"}])
     names = ["hf-torchrun", "hf-nobar", "hf-entry"]
 
@@ -156,6 +171,12 @@ def test_hugging_face_trainer_scripts_as_commands_and_as_an_entrypoint_train_one
         assert "PROGRESS%" in table.splitlines()[0], table
 
     trained_with_progress(jobs, names, shown_by_kubectl)
+    table = kubectl("get", "ddpjobs", "-n", ns).stdout.splitlines()
+    columns = table[0].split()
+    for name in names:  # what `kubectl get ddpjobs` shows of each job that succeeded: its last step, 100%
+        row = next(line.split() for line in table[1:] if line.split()[0] == name)
+        last = next(p["global_step"] for p in params(jobs, name, 2) if p["rank"] == 0)
+        assert (row[columns.index("STEP")], row[columns.index("PROGRESS%")]) == (str(last), "100"), table
     assert_output_kept(endpoint, ns, "hf-torchrun", "'learning_rate'")
 
 
@@ -166,7 +187,7 @@ def test_lightning_and_tqdm_scripts_as_commands_with_and_without_their_bars(
     command_job(jobs, "pl-nobar", frameworks_image, endpoint, ["python", "lightning_train.py", "--nodes", "2",
                                                                 "--no-bar"])
     command_job(jobs, "loop", frameworks_image, endpoint, ["python", "tqdm_loop.py"])
-    trained_with_progress(jobs, ["pl-bar", "pl-nobar", "loop"])
+    trained_with_progress(jobs, ["pl-bar", "pl-nobar", "loop"], steps={"loop": 4 * 40})  # tqdm_loop's epochs x steps
     assert_output_kept(endpoint, ns, "loop", "Epoch 4/4")
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trainerhelp import describe, launch
+from trainerhelp import FakeClock, describe, launch
 
 from ddp_trainer.runtime import printedmetrics
 from ddp_trainer.runtime.heartbeat import Heartbeat
@@ -88,9 +88,11 @@ def no_code_reports(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(printedmetrics, "reported_by_code", lambda: False)
 
 
-def printed_metrics(heartbeat: Heartbeat | None = None) -> tuple[PrintedMetrics, list[dict[str, Any]]]:
+def printed_metrics(heartbeat: Heartbeat | None = None,
+                    clock: FakeClock | None = None) -> tuple[PrintedMetrics, list[dict[str, Any]]]:
     records: list[dict[str, Any]] = []
-    return PrintedMetrics(ProgressReporter(records.append, min_interval_s=0.0, by_code=False), None, heartbeat), records
+    reporter = ProgressReporter(records.append, min_interval_s=0.0, by_code=False, **({"clock": clock} if clock else {}))
+    return PrintedMetrics(reporter, None, heartbeat), records
 
 
 def test_hugging_face_s_lines_and_its_bar_on_the_other_stream_merge_into_one_progress(no_code_reports: None) -> None:
@@ -108,9 +110,11 @@ def test_hugging_face_s_lines_and_its_bar_on_the_other_stream_merge_into_one_pro
 
 
 def test_what_the_code_s_trainer_says_wins_over_its_bars_and_gives_the_time_left(no_code_reports: None) -> None:
-    clock = Heartbeat()
-    printed, records = printed_metrics(clock)
+    clock, reporter_clock = Heartbeat(), FakeClock(100.0)
+    printed, records = printed_metrics(clock, reporter_clock)
     printed.record_probe(Probed(step=10, total=100, epoch=0.5, loss=1.25), now=100.0)
+    assert records[-1]["remainingSeconds"] is None  # one message says no pace
+    reporter_clock.now = 110.0
     printed.record_probe(Probed(step=30, total=100, epoch=1.5, loss=1.0), now=110.0)
     printed.feed(b"Epoch 1:  10%|#         | 1/10 [00:01<00:09,  1.00it/s, train_loss=9.9]\r")
     printed.flush()
@@ -127,3 +131,32 @@ def test_a_progress_line_of_the_code_s_own_reporter_in_the_output_stops_the_prin
     printed.feed(b'{"event": "ddp-progress", "step": 1, "loss": 0.5}\n{"loss": 0.25, "step": 2}\n')
     printed.flush()
     assert [r["step"] for r in records] == [1]
+
+
+def test_a_run_that_succeeded_ends_complete_with_the_output_read_after_its_end(no_code_reports: None) -> None:
+    """The bar's last drawings come through the pipe after the command ended: they are the last step."""
+    outcomes = {}
+    for succeeded in (True, False):
+        printed, records = printed_metrics()
+        printed.feed(b" 97%|#########6| 62/64 [00:09<00:00,  6.50it/s, loss=0.5]\r")
+        if succeeded:
+            printed.succeeded()
+        printed.feed(b"100%|##########| 64/64 [00:10<00:00,  6.40it/s, loss=0.25]\n")
+        printed.close()
+        outcomes[succeeded] = records[-1]
+    assert (outcomes[True]["step"], outcomes[True]["loss"], outcomes[True]["percent"], outcomes[True]["remaining"]) == \
+        (64, 0.25, 100.0, "0s")
+    assert outcomes[False]["remaining"] is None  # the bar's own word, not a pace of enough steps and seconds
+
+
+def test_a_run_that_succeeded_short_of_its_total_is_complete_and_one_that_failed_is_not(no_code_reports: None) -> None:
+    """An early-stopping rule ended the run at step 40 of 64: it is done; a run that failed there is not."""
+    shown = {}
+    for succeeded in (True, False):
+        printed, records = printed_metrics()
+        printed.probe({"step": 40, "total": 64, "epoch": 0.6, "loss": 0.5})
+        if succeeded:
+            printed.succeeded()
+        printed.close()
+        shown[succeeded] = (records[-1]["step"], records[-1]["percent"], records[-1]["remaining"])
+    assert shown == {True: (40, 100.0, "0s"), False: (40, 62.5, None)}

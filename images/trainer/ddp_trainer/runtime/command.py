@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -58,6 +59,7 @@ POLL_SECONDS = 0.05
 STACKS_WAIT_SECONDS = 3.0  # a hang: how long the processes have to print their stacks
 TAIL_BYTES = 64 * 1024
 PROGRESS_SOCKET = "progress.sock"
+PROBE_WAIT_SECONDS = 1.0  # how long a trainer's message may wait for room in the progress queue
 SCRIPT_BYTES = 64 * 1024
 
 
@@ -213,6 +215,7 @@ class CommandProcess:
         self._formed = False
         self._printed: PrintedMetrics | None = None  # the attempt's, where the probes' messages go
         self._probes = _listen(self._folder / PROGRESS_SOCKET)
+        self._probes_taken = threading.Lock()  # the reader's, or the attempt's end's, which reads what is left
         self._closed = threading.Event()
         self._probe_reader = threading.Thread(target=self._read_probes, name="ddp-progress-probes", daemon=True)
         self._probe_reader.start()
@@ -230,16 +233,25 @@ class CommandProcess:
     def _read_probes(self) -> None:
         """The in-process hook's progress messages, to the attempt's PrintedMetrics."""
         while not self._closed.is_set():
-            try:
-                data = self._probes.recv(65536)
-            except TimeoutError:
-                continue
-            printed = self._printed
-            if printed is not None:
+            ready, _, _ = select.select([self._probes], [], [], POLL_SECONDS * 4)
+            if ready:
+                self._take_probes()
+
+    def _take_probes(self) -> None:
+        """Every message the socket holds, to the attempt's PrintedMetrics. Once the command ended, all
+        it sent is there: a datagram is queued at the receiver when its sendto returns."""
+        with self._probes_taken:
+            while True:
                 try:
-                    printed.probe(json.loads(data))
-                except ValueError:
-                    pass
+                    data = self._probes.recv(65536)
+                except (BlockingIOError, InterruptedError):
+                    return
+                printed = self._printed
+                if printed is not None:
+                    try:
+                        printed.probe(json.loads(data), wait_s=PROBE_WAIT_SECONDS)
+                    except ValueError:
+                        pass
 
     def prepare_zygote(self, environ: Mapping[str, str]) -> None:
         """A command is started anew for each attempt: there is nothing to fork it from."""
@@ -273,7 +285,7 @@ class CommandProcess:
         keeper = make_keeper(self.rank, environ, extra, self.activity) or LogKeeper(None, 0, listeners=extra)
         if keeper.upload is not None:
             _warm_s3_client()
-        self._printed = next((x for x in keeper.listeners if isinstance(x, PrintedMetrics)), None)
+        self._printed = PrintedMetrics.among(keeper.listeners)
         self.keeper = keeper.attach([(out_read, 1), (err_read, 2)])
         self._watch = HangWatch(self.activity, env.hang_timeout_s(environ), env.hang_min_s(environ), self._on_hang).start()
         log.info("attempt %d: started %s (pid %d)%s", self.attempt, commands.describe(self.argv), self.process.pid,
@@ -298,6 +310,9 @@ class CommandProcess:
         self._code = 128 - code if code < 0 else code
         self._report_formed()
         ended = stopping_since is None and self._hung is None
+        self._take_probes()  # the trainer's last messages, before the output's readers close
+        if ended and self._code == ExitCode.OK and self._printed is not None:
+            self._printed.succeeded()
         self._finish(logkeeper.ENDED_UPLOAD_SECONDS if ended else logkeeper.FINAL_UPLOAD_SECONDS)
         if stopping_since is None and self._code != ExitCode.OK:
             self._outcome = self._judge(self._code)
@@ -424,7 +439,7 @@ def run(command: Sequence[str], environ: Mapping[str, str]) -> int:
 def _listen(path: Path) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(path))
-    sock.settimeout(POLL_SECONDS * 4)
+    sock.setblocking(False)
     return sock
 
 

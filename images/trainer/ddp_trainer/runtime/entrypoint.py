@@ -23,13 +23,14 @@ from ddp_contract import envnames as names
 
 from .. import env
 from ..errors import ConfigError, ExitCode, TrainerError
-from . import inplace, logkeeper, progress, supervisor
+from . import inplace, inprocess, logkeeper, progress, supervisor
 from .command import CommandProcess
 from .command import run as run_command_once
 from .context import RankContext, set_context, target_world_size
 from .formed import record_formed
 from .hangwatch import HangWatch, hang_handler, stall_handler
 from .heartbeat import HEARTBEAT
+from .printedmetrics import PrintedMetrics
 from .rankexit import classify, exit_code_of_system_exit, report
 from .rendezvous import destroy_process_group, gang_check, init_distributed, wait_for_master, wait_for_port
 from .signals import dies_on_sigterm, stop_on_sigterm
@@ -49,6 +50,14 @@ def run_command(command: Sequence[str], environ: dict[str, str] | None = None) -
     except TrainerError as exc:
         report(exc.exit_code, None, exc)
         return exc.exit_code
+
+
+def watch_trainers(keeper: logkeeper.LogKeeper | None) -> None:
+    """Rank 0's Hugging Face and Lightning trainers say their step of how many to what reads its output
+    for progress, as a command's do (runtime/inprocess.py): the bars alone say no step under Lightning."""
+    printed = PrintedMetrics.among(keeper.listeners) if keeper is not None else None
+    if printed is not None and printed.reporter is not None:
+        inprocess.watch_trainers(printed.probe)
 
 
 def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None = None) -> int:
@@ -71,7 +80,7 @@ def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None 
         settings = env.DistSettings.from_env(environ)
         target_size = target_world_size(environ, settings.world_size)
         rank = settings.rank
-        logkeeper.start(rank, environ)
+        watch_trainers(logkeeper.start(rank, environ))
         stop_on_sigterm(rank)
         func = load_target(target)
         job = env.JobInfo.from_env(environ)
@@ -89,6 +98,7 @@ def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None 
         report(code, rank, exc)
         return code
 
+    succeeded = False
     try:
         with dies_on_sigterm():
             backend, device = init_distributed(settings, job.attempt)
@@ -112,10 +122,13 @@ def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None 
         sys.argv = [target, *args]
         hang_watch.start()
         func(context)
+        succeeded = True
         return ExitCode.OK
     except SystemExit as exc:
         hang_watch.hold_if_fired()
-        return exit_code_of_system_exit(exc)
+        exit_code = exit_code_of_system_exit(exc)
+        succeeded = exit_code == ExitCode.OK
+        return exit_code
     except BaseException as exc:  # noqa: BLE001 - whatever the user code raises becomes its exit code
         hang_watch.hold_if_fired()
         code = classify(exc)
@@ -124,5 +137,5 @@ def run(target: str | None, args: Sequence[str], environ: dict[str, str] | None 
     finally:
         hang_watch.stop()
         set_context(None)
-        progress.flush_reporters()  # the last step reported, however soon after the one before it
+        progress.flush_reporters(succeeded)  # the last step reported, however soon after the one before it
         destroy_process_group()

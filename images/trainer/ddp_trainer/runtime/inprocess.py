@@ -13,7 +13,9 @@ hook/sitecustomize.py, first on the command's PYTHONPATH, installs it, so the us
 - A Hugging Face or Lightning trainer on global rank 0 says how far it is (step of how many, epoch,
   loss) on envnames.PROGRESS_SOCKET, through a callback added to it as it is made: a Lightning bar draws
   nothing live where its output is no terminal (rich), or is turned off, and a tqdm bar's epoch does not
-  say how many epochs there are.
+  say how many epochs there are. It says so at most every PROBE_INTERVAL_S, and always at the end of
+  training (its last step). An entrypoint's rank 0 process watches its trainers the same way
+  (`watch_trainers`, called by runtime/entrypoint.py), its messages going straight to its tee's reader.
 Each part fails open: one that cannot install itself says so and leaves the process as it was.
 """
 
@@ -43,8 +45,10 @@ from ..errors import ConfigError, ExitCode
 
 C10D = "torch.distributed.distributed_c10d"
 STACKS_SIGNAL = signal.SIGUSR1
-# At most one progress message this often (a loss read off a GPU is a sync).
+# At most one progress message this often (a loss read off a GPU is a sync); the last is always sent.
 PROBE_INTERVAL_S = 0.5
+# How long the last message may wait for room in the runtime's queue (the others are dropped when it is full).
+LAST_MESSAGE_WAIT_S = 2.0
 # What torchrun's agent raises when a worker failed or it was signalled: not a failure of its own.
 LAUNCHER_ERRORS = frozenset({"ChildFailedError", "SignalException"})
 
@@ -62,8 +66,7 @@ def install(environ: Mapping[str, str] = os.environ) -> None:
     patches: dict[str, Patch] = {C10D: check_world_size}
     channel = Channel.of(environ)
     if channel is not None:
-        patches.update(dict.fromkeys(HUGGING_FACE_TRAINERS, functools.partial(probe_hugging_face, channel=channel)))
-        patches.update(dict.fromkeys(LIGHTNING_TRAINERS, functools.partial(probe_lightning, channel=channel)))
+        patches.update(trainer_patches(channel))
     for part in (_stacks_on_signal, _record_uncaught, functools.partial(_watch_imports, patches)):
         try:
             part()
@@ -174,30 +177,58 @@ HUGGING_FACE_TRAINERS = ("transformers.trainer",)
 LIGHTNING_TRAINERS = ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer")
 
 
-class Channel:
-    """Progress messages to the pod's runtime: a datagram each (a JSON object), never waited for."""
+Deliver = Callable[[Mapping[str, Any], float], None]  # (message, seconds it may wait for room)
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.setblocking(False)
+
+class Channel:
+    """Progress messages to the pod's runtime (`deliver`), never waited for but the last."""
+
+    def __init__(self, deliver: Deliver) -> None:
+        self.deliver = deliver
         self._last = float("-inf")
 
     @classmethod
     def of(cls, environ: Mapping[str, str]) -> Channel | None:
+        """A command's processes: a datagram each (a JSON object) on envnames.PROGRESS_SOCKET."""
         path = environ.get(names.PROGRESS_SOCKET, "").strip()
-        return cls(path) if path else None
+        return cls(_datagrams(path)) if path else None
 
     def due(self) -> bool:
         """Whether a message may go now (one per PROBE_INTERVAL_S)."""
         return time.monotonic() - self._last >= PROBE_INTERVAL_S
 
-    def send(self, record: Mapping[str, Any]) -> None:
+    def send(self, record: Mapping[str, Any], last: bool = False) -> None:
+        """`last`: training ended; this message, its last step, waits up to LAST_MESSAGE_WAIT_S for room."""
         self._last = time.monotonic()
         try:
-            self.sock.sendto(json.dumps(record).encode(), self.path)
-        except OSError:  # the runtime is not listening (yet), or its queue is full: the next one will do
+            self.deliver(record, LAST_MESSAGE_WAIT_S if last else 0.0)
+        except Exception:  # noqa: BLE001 - the runtime is not listening (yet), or its queue is full: the next will do
             pass
+
+
+def _datagrams(path: str) -> Deliver:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+
+    def deliver(record: Mapping[str, Any], wait_s: float) -> None:
+        sock.settimeout(wait_s)  # 0: never blocks; a full queue drops the message
+        sock.sendto(json.dumps(record).encode(), path)
+
+    return deliver
+
+
+def trainer_patches(channel: Channel) -> dict[str, Patch]:
+    """The patches that add a progress callback to every Hugging Face and Lightning trainer made."""
+    return {**dict.fromkeys(HUGGING_FACE_TRAINERS, functools.partial(probe_hugging_face, channel=channel)),
+            **dict.fromkeys(LIGHTNING_TRAINERS, functools.partial(probe_lightning, channel=channel))}
+
+
+def watch_trainers(deliver: Deliver) -> None:
+    """This process's Hugging Face and Lightning trainers say how far they are to `deliver` (an
+    entrypoint's rank: its tee's reader); fails open, as `install`'s parts do."""
+    try:
+        _watch_imports(trainer_patches(Channel(deliver)))
+    except Exception as error:  # noqa: BLE001 - training goes on; the bars and lines still say progress
+        print(f"ddp-trainer: trainers' progress is not read in this process: {error}", file=sys.stderr)
 
 
 def _number(value: Any) -> float | None:
@@ -209,8 +240,10 @@ def _number(value: Any) -> float | None:
 
 
 def _after_init(cls: Any, add: Callable[[Any], None]) -> None:
-    """Run `add(trainer)` after each `cls(...)` made a trainer."""
+    """Run `add(trainer)` after each `cls(...)` made a trainer (once: a class patched already stays so)."""
     original = cls.__init__
+    if getattr(original, "_ddp_progress", False):
+        return
 
     @functools.wraps(original)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -220,6 +253,7 @@ def _after_init(cls: Any, add: Callable[[Any], None]) -> None:
         except Exception as error:  # noqa: BLE001 - the trainer works as it is
             print(f"ddp-trainer: {cls.__name__}'s progress is not read: {error}", file=sys.stderr)
 
+    __init__._ddp_progress = True  # type: ignore[attr-defined]
     cls.__init__ = __init__
 
 
@@ -231,14 +265,20 @@ def probe_hugging_face(module: types.ModuleType, channel: Channel) -> None:
         loss: float | None = None
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if state.is_world_process_zero and (channel.due() or state.global_step >= state.max_steps):
-                channel.send({"step": state.global_step, "total": state.max_steps, "epoch": state.epoch,
-                              "loss": self.loss})
+            if state.is_world_process_zero and channel.due():
+                channel.send(self._said(state))
 
         def on_log(self, args: Any, state: Any, control: Any, logs: Mapping[str, Any] | None = None,
                    **kwargs: Any) -> None:
             if logs and "loss" in logs:
                 self.loss = _number(logs["loss"])
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.is_world_process_zero:  # the last step, and the loss logged after it
+                channel.send(self._said(state), last=True)
+
+        def _said(self, state: Any) -> dict[str, Any]:
+            return {"step": state.global_step, "total": state.max_steps, "epoch": state.epoch, "loss": self.loss}
 
     _after_init(module.Trainer, lambda trainer: trainer.add_callback(DDPJobProgress()))
 
@@ -250,17 +290,26 @@ def probe_lightning(module: types.ModuleType, channel: Channel) -> None:
 
     class DDPJobProgress(base):
         total: float | None = None
+        loss: Any = None  # the last step's, read (a sync on a GPU) only when a message goes
 
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
             self.total = _number(trainer.estimated_stepping_batches)
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-            if not trainer.is_global_zero or not channel.due():
+            if not trainer.is_global_zero:
                 return
-            loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-            batches = _number(trainer.num_training_batches)
-            epoch = trainer.current_epoch + (min(1.0, (batch_idx + 1) / batches) if batches else 0.0)
-            channel.send({"step": trainer.global_step, "total": self.total, "epoch": epoch, "loss": _number(loss)})
+            self.loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+            if channel.due():
+                batches = _number(trainer.num_training_batches)
+                epoch = trainer.current_epoch + (min(1.0, (batch_idx + 1) / batches) if batches else 0.0)
+                channel.send(self._said(trainer, epoch))
+
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+            if trainer.is_global_zero:  # the last step: the epochs done
+                channel.send(self._said(trainer, float(trainer.current_epoch)), last=True)
+
+        def _said(self, trainer: Any, epoch: float) -> dict[str, Any]:
+            return {"step": trainer.global_step, "total": self.total, "epoch": epoch, "loss": _number(self.loss)}
 
     _after_init(module.Trainer, lambda trainer: trainer.callbacks.append(DDPJobProgress()))
 

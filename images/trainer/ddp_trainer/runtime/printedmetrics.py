@@ -13,6 +13,9 @@ upload interval and at exit.
 
 A line without a step (Hugging Face's Trainer logs the epoch) is reported without one, and its
 metrics record's step is the line's number among this rank's metric lines.
+
+Where the run ended as it should (`succeeded`), the last progress goes out complete, once the output
+and the trainer's messages are all read (progress.py: ProgressReporter.finish).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from ddp_contract.metriclines import (
@@ -83,12 +86,18 @@ class PrintedMetrics:
         self.state = BarProgress()  # the job's progress as the lines and bars said it so far
         self.probed = False  # the code's trainer says how far it is: its bars no longer do
         self._pace: tuple[float, int] | None = None  # (when, step) of the first probe, for the time left
+        self._succeeded = False
         self._batch: list[MetricLine | ProgressBar | Probed] = []
         self._scanners: dict[int, LineScanner] = {}  # by stream: stdout's and stderr's lines interleave
         self._queue: queue.Queue[list[MetricLine | ProgressBar | Probed] | None] = queue.Queue(MAX_QUEUED)
         self._dropped = 0
         self._worker = threading.Thread(target=self._work, name="ddp-printed-metrics", daemon=True)
         self._worker.start()
+
+    @staticmethod
+    def among(listeners: Iterable[object]) -> PrintedMetrics | None:
+        """The PrintedMetrics among a tee's listeners, None where its output is not read for progress."""
+        return next((x for x in listeners if isinstance(x, PrintedMetrics)), None)
 
     def feed(self, data: bytes, stream: int = 1) -> None:
         """Output as the rank wrote it (the tee's reader thread): returns at once."""
@@ -141,10 +150,15 @@ class PrintedMetrics:
             record_epoch = line.epoch if line.epoch is None or not line.epoch.is_integer() else int(line.epoch)
             self.results.log_metrics(step, record_epoch, line.loss, **extra)
 
-    def probe(self, record: Mapping[str, Any]) -> None:
-        """A message of the in-process hook (any thread): queued as the lines are."""
+    def probe(self, record: Mapping[str, Any], wait_s: float = 0.0) -> None:
+        """A message of the in-process hook (any thread): queued as the lines are, waiting up to `wait_s`
+        for room (dropped then)."""
+        batch: list[MetricLine | ProgressBar | Probed] = [Probed.of(record)]
         try:
-            self._queue.put_nowait([Probed.of(record)])
+            if wait_s > 0:
+                self._queue.put(batch, timeout=wait_s)
+            else:
+                self._queue.put_nowait(batch)
         except queue.Full:
             pass
 
@@ -194,11 +208,18 @@ class PrintedMetrics:
             self.reporter.report(state.epoch, state.step, state.loss, samples=None, percent=state.percent,
                                  remaining_s=state.remaining_s)
 
+    def succeeded(self) -> None:
+        """The rank's code ended as it should: its last progress (`flush`, at `close`) is complete."""
+        self._succeeded = True
+
     def flush(self) -> None:
         """Send what the queue holds on: the last progress into the status, the records to S3."""
         self._queue.join()
         if self.reporter is not None and not reported_by_code() and not self.code_reports:
-            self.reporter.flush()
+            if self._succeeded:
+                self.reporter.finish()
+            else:
+                self.reporter.flush()
         if self.results is not None:
             self.results.flush()
 

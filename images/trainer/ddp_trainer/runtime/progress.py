@@ -7,6 +7,14 @@ skipped; progress never stops training.
 Record: {"epoch", "step", "loss", "samplesPerSecond", "stepSeconds", "percent", "remainingSeconds",
 "remaining" (the same, as 1h02m), "updatedAt" (RFC 3339, UTC)}; how far the run is comes from the
 reporter's total steps, or from a progress bar (printedmetrics.py).
+
+The time left extrapolates a pace, which the first steps say little about: the first report comes
+after one-time costs (CUDA context, autotuning, compilation, DataLoader workers starting), and a few
+steps' pace is one step's jitter. So a record says it only once the run has been watched for at least
+MIN_PACE_STEPS steps and MIN_PACE_SECONDS seconds since the first report that said how far it was
+(where the reports say no step, MIN_PACE_PERCENT of the run instead of the steps). A run that ended as
+it should (`finish()`) is complete: its last record says 100% where how far it was is known, and no
+time left.
 """
 
 from __future__ import annotations
@@ -34,6 +42,11 @@ Sink = Callable[[dict[str, Any]], None]
 log = logging.getLogger(__name__)
 
 LOG_EVENT = PROGRESS_EVENT
+# How much of the run the pace behind a time left must rest on (see the module docstring): 10 steps put
+# one step's jitter at a tenth of the pace at most, and 10 s is one record interval at the default rate.
+MIN_PACE_STEPS = 10
+MIN_PACE_SECONDS = 10.0
+MIN_PACE_PERCENT = 1.0
 # Set once the training code reports progress itself: what the rank prints (printedmetrics.py) then
 # no longer drives the job's status, so the two never alternate.
 _REPORTED_BY_CODE = threading.Event()
@@ -89,8 +102,10 @@ class ProgressReporter:
 
     samplesPerSecond is measured over the samples reported since the previous emitted record, and stepSeconds
     (mean wall-clock seconds per step) over the reports since then.
-    `flush()` emits the latest state regardless of the rate limit; the runtime flushes every
-    reporter `default_reporter()` made when the user's function ends.
+    `flush()` emits the latest state regardless of the rate limit; `finish()` emits it as the run's
+    last, complete. When the user's function ends, the runtime finishes every reporter
+    `default_reporter()` made where it returned, and flushes them where it failed.
+    Thread-safe: the runtime flushes and finishes from threads other than the reporting one.
     """
 
     def __init__(
@@ -120,7 +135,13 @@ class ProgressReporter:
         self._latest_emitted = True
         self.by_code = by_code
         self.total_steps = total_steps
+        self.finished = False  # the run ended as it should: every record from now on is complete
         self._rate_known = True  # whether the reports say how many samples they processed
+        # (when, step, percent) of the first report that said how far the run is: where the pace behind
+        # the time left is measured from.
+        self._pace_start: tuple[float, int | None, float | None] | None = None
+        self._last_record: dict[str, Any] | None = None
+        self._lock = threading.Lock()
 
     def report(self, epoch: float | None, step: int | None, loss: float | None = None, samples: int | None = 0,
                *, percent: float | None = None, remaining_s: float | None = None) -> bool:
@@ -134,23 +155,65 @@ class ProgressReporter:
             _REPORTED_BY_CODE.set()
             if step is not None:
                 HEARTBEAT.beat(step)
-        self._rate_known = samples is not None
-        self._window_samples += samples or 0
-        self._window_steps += 1
-        self._latest = {"epoch": None if epoch is None else math.floor(epoch), "step": None if step is None else int(step),
-                        "loss": _float(loss), "percent": percent, "remainingSeconds": remaining_s}
-        self._latest_emitted = False
-        now = self._clock()
-        if self._last_emit is not None and now - self._last_emit < self.min_interval_s:
-            return False
-        self._emit(now)
-        return True
+        with self._lock:
+            now = self._clock()
+            self._rate_known = samples is not None
+            self._window_samples += samples or 0
+            self._window_steps += 1
+            self._latest = {"epoch": None if epoch is None else math.floor(epoch),
+                            "step": None if step is None else int(step), "loss": _float(loss), "percent": percent,
+                            "remainingSeconds": remaining_s}
+            self._latest_emitted = False
+            self._watch_pace(now, self._latest)
+            if self._last_emit is not None and now - self._last_emit < self.min_interval_s:
+                return False
+            self._emit(now)
+            return True
 
     def flush(self) -> bool:
-        if self._latest is None or self._latest_emitted:
+        with self._lock:
+            if self._latest is None or self._latest_emitted:
+                return False
+            self._emit(self._clock())
+            return True
+
+    def finish(self) -> bool:
+        """The run ended as it should: its latest state goes out as its last record, complete (100%
+        where how far it was is known, no time left), though it went out already. Reports after this
+        (output read late) go out complete too. False where there is nothing to say, or it was said."""
+        with self._lock:
+            if self._latest is None or (self.finished and self._latest_emitted):
+                return False
+            self.finished = True
+            if self._latest_emitted and self._last_record is not None:  # no report since: the pace as it was
+                record = {**self._last_record, **self._complete(self._last_record),
+                          "updatedAt": rfc3339(self._wallclock(), millis=True)}
+                self._last_record = record
+                self.sink(record)
+            else:
+                self._emit(self._clock())
+            return True
+
+    def _watch_pace(self, now: float, latest: dict[str, Any]) -> None:
+        """Start measuring the pace at the first report that says how far the run is, and again where the
+        step went back (a run resumed from an earlier checkpoint in the same process)."""
+        step, percent = latest["step"], self._percent(latest)
+        if percent is None:
+            return
+        start = self._pace_start
+        if start is None or (step is not None and start[1] is not None and step < start[1]):
+            self._pace_start = (now, step, percent)
+
+    def _pace_known(self, now: float, step: int | None, percent: float | None) -> bool:
+        """Whether the pace since the pace's start rests on enough of the run to say a time left."""
+        if self._pace_start is None:
             return False
-        self._emit(self._clock())
-        return True
+        since, first_step, first_percent = self._pace_start
+        if now - since < MIN_PACE_SECONDS:
+            return False
+        if step is not None and first_step is not None:
+            return step - first_step >= MIN_PACE_STEPS
+        return percent is not None and first_percent is not None and percent - first_percent >= MIN_PACE_PERCENT
 
     def _emit(self, now: float) -> None:
         assert self._latest is not None
@@ -163,7 +226,7 @@ class ProgressReporter:
         step_seconds = round(elapsed / steps, 6) if steps else None
         record = {**self._latest, "samplesPerSecond": round(rate, 3) if self._rate_known else None,
                   "stepSeconds": step_seconds,
-                  **self._how_far(self._latest, step_seconds),
+                  **self._how_far(now, self._latest, step_seconds),
                   "updatedAt": rfc3339(self._wallclock(), millis=True)}
         self._last_emit = now
         self._window_start = now
@@ -171,17 +234,30 @@ class ProgressReporter:
         self._window_samples = 0
         self._window_steps = 0
         self._latest_emitted = True
+        self._last_record = record
         self.sink(record)
 
-
-    def _how_far(self, latest: dict[str, Any], step_seconds: float | None) -> dict[str, Any]:
-        percent, remaining = latest.get("percent"), latest.get("remainingSeconds")
-        step = latest.get("step")
+    def _percent(self, latest: dict[str, Any]) -> float | None:
+        percent, step = latest.get("percent"), latest.get("step")
         if percent is None and self.total_steps and step is not None:
             percent = 100 * min(step, self.total_steps) / self.total_steps
-            if step_seconds is not None:
-                remaining = max(0, self.total_steps - step) * step_seconds
+        return percent if percent is None or math.isfinite(percent) else None
+
+    def _how_far(self, now: float, latest: dict[str, Any], step_seconds: float | None) -> dict[str, Any]:
+        step, percent = latest.get("step"), self._percent(latest)
+        remaining = latest.get("remainingSeconds")
+        if latest.get("percent") is None and self.total_steps and step is not None and step_seconds is not None:
+            remaining = max(0, self.total_steps - step) * step_seconds
+        if self.finished:
+            return self._complete({"percent": percent})
+        if not self._pace_known(now, step, percent):
+            remaining = None
         return how_far(percent, remaining)
+
+    @staticmethod
+    def _complete(record: dict[str, Any]) -> dict[str, Any]:
+        """How far a run that ended as it should is: all of it where how far it was is known."""
+        return how_far(100.0, 0.0) if record.get("percent") is not None else how_far(None, None)
 
 
 def how_far(percent: float | None, remaining_s: float | None) -> dict[str, Any]:
@@ -214,11 +290,18 @@ def _float(value: Any) -> float | None:
 _made: list[ProgressReporter] = []  # held here: the user's own reference ends with their function
 
 
-def flush_reporters() -> None:
-    """Emit what each reporter made by default_reporter() holds back (the runtime's last act for the user)."""
+def flush_reporters(succeeded: bool = False) -> None:
+    """The runtime's last act for the user's function: each reporter default_reporter() made emits what
+    it holds back, as the run's last, complete record where the function returned (`succeeded`). The
+    reporter of printed lines says nothing where the code reported itself."""
     for reporter in list(_made):
+        if not reporter.by_code and reported_by_code():
+            continue
         try:
-            reporter.flush()
+            if succeeded:
+                reporter.finish()
+            else:
+                reporter.flush()
         except Exception as exc:  # noqa: BLE001 - progress is best effort, as its sinks are
             log.warning("flushing progress failed: %s", exc)
 
