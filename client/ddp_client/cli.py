@@ -55,6 +55,12 @@ def parser() -> argparse.ArgumentParser:
     board.add_argument("--kubeconfig", help="path to the kubeconfig (default: $KUBECONFIG, ~/.kube/config)")
     board.add_argument("--results", metavar="S3_URI", action="append", default=[],
                        help="a results prefix (spec.s3.results) where deleted jobs are looked for (repeatable)")
+    board.add_argument("--accept-host", metavar="NAME", action="append", default=[],
+                       help="also answer requests for this Host name, as a trusted proxy in front sends them "
+                            "(repeatable; default: only 127.0.0.1 and localhost)")
+    board.add_argument("--no-token", action="store_true",
+                       help="serve without the token in the printed URL, for a trusted proxy that checks who "
+                            "comes (anyone who reaches the port can then read what your credentials can)")
     convert = commands.add_parser("convert", help="a Kubeflow PyTorchJob manifest as a DDPJob (YAML on stdout)")
     convert.add_argument("-f", "--filename", required=True, help="the PyTorchJob's YAML file, or - for stdin")
     return top
@@ -111,7 +117,8 @@ def serve_dashboard(args: argparse.Namespace) -> int:
     for number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(number, lambda *_: stopped.set())
     try:
-        board = dashboard(args.namespace, args.all_namespaces, args.port, args.kubeconfig, results=tuple(args.results))
+        board = dashboard(args.namespace, args.all_namespaces, args.port, args.kubeconfig, results=tuple(args.results),
+                          token=not args.no_token, accept_hosts=tuple(args.accept_host))
     except OSError as error:
         print(f"kubectl ddp dashboard: cannot serve on 127.0.0.1:{args.port}: {error.strerror or error}"
               " (another --port, or 0 for any free one)", file=sys.stderr)

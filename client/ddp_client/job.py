@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -78,6 +79,7 @@ class Job:
         self._kept: logsources.KeptLogs | None = None  # the log parts kept in S3, as read so far
         self._metric_parts: dict[str, tuple[int, list[metricdata.Record]]] = {}  # metrics read: key -> (size, records)
         self._dask_bodies: dict[str, bytes] = {}  # dask-pytorch-ddp's result files read (written once each)
+        self._causes: dict[int, dict[str, Any]] = {}  # why each attempt began, as read from S3 (written once each)
 
     def __repr__(self) -> str:
         return f"Job({self.namespace}/{self.name})"
@@ -308,7 +310,7 @@ class Job:
             if key.endswith(".jsonl"):
                 known = self._metric_parts.get(key)
                 parts[key] = known if known is not None and known[0] == size else (
-                    size, metricdata.parse_lines(store.get(key).decode(), f"{store.uri}/{key}"))
+                    size, metricdata.parse_lines(store.get(key), f"{store.uri}/{key}"))
         self._metric_parts = parts
         records = [record for _, part in parts.values() for record in part]
         dask_keys = [key for key, _ in store.list(f"{layout.RESULTS}/{metricdata.DASK_WORKER_FOLDER}")
@@ -321,6 +323,23 @@ class Job:
             if record is not None:
                 records.append(record)
         return metricdata.best_sources(records)
+
+    def attempt_causes(self) -> dict[int, dict[str, Any]]:
+        """Why each attempt after the first began (a gang restart or a resize), as its rank 0 kept it in S3
+        from status.attemptCause: attempt -> {"reason", "message", "time"}. They outlive the Events (an hour)
+        and the job."""
+        store = self.store()
+        for key, _ in store.list(layout.RESTARTS):
+            attempt = layout.parse_attempt_cause(key)
+            if attempt is None or attempt in self._causes:
+                continue
+            try:
+                cause = json.loads(store.get(key))
+            except ValueError:  # not ours
+                continue
+            if isinstance(cause, dict):
+                self._causes[attempt] = cause
+        return dict(self._causes)
 
     def plot(self, path: str | Path, metrics: list[str] | None = None, rank: int | None = 0) -> metricdata.Series:
         """Loss and every other logged metric (or those named) against the step, one panel each, to a

@@ -1,10 +1,13 @@
 """Fewer points that draw the same curve."""
 
 import math
+import random
 
+import numpy as np
 import pytest
 
-from ddp_client.downsample import largest_triangles
+import recordwise
+from ddp_client.downsample import largest_triangles, largest_triangles_at
 
 
 def test_few_points_are_kept_as_they_are() -> None:
@@ -32,3 +35,19 @@ def test_a_spike_a_stride_would_skip_is_kept() -> None:
 def test_a_limit_below_three_is_refused() -> None:
     with pytest.raises(ValueError, match="limit must be at least 3"):
         largest_triangles([(0.0, 0.0)] * 10, 2)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_the_points_kept_are_those_chosen_one_bucket_at_a_time(seed: int) -> None:
+    rng = random.Random(seed)
+    for count, limit in ((5, 3), (1000, 7), (12_345, 500), (20_000, 2000)):
+        shapes = ([(float(x), rng.random()) for x in range(count)],
+                  [(x, rng.gauss(0, 1) * 1e6) for x in range(count)],  # int steps, as a series has them
+                  [(1.8e9 + 0.37 * x, math.sin(x / 30)) for x in range(count)],  # times
+                  [(float(x), float(rng.randint(0, 2))) for x in range(count)])  # equal areas: the first of them
+        for points in shapes:
+            assert largest_triangles(points, limit) == recordwise.largest_triangles(points, limit), (count, limit)
+    x, y = np.arange(50_000, dtype=np.float64), np.cos(np.arange(50_000) / 700.0)
+    kept = largest_triangles_at(x, y, 1000)
+    assert [(x[i], y[i]) for i in kept] == recordwise.largest_triangles(list(zip(x.tolist(), y.tolist(), strict=True)), 1000)
+    assert largest_triangles_at(x[:10], y[:10], 20).tolist() == list(range(10))

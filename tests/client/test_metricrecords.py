@@ -55,3 +55,12 @@ def test_each_rank_s_records_come_from_its_best_source_only() -> None:
     by_rank = {r: sorted((x.get("source") or "code") for x in kept if x["rank"] == r) for r in (0, 1, 2)}
     assert by_rank == {0: ["code"], 1: ["printed", "printed"], 2: [metricdata.DASK_RESULTS]}
     assert metricdata.series(kept, rank=1) == {"loss": [(1, 1.0), (2, 1.0)]}  # "source" is not a metric
+
+
+@pytest.mark.parametrize("ranks", [[0, 0, 1, 1, 2], [1, 1, 0, 0], [0, 1, 0], [None, 0, 1], [0, "1", 1], [3]])
+def test_best_sources_of_one_source_keeps_every_record_grouped_by_rank_in_the_order_each_came(
+        ranks: list[object]) -> None:
+    records = [{"step": i, "rank": rank, "loss": 1.0} for i, rank in enumerate(ranks)]
+    order = list(dict.fromkeys(int(rank or 0) for rank in ranks))  # type: ignore[call-overload]
+    expected = [r for rank in order for r in records if int(r["rank"] or 0) == rank]  # type: ignore[call-overload]
+    assert metricdata.best_sources(records) == expected

@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from kubernetes import client
@@ -27,6 +28,7 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 import ddp_client
 import demo
 from ddp_client.store import S3Access
+from ddp_client.web import RunningDashboard
 from ddp_contract import api, layout
 from e2ehelp import BUCKET as E2E_BUCKET
 from kube import REPO, Jobs, client_as, own_namespace_in
@@ -36,8 +38,11 @@ RESULTS = f"s3://{BUCKET}/results"
 SECRET = "s3-credentials"
 CHROMIUM = os.environ.get("DDP_TEST_CHROMIUM", "/usr/bin/chromium")
 # As the machine notes say Chromium must run here: no sandbox as root, nothing reached for off the machine.
+# A name that resolves to this machine, as a page's own name does once its DNS is rebound to 127.0.0.1.
+REBOUND = "rebound.example"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 f"--host-resolver-rules=MAP {REBOUND} 127.0.0.1"]
 WAIT_MS = 30_000
 IMAGE = "ddp-operator/trainer:0.1.0"
 
@@ -67,10 +72,10 @@ def space(cluster: Any, kube_api: Any, crd: None, s3: str) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def board(kube_api: Any, space: str) -> Iterator[str]:
+def board(kube_api: Any, space: str) -> Iterator[RunningDashboard]:
     """The dashboard of `space`, reading S3 as each job says (its endpoint, its Secret): nothing given here."""
     running = ddp_client.dashboard(space, api_client=kube_api, s3_access=S3Access())
-    yield running.url
+    yield running
     running.stop()
 
 
@@ -149,7 +154,7 @@ def test_a_training_job_s_curve_gains_points_while_it_runs(
     running = ddp_client.dashboard(jobs.namespace, api_client=kube_api, s3_access=S3Access())
     opened = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
-        opened.goto(f"{running.url}job?namespace={jobs.namespace}&name={job.name}")
+        opened.goto(running.link("job", namespace=jobs.namespace, name=job.name))
         expect(opened.locator("#phase")).to_have_text("Running", timeout=120_000)
         loss = opened.locator('#curves .curve[data-metric="loss"]')
         expect(loss).to_have_count(1, timeout=WAIT_MS)
@@ -171,10 +176,11 @@ def test_a_training_job_s_curve_gains_points_while_it_runs(
 
 
 def test_a_running_job_s_row_and_its_curve_move_while_it_trains(
-        kube_api: Any, space: str, s3: str, board: str, page: Page, monkeypatch: pytest.MonkeyPatch) -> None:
+        kube_api: Any, space: str, s3: str, board: RunningDashboard, page: Page, monkeypatch: pytest.MonkeyPatch
+) -> None:
     create_job(kube_api, space, "trains", s3, {"phase": "Running", "ready": "2/2", "restarts": 0,
                                            "progress": {"epoch": 1, "step": 10, "loss": 0.5, "percent": 10.0}})
-    page.goto(board)
+    page.goto(board.url)
     row = page.locator(f'#jobs tr[data-job="{space}/trains"]')
     expect(row.locator(".phase")).to_have_text("Running", timeout=WAIT_MS)
     expect(row.locator(".step")).to_have_text("10")
@@ -192,7 +198,8 @@ def test_a_running_job_s_row_and_its_curve_move_while_it_trains(
 
 
 def test_a_failed_rank_s_last_words_and_the_gang_restart_before_it_are_shown(
-        kube_api: Any, space: str, s3: str, board: str, page: Page, monkeypatch: pytest.MonkeyPatch) -> None:
+        kube_api: Any, space: str, s3: str, board: RunningDashboard, page: Page, monkeypatch: pytest.MonkeyPatch
+) -> None:
     create_job(kube_api, space, "fails", s3, {"phase": "Running", "ready": "2/2"})
     log_metrics(monkeypatch, s3, space, "fails", range(0, 50), attempt=0)
     client.CoreV1Api(kube_api).create_namespaced_event(space, {
@@ -206,7 +213,7 @@ def test_a_failed_rank_s_last_words_and_the_gang_restart_before_it_are_shown(
         "attempt": 1, "failedRank": {"rank": 1, "pod": "fails-1", "reason": "Error", "exitCode": 1, "kind": "Program",
                                      "attempt": 1, "message": "Traceback (most recent call last):\n"
                                                               "RuntimeError: CUDA error: an illegal memory access"}})
-    page.goto(f"{board}job?namespace={space}&name=fails")
+    page.goto(board.link("job", namespace=space, name="fails"))
     expect(page.locator("#phase")).to_have_text("Failed", timeout=WAIT_MS)
     expect(page.locator("#failure")).to_contain_text("RuntimeError: CUDA error: an illegal memory access")
     expect(page.locator("#failure")).to_contain_text("failed rank: rank 1 (pod fails-1): Error")
@@ -216,12 +223,13 @@ def test_a_failed_rank_s_last_words_and_the_gang_restart_before_it_are_shown(
 
 
 def test_a_deleted_job_s_log_and_curve_still_load_from_s3(
-        kube_api: Any, space: str, s3: str, board: str, page: Page, monkeypatch: pytest.MonkeyPatch) -> None:
+        kube_api: Any, space: str, s3: str, board: RunningDashboard, page: Page, monkeypatch: pytest.MonkeyPatch
+) -> None:
     create_job(kube_api, space, "gone", s3, {"phase": "Succeeded"})
     log_metrics(monkeypatch, s3, space, "gone", range(0, 20))
     demo.s3_client(s3).put_object(Bucket=BUCKET, Key=f"results/{space}/gone/{layout.log_part(0, 0, 0)}",
                                   Body=b"epoch 0 started\nthe last line rank 0 printed\n")
-    page.goto(board)  # seen live first: its results prefix is where deleted jobs are looked for
+    page.goto(board.url)  # seen live first: its results prefix is where deleted jobs are looked for
     expect(page.locator(f'#jobs tr[data-job="{space}/gone"]')).to_have_count(1, timeout=WAIT_MS)
     client.CustomObjectsApi(kube_api).delete_namespaced_custom_object(api.GROUP, api.VERSION, space, api.PLURAL, "gone")
     expect(page.locator(f'#jobs tr[data-job="{space}/gone"]')).to_have_count(0, timeout=WAIT_MS)
@@ -244,13 +252,79 @@ def test_a_namespace_the_user_may_not_read_shows_the_api_server_s_refusal(
         expect(opened.locator("#error")).to_contain_text("403 Forbidden", timeout=WAIT_MS)
         expect(opened.locator("#error")).to_contain_text(f'cannot list resource "{api.PLURAL}"')
         expect(opened.locator("#jobs tbody tr")).to_have_count(0)
-        opened.goto(f"{running.url}job?namespace={space}&name=trains")
+        opened.goto(running.link("job", namespace=space, name="trains"))
         expect(opened.locator("#error")).to_contain_text("403 Forbidden", timeout=WAIT_MS)
     finally:
         keep_screenshot(opened, request)
         opened.close()
         running.stop()
         stranger.close()
+
+
+def test_a_page_under_a_name_rebound_to_this_machine_is_refused(board: RunningDashboard, page: Page) -> None:
+    """DNS rebinding: the browser reaches 127.0.0.1 under another site's name; even the token does not help."""
+    port = urlsplit(board.address).port
+    answer = page.goto(f"http://{REBOUND}:{port}/api/job?namespace=a&name=b&token={board.access.token}")
+    assert answer is not None and answer.status == 403
+    expect(page.locator("body")).to_contain_text(f"Host '{REBOUND}:{port}' is not this dashboard's address")
+    answer = page.goto(f"http://{REBOUND}:{port}/?token={board.access.token}")
+    assert answer is not None and answer.status == 403
+    expect(page.locator("body")).to_contain_text("DNS rebinding")
+
+
+def test_a_page_opened_without_the_token_says_how_to_open_it(board: RunningDashboard, page: Page) -> None:
+    answer = page.goto(board.address)
+    assert answer is not None and answer.status == 403
+    expect(page.locator("body")).to_contain_text("needs its token")
+    expect(page.locator("body")).to_contain_text("?token=")
+    page.goto(board.url)  # the printed address: the page, and its own requests carry the token's cookie
+    expect(page.locator("#error")).to_have_text("", timeout=WAIT_MS)
+    page.goto(board.address)
+    expect(page.locator("#jobs")).to_be_visible(timeout=WAIT_MS)
+
+
+@pytest.fixture
+def elsewhere() -> Iterator[str]:
+    """Another site's page, served on loopback at another port (another origin) and stopped after the test."""
+    import http.server
+    import threading
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"<html><body>elsewhere</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    yield f"http://{REBOUND}:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+    serving.join(10)
+
+
+def test_a_script_of_another_site_cannot_read_the_api(board: RunningDashboard, page: Page, elsewhere: str) -> None:
+    """Another site's page in the same browser asks the dashboard's API, even knowing the token: the dashboard
+    refuses it (403: the browser says another site started it) and the browser hands the script nothing."""
+    page.goto(board.url)  # the user's own tab left the cookie in this browser
+    page.goto(elsewhere)
+    for path in ("api/config", "api/jobs/events", "api/job"):
+        target = board.link(path, namespace="a", name="b")
+        with page.expect_response(lambda response: response.url.startswith(board.address + path)) as answered:
+            read = page.evaluate("url => fetch(url, {mode: 'no-cors', credentials: 'include'})"
+                                 ".then(r => r.type + ':' + r.status)", target)
+        assert answered.value.status == 403, path
+        assert read == "opaque:0", path  # nothing of the answer reaches the script
+        refused = page.evaluate("url => fetch(url, {credentials: 'include'}).then(r => r.text(), e => 'blocked')",
+                                target)
+        assert refused == "blocked", path
 
 
 def rfc3339_now() -> str:
@@ -265,9 +339,9 @@ def test_kubectl_ddp_dashboard_serves_until_interrupted(cluster: Any, space: str
     served = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = served.stdout.readline()  # type: ignore[union-attr]
-        url = re.search(r"http://127\.0\.0\.1:\d+/", line)
+        url = re.search(r"(http://127\.0\.0\.1:\d+/)\?token=([\w-]+)", line)
         assert url is not None, line
-        with urllib.request.urlopen(f"{url.group(0)}api/config", timeout=10) as answer:
+        with urllib.request.urlopen(f"{url.group(1)}api/config?token={url.group(2)}", timeout=10) as answer:
             assert json.load(answer) == {"namespace": space}
         served.send_signal(signal.SIGINT)
         try:

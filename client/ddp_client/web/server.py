@@ -10,6 +10,9 @@ API server's refusal where it refuses.
     GET /api/metrics?...&rank=0|all|each&axis=step|time   curves (bounded points) and the attempts' marks
     GET /api/logs?...&rank=&attempt=&end=      a page of a rank's log, from its pod or from S3
     GET /api/files?...                         results and kept files; /api/download?...&path= one of them
+
+Every request must name this machine's address as its Host, come from the dashboard's own pages and carry
+the token of the printed URL (access.py); the first page opened with ?token= leaves it in a cookie.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import asyncio
 import json
 import mimetypes
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,8 +31,10 @@ from aiohttp import web
 from ddp_contract import layout
 
 from ..job import Job
+from ..metriccolumns import Columns
 from ..store import S3Access, StoreError
 from . import views
+from .access import TOKEN_PARAMETER, Access, given_token, token_cookie
 from .reading import JobsWatch, Reader, api_error_text, kept_job_names
 
 STATIC = Path(__file__).parent / "static"
@@ -111,6 +117,44 @@ class DashboardState:
 
 
 STATE: web.AppKey[DashboardState] = web.AppKey("dashboard", DashboardState)
+ACCESS: web.AppKey[Access] = web.AppKey("access", Access)
+TOKEN_IN_QUERY = "ddp.token-in-query"  # a request whose token came in its query: the answer sets the cookie
+
+
+def _served_port(request: web.Request) -> int:
+    sockname = request.transport.get_extra_info("sockname") if request.transport else None
+    return int(sockname[1]) if sockname else 0
+
+
+def _refused(request: web.Request, why: str) -> web.Response:
+    """403 with the reason: JSON for the API (the pages show its "error"), text for a page."""
+    if request.path.startswith("/api/"):
+        return _json({"error": why}, 403)
+    return web.Response(status=403, text=f"403 Forbidden: {why}\n", content_type="text/plain")
+
+
+@web.middleware
+async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                ) -> web.StreamResponse:
+    """Refuses a foreign Host, a script of another origin and a request without the token (access.py)."""
+    access, port = request.app[ACCESS], _served_port(request)
+    host = request.headers.get("Host")
+    token = given_token(request.query, request.headers, request.cookies, port)
+    why = (access.host_refusal(host, port) or access.origin_refusal(request.headers, host)
+           or access.token_refusal(token))
+    if why is not None:
+        return _refused(request, why)
+    request[TOKEN_IN_QUERY] = access.token is not None and TOKEN_PARAMETER in request.query
+    return await handler(request)
+
+
+async def _headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Keeps the token of an opened address in a cookie for the page's own requests; no page of another site
+    may frame the dashboard's, or learn its address (and token) from a Referer."""
+    if request.get(TOKEN_IN_QUERY):  # a header of its own: aiohttp has written the response's cookies by now
+        response.headers.add("Set-Cookie", token_cookie(_served_port(request), request.query[TOKEN_PARAMETER]))
+    response.headers["X-Frame-Options"] = "DENY"
+    response.headers["Referrer-Policy"] = "no-referrer"
 
 
 def _scope(request: web.Request, dashboard: DashboardState) -> str | None:
@@ -241,22 +285,27 @@ async def metrics(request: web.Request) -> web.StreamResponse:
     rank = None if request.query.get("rank") in (ALL, EACH) else _int(request, "rank", 0)
     axis = "step" if each else request.query.get("axis", "step")
 
-    def read() -> dict[str, Any]:
+    def read_events() -> list[dict[str, Any]]:
         from kubernetes.client.rest import ApiException
 
-        records = handle.metrics()
         try:
-            events = dashboard.reader.events(namespace, name) if results is None else []
+            return dashboard.reader.events(namespace, name) if results is None else []
         except ApiException:  # the marks go without their reasons where Events cannot be read
-            events = []
-        # A long run's curves take a second or more to draw: drawn again only once more records came.
-        key = (namespace, name, results, EACH if each else rank, axis)
-        drawn = dashboard.curves.get(key)
-        if drawn is None or drawn[0] != len(records):
-            curves = views.curves_by_rank(records) if each else views.curves(records, rank, axis)
-            drawn = dashboard.curves[key] = (len(records), curves, views.last_steps(records))
-        return {"curves": drawn[1], "marks": views.attempt_marks(records, views.event_rows(events)),
-                "ranks": sorted(drawn[2]), "lastSteps": drawn[2]}
+            return []
+
+    def read() -> dict[str, Any]:
+        with ThreadPoolExecutor(1) as beside:  # the API server answers while the records are read and drawn
+            events = beside.submit(read_events)
+            # Columns: the records' fields read once for the curves, the newest steps and the marks.
+            records, causes = Columns(handle.metrics()), handle.attempt_causes()
+            # Drawn again only once more records came.
+            key = (namespace, name, results, EACH if each else rank, axis)
+            drawn = dashboard.curves.get(key)
+            if drawn is None or drawn[0] != len(records):
+                curves = views.curves_by_rank(records) if each else views.curves(records, rank, axis)
+                drawn = dashboard.curves[key] = (len(records), curves, views.last_steps(records))
+            return {"curves": drawn[1], "marks": views.attempt_marks(records, views.event_rows(events.result()), causes),
+                    "ranks": sorted(drawn[2]), "lastSteps": drawn[2]}
     return _json(await _blocking(read))
 
 
@@ -301,9 +350,12 @@ async def config(request: web.Request) -> web.StreamResponse:
     return _json({"namespace": dashboard.namespace or ALL})
 
 
-def application(dashboard: DashboardState) -> web.Application:
-    app = web.Application()
+def application(dashboard: DashboardState, access: Access | None = None) -> web.Application:
+    """The dashboard's app; `access` says what a request must bring (default: a new token, loopback names)."""
+    app = web.Application(middlewares=[guard])
     app[STATE] = dashboard
+    app[ACCESS] = access or Access()
+    app.on_response_prepare.append(_headers)
     app.router.add_get("/", partial(page, "index.html"))
     app.router.add_get("/job", partial(page, "job.html"))
     app.router.add_get("/static/{file}", static)

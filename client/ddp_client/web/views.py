@@ -7,13 +7,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from ddp_contract import api, labels
 from ddp_contract.resource import JobStatus
 from ddp_contract.timestamps import parse_rfc3339
 
-from .. import metricrecords as metricdata
-from .. import summary
-from ..downsample import largest_triangles
+from .. import metriccolumns, summary
+from ..downsample import largest_triangles_at
+from ..metriccolumns import Columns
 
 # Points a curve is drawn with at most: a long run's curve keeps its shape, the page stays light.
 POINTS_PER_CURVE = 2000
@@ -73,9 +76,17 @@ def _ended(pod: Mapping[str, Any]) -> Json | None:
     return None
 
 
+def _failed_here(failed: Mapping[str, Any], pod: str, attempt: int, phase: str | None) -> bool:
+    """Whether a rank's row is the pod whose failure status.failedRank records: the pod of that name and of
+    that attempt (a replacement of the same name is a later attempt's), or any of that name once the job
+    has failed (a pod kept across in-place attempts carries its first attempt's label)."""
+    return failed.get("pod") == pod and (phase == "Failed" or failed.get("attempt") == attempt)
+
+
 def rank_rows(pods: Iterable[Mapping[str, Any]], status: Mapping[str, Any]) -> list[Json]:
     """The ranks' pods in rank order: pod, rank, attempt, node, state, ready, why held up, how it ended;
-    the one whose failure ended the last attempt carries its last words (status.failedRank)."""
+    the one whose failure ended the last attempt carries its last words (status.failedRank). A failure
+    that restarted the gang is said on that restart's mark, not on the row of the pod that replaced it."""
     failed = JobStatus.of(status).failed_rank or {}
     rows = []
     for pod in pods:
@@ -91,7 +102,7 @@ def rank_rows(pods: Iterable[Mapping[str, Any]], status: Mapping[str, Any]) -> l
             "ready": any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
             "held": _waiting_words(pod), "ended": _ended(pod), "failure": None,
         }
-        if failed and failed.get("pod") == row["pod"]:
+        if failed and _failed_here(failed, row["pod"], row["attempt"], status.get("phase")):
             row["failure"] = {"reason": failed.get("reason"), "exitCode": failed.get("exitCode"),
                               "kind": failed.get("kind"), "attempt": failed.get("attempt"),
                               "lastWords": failed.get("message") or ""}
@@ -138,27 +149,27 @@ def job_page(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], events: 
     }
 
 
-def attempt_marks(records: Sequence[Mapping[str, Any]], events: Sequence[Json]) -> list[Json]:
+def attempt_marks(records: Sequence[Mapping[str, Any]], events: Sequence[Json],
+                  kept: Mapping[int, Mapping[str, Any]] | None = None) -> list[Json]:
     """Where each attempt after the first took over, on both axes: its first record's step and time, with
     the job's own Events between the previous attempt's last record and it (why the gang restarted or
-    resized). Records without an attempt (written before records carried one) mark nothing."""
-    spans: dict[int, list[float]] = {}  # attempt -> [first time, last time, first step]
-    for record in records:
-        attempt, when = record.get("attempt"), record.get("time")
-        if not isinstance(attempt, int) or not isinstance(when, int | float):
-            continue
-        span = spans.setdefault(attempt, [when, when, record["step"]])
-        if when < span[0]:
-            span[0], span[2] = when, record["step"]
-        span[1] = max(span[1], when)
+    resized), else the cause its rank 0 kept in S3 (`kept`: attempt -> status.attemptCause; Events expire
+    and go with the job). Records without an attempt (written before records carried one) mark nothing."""
+    columns = Columns.of(records)
+    spans = {attempt: (columns[first]["time"], last, columns[first]["step"])  # first time, last time, first step
+             for attempt, (first, last) in metriccolumns.attempt_spans(columns).items()}
     marks = []
     ordered = sorted(spans)
     for before, attempt in zip(ordered, ordered[1:], strict=False):
         since, until = spans[before][1], spans[attempt][0]
         causes = [e for e in events if e["object"].startswith(f"{api.KIND}/")
                   and since - 1 <= _epoch(e["time"]) <= until + 1]
+        said = [(e["reason"], e["message"]) for e in causes]
+        cause = (kept or {}).get(attempt)
+        if not said and cause:
+            said = [(cause.get("reason") or "", cause.get("message") or "")]
         marks.append({"attempt": attempt, "time": until, "step": spans[attempt][2],
-                      "why": "; ".join(f"{e['reason']}: {e['message']}" for e in causes)})
+                      "why": "; ".join(f"{reason}: {message}" for reason, message in said)})
     return marks
 
 
@@ -170,15 +181,20 @@ def _epoch(rfc3339: str) -> float:
 def curves(records: Sequence[Mapping[str, Any]], rank: int | None, axis: str = "step",
            points: int = POINTS_PER_CURVE) -> Json:
     """Each metric of `rank` (None: every rank's mean per step) as {"x": [...], "y": [...]}, at most
-    `points` points, against the step or (axis "time") the time it was logged."""
-    series = metricdata.series(records, rank)
-    when = _step_times(records, rank) if axis == "time" else {}
+    `points` points, against the step or (axis "time") the time it was logged. `records` may be a
+    Columns of them (its fields read once for all that is drawn of them)."""
+    columns = Columns.of(records)
+    series = metriccolumns.series(columns, rank)
+    timed_steps, when = metriccolumns.step_times(columns, rank) if axis == "time" else (None, None)
     out = {}
-    for name, values in series.items():
-        placed = [(when[step], y) for step, y in values if step in when] if axis == "time" else \
-            [(float(step), y) for step, y in values]
-        drawn = largest_triangles(placed, points)
-        out[name] = {"x": [x for x, _ in drawn], "y": [y for _, y in drawn], "points": len(values)}
+    for name, (steps, values) in series.items():
+        if timed_steps is None or when is None:
+            x, y = steps.astype(np.float64), values
+        else:  # the steps logged with a time, at that time
+            at, found = metriccolumns.find(timed_steps, steps)
+            x, y = when[at[found]], values[found]
+        drawn = largest_triangles_at(x, y, points)
+        out[name] = {"x": x[drawn].tolist(), "y": y[drawn].tolist(), "points": len(steps)}
     return out
 
 
@@ -187,37 +203,33 @@ def curves_by_rank(records: Sequence[Mapping[str, Any]], most_ranks: int = RANKS
     """Each metric of every rank side by side (the first `most_ranks` ranks that logged), against the step:
     {"x": steps, "ys": {rank: values, None where that rank logged no such step}}. Past `points` steps,
     every n-th of them (ranks drawn together share their steps)."""
-    ranks = sorted({int(r.get("rank") or 0) for r in records})[:most_ranks]
-    by_rank = {rank: metricdata.series(records, rank) for rank in ranks}
+    columns = Columns.of(records)
+    by_rank = {rank: metriccolumns.series(columns, rank) for rank in np.unique(columns.rank)[:most_ranks].tolist()}
     out: Json = {}
     for name in sorted({name for series in by_rank.values() for name in series}):
-        values = {rank: dict(series.get(name, [])) for rank, series in by_rank.items()}
-        steps = sorted({step for logged in values.values() for step in logged})
+        logged = {rank: series[name] for rank, series in by_rank.items() if name in series}
+        steps = np.unique(np.concatenate([logged_steps for logged_steps, _ in logged.values()]))
         if len(steps) > points:
-            stride = len(steps) / points
-            steps = [steps[int(i * stride)] for i in range(points - 1)] + [steps[-1]]
-        out[name] = {"x": steps, "ys": {str(rank): [logged.get(step) for step in steps] for rank, logged in values.items()},
-                     "points": max(len(logged) for logged in values.values())}
+            steps = np.r_[steps[(np.arange(points - 1) * (len(steps) / points)).astype(np.intp)], steps[-1]]
+        out[name] = {"x": steps.tolist(), "ys": {str(rank): _at_steps(logged.get(rank), steps) for rank in by_rank},
+                     "points": max(len(logged_steps) for logged_steps, _ in logged.values())}
     return out
+
+
+def _at_steps(curve: metriccolumns.Curve | None, steps: npt.NDArray[np.int64]) -> list[float | None]:
+    """The curve's values at `steps`, None where it has no such step."""
+    if curve is None:
+        return [None] * len(steps)
+    logged_steps, values = curve
+    at, found = metriccolumns.find(logged_steps, steps)
+    return [value if ok else None for value, ok in zip(values[at].tolist(), found.tolist(), strict=True)]
 
 
 def last_steps(records: Iterable[Mapping[str, Any]]) -> dict[int, Json]:
     """Each rank's newest record: its step and when (a rank far behind the others is slow or stuck)."""
-    newest: dict[int, Json] = {}
-    for record in records:
-        rank, when = int(record.get("rank") or 0), record.get("time")
-        if isinstance(when, int | float) and (rank not in newest or when >= newest[rank]["time"]):
-            newest[rank] = {"step": int(record["step"]), "time": float(when)}
-    return newest
-
-
-def _step_times(records: Iterable[Mapping[str, Any]], rank: int | None) -> dict[int, float]:
-    """When each step was logged last (by `rank`, or by any rank)."""
-    when: dict[int, float] = {}
-    for record in records:
-        if (rank is None or int(record.get("rank") or 0) == rank) and isinstance(record.get("time"), int | float):
-            when[int(record["step"])] = max(when.get(int(record["step"]), 0.0), float(record["time"]))
-    return when
+    columns = Columns.of(records if isinstance(records, Sequence) else list(records))
+    return {rank: {"step": int(columns[newest]["step"]), "time": float(columns[newest]["time"])}
+            for rank, newest in metriccolumns.newest(columns).items()}
 
 
 def log_page(text: str, end: int | None = None, size: int = LOG_PAGE_BYTES) -> Json:

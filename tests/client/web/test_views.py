@@ -37,6 +37,25 @@ def test_ranks_say_where_they_run_why_they_are_held_and_the_failed_one_its_last_
     assert rows[1]["failure"]["lastWords"].endswith("ValueError: bad batch")
 
 
+def test_a_pod_that_replaced_a_failed_one_under_its_name_shows_no_failure() -> None:
+    """Rank 1's pod of attempt 0 vanished and the gang restarted: the new mnist-1 (attempt 1) ended well."""
+    failed = {"rank": 1, "pod": "mnist-1", "reason": "RankMissing", "kind": "Infrastructure", "attempt": 0}
+    pods = [pod(0, "succeeded", attempt=1), pod(1, "succeeded", attempt=1)]
+    for phase in ("Running", "Succeeded"):
+        rows = views.rank_rows(pods, {"phase": phase, "attempt": 1, "failedRank": failed})
+        assert [r["failure"] for r in rows] == [None, None], phase
+    old = views.rank_rows([pod(1, "failed", exit_code=1, attempt=0)], {"phase": "Restarting", "attempt": 1,
+                                                                        "failedRank": failed})
+    assert old[0]["failure"]["reason"] == "RankMissing"  # the failed attempt's own pod, still there
+
+
+def test_a_failed_job_s_failure_stays_on_the_pod_kept_across_in_place_attempts() -> None:
+    failed = {"rank": 0, "pod": "mnist-0", "reason": "Error", "exitCode": 1, "kind": "Program", "attempt": 3}
+    kept = pod(0, "failed", exit_code=1, attempt=0)
+    assert views.rank_rows([kept], {"phase": "Failed", "attempt": 3, "failedRank": failed})[0]["failure"] is not None
+    assert views.rank_rows([kept], {"phase": "Running", "attempt": 4, "failedRank": failed})[0]["failure"] is None
+
+
 def test_a_finished_job_s_last_restart_is_history_not_its_failure() -> None:
     failed = {"rank": 0, "pod": "mnist-0", "reason": "RankMissing", "kind": "Infrastructure", "attempt": 1}
     succeeded = views.job_page(job({"phase": "Succeeded", "reason": "AllRanksSucceeded", "failedRank": failed}), [], [])
@@ -95,3 +114,14 @@ def test_every_rank_s_curve_side_by_side_shares_the_steps_with_gaps_where_a_rank
     many = [{"step": s, "loss": 1.0, "rank": r, "time": float(s)} for r in range(20) for s in range(3000)]
     bounded = views.curves_by_rank(many, most_ranks=4, points=500)["loss"]
     assert sorted(bounded["ys"], key=int) == ["0", "1", "2", "3"] and len(bounded["x"]) == 500 and bounded["x"][-1] == 2999
+
+
+def test_a_restart_whose_events_are_gone_is_marked_with_the_cause_its_rank_0_kept() -> None:
+    logged = records(0, range(0, 50), 1_800_000_000.0) + records(1, range(40, 90), 1_800_000_100.0) + \
+        records(2, range(80, 120), 1_800_000_200.0)
+    kept = {1: {"attempt": 1, "reason": "RankMissing", "message": "rank 1 (pod mnist-1) was lost"},
+            2: {"attempt": 2, "reason": "Resized", "message": "the gang shrinks to 1 rank"}}
+    events = views.event_rows([event("RankFailed", "rank 0 exited 1", "2027-01-15T08:03:10Z")])  # 1800000190
+    marks = views.attempt_marks(logged, events, kept)
+    assert [m["why"] for m in marks] == ["RankMissing: rank 1 (pod mnist-1) was lost", "RankFailed: rank 0 exited 1"]
+    assert [m["why"] for m in views.attempt_marks(logged, [], {})] == ["", ""]
