@@ -3,9 +3,9 @@ SHELL := /bin/bash
 CLUSTER := localcluster/cluster.sh
 KUEUE := bash localcluster/kueue.sh
 PYTEST_ARGS ?=
-# make test's pytest-xdist workers: 0 runs one process; 2 runs the cluster's tests in one lane, in order,
-# the others beside it (DEVELOPMENT.md#tests says what that gains and why it is not the default).
-PYTEST_WORKERS ?= 0
+# make test's pytest-xdist workers (0: one process). The tests on the cluster mostly wait on it, so more
+# workers than cores pay; DEVELOPMENT.md#tests says how they share the cluster.
+PYTEST_WORKERS ?= 3
 
 BENCH_ARGS ?=
 

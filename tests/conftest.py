@@ -6,12 +6,13 @@ import os
 import re
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import lanes
 from ddp_operator.config import ENV_NAMESPACES
 from kube import (
     REPO,
@@ -25,13 +26,14 @@ from kube import (
     wait_until,
 )
 from kueue import Queues, start_kueue, stop_kueue
+from realnode import IMAGE as BUSYBOX_IMAGE
 from realnode import import_busybox, the_real_node
 from registry import Registry, start_registry, stop_registry
 from testnodes import NodeMaker
 
 # Every namespace this test session creates starts with this, and its operator serves only those: test
 # sessions sharing one cluster (several clones, CI) never act on each other's jobs.
-SESSION_PREFIX = f"t-{uuid.uuid4().hex[:4]}-"
+SESSION_PREFIX = f"t-{uuid.uuid4().hex[:6]}-"
 
 
 @pytest.fixture(autouse=True)
@@ -42,15 +44,13 @@ def progress_file_of_the_test(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 @pytest.fixture(scope="session")
-def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+def cluster(request: pytest.FixtureRequest) -> Cluster:
     # An xdist worker knows `--dist loadgroup` as its option `loadgroup` (its own `dist` is "no").
     if os.environ.get("PYTEST_XDIST_WORKER") and not request.config.getoption("loadgroup", False):
-        pytest.fail("the tests on the cluster must run in one pytest-xdist worker: pass --dist loadgroup (as `make "
-                    "test` does), or leave them out with -m 'not cluster and not images'", pytrace=False)
-    found = open_cluster()
-    yield found
-    if found.started_here:
-        cluster_script("down", check=False)
+        pytest.fail("the tests on the cluster must run in pytest-xdist workers with --dist loadgroup (as `make "
+                    "test` does), or be left out with -m 'not cluster and not images'", pytrace=False)
+    lanes.once("cluster", lambda: open_cluster(lanes.owner_pid()).started_here)
+    return open_cluster(lanes.owner_pid())
 
 
 @pytest.fixture(scope="session")
@@ -94,7 +94,7 @@ def namespace(kube_api, request) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def crd(kube_api) -> None:
-    install_crd(kube_api)
+    lanes.once("crd", lambda: install_crd(kube_api))
 
 
 @pytest.fixture(scope="session")
@@ -118,6 +118,10 @@ def jobs(kube_api, namespace: str, operator: OperatorProcess) -> Jobs:
 def images_on_the_node(cluster: Cluster, real_node) -> None:
     """`make images`: builds what changed and loads both images into the real node's containerd (once
     it answers: a cluster just started may not have it up yet, and the build then only makes tarballs)."""
+    lanes.once("images", build_images_on_the_node)
+
+
+def build_images_on_the_node() -> None:
     wait_until(lambda: cluster_script("ctr", "version", check=False).returncode == 0, 120, "the node's containerd")
     result = subprocess.run(["bash", str(REPO / "images" / "build.sh"), "build"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -136,12 +140,13 @@ def real_node(cluster: Cluster, kube_api):
 
 @pytest.fixture
 def pool_label(jobs: Jobs, kube_api, real_node) -> Iterator[tuple[str, str]]:
-    """A label of this test's own on the real node, which its job selects: taken off, the node holds none
-    of the job's new pods (as if its capacity were gone); its running pods stay. Removed afterwards."""
+    """A label of this test's own on the real node (a key of its own, as tests run beside each other), which
+    its job selects: taken off, the node holds none of the job's new pods (as if its capacity were gone);
+    its running pods stay. Removed afterwards."""
     from kubernetes import client
 
     core = client.CoreV1Api(kube_api)
-    key, value = "ddp-operator-test/pool", jobs.namespace[-63:]
+    key, value = f"ddp-operator-test/pool-{uuid.uuid4().hex[:8]}", jobs.namespace[-63:]
     core.patch_node(real_node.metadata.name, {"metadata": {"labels": {key: value}}})
     try:
         yield key, value
@@ -151,7 +156,11 @@ def pool_label(jobs: Jobs, kube_api, real_node) -> Iterator[tuple[str, str]]:
 
 @pytest.fixture(scope="session")
 def busybox_image(real_node, tmp_path_factory: pytest.TempPathFactory) -> str:
-    return import_busybox(tmp_path_factory.mktemp("busybox-rootfs"))
+    def load() -> None:
+        import_busybox(tmp_path_factory.mktemp("busybox-rootfs"))
+
+    lanes.once("busybox", load)
+    return BUSYBOX_IMAGE
 
 
 @pytest.fixture(scope="module")
@@ -181,14 +190,11 @@ def own_nodes(kube_api) -> Iterator[NodeMaker]:
 
 
 @pytest.fixture(scope="session")
-def kueue(cluster: Cluster) -> Iterator[None]:
-    """Kueue on the local control plane (localcluster/kueue.sh), stopped at the end if started here."""
+def kueue(cluster: Cluster) -> None:
+    """Kueue on the local control plane (localcluster/kueue.sh), stopped at the run's end if started in it."""
     if not cluster.local:
         pytest.skip("Kueue is started on the local control plane only")
-    started = start_kueue()
-    yield
-    if started:
-        stop_kueue()
+    lanes.once("kueue", lambda: start_kueue(lanes.owner_pid()))
 
 
 @pytest.fixture
@@ -199,27 +205,53 @@ def queues(kube_api, namespace: str, kueue: None, jobs: Jobs) -> Iterator[Queues
     made.cleanup(jobs)
 
 
-# With PYTEST_WORKERS=2, `make test` runs two pytest-xdist workers with --dist loadgroup: the tests on the
-# cluster and those building the images in one lane, in the order of a single session (they share one
-# cluster, its real node, Kueue and BuildKit), the others a module at a time on the other worker. The
-# cluster's fixtures assume that one lane: `cluster` refuses other ways of spreading them over workers.
-CLUSTER_LANE = "cluster"
+# What the run started once for all its workers, and how its end stops it (tests/lanes.py).
+STOPS: dict[str, Callable[[], object]] = {"kueue": stop_kueue, "cluster": lambda: cluster_script("down", check=False)}
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):
+        lanes.begin_run()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and lanes.RUN_DIR_ENV in os.environ:
+        for name in reversed(lanes.started_in_run()):
+            STOPS[name]()
+        lanes.end_run()
+
+
+def on_cluster(item: pytest.Item) -> bool:
+    return bool(item.get_closest_marker("cluster") or item.get_closest_marker("images"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[object]:
+    """A test on the cluster runs beside the other workers' ones, or alone if its module is marked so."""
+    if not on_cluster(item):
+        return (yield)
+    with lanes.on_the_cluster(alone=item.get_closest_marker(lanes.ALONE) is not None):
+        return (yield)
+
+
+# `make test` runs pytest-xdist workers (PYTEST_WORKERS) with --dist loadgroup: each module in one lane, in
+# its order, since a module's fixtures are made once per worker; tests/lanes.py lets the modules on the
+# cluster share it.
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the lanes
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         # Every test that touches the cluster is marked, so `-m "not cluster"` runs the fast ones alone.
         if "cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
-        on_cluster = item.get_closest_marker("cluster") or item.get_closest_marker("images")
-        item.add_marker(pytest.mark.xdist_group(CLUSTER_LANE if on_cluster else item.nodeid.split("::")[0]))
+        # The modules with a podrunner (e2e/conftest.py) share its node name and the ranks' loopback port.
+        lane = "podrunner" if "podrunner" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(lane))
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's, on its controller
 def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
     """xdist's loadgroup groups tests by a suffix (`@<group>`) its workers write into their node ids;
-    pytest 9.2 drops it (pytest-xdist#1386), and the cluster's tests would run on both workers at once."""
+    pytest 9.2 drops it (pytest-xdist#1386), and a module's tests would be spread over the workers."""
     ungrouped = [nodeid for nodeid in ids if "@" not in nodeid]
     if node.config.getoption("dist") == "loadgroup" and ungrouped:
         pytest.exit(f"pytest-xdist did not group {len(ungrouped)} tests into lanes ({ungrouped[0]}, ...): this pytest "

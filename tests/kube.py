@@ -84,15 +84,15 @@ def local_kubeconfig(env: dict[str, str] | None = None) -> str:
     raise RuntimeError("cluster.sh env printed no KUBECONFIG")
 
 
-def open_cluster() -> Cluster:
-    """The cluster, started if it is not up; one started here is taken down by its watchdog should this
-    process die without taking it down."""
+def open_cluster(owner_pid: str) -> Cluster:
+    """The cluster, started if it is not up; one started here is taken down by its watchdog should process
+    `owner_pid` die without taking it down."""
     external = os.environ.get(KUBECONFIG_ENV)
     if external:
         return Cluster(kubeconfig=external, kubectl="kubectl", local=False, started_here=False)
     was_up = cluster_script("status", check=False).returncode == 0
     # A cluster that was up already must be of the release DDP_K8S_VERSION picks, or `up` says which it is.
-    owner = {} if was_up else {"DDP_CLUSTER_OWNER_PID": str(os.getpid())}
+    owner = {} if was_up else {"DDP_CLUSTER_OWNER_PID": owner_pid}
     result = cluster_script("up", env=owner, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"local cluster failed to start:\n{result.stderr}")
@@ -256,6 +256,11 @@ class Jobs:
             if error.status == 404:
                 return None
             raise
+
+    def log(self, pod: str, container: str | None = None) -> str:
+        """The pod's log so far: "" while it has none (the client reads an empty body as None)."""
+        kwargs = {"container": container} if container else {}
+        return self.core.read_namespaced_pod_log(pod, self.namespace, **kwargs) or ""
 
     def status(self, name: str) -> dict[str, Any]:
         job = self.get(name)

@@ -26,12 +26,12 @@ def kueue_script(*args: str, env: dict[str, str] | None = None, check: bool = Tr
                           capture_output=True, text=True)
 
 
-def start_kueue() -> bool:
-    """Starts Kueue unless it runs; True if it was started here (and is to be stopped by the caller)."""
+def start_kueue(owner_pid: str) -> bool:
+    """Starts Kueue unless it runs; True if it was started here (and is to be stopped by the caller, or by
+    its watchdog should process `owner_pid` die first)."""
     if kueue_script("status", check=False).returncode == 0:
         return False
-    # The watchdog stops Kueue if this test process dies without doing so.
-    result = kueue_script("up", env={"DDP_KUEUE_OWNER_PID": str(os.getpid())}, check=False)
+    result = kueue_script("up", env={"DDP_KUEUE_OWNER_PID": owner_pid}, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"Kueue failed to start:\n{result.stderr}")
     return True

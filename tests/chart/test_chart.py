@@ -30,6 +30,9 @@ from ddp_operator.kueue.rules import KUEUE_GROUP
 from helmchart import CHART, ON_FAKE_NODES, helm_for, installed, operator_settings, render, render_all
 from kube import REPO, Cluster, env_of, glob_for, kubeconfig_of, wait_until
 
+pytestmark = pytest.mark.alone("installs the chart for every namespace (a cluster-wide admission policy) and makes "
+                               "the session's operator serve every namespace")
+
 WORKLOADS = f"workloads.{KUEUE_GROUP}"
 SYNC = Path("scripts") / "sync-crds.sh"
 CHART_CRD = Path("charts") / "crds" / "ddpjob.yaml"

@@ -95,7 +95,7 @@ def test_fashion_learns_with_dataloader_workers_preprocessing(jobs, examples_s3)
 def served(jobs: Jobs, pod: str) -> bool:
     """Whether data worker `pod` has served a rank's logical worker."""
     try:
-        return "serving logical worker" in jobs.core.read_namespaced_pod_log(pod, jobs.namespace)
+        return "serving logical worker" in jobs.log(pod)
     except ApiException:
         return False
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from ddp_operator import constants as c
@@ -13,6 +14,8 @@ from ddp_trainer.jobstatus import JobStatusSink
 from ddp_trainer.runtime.progress import ProgressReporter
 from fakenodes import FAKE_NODE_NAMESPACE_ANNOTATIONS
 from kube import REPO, Cluster, Jobs, cluster_script, wait_until
+
+pytestmark = pytest.mark.alone("installs the chart for every namespace (a cluster-wide admission policy)")
 
 COLUMNS = ["NAME", "PHASE", "READY", "RESTARTS", "EPOCH", "STEP", "LOSS", "PROGRESS%", "REASON", "AGE"]
 

@@ -21,7 +21,10 @@ from packaging.requirements import Requirement
 
 from kube import REPO
 
-pytestmark = [pytest.mark.images, pytest.mark.timeout(3600)]
+pytestmark = [
+    pytest.mark.alone("builds with BuildKit what the other tests' images come from"),
+    pytest.mark.images, pytest.mark.timeout(3600),
+]
 
 BUILD = REPO / "images" / "build.sh"
 TEST_REQUIREMENTS = REPO / "requirements" / "test.txt"

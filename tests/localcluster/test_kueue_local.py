@@ -4,16 +4,18 @@ TLS on 127.0.0.1, it listens nowhere else, and a stopped Kueue leaves no webhook
 from __future__ import annotations
 
 import json
-import os
 import uuid
 
 import pytest
 from kubernetes import client
 
+import lanes
 from ddp_operator.kueue.rules import KUEUE_GROUP, KUEUE_VERSION
 from kube import Cluster, wait_until
 from kueue import KUEUE_SCRIPT, kueue_script
 from procs import alive, is_loopback, listening_addresses
+
+pytestmark = pytest.mark.alone("takes Kueue down and up, its webhooks with it")
 
 WEBHOOK_CONFIG = "ddp-local-kueue"
 RESOURCE_IN_USE = "kueue.x-k8s.io/resource-in-use"
@@ -74,5 +76,5 @@ def test_kueue_down_removes_its_webhooks_and_process_and_up_is_idempotent(cluste
         assert crd.spec.conversion.strategy == "None"
         assert kueue_script("status", check=False).returncode != 0
     finally:
-        kueue_script("up", env={"DDP_KUEUE_OWNER_PID": str(os.getpid())})
+        kueue_script("up", env={"DDP_KUEUE_OWNER_PID": lanes.owner_pid()})
     assert alive(kueue_pid(cluster)) and KUEUE_SCRIPT.exists()

@@ -21,6 +21,8 @@ from fakenodes import on_fake_nodes
 from kube import CLUSTER_SCRIPT, Cluster, cluster_script, k8s_version, local_kubeconfig, script_setting, wait_until
 from procs import alive, ip_of, is_loopback, listening_addresses
 
+pytestmark = pytest.mark.alone("starts a second control plane and real node, and looks for their processes")
+
 
 def gpu_pod(name: str, gpus: int) -> dict:
     return {

@@ -97,7 +97,7 @@ class ProgressWatch:
 def params(jobs: Jobs, name: str, pods: int) -> list[dict[str, Any]]:
     found = []
     for index in range(pods):
-        log = jobs.core.read_namespaced_pod_log(f"{name}-{index}", jobs.namespace, container=labels.CONTAINER_NAME)
+        log = jobs.log(f"{name}-{index}", labels.CONTAINER_NAME)
         found += [json.loads(p) for p in PARAMS.findall(log)]
     return found
 
@@ -293,7 +293,7 @@ def test_hugging_face_jobs_restarted_resume_from_their_kept_checkpoint_and_end_a
     for name in ("hf-recreated", "hf-in-place"):
         done = jobs.wait_phase(name, c.PHASE_SUCCEEDED, timeout=600)
         assert done["restarts"] == 1, done
-        logs = [jobs.core.read_namespaced_pod_log(f"{name}-{i}", ns, container=labels.CONTAINER_NAME) for i in (0, 1)]
+        logs = [jobs.log(f"{name}-{i}", labels.CONTAINER_NAME) for i in (0, 1)]
         resumed = [json.loads(line) for log in logs for line in RESUME.findall(log)]
         starts = {r["from"] for r in resumed if r["from"] is not None}  # both ranks of the attempt that resumed
         assert len(starts) == 1 and int(starts.pop().split("-")[-1]) >= 32, (name, resumed)
@@ -325,7 +325,7 @@ def test_a_lightning_job_whose_pod_is_deleted_resumes_from_its_kept_last_ckpt_an
     reference = params(jobs, "lt-through", 2)
     done = jobs.wait_phase("lt-recreated", c.PHASE_SUCCEEDED, timeout=600)
     assert done["restarts"] == 1, done
-    logs = [jobs.core.read_namespaced_pod_log(f"lt-recreated-{i}", ns, container=labels.CONTAINER_NAME) for i in (0, 1)]
+    logs = [jobs.log(f"lt-recreated-{i}", labels.CONTAINER_NAME) for i in (0, 1)]
     resumed = [json.loads(line) for log in logs for line in RESUME.findall(log)]
     assert [r["from"] for r in resumed] == ["/home/ddp/ck/last.ckpt"] * 2, resumed
     found = params(jobs, "lt-recreated", 2)
@@ -354,7 +354,7 @@ def test_a_snapshot_script_whose_pod_is_deleted_resumes_every_rank_from_rank_0_s
     jobs.core.delete_namespaced_pod("snap-1", ns)
     done = jobs.wait_phase("snap", c.PHASE_SUCCEEDED, timeout=600)
     assert done["restarts"] == 1, done
-    logs = [jobs.core.read_namespaced_pod_log(f"snap-{i}", ns, container=labels.CONTAINER_NAME) for i in (0, 1)]
+    logs = [jobs.log(f"snap-{i}", labels.CONTAINER_NAME) for i in (0, 1)]
     resumed = [json.loads(line) for log in logs for line in RESUME.findall(log)]
     assert sorted(r["rank"] for r in resumed) == [0, 1] and len({r["epochs_run"] for r in resumed}) == 1, resumed
     assert_one_model(params(jobs, "snap", 2), 2)
@@ -392,7 +392,7 @@ def test_a_rank_killed_while_writing_a_1_gb_snapshot_resumes_from_the_last_whole
         os.kill(pid, signal.SIGKILL)
     done = jobs.wait_phase("big-snap", c.PHASE_SUCCEEDED, timeout=900)
     assert done["restarts"] == 1 and done["failedRank"]["rank"] == 0, done
-    logs = [jobs.core.read_namespaced_pod_log(f"big-snap-{i}", ns, container=labels.CONTAINER_NAME) for i in (0, 1)]
+    logs = [jobs.log(f"big-snap-{i}", labels.CONTAINER_NAME) for i in (0, 1)]
     resumed = [json.loads(line) for log in logs for line in RESUME.findall(log)]
     assert sorted(r["rank"] for r in resumed) == [0, 1] and len({r["epochs_run"] for r in resumed}) == 1, resumed
     assert_one_model(params(jobs, "big-snap", 2), 2)
@@ -421,7 +421,7 @@ def test_an_elastic_job_s_pod_taken_in_at_a_restart_restores_the_kept_snapshot(
     os.kill(pids[0], signal.SIGKILL)  # type: ignore[index]
     done = jobs.wait_phase("grows", c.PHASE_SUCCEEDED, timeout=600)
     assert done["restarts"] == 1 and done["members"] == [0, 1, 2], done
-    logs = [jobs.core.read_namespaced_pod_log(f"grows-{i}", ns, container=labels.CONTAINER_NAME) for i in (0, 1, 2)]
+    logs = [jobs.log(f"grows-{i}", labels.CONTAINER_NAME) for i in (0, 1, 2)]
     resumed = [json.loads(line) for line in RESUME.findall(logs[2])]
     assert [r["rank"] for r in resumed] == [2] and resumed[0]["epochs_run"] > 0, logs[2][-3000:]
     last = [json.loads(line) for log in logs[:2] for line in RESUME.findall(log)]

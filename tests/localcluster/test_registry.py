@@ -28,7 +28,10 @@ from kube import REPO, Cluster, Jobs, cluster_script, own_namespace_in, wait_unt
 from realnode import create_job
 from registry import Registry, stop_registry
 
-pytestmark = [pytest.mark.node, pytest.mark.images, pytest.mark.timeout(3600)]
+pytestmark = [
+    pytest.mark.alone("pushes the images with make images and compares the node's whole image store"),
+    pytest.mark.node, pytest.mark.images, pytest.mark.timeout(3600),
+]
 
 PATH = "ddp"  # the repository path under the registry the images are pushed to
 SECRET = "regcred"

@@ -7,11 +7,15 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+
 from ddp_contract import api
 from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
 from kube import Jobs, PodLives, wait_until
 from testnodes import NodeMaker
+
+pytestmark = pytest.mark.alone("its own kwok nodes take any fake-node pod, and it deletes them")
 
 WORLD, MINIMUM, GPUS_PER_NODE, LOST_NODES = 256, 128, 8, 4
 

@@ -21,6 +21,8 @@ from helmchart import CHART, ON_FAKE_NODES, helm_for, installed, operator_settin
 from kube import Cluster, Jobs, OperatorProcess, PodLives, client_as, env_of, kubeconfig_of, wait_until
 from kueue import Queues
 
+pytestmark = pytest.mark.alone("installs the chart for every namespace and restarts the session's operator to serve them all")
+
 ONE_CPU = {"requests": {"cpu": "1"}}
 
 

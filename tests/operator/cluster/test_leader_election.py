@@ -29,6 +29,8 @@ from ddp_operator.config import (
 from ddp_operator.leader import LeaderElector
 from kube import Cluster, Jobs, OperatorProcess, PodLives, another_operator_acts, wait_until
 
+pytestmark = pytest.mark.alone("times a lease's hand-over in seconds")
+
 P = "ddp_operator_"
 LEASE_DURATION = 6.0
 RETRY_PERIOD = 1.0

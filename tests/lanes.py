@@ -1,0 +1,85 @@
+"""How the tests on the cluster share it when pytest-xdist runs them in several workers at once.
+
+Each worker has its own operator and namespaces (`t-<session>-*`), so most tests on the cluster run beside
+each other; a test module marked `alone` (tests that take the cluster or its node down, replace cluster-wide
+objects, start an operator for every namespace, or need the shared nodes' capacity to themselves) runs with
+no other test on the cluster. The lock is a readers-writer lock on a file of the test run's own folder,
+with a turnstile so that a waiting `alone` test is not starved by the others taking turns.
+
+What the whole run shares (the cluster, Kueue, the images on the node) is started once, by whichever worker
+needs it first, under a lock of its own; the process that ran `pytest` stops what was started in its run, at
+its end (its pid owns the watchdogs, so a worker that ends first takes nothing down).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+RUN_DIR_ENV = "DDP_TEST_RUN_DIR"
+OWNER_PID_ENV = "DDP_TEST_OWNER_PID"
+# The mark of a test module that must have the cluster to itself: pytest.mark.alone("why").
+ALONE = "alone"
+
+
+def begin_run() -> Path:
+    """In the process that runs pytest (not its workers): the run's folder, which its workers inherit."""
+    run = Path(tempfile.mkdtemp(prefix="ddp-test-run-"))
+    os.environ[RUN_DIR_ENV] = str(run)
+    os.environ[OWNER_PID_ENV] = str(os.getpid())
+    return run
+
+
+def run_dir() -> Path:
+    return Path(os.environ[RUN_DIR_ENV])
+
+
+def owner_pid() -> str:
+    """The pid the run's watchdogs follow: the pytest process, not the worker that started something."""
+    return os.environ[OWNER_PID_ENV]
+
+
+def started_in_run() -> list[str]:
+    """What this run started (each name `once` recorded), in the order it was started."""
+    marks = sorted(run_dir().glob("started-*"), key=lambda path: path.stat().st_mtime_ns)
+    return [mark.name.removeprefix("started-") for mark in marks]
+
+
+def end_run() -> None:
+    shutil.rmtree(run_dir(), ignore_errors=True)
+
+
+@contextmanager
+def _flock(name: str, mode: int) -> Iterator[None]:
+    with open(run_dir() / f"{name}.lock", "a") as handle:
+        fcntl.flock(handle, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def once(name: str, start: Callable[[], bool | None]) -> None:
+    """Runs `start` in the first worker to get here, the others waiting for it; `start` returns True if it
+    started something the run must stop at its end (recorded as `name`)."""
+    with _flock(f"once-{name}", fcntl.LOCK_EX):
+        done = run_dir() / f"done-{name}"
+        if done.exists():
+            return
+        if start() is True:
+            (run_dir() / f"started-{name}").touch()
+        done.touch()
+
+
+@contextmanager
+def on_the_cluster(alone: bool) -> Iterator[None]:
+    """Held while a test on the cluster runs: shared with the others, or the cluster to itself."""
+    with ExitStack() as held:
+        with _flock("turnstile", fcntl.LOCK_EX):
+            held.enter_context(_flock("cluster", fcntl.LOCK_EX if alone else fcntl.LOCK_SH))
+        yield

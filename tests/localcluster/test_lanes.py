@@ -1,0 +1,98 @@
+"""tests/lanes.py in real processes: the pytest-xdist workers' lock on the cluster and what they start once."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Iterator
+from multiprocessing.synchronize import Event
+from pathlib import Path
+
+import pytest
+
+import lanes
+from kube import wait_until
+
+FORK = multiprocessing.get_context("fork")
+
+
+@pytest.fixture
+def run(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A run's folder of its own, as the process running pytest makes it for its workers."""
+    monkeypatch.delenv(lanes.RUN_DIR_ENV, raising=False)
+    folder = lanes.begin_run()
+    yield folder
+    lanes.end_run()
+    assert not folder.exists()
+
+
+def hold(alone: bool, log: Path, name: str, release: Event) -> None:
+    """A worker's test: logs when it got the cluster, holds it until `release`, logs its end."""
+    with lanes.on_the_cluster(alone):
+        with log.open("a") as out:
+            out.write(f"{name} in\n")
+        release.wait(60)
+        with log.open("a") as out:
+            out.write(f"{name} out\n")
+
+
+def blocked_locks() -> int:
+    """flock requests waiting in the kernel (/proc/locks lists each waiter after `->`)."""
+    return sum("->" in line and "FLOCK" in line for line in Path("/proc/locks").read_text().splitlines())
+
+
+class Worker:
+    def __init__(self, alone: bool, log: Path, name: str) -> None:
+        self.release = FORK.Event()
+        self.process = FORK.Process(target=hold, args=(alone, log, name, self.release))
+        self.process.start()
+
+    def end(self) -> None:
+        self.release.set()
+        self.process.join(60)
+        assert self.process.exitcode == 0
+
+
+def lines(log: Path) -> list[str]:
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_shared_tests_run_together_and_one_alone_waits_for_them_and_they_for_it(run: Path) -> None:
+    log = run / "log"
+    first, second = Worker(False, log, "first"), Worker(False, log, "second")
+    wait_until(lambda: {"first in", "second in"} <= set(lines(log)), 30, "both shared tests on the cluster at once")
+    waiting = blocked_locks()
+    alone = Worker(True, log, "alone")
+    wait_until(lambda: blocked_locks() > waiting, 30, "the alone test waiting for the cluster")
+    # A shared test asking after it waits too: the turnstile keeps the alone one from being starved.
+    late = Worker(False, log, "late")
+    wait_until(lambda: blocked_locks() > waiting + 1, 30, "the late shared test waiting behind it")
+    first.end()
+    second.end()
+    wait_until(lambda: "alone in" in lines(log), 30, "the alone test to get the cluster")
+    assert "late in" not in lines(log)
+    alone.end()
+    late.end()
+    assert lines(log)[-4:] == ["alone in", "alone out", "late in", "late out"]
+
+
+def start_once(name: str, started: bool, calls: Path) -> None:
+    def start() -> bool:
+        with calls.open("a") as out:
+            out.write(f"{os.getpid()}\n")
+        return started
+
+    lanes.once(name, start)
+
+
+def test_once_starts_a_thing_in_one_worker_and_lists_what_the_run_must_stop_in_order(run: Path) -> None:
+    calls = run / "calls"
+    for name, started in (("cluster", True), ("images", False), ("kueue", True)):
+        workers = [FORK.Process(target=start_once, args=(name, started, calls)) for _ in range(3)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(60)
+            assert worker.exitcode == 0
+    assert len(calls.read_text().split()) == 3  # one start of each, whichever worker came first
+    assert lanes.started_in_run() == ["cluster", "kueue"]
