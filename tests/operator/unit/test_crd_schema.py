@@ -202,3 +202,32 @@ def test_parse_spec_takes_each_integer_s_crd_maximum_and_refuses_one_more(crd: d
     with pytest.raises(InvalidSpec) as refused:
         parse_spec(spec_with(node["maximum"] + 1))
     assert refused.value.field == field, refused.value
+
+
+# The OpenAPI v3 keywords a structural CRD schema uses (apiextensions.k8s.io/v1 JSONSchemaProps).
+SCHEMA_KEYWORDS = {
+    "type", "description", "properties", "items", "additionalProperties", "format", "enum", "default",
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength", "maxLength",
+    "pattern", "minItems", "maxItems", "uniqueItems", "minProperties", "maxProperties", "required", "nullable",
+    "anyOf", "allOf", "oneOf", "not", "title", "example",
+}
+
+
+def schemas_under(node: dict[str, Any], path: str) -> list[tuple[str, Any]]:
+    """Every (path, schema) from `node` down: its properties, items and additionalProperties."""
+    found: list[tuple[str, Any]] = [(path, node)]
+    children = [(f"{path}.{name}", child) for name, child in (node.get("properties") or {}).items()]
+    children += [(f"{path}[]", node[key]) for key in ("items", "additionalProperties") if isinstance(node.get(key), dict)]
+    for child_path, child in children:
+        found += schemas_under(child, child_path) if isinstance(child, dict) else [(child_path, child)]
+    return found
+
+
+def test_every_schema_of_the_crd_has_only_schema_keywords(crd: dict[str, Any]) -> None:
+    """A comma in an unquoted description of a flow mapping ({type: string, description: a, b}) makes a
+    key ` b` beside the schema's keywords: the API server keeps quiet on create, but `kubectl apply`
+    (strict field validation) refuses the whole CRD."""
+    for path, node in schemas_under(schema(crd), "openAPIV3Schema"):
+        assert isinstance(node, dict), f"{path} is {node!r}, not a schema"
+        unknown = {key for key in node if key not in SCHEMA_KEYWORDS and not key.startswith("x-kubernetes-")}
+        assert not unknown, f"{path} has {sorted(unknown)}, not schema keywords: quote its description"
