@@ -1,7 +1,8 @@
 """`make demo`: the main job end to end, as a user sees it, in containers on the local cluster's real node.
 
 1. the local control plane (a no-op when it is up) and `make images` (both images built if their
-   sources changed, and loaded into the real node's containerd);
+   sources changed, and loaded into the real node's containerd), SeaweedFS built beside the images;
+   what the builders print goes to the run's log folder, the demo says only each step's start and end;
 2. a real S3 server (SeaweedFS, s3server.py) on the real node's bridge gateway, where the pods reach it, with a small
    generated image dataset, and the `ddp-demo` namespace with the S3 credentials Secret;
 3. `helm install` of charts/ into that namespace, serving it only: the operator runs as the chart's
@@ -296,12 +297,48 @@ def helm_uninstall(namespace: str) -> None:
         print(f"[demo] helm uninstall: {error.stderr.strip()}")
 
 
+# What a first run builds, on the 2-core EPYC VM from nothing (DEVELOPMENT.md, Measured times).
+FIRST_RUN = "about 25 minutes on 2 cores"
+
+
+def quiet_step(what: str, argv: list[str], log: Path) -> None:
+    """Runs a build or start whose own output goes to `log`; says when it is done, or how it failed."""
+    print(f"[demo] {what} ...", flush=True)
+    started = time.monotonic()
+    with log.open("ab") as out:
+        code = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+        raise SystemExit(f"[demo] {what} failed (exit {code}); the end of {log}:\n{tail}")
+    print(f"[demo] {what}: done in {time.monotonic() - started:.0f} s", flush=True)
+
+
+def build_quietly(log_dir: Path) -> None:
+    """The control plane and the node, then both images with SeaweedFS's build beside them (the images'
+    build mostly waits on downloads and one-core compression), each one's output in log_dir."""
+    quiet_step("the control plane and the real node (built once, then started)", ["bash", str(CLUSTER), "up"],
+               log_dir / "cluster.log")
+    kubectl("apply", "-f", str(REPO / "crds" / "ddpjob.yaml"))
+    kubectl("wait", "--for=condition=Established", "crd/ddpjobs.ddpoperator.io", "--timeout=60s")
+    seaweedfs_log = log_dir / "seaweedfs-build.log"
+    with seaweedfs_log.open("ab") as out:
+        seaweedfs = subprocess.Popen([sys.executable, str(REPO / "localcluster" / "s3server.py"), "build"],
+                                     stdout=out, stderr=subprocess.STDOUT)
+    try:
+        quiet_step("the operator and trainer images (make images)", ["bash", str(REPO / "images" / "build.sh"), "build"],
+                   log_dir / "images.log")
+    finally:
+        code = seaweedfs.wait()
+    if code != 0:
+        raise SystemExit(f"[demo] SeaweedFS's build failed (exit {code}); see {seaweedfs_log}")
+
+
 def main() -> int:
     started = time.monotonic()
     log_dir = log_directory("demo")
-    print(f"[demo] logs in {log_dir}")
-    start_control_plane()
-    build_images()
+    print(f"[demo] logs in {log_dir}; a first run builds the cluster, SeaweedFS and both images ({FIRST_RUN}), "
+          "later runs start in seconds", flush=True)
+    build_quietly(log_dir)
     node, gateway = real_node()
     with s3_server(0, buckets=("ddp-demo",), host=gateway) as endpoint:
         s3 = s3_client(endpoint)

@@ -61,3 +61,13 @@ def test_job_rows_show_a_row_when_more_than_its_age_changed(monkeypatch: pytest.
     monkeypatch.setattr(demo.time, "sleep", lambda seconds: None)
     rows = list(demo.job_rows("shapes", "ddp-demo", timeout_s=60))
     assert [row.split()[1] for row in rows] == ["Pending", "Running", "Succeeded"], rows
+
+
+def test_a_quiet_step_keeps_its_output_in_the_log_and_says_how_it_ended(tmp_path, capsys) -> None:
+    log = tmp_path / "step.log"
+    demo.quiet_step("a build", ["bash", "-c", "echo compiling; echo warning >&2"], log)
+    said = capsys.readouterr().out
+    assert said.splitlines()[0] == "[demo] a build ..." and said.splitlines()[1].startswith("[demo] a build: done in ")
+    assert "compiling" not in said and log.read_text().split() == ["compiling", "warning"]
+    with pytest.raises(SystemExit, match=r"(?s)a start failed \(exit 3\); the end of .*step\.log:\n.*no room"):
+        demo.quiet_step("a start", ["bash", "-c", "echo no room; exit 3"], log)
