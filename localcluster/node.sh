@@ -152,15 +152,16 @@ cgroup_v1_setting() {
   if [ "$K8S_MINOR" -ge 31 ]; then echo 'failCgroupV1: false'; else echo '# (no failCgroupV1 before 1.31)'; fi
 }
 
-# The images made here and imported into the node (make images, the tests' busybox) are never checked
-# against a registry: they cannot be pulled. The kubelet matches the name as the pod writes it, without
-# its tag, so both spellings of ours are listed. The kubelet's default policy (from 1.35, KEP-2535) stops
-# treating an image as preloaded once it has pulled the same image ID with credentials, as the
-# registry test does with the images it pushes; every later pod of the imported name then tried a pull.
+# The images imported into the node (make images, the tests' busybox, the pause image) are never checked
+# against a registry: nothing can pull them. The kubelet's default policy (from 1.35, KEP-2535) stops
+# treating an image as preloaded once it has pulled the same image ID with credentials, as the registry
+# test does with the images it pushes, and every later pod of the imported name then tried a pull. The
+# kubelet matches the name as the pod writes it, without its tag, so both spellings of ours are listed.
 pull_verification_setting() {
   if [ "$K8S_MINOR" -ge 35 ]; then
     printf '%s\n' 'imagePullCredentialsVerificationPolicy: NeverVerifyAllowlistedImages' \
-      'preloadedImagesVerificationAllowlist: ["docker.io/ddp-operator/*", "ddp-operator/*", "docker.io/library/busybox"]'
+      'preloadedImagesVerificationAllowlist:' '- docker.io/ddp-operator/*' '- ddp-operator/*' \
+      '- docker.io/library/busybox' '- registry.k8s.io/pause'
   else
     echo '# (the kubelet verifies no pull credentials of present images before 1.35)'
   fi
