@@ -34,7 +34,7 @@ from prometheus import Prometheus, UnsupportedMonitor, prometheus, scrape_config
 
 RELEASE = "ddp-operator"
 # The monitors' scrape interval, and the data source's "scrape interval" in Grafana, which $__rate_interval uses.
-SCRAPE_SECONDS = 1
+SCRAPE_SECONDS = 2  # the scrape timeout too: room for a busy node's answer
 MONITORS = {"PodMonitor": "podMonitor", "ServiceMonitor": "serviceMonitor"}
 VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
 LEGEND_LABEL = re.compile(r"\{\{\s*(\w+)\s*\}\}")
@@ -232,16 +232,30 @@ def evaluate_while_a_job_runs(server: Prometheus, dashboard: dict[str, Any], kub
     # A short grace: kwok removes a deleted pod at a random moment within it, and the restart waits for that.
     jobs.create("watched", worldSize=2, backoffLimit=2, template={"spec": {"terminationGracePeriodSeconds": 1}})
     jobs.wait_phase("watched", c.PHASE_RUNNING, timeout=120)
+    window = f"{rate_interval(SCRAPE_SECONDS, SCRAPE_SECONDS):g}s"
+
+    def scraped(expr: str) -> bool:
+        return len(server.query(f"count by (job) ({expr})")) == len(scrape_jobs)
+
+    # The reconcile passes' series are born with the job's first: scraped before the restart's passes, a
+    # rate over them shows those.
+    wait_until(lambda: scraped("ddp_operator_reconcile_seconds_count"), 60, "Prometheus to scrape the reconcile passes")
     JobStatusSink(jobs_namespace, "watched", api_client=kube_api)(
         {"epoch": 1, "step": 40, "samplesPerSecond": 512.5, "stepSeconds": 0.125})
     jobs.finish("watched-1", 1)  # a program failure: the gang restarts
     jobs.wait_pods("watched", 2, attempt=1, timeout=120)
     jobs.wait_phase("watched", c.PHASE_RUNNING, timeout=120)
-    # What the job did, scraped twice by each monitor's job, for a rate over $__rate_interval to have two points.
+    # What the job did, scraped twice within $__rate_interval by each monitor's job, for a rate to have two
+    # points (a busy node answers some scrapes late, and a scrape past its timeout leaves a gap), the
+    # restart's reconcile passes within one such window.
     for metric in ("ddp_operator_gang_restarts_total", "ddp_operator_job_samples_per_second"):
-        wait_until(lambda: len(server.query(f"count by (job) (count_over_time({metric}[1m]) >= 2)")) == len(scrape_jobs), 30,
-                   f"Prometheus to scrape {metric} twice from each of {scrape_jobs}")
+        wait_until(lambda: scraped(f"count_over_time({metric}[{window}]) >= 2"), 60,
+                   f"Prometheus to scrape {metric} twice within {window} from each of {scrape_jobs}")
+    wait_until(lambda: scraped(f"increase(ddp_operator_reconcile_seconds_count[{window}]) > 0"), 60,
+               f"Prometheus to see reconcile passes within {window} from each of {scrape_jobs}")
     end = time.time()
+    # The range's points are start + k * step: aligned on `end`, the last one is the moment just awaited.
+    started = end - math.ceil((end - started) / SCRAPE_SECONDS) * SCRAPE_SECONDS
 
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
     job_selector, job_label = label_values_query(variables["job"])
