@@ -153,7 +153,7 @@ class Creation:
         """The ranks' pods, after the quotas (`limits`, being read) were judged for them; the ranks whose
         names strangers hold, or None when something was refused (noted)."""
         key = job_key(job)
-        built = [adopt(build_pod(job, spec, rank, attempt), job) for rank in ranks]
+        built = [adopt(build_pod(job, spec, index, attempt), job) for index in ranks]
         read = await limits if limits is not None else None
         if read is not None and built:  # every rank's pod asks for what rank 0's does
             quotas, limit_ranges = read

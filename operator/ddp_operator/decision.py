@@ -259,7 +259,7 @@ def _lost_rank(spec: JobSpec, status: JobStatus, summary: PodSummary) -> RankFai
     if not missing:
         return None
     name = pod_name(summary.job_name, missing[0]) if summary.job_name else ""
-    return RankFailure(rank=missing[0], pod=name, exit_code=None, reason=c.REASON_RANK_MISSING, evicted=True,
+    return RankFailure(pod_index=missing[0], pod=name, exit_code=None, reason=c.REASON_RANK_MISSING, evicted=True,
                        ranks_per_pod=spec.ranks_per_pod, attempt=summary.attempt, node=summary.nodes_seen.get(name))
 
 

@@ -31,7 +31,7 @@ OUTPUT_CHARS = 2000
 
 @dataclass(frozen=True)
 class RankFailure:
-    rank: int
+    pod_index: int  # the failed pod's index (the rank itself when a pod holds one)
     pod: str
     exit_code: int | None
     reason: str
@@ -40,7 +40,7 @@ class RankFailure:
     node: str | None = None
     output: str | None = None  # the container's termination message: its last lines
     attempt: int | None = None
-    ranks_per_pod: int = 1  # `rank` is the pod's index when its pod holds several
+    ranks_per_pod: int = 1
     in_place: bool = False  # a rank process its runtime reported (status.processFailures); the pod goes on
 
     @cached_property
@@ -56,7 +56,7 @@ class RankFailure:
         them could not join, and that rank is the one to name). None: not an echo."""
         if self.exit_code == ExitCode.COMMUNICATION_ERROR:
             return ECHO_GRACE_SECONDS
-        if self.exit_code == ExitCode.RENDEZVOUS_FAILED and self.rank == 0:
+        if self.exit_code == ExitCode.RENDEZVOUS_FAILED and self.pod_index == 0:
             return RENDEZVOUS_ECHO_GRACE_SECONDS
         return None
 
@@ -91,13 +91,13 @@ class RankFailure:
         """The rank that failed: the pod's, or in a pod of several the one whose failure line it is
         (else the pod's first)."""
         if self.ranks_per_pod == 1:
-            return self.rank
-        return self.line.rank if self.line and self.line.rank is not None else self.rank * self.ranks_per_pod
+            return self.pod_index
+        return self.line.rank if self.line and self.line.rank is not None else self.pod_index * self.ranks_per_pod
 
     @property
     def who(self) -> str:
         if self.ranks_per_pod > 1 and not (self.line and self.line.rank is not None):
-            return rank_list(range(self.rank * self.ranks_per_pod, (self.rank + 1) * self.ranks_per_pod))
+            return rank_list(range(self.pod_index * self.ranks_per_pod, (self.pod_index + 1) * self.ranks_per_pod))
         return f"rank {self.global_rank}"
 
     def describe(self) -> str:

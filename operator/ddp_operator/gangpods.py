@@ -105,7 +105,7 @@ def summarize_gang(pods: Sequence[PodView], outside: Iterable[PodView], gang: Se
                 *more_failures]
     # The cause, not its echo: a rank whose collective broke because a peer died is reported only
     # when no peer failed for a reason of its own (finishedAt has 1 s resolution: ties are common).
-    failures.sort(key=lambda f: (f.is_echo, f.finished_at or "", f.rank))
+    failures.sort(key=lambda f: (f.is_echo, f.finished_at or "", f.pod_index))
     problems = [found for p in live if p.state == "pending" and (found := rank_problem(p.pod, _index(p)))]
     return GangPods(
         attempt=window.attempt,

@@ -34,8 +34,8 @@ def service_name(job_name: str) -> str:
     return job_name
 
 
-def pod_name(job_name: str, rank: int) -> str:
-    return f"{job_name}-{rank}"
+def pod_name(job_name: str, index: int) -> str:
+    return f"{job_name}-{index}"
 
 
 def master_addr(job_name: str, namespace: str) -> str:
@@ -208,7 +208,7 @@ def build_progress_access(job: Mapping[str, Any], spec: JobSpec) -> list[dict[st
     return [*objects, role, binding]
 
 
-def rank_env(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) -> list[dict[str, Any]]:
+def rank_env(job: Mapping[str, Any], spec: JobSpec, index: int, attempt: int) -> list[dict[str, Any]]:
     """Env of the trainer container: operator-injected first, then S3, then the user's spec.env.
 
     WORLD_SIZE and DDP_TARGET_WORLD_SIZE are spec.worldSize; an elastic job's runtime gives the rank
@@ -222,17 +222,17 @@ def rank_env(job: Mapping[str, Any], spec: JobSpec, rank: int, attempt: int) -> 
     values = {
         envnames.MASTER_ADDR: master_addr(meta["name"], meta["namespace"]),
         envnames.MASTER_PORT: str(spec.master_port),
-        **({envnames.RANK: str(rank), envnames.LOCAL_RANK: "0"} if one else {envnames.GROUP_RANK: str(rank)}),
+        **({envnames.RANK: str(index), envnames.LOCAL_RANK: "0"} if one else {envnames.GROUP_RANK: str(index)}),
         envnames.WORLD_SIZE: str(spec.world_size),
         envnames.LOCAL_WORLD_SIZE: str(spec.ranks_per_pod),
-        envnames.NODE_RANK: str(rank),
+        envnames.NODE_RANK: str(index),
         envnames.JOB_NAME: meta["name"],
         envnames.JOB_NAMESPACE: meta["namespace"],
         envnames.JOB_UID: meta.get("uid", ""),
         envnames.ATTEMPT: str(attempt),
         envnames.BACKEND: spec.effective_backend,
         envnames.TARGET_WORLD_SIZE: str(spec.world_size),
-        **pet_env(spec, rank, master_addr(meta["name"], meta["namespace"])),
+        **pet_env(spec, index, master_addr(meta["name"], meta["namespace"])),
     }
     if spec.entrypoint:
         values[envnames.ENTRYPOINT] = spec.entrypoint

@@ -112,7 +112,8 @@ def is_eviction(pod: Mapping[str, Any]) -> bool:
     )
 
 
-def rank_failure(pod: Mapping[str, Any], rank: int) -> RankFailure:
+def rank_failure(pod: Mapping[str, Any], index: int) -> RankFailure:
+    """The failure of the ranks of the pod of index `index`, whose trainer container ended in error."""
     terminated = (trainer_status(pod).get("state") or {}).get("terminated") or {}
     status = pod.get("status") or {}
     evicted = is_eviction(pod)
@@ -122,7 +123,7 @@ def rank_failure(pod: Mapping[str, Any], rank: int) -> RankFailure:
     else:
         reason = exit_reason(terminated.get("reason") or status.get("reason") or "Failed", exit_code)
     return RankFailure(
-        rank=rank,
+        pod_index=index,
         pod=(pod.get("metadata") or {}).get("name", ""),
         exit_code=exit_code,
         reason=reason,
@@ -134,22 +135,22 @@ def rank_failure(pod: Mapping[str, Any], rank: int) -> RankFailure:
     )
 
 
-def node_lost(pod: Mapping[str, Any], rank: int, why: str) -> RankFailure:
-    """The failure of a rank whose node is lost: an infrastructure failure (evicted), whatever its
+def node_lost(pod: Mapping[str, Any], index: int, why: str) -> RankFailure:
+    """The failure of the ranks of the pod of index `index`, whose node is lost: an infrastructure failure (evicted), whatever its
     pod's last reported state says."""
     meta = pod.get("metadata") or {}
-    return RankFailure(rank=rank, pod=meta.get("name", ""), exit_code=None, reason=c.REASON_NODE_LOST, evicted=True,
+    return RankFailure(pod_index=index, pod=meta.get("name", ""), exit_code=None, reason=c.REASON_NODE_LOST, evicted=True,
                        node=(pod.get("spec") or {}).get("nodeName"), output=why,
                        attempt=label_int(meta, labels.LABEL_ATTEMPT))
 
 
-def rank_problem(pod: Mapping[str, Any], rank: int) -> PodProblem | None:
-    """Why a pending rank is held up, if anything says so: the scheduler (Unschedulable, with its
+def rank_problem(pod: Mapping[str, Any], index: int) -> PodProblem | None:
+    """Why the pending pod of index `index` is held up, if anything says so: the scheduler (Unschedulable, with its
     message, e.g. "0/4 nodes are available: 4 Insufficient nvidia.com/gpu") or the kubelet (the
     trainer container waiting on an image pull, a missing Secret or ConfigMap, ...)."""
     for cond in (pod.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason") == "Unschedulable":
-            return PodProblem(rank, c.REASON_UNSCHEDULABLE, str(cond.get("message") or "").strip())
+            return PodProblem(index, c.REASON_UNSCHEDULABLE, str(cond.get("message") or "").strip())
     waiting = (trainer_status(pod).get("state") or {}).get("waiting") or {}
     reason = str(waiting.get("reason") or "")
     if not reason or reason in WAITING_NORMALLY:
@@ -157,10 +158,10 @@ def rank_problem(pod: Mapping[str, Any], rank: int) -> PodProblem | None:
     said = str(waiting.get("message") or reason).strip()
     as_root = root_image_problem(said) if reason == "CreateContainerConfigError" else None
     if as_root is not None:
-        return PodProblem(rank, c.REASON_IMAGE_RUNS_AS_ROOT, as_root)
+        return PodProblem(index, c.REASON_IMAGE_RUNS_AS_ROOT, as_root)
     if reason in PULL_FAILED_REASONS:
         said += pull_secrets_note(pod)
-    return PodProblem(rank, WAITING_REASONS.get(reason, reason), said)
+    return PodProblem(index, WAITING_REASONS.get(reason, reason), said)
 
 
 def pull_secrets_note(pod: Mapping[str, Any]) -> str:

@@ -45,15 +45,16 @@ def process_failures(live: Iterable[PodView], reported: Mapping[str, Any] | None
             and (failure := process_failure(p.pod, p.index, reported.get(str(p.index)), attempt))]
 
 
-def process_failure(pod: Mapping[str, Any], rank: int, report: Mapping[str, Any] | None,
+def process_failure(pod: Mapping[str, Any], index: int, report: Mapping[str, Any] | None,
                     attempt: int) -> RankFailure | None:
-    """The failure a running pod's runtime reported for `attempt` (status.processFailures[rank]), read
-    as the same exit of a container would be; None when it reported none for this attempt."""
+    """The failure the runtime of the running pod of index `index` reported for `attempt`
+    (status.processFailures[str(index)]), read as the same exit of a container would be; None when it
+    reported none for this attempt."""
     if not report or report.get("attempt") != attempt or not isinstance(report.get("exitCode"), int):
         return None
     exit_code = int(report["exitCode"])
     return RankFailure(
-        rank=rank,
+        pod_index=index,
         pod=(pod.get("metadata") or {}).get("name", ""),
         exit_code=exit_code,
         reason=exit_reason(str(report.get("reason") or "Error"), exit_code),

@@ -76,7 +76,7 @@ def test_failed_rank_by_policy(
     summary = summary_of(pod(0), pod(1, state, exit_code=exit_code, reason=reason))
     decision = decide(job_spec(restartPolicy=policy), {"phase": "Running", "restarts": 0}, summary, NOW)
     assert decision.action == action and decision.reason == decision_reason
-    assert decision.failure is not None and decision.failure.rank == 1
+    assert decision.failure is not None and decision.failure.pod_index == 1
     assert "rank 1 (pod mnist-1)" in decision.message
     if exit_code is not None:
         assert f"code {exit_code}" in decision.message
@@ -113,7 +113,7 @@ def test_a_lost_rank_names_its_attempt_and_the_node_its_pod_was_last_seen_on() -
 
 def test_rank_being_deleted_after_the_gang_formed_restarts_it() -> None:
     decision = decide(job_spec(), {"phase": "Running"}, summary_of(pod(0), pod(1, deleting=True)), NOW)
-    assert decision.action == Action.RESTART and decision.failure is not None and decision.failure.rank == 1
+    assert decision.action == Action.RESTART and decision.failure is not None and decision.failure.pod_index == 1
 
 
 def test_rank_lost_before_the_gang_formed_is_just_recreated() -> None:
@@ -255,10 +255,10 @@ def test_a_broken_collective_waits_briefly_for_the_peer_whose_death_caused_it() 
     # The cause shows up (in the same second): it is the failure, whatever the order of the ranks.
     cause = runtime_failure(1, 3, "ValueError: boom", attempt=0)
     both = decide(job_spec(), {"phase": "Running"}, summary_of(echo, cause), NOW + timedelta(seconds=1))
-    assert both.action == Action.RESTART and both.failure is not None and both.failure.rank == 1
+    assert both.action == Action.RESTART and both.failure is not None and both.failure.pod_index == 1
     # No cause ever shows up (the network broke): the collective's failure is acted on.
     late = decide(job_spec(), {"phase": "Running"}, summary_of(echo, pod(1)), NOW + timedelta(seconds=4))
-    assert late.action == Action.RESTART and late.failure is not None and late.failure.rank == 0
+    assert late.action == Action.RESTART and late.failure is not None and late.failure.pod_index == 0
     assert late.failure.kind == c.KIND_INFRASTRUCTURE
 
 
@@ -273,11 +273,11 @@ def test_rank_0_s_rendezvous_timeout_waits_for_the_rank_that_could_not_join_and_
     cut_off = pod(1, "failed", exit_code=ExitCode.RENDEZVOUS_FAILED, finished_at=later, node="gpu-7")
     both = decide(job_spec(), {"phase": "Starting"}, summary_of(server, cut_off), NOW + timedelta(seconds=21))
     assert both.action == Action.RESTART and both.failure is not None
-    assert (both.failure.rank, both.failure.node) == (1, "gpu-7")
+    assert (both.failure.pod_index, both.failure.node) == (1, "gpu-7")
     # No other rank ever fails (it never started): rank 0's timeout is acted on.
     late = decide(job_spec(), {"phase": "Starting"}, summary_of(server, pod(1, "pending")),
                   NOW + timedelta(seconds=RENDEZVOUS_ECHO_GRACE_SECONDS + 1))
-    assert late.action == Action.RESTART and late.failure is not None and late.failure.rank == 0
+    assert late.action == Action.RESTART and late.failure is not None and late.failure.pod_index == 0
 
 
 def test_ranks_the_cluster_s_rules_refused_fail_the_job_at_once_naming_them() -> None:

@@ -197,7 +197,7 @@ def test_a_member_gone_is_a_lost_rank_and_a_waiting_pod_gone_is_only_created_aga
     assert lost_waiting.action == Action.CREATE and lost_waiting.create_indices == (3,)
     lost_member = decide(spec(), status, summary([pod(0), pod(2), pod(3)], status), NOW)
     assert lost_member.action == Action.RESTART and lost_member.failure is not None
-    assert lost_member.failure.reason == c.REASON_RANK_MISSING and lost_member.failure.rank == 1
+    assert lost_member.failure.reason == c.REASON_RANK_MISSING and lost_member.failure.pod_index == 1
 
 
 def test_a_job_that_is_not_elastic_records_its_world_size_and_no_members() -> None:

@@ -68,7 +68,7 @@ def test_earliest_failure_is_reported_not_the_lowest_rank() -> None:
         pod(0, "failed", exit_code=1, finished_at="2025-01-02T03:02:00Z"),
         pod(1, "failed", exit_code=2, finished_at="2025-01-02T03:01:00Z"),
     )
-    assert summary.failure is not None and summary.failure.rank == 1
+    assert summary.failure is not None and summary.failure.pod_index == 1
 
 
 @pytest.mark.parametrize(
@@ -157,7 +157,7 @@ def test_a_rank_on_a_lost_node_is_a_node_lost_failure_naming_the_node() -> None:
     summary = summarize_pods([pod(0, node="gpu-1"), pod(1, node="gpu-2"), pod(2, "failed", exit_code=1, node="gpu-1")],
                              0, JOB, LOST)
     failure = summary.failure
-    assert failure is not None and (failure.rank, failure.node, failure.reason) == (1, "gpu-2", "NodeLost")
+    assert failure is not None and (failure.pod_index, failure.node, failure.reason) == (1, "gpu-2", "NodeLost")
     assert failure.evicted and failure.exit_code is None, "an infrastructure failure, not the program's"
     assert failure.kind == c.KIND_INFRASTRUCTURE and failure.attempt == 0
     assert failure.describe() == f"rank 1 (pod mnist-1 on node gpu-2) was lost: NodeLost ({LOST['gpu-2']})"

@@ -48,7 +48,7 @@ def test_a_process_failure_its_runtime_reported_is_the_ranks_failure_for_that_at
     pods = [pod(0, attempt=0), pod(1, attempt=0, node="gpu-2")]
     summary = summarize_pods(pods, 2, JOB, since=0, process_failures={"1": reported(2)})
     failure = summary.failure
-    assert failure is not None and (failure.rank, failure.exit_code, failure.attempt) == (1, 1, 2)
+    assert failure is not None and (failure.pod_index, failure.exit_code, failure.attempt) == (1, 1, 2)
     assert failure.pod == f"{JOB}-1" and failure.node == "gpu-2" and failure.kind == c.KIND_PROGRAM
     assert failure.line is not None and failure.line.step == 7  # the runtime's line: deterministic checks work
     assert summarize_pods(pods, 3, JOB, since=0, process_failures={"1": reported(2)}).failure is None
