@@ -154,6 +154,13 @@ def keeps_data_workers(phase: str, queued: bool) -> bool:
     return phase in KEEPS_DATA_WORKERS and not queued
 
 
+def creates_data_workers(phase: str, queued: bool, gang_waits: bool) -> bool:
+    """Whether a creation pass makes the data workers: never while the attempt's gang waits to be created
+    (its attempt not yet recorded by the status pass), so that a quota with room for the gang alone holds
+    the gang, not its helpers."""
+    return keeps_data_workers(phase, queued) and not gang_waits
+
+
 def data_worker_status(job_name: str, summary: DataWorkerSummary, *, phase: str, kept: bool,
                        refused: tuple[str, str] | None, conditions: Iterable[Mapping[str, Any]], now: datetime,
                        generation: int | None) -> dict[str, Any]:

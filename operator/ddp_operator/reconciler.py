@@ -45,6 +45,7 @@ from ddp_operator.capacity import gang_too_large
 from ddp_operator.creation import Creation
 from ddp_operator.dataworkers import (
     DataWorkerSummary,
+    creates_data_workers,
     data_worker_status,
     is_data_worker,
     keeps_data_workers,
@@ -227,9 +228,11 @@ class Reconciler:
             return
         summary = self._summary(job, status, spec, now)
         decision = decide(spec, status, summary, now, queue)
+        # Status first: until the status pass has recorded this attempt, it is not ours to create.
+        creating = decision.action == Action.CREATE
+        recorded = decision.attempt == JobStatus.of(status).attempt
         try:
-            # Status first: until the status pass has recorded this attempt, it is not ours to create.
-            if decision.action == Action.CREATE and decision.attempt == JobStatus.of(status).attempt:
+            if creating and recorded:
                 # The namespace's quotas are judged for the whole gang before an attempt's first pod (the
                 # old attempt's pods, still counted until they are gone, are left out of what the quota
                 # has used); later passes create the ranks whose names have come free since, or an elastic
@@ -237,8 +240,8 @@ class Reconciler:
                 live = len(summary.live_indices)
                 await self.create.gang(job, spec, decision.create_indices, decision.attempt, live=live,
                                        leaving=0 if live else len(summary.uids))
-            # After the gang's pods: a quota with room for the gang alone holds the gang, not its helpers.
-            if keeps_data_workers(next_phase(status, summary, decision, spec), decision.action == Action.QUEUE):
+            if creates_data_workers(next_phase(status, summary, decision, spec), decision.action == Action.QUEUE,
+                                    gang_waits=creating and not recorded):
                 await self.create.data_workers(job, spec, self._data_workers(job, spec))
         except ApiException as error:
             if not is_going_away(error):

@@ -11,6 +11,7 @@ from ddp_contract import api, envnames, labels
 from ddp_operator import constants as c
 from ddp_operator.conditions import get_condition
 from ddp_operator.dataworkers import (
+    creates_data_workers,
     data_worker_events,
     data_worker_status,
     is_data_worker,
@@ -203,3 +204,11 @@ def test_a_job_finished_suspended_or_queued_keeps_no_data_workers_and_says_so_wi
     cond = get_condition(patch["conditions"], c.COND_DATA_WORKERS_READY)
     assert cond is not None and (cond["status"], cond["reason"]) == ("False", c.REASON_DATA_WORKERS_NOT_KEPT)
     assert data_worker_events([], patch["conditions"]) == []
+
+
+def test_the_data_workers_wait_for_the_gang_s_pods_to_be_created_first() -> None:
+    """A creation pass before the status pass has recorded the attempt creates no rank: it must create no
+    data worker either, or a quota with room for the gang alone is taken by the helpers first."""
+    assert not creates_data_workers(c.PHASE_PENDING, False, gang_waits=True)
+    assert creates_data_workers(c.PHASE_PENDING, False, gang_waits=False)
+    assert not creates_data_workers(c.PHASE_PENDING, True, gang_waits=False)
