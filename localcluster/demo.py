@@ -164,10 +164,14 @@ def log_directory(kind: str) -> Path:
     return log_dir
 
 
-def start_control_plane() -> None:
+def start_control_plane(log: Path | None = None) -> None:
     """The local control plane (a no-op when it is up) with the DDPJob CRD served. Its build and start say
-    what they do as they go (a cold build takes many minutes), so their messages are not captured."""
-    subprocess.run(["bash", str(CLUSTER), "up"], check=True)
+    what they do as they go (a cold build takes many minutes), or, given `log`, write it there."""
+    up = ["bash", str(CLUSTER), "up"]
+    if log is None:
+        subprocess.run(up, check=True)
+    else:
+        quiet_step("the control plane and the real node (built once, then started)", up, log)
     kubectl("apply", "-f", str(REPO / "crds" / "ddpjob.yaml"))
     kubectl("wait", "--for=condition=Established", "crd/ddpjobs.ddpoperator.io", "--timeout=60s")
 
@@ -271,9 +275,14 @@ def show_rank_log(pod: str, namespace: str, lines: int = 20, tag: str = "demo") 
     print(user_command("kubectl", "logs", pod, "-n", namespace, f"--tail={lines}").rstrip())
 
 
-def build_images() -> None:
-    """`make images`: both images built if their sources changed, and loaded into the real node."""
-    subprocess.run(["bash", str(REPO / "images" / "build.sh"), "build"], check=True)
+def build_images(log: Path | None = None) -> None:
+    """`make images`: both images built if their sources changed, and loaded into the real node; what the
+    build says goes to `log` if given."""
+    build = ["bash", str(REPO / "images" / "build.sh"), "build"]
+    if log is None:
+        subprocess.run(build, check=True)
+    else:
+        quiet_step("the operator and trainer images (make images)", build, log)
 
 
 def helm_install(namespace: str) -> None:
@@ -316,17 +325,13 @@ def quiet_step(what: str, argv: list[str], log: Path) -> None:
 def build_quietly(log_dir: Path) -> None:
     """The control plane and the node, then both images with SeaweedFS's build beside them (the images'
     build mostly waits on downloads and one-core compression), each one's output in log_dir."""
-    quiet_step("the control plane and the real node (built once, then started)", ["bash", str(CLUSTER), "up"],
-               log_dir / "cluster.log")
-    kubectl("apply", "-f", str(REPO / "crds" / "ddpjob.yaml"))
-    kubectl("wait", "--for=condition=Established", "crd/ddpjobs.ddpoperator.io", "--timeout=60s")
+    start_control_plane(log_dir / "cluster.log")
     seaweedfs_log = log_dir / "seaweedfs-build.log"
     with seaweedfs_log.open("ab") as out:
         seaweedfs = subprocess.Popen([sys.executable, str(REPO / "localcluster" / "s3server.py"), "build"],
                                      stdout=out, stderr=subprocess.STDOUT)
     try:
-        quiet_step("the operator and trainer images (make images)", ["bash", str(REPO / "images" / "build.sh"), "build"],
-                   log_dir / "images.log")
+        build_images(log_dir / "images.log")
     finally:
         code = seaweedfs.wait()
     if code != 0:
