@@ -14,7 +14,7 @@ from kubernetes import client
 
 import demo
 from ddp_contract import api, labels
-from kube import REPO, Jobs, cluster_script
+from kube import REPO, Jobs, cluster_script, wait_until
 
 IMAGE = "docker.io/library/busybox:ddp-test"
 ROOT_IMAGE = "docker.io/library/busybox:ddp-test-root"  # the same, run as root
@@ -90,3 +90,45 @@ def workloads_and_credentials(jobs: Jobs) -> None:
                                                             "data": {WORKLOADS.name: WORKLOADS.read_text()}})
     jobs.core.create_namespaced_secret(jobs.namespace, {"metadata": {"name": "s3-credentials"}, "stringData": {
         "AWS_ACCESS_KEY_ID": demo.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": demo.SECRET_KEY}})
+
+
+# Plain pods of the busybox image (or another, through `container`) on the real node.
+
+
+def pod_body(name: str, script: str, **spec: Any) -> dict[str, Any]:
+    """A pod of the busybox image running `sh -c script`; spec holds extra pod spec fields, and
+    `container` extra container fields."""
+    container = {"name": "main", "image": IMAGE, "imagePullPolicy": "Never", "command": ["sh", "-c", script],
+                 **spec.pop("container", {})}
+    return {"metadata": {"name": name, "labels": spec.pop("labels", {})},
+            "spec": {"restartPolicy": "Never", "containers": [container], **spec}}
+
+
+def describe(core: client.CoreV1Api, namespace: str, name: str) -> str:
+    pod = core.read_namespaced_pod(name, namespace)
+    events = [f"{e.reason}: {e.message}" for e in core.list_namespaced_event(namespace).items
+              if e.involved_object.name == name]
+    return f"phase {pod.status.phase}, containers {pod.status.container_statuses}, events {events}"
+
+
+def wait_phase(core: client.CoreV1Api, namespace: str, name: str, phases: set[str], timeout: float = 60) -> client.V1Pod:
+    def reached() -> client.V1Pod | None:
+        pod = core.read_namespaced_pod(name, namespace)
+        return pod if pod.status.phase in phases else None
+
+    try:
+        return wait_until(reached, timeout, f"pod {name} to reach {phases}")  # type: ignore[return-value]
+    except AssertionError as error:
+        raise AssertionError(f"{error}: {describe(core, namespace, name)}") from None
+
+
+def run_pod(core: client.CoreV1Api, namespace: str, name: str, script: str, **spec: Any) -> client.V1Pod:
+    """Creates the pod and returns it once Running."""
+    core.create_namespaced_pod(namespace, pod_body(name, script, **spec))
+    return wait_phase(core, namespace, name, {"Running"})
+
+
+def run_to_end(core: client.CoreV1Api, namespace: str, name: str, script: str, **spec: Any) -> client.V1Pod:
+    """Creates the pod and returns it once it has finished."""
+    core.create_namespaced_pod(namespace, pod_body(name, script, **spec))
+    return wait_phase(core, namespace, name, {"Succeeded", "Failed"})

@@ -25,7 +25,7 @@ from kubernetes import client
 from ddp_operator import constants as c
 from helmchart import CHART, helm_for, ready_operators
 from kube import REPO, Cluster, Jobs, cluster_script, own_namespace_in, wait_until
-from realnode import create_job, trainer_image
+from realnode import create_job, run_to_end, trainer_image
 from registry import Registry, stop_registry
 
 pytestmark = [
@@ -122,7 +122,7 @@ def node_image_targets() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def names_before_pulls(real_node) -> dict[str, str]:
+def names_before_pulls(images_on_the_node: None) -> dict[str, str]:
     """The node's image names before this module's pulls (name -> digest), `make images`' among them."""
     return node_image_targets()
 
@@ -233,20 +233,13 @@ def test_a_job_pulls_the_trainer_with_its_pull_secret_and_succeeds(
 
 
 def test_the_imported_trainer_still_runs_without_credentials_after_its_image_id_was_pulled_with_them(
-        pushed: dict[str, str], namespace: str, kube_api, real_node) -> None:
+        pushed: dict[str, str], namespace: str, kube_api) -> None:
     """The pulls above gave the kubelet a record of the trainer's image ID pulled with credentials; the
     name `make images` imported stays usable by any pod (node.sh's pull-verification allowlist), as every
     other test's ranks need it to be, with no pull tried."""
     core = client.CoreV1Api(kube_api)
-    core.create_namespaced_pod(namespace, {
-        "metadata": {"name": "imported"},
-        "spec": {"restartPolicy": "Never", "nodeName": real_node.metadata.name, "containers": [{
-            "name": "c", "image": trainer_image(), "imagePullPolicy": "IfNotPresent",
-            "command": ["python", "-c", "print('started')"],
-            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                                "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}}]}})
-    pod = wait_until(lambda: (p := core.read_namespaced_pod("imported", namespace)).status.phase in ("Succeeded", "Failed")
-                     and p, 180, "the pod of the imported trainer to end")
+    pod = run_to_end(core, namespace, "imported", "echo started",
+                     container={"image": trainer_image(), "imagePullPolicy": "IfNotPresent"})
     events = [e.reason for e in core.list_namespaced_event(namespace, field_selector="involvedObject.name=imported").items]
     assert pod.status.phase == "Succeeded" and "Pulling" not in events, (pod.status, events)
 
