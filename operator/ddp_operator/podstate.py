@@ -136,8 +136,8 @@ def rank_failure(pod: Mapping[str, Any], index: int) -> RankFailure:
 
 
 def node_lost(pod: Mapping[str, Any], index: int, why: str) -> RankFailure:
-    """The failure of the ranks of the pod of index `index`, whose node is lost: an infrastructure failure (evicted), whatever its
-    pod's last reported state says."""
+    """The failure of the ranks of the pod of index `index`, whose node is lost: an infrastructure
+    failure (evicted), whatever the pod's last reported state says."""
     meta = pod.get("metadata") or {}
     return RankFailure(pod_index=index, pod=meta.get("name", ""), exit_code=None, reason=c.REASON_NODE_LOST, evicted=True,
                        node=(pod.get("spec") or {}).get("nodeName"), output=why,
@@ -145,8 +145,8 @@ def node_lost(pod: Mapping[str, Any], index: int, why: str) -> RankFailure:
 
 
 def rank_problem(pod: Mapping[str, Any], index: int) -> PodProblem | None:
-    """Why the pending pod of index `index` is held up, if anything says so: the scheduler (Unschedulable, with its
-    message, e.g. "0/4 nodes are available: 4 Insufficient nvidia.com/gpu") or the kubelet (the
+    """Why the pending pod of index `index` is held up, if anything says so: the scheduler (Unschedulable,
+    with its message, e.g. "0/4 nodes are available: 4 Insufficient nvidia.com/gpu") or the kubelet (the
     trainer container waiting on an image pull, a missing Secret or ConfigMap, ...)."""
     for cond in (pod.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason") == "Unschedulable":
