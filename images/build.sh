@@ -85,17 +85,7 @@ die() { printf '[images] error: %s\n' "$*" >&3; exit 1; }
 
 # need_debs PACKAGE...: installs the Debian packages that are missing (this machine is Debian).
 need_debs() {
-  local missing=() pkg
-  for pkg in "$@"; do
-    dpkg-query -W -f '${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' || missing+=("$pkg")
-  done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  [ "$(id -u)" -eq 0 ] || die "needs the Debian packages ${missing[*]}; install them (as root) and rerun"
-  log "installing ${missing[*]} with apt-get"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -q --no-install-recommends "${missing[@]}" >&3 ||
-    { apt-get update -q >&3 && apt-get install -y -q --no-install-recommends "${missing[@]}" >&3; } ||
-    die "apt-get could not install ${missing[*]}"
+  "$REPO/scripts/apt-install.sh" "$@" 2>&3 || die "could not install the Debian packages $*"
 }
 
 # into_place TMP OUT: renames a finished build folder into its cache entry; if another build
@@ -400,8 +390,8 @@ prepare() {
 }
 
 build_tools() {
-  build_runc
-  build_buildkit
+  built_once "$BIN_RUNC" build_runc
+  built_once "$BIN_BUILDKIT" build_buildkit
 }
 
 cmd_build() {

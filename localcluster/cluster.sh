@@ -172,15 +172,7 @@ build_patched() {
 
 # apt_install PACKAGE...: installs the Debian packages the node needs that are missing.
 apt_install() {
-  local missing=() pkg
-  for pkg in "$@"; do
-    dpkg-query -W -f '${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
-  done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  command -v apt-get >/dev/null || die "missing packages ${missing[*]}, and there is no apt-get to install them"
-  log "installing ${missing[*]}"
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; } >&3 2>&1 \
-    || die "apt-get could not install ${missing[*]}"
+  "$HERE/../scripts/apt-install.sh" "$@" 2>&3 || die "could not install the Debian packages $*"
 }
 
 # oci_image ROOTFS REF CONFIG OUT: writes a one-layer OCI image layout tarball of the folder ROOTFS,
@@ -260,7 +252,7 @@ step() {
   [ -d "$out" ] && return 0
   STEP_DONE=$((STEP_DONE + 1))
   log "($STEP_DONE/$STEP_TOTAL) $name: building (cached afterwards in $out)"
-  "$@"
+  built_once "$out" "$@"
   log "($STEP_DONE/$STEP_TOTAL) $name: built in $((SECONDS - started)) s"
 }
 

@@ -1,8 +1,9 @@
 """`make demo`: the main job end to end, as a user sees it, in containers on the local cluster's real node.
 
-1. the local control plane (a no-op when it is up) and `make images` (both images built if their
-   sources changed, and loaded into the real node's containerd), SeaweedFS built beside the images;
-   what the builders print goes to the run's log folder, the demo says only each step's start and end;
+1. the local control plane and real node, both images (`make images`, built if their sources changed)
+   and SeaweedFS, built side by side (each a no-op when cached), then the cluster started (a no-op
+   when it is up) and the images loaded into the real node's containerd; what the builders print goes
+   to the run's log folder, the demo says only each step's start and end;
 2. a real S3 server (SeaweedFS, s3server.py) on the real node's bridge gateway, where the pods reach it, with a small
    generated image dataset, and the `ddp-demo` namespace with the S3 credentials Secret;
 3. `helm install` of charts/ into that namespace, serving it only: the operator runs as the chart's
@@ -171,7 +172,7 @@ def start_control_plane(log: Path | None = None) -> None:
     if log is None:
         subprocess.run(up, check=True)
     else:
-        quiet_step("the control plane and the real node (built once, then started)", up, log)
+        quiet_step("the control plane and the real node (started)", up, log)
     kubectl("apply", "-f", str(REPO / "crds" / "ddpjob.yaml"))
     kubectl("wait", "--for=condition=Established", "crd/ddpjobs.ddpoperator.io", "--timeout=60s")
 
@@ -282,7 +283,7 @@ def build_images(log: Path | None = None) -> None:
     if log is None:
         subprocess.run(build, check=True)
     else:
-        quiet_step("the operator and trainer images (make images)", build, log)
+        quiet_step("the images loaded into the node", build, log)
 
 
 def helm_install(namespace: str) -> None:
@@ -307,35 +308,51 @@ def helm_uninstall(namespace: str) -> None:
 
 
 # What a first run builds, on the 2-core EPYC VM from nothing (DEVELOPMENT.md, Measured times).
-FIRST_RUN = "about 25 minutes on 2 cores"
+FIRST_RUN = "about 20 minutes on 2 cores"
+
+
+def quiet_steps(steps: list[tuple[str, list[str], Path]]) -> None:
+    """Runs (what, argv, log) steps side by side, each one's own output in its log; says when each is
+    done, or, once all have ended, how the first one that failed failed."""
+    running = []
+    for what, argv, log in steps:
+        print(f"[demo] {what} ...", flush=True)
+        with log.open("ab") as out:
+            running.append((what, log, subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)))
+    started = time.monotonic()
+    failed: list[str] = []
+    while running:
+        for entry in [entry for entry in running if entry[2].poll() is not None]:
+            running.remove(entry)
+            what, log, process = entry
+            if process.returncode == 0:
+                print(f"[demo] {what}: done in {time.monotonic() - started:.0f} s", flush=True)
+            else:
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+                failed.append(f"[demo] {what} failed (exit {process.returncode}); the end of {log}:\n{tail}")
+        time.sleep(0.2)
+    if failed:
+        raise SystemExit(failed[0])
 
 
 def quiet_step(what: str, argv: list[str], log: Path) -> None:
     """Runs a build or start whose own output goes to `log`; says when it is done, or how it failed."""
-    print(f"[demo] {what} ...", flush=True)
-    started = time.monotonic()
-    with log.open("ab") as out:
-        code = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT).returncode
-    if code != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
-        raise SystemExit(f"[demo] {what} failed (exit {code}); the end of {log}:\n{tail}")
-    print(f"[demo] {what}: done in {time.monotonic() - started:.0f} s", flush=True)
+    quiet_steps([(what, argv, log)])
 
 
 def build_quietly(log_dir: Path) -> None:
-    """The control plane and the node, then both images with SeaweedFS's build beside them (the images'
-    build mostly waits on downloads and one-core compression), each one's output in log_dir."""
+    """The control plane and the node, both images and SeaweedFS built side by side (the images' build
+    mostly waits on downloads and one-core compression), each one's output in log_dir; then the cluster
+    started and the images loaded into its node."""
+    quiet_steps([
+        ("the control plane and the real node (built once)", ["bash", str(CLUSTER), "build"], log_dir / "cluster.log"),
+        ("the operator and trainer images (make images)", ["bash", str(REPO / "images" / "build.sh"), "build"],
+         log_dir / "images.log"),
+        ("SeaweedFS, the S3 server (built once)", [sys.executable, str(REPO / "localcluster" / "s3server.py"), "build"],
+         log_dir / "seaweedfs-build.log"),
+    ])
     start_control_plane(log_dir / "cluster.log")
-    seaweedfs_log = log_dir / "seaweedfs-build.log"
-    with seaweedfs_log.open("ab") as out:
-        seaweedfs = subprocess.Popen([sys.executable, str(REPO / "localcluster" / "s3server.py"), "build"],
-                                     stdout=out, stderr=subprocess.STDOUT)
-    try:
-        build_images(log_dir / "images.log")
-    finally:
-        code = seaweedfs.wait()
-    if code != 0:
-        raise SystemExit(f"[demo] SeaweedFS's build failed (exit {code}); see {seaweedfs_log}")
+    build_images(log_dir / "images.log")
 
 
 def main() -> int:

@@ -35,3 +35,17 @@ go_build_into() {
   (cd "$dir" && CGO_ENABLED=0 go_cache_scope nice go build -trimpath "$@" -o "$tmp/" "$package") || { rm -rf "$tmp"; return 1; }
   mv -T "$tmp" "$bin" 2>/dev/null || rm -rf "$tmp"  # another build may have got there first
 }
+
+# built_once OUT COMMAND...: runs COMMAND, which makes the folder OUT, unless OUT is there; one such
+# build of OUT at a time on the machine, so that a build started beside another one making the same
+# OUT (the node's runc and the images' runc, two clones' first builds) waits for it and uses its result.
+built_once() {
+  local out=$1
+  shift
+  [ -e "$out" ] && return 0
+  mkdir -p "$(dirname "$out")"
+  (
+    flock 9
+    [ -e "$out" ] || "$@"
+  ) 9>"$(dirname "$out")/.$(basename "$out").lock"
+}

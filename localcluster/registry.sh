@@ -65,11 +65,7 @@ cmd_build() {
 # need_htpasswd: Debian's apache2-utils, whose htpasswd -B writes the bcrypt entries the registry reads.
 need_htpasswd() {
   command -v htpasswd >/dev/null && return 0
-  [ "$(id -u)" -eq 0 ] || die "needs htpasswd (Debian's apache2-utils); install it (as root) and rerun"
-  log "installing apache2-utils (htpasswd) with apt-get"
-  export DEBIAN_FRONTEND=noninteractive
-  { apt-get install -y -qq --no-install-recommends apache2-utils || { apt-get update -qq &&
-    apt-get install -y -qq --no-install-recommends apache2-utils; }; } >&3 2>&1 || die "apt-get could not install apache2-utils"
+  "$HERE/../scripts/apt-install.sh" apache2-utils 2>&3 || die "could not install apache2-utils (htpasswd)"
 }
 
 # --- configuration -----------------------------------------------------------

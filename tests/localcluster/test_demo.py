@@ -71,3 +71,18 @@ def test_a_quiet_step_keeps_its_output_in_the_log_and_says_how_it_ended(tmp_path
     assert "compiling" not in said and log.read_text().split() == ["compiling", "warning"]
     with pytest.raises(SystemExit, match=r"(?s)a start failed \(exit 3\); the end of .*step\.log:\n.*no room"):
         demo.quiet_step("a start", ["bash", "-c", "echo no room; exit 3"], log)
+
+
+def test_quiet_steps_run_side_by_side_and_name_the_one_that_failed(tmp_path, capsys) -> None:
+    flag = tmp_path / "flag"
+    # The first step ends only once the second has run: one after the other, it would fail.
+    waits = f"for i in $(seq 300); do [ -e {flag} ] && exit 0; sleep 0.1; done; exit 1"
+    demo.quiet_steps([("a wait", ["bash", "-c", waits], tmp_path / "wait.log"),
+                      ("a flag", ["touch", str(flag)], tmp_path / "flag.log")])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == ["[demo] a wait ...", "[demo] a flag ..."]
+    assert sorted(line.split(":")[0] for line in lines[2:]) == ["[demo] a flag", "[demo] a wait"], lines
+    with pytest.raises(SystemExit, match=r"(?s)^\[demo\] a failure failed \(exit 4\); the end of .*failure\.log:\nno disk$"):
+        demo.quiet_steps([("a failure", ["bash", "-c", "echo no disk; exit 4"], tmp_path / "failure.log"),
+                          ("a success", ["true"], tmp_path / "success.log")])
+    assert "[demo] a success: done in " in capsys.readouterr().out
