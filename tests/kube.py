@@ -13,11 +13,10 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ddp_contract import api, labels
 from fakenodes import on_fake_nodes
 from podstatus import evicted_status, hung_status, pod_status
+from waiting import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER_SCRIPT = REPO / "localcluster" / "cluster.sh"
@@ -98,18 +98,6 @@ def open_cluster(owner_pid: str) -> Cluster:
         raise RuntimeError(f"local cluster failed to start:\n{result.stderr}")
     kubectl = cluster_script("bindir").stdout.strip().split(":")[0] + "/kubectl"
     return Cluster(kubeconfig=local_kubeconfig(), kubectl=kubectl, local=True, started_here=not was_up)
-
-
-def wait_until(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.2) -> object:
-    """Polls predicate until it returns something truthy; fails naming what was awaited."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 @contextmanager

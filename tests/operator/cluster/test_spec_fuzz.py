@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from ddp_operator import constants as c
 from fakenodes import FAKE_NODE_NAMESPACE_ANNOTATIONS
 from kube import Jobs, OperatorProcess
 from specfuzz import COUNT_ENV, SEED_ENV, Fuzzed, fuzzed, settings
+from waiting import poll_until
 
 pytestmark = pytest.mark.cluster
 
@@ -115,8 +115,7 @@ def create_all(jobs: Jobs, cases: Iterable[Fuzzed], run: Run) -> dict[str, Fuzze
 def settle(jobs: Jobs, waiting: dict[str, Fuzzed], run: Run) -> None:
     """Waits for each job to say where it is (`verdict`), deleting each once it has: its pods go with it,
     and the other tests on the cluster need the fake nodes' GPUs."""
-    deadline = time.monotonic() + SETTLE_S
-    while waiting and time.monotonic() < deadline:
+    def all_settled() -> bool:
         listed = jobs.custom.list_namespaced_custom_object(api.GROUP, api.VERSION, jobs.namespace, api.PLURAL)
         for job in listed["items"]:
             name, status = job["metadata"]["name"], job.get("status") or {}
@@ -130,7 +129,9 @@ def settle(jobs: Jobs, waiting: dict[str, Fuzzed], run: Run) -> None:
             if said == "ReconcileError":
                 run.findings.append(f"{name} says {status.get('message')!r}: {case.describe(run.seed)}")
             jobs.delete(name)
-        time.sleep(0.5)  # between looks at the jobs, as wait_until does
+        return not waiting
+
+    poll_until(all_settled, SETTLE_S, interval=0.5)
     for name, case in waiting.items():
         pods = [f"{p.metadata.name} {p.status.phase}" for p in jobs.pods(name, include_deleting=True)]
         run.findings.append(f"{name} said nothing within {SETTLE_S:.0f}s (status {jobs.status(name)}; pods {pods}): "

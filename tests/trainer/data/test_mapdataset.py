@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from ddp_trainer.data.shardcache import ShardCache
 from ddp_trainer.data.shardindex import load_index
 from ddp_trainer.errors import CorruptDataError, ObjectNotFoundError
 from ddp_trainer.storage import s3
+from waiting import wait_until
 
 
 @pytest.fixture
@@ -104,10 +104,8 @@ def test_prefetching_sampler_downloads_the_next_shards_ahead(wds_shards, tmp_pat
     first = next(drawn)
     assert dataset.locate(first)[0].url == shard_order[0]
     cached = [dataset.cache.path_for(url) for url in shard_order]
-    deadline = time.monotonic() + 30
-    while not all(os.path.exists(path) for path in cached[:3]) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert all(os.path.exists(path) for path in cached[:3])  # the shard in use and the next two
+    wait_until(lambda: all(os.path.exists(path) for path in cached[:3]), 30, "the shard in use and the next two cached",
+               interval=0.05)
     assert not any(os.path.exists(path) for path in cached[3:])  # nothing further ahead
     assert [first, *drawn] == list(sampler)
 

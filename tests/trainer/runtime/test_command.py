@@ -22,6 +22,7 @@ from ddp_contract.failureline import parse_line
 from ddp_trainer.runtime.command import code_name, last_error, launch_argv
 from ddp_trainer.storage import s3
 from ddp_trainer.storage.results import read_metrics
+from waiting import wait_until
 
 
 def exec_command(command: list[str], tmp_path: Path, extra: Mapping[str, str] | None = None, world_size: int = 1,
@@ -152,10 +153,11 @@ def test_sigterm_stops_the_command_and_every_process_it_started(tmp_path: Path) 
         time.sleep(600)
         """)
     proc = exec_command(["python", train], tmp_path)
-    deadline = time.monotonic() + 60
-    while not pid_file.exists() or not pid_file.read_text():
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.1)
+    def child_started() -> bool:
+        assert proc.poll() is None, "the command ended before it started its child"
+        return pid_file.exists() and bool(pid_file.read_text())
+
+    wait_until(child_started, 60, "the command to start its child", interval=0.1)
     proc.send_signal(signal.SIGTERM)
     code, _, err = finished(proc, timeout=30)
     assert code == 143 and "stopped by SIGTERM" in err

@@ -216,9 +216,21 @@ RESUMING = """
     print(f"resumed after {done} epoch(s); DDP_KEEP_FOLDERS here: {os.environ.get('DDP_KEEP_FOLDERS')}", flush=True)
     out.mkdir(exist_ok=True)
     (out / "epochs.txt").write_text(str(done + 1))
-    if len(sys.argv) > 1 and sys.argv[1] == "die-mid-save":
-        time.sleep(5)  # epochs.txt settles (3 s) and is kept
-        (out / "epochs.txt").write_text("half")  # ...the next save is cut short
+    if len(sys.argv) > 2 and sys.argv[1] == "die-mid-save":  # argv[2]: where epochs.txt is kept
+        from ddp_trainer.errors import ObjectNotFoundError
+        from ddp_trainer.storage import s3
+
+        def kept(url=s3.parse_uri(sys.argv[2])):
+            try:
+                return s3.get_bytes(url)
+            except ObjectNotFoundError:
+                return None
+
+        deadline = time.monotonic() + 60
+        while kept() != str(done + 1).encode():  # until epochs.txt has settled (3 s) and is kept...
+            assert time.monotonic() < deadline, "epochs.txt was not kept within 60 s"
+            time.sleep(0.1)
+        (out / "epochs.txt").write_text("half")  # ...then the next save is cut short
         os.kill(os.getpid(), signal.SIGKILL)
 """
 
@@ -261,10 +273,11 @@ def test_a_rank_s_next_pod_starts_with_the_folder_its_last_pod_left(tmp_path: Pa
 def test_a_rank_killed_mid_save_leaves_its_last_settled_file_for_the_next_pod(
         tmp_path: Path, s3_env: dict[str, str], bucket: str) -> None:
     first, extra = pod(tmp_path, "attempt-0", s3_env, bucket)
-    code, out, err = run_pod(first, extra, ["exec", "--", "python", "train.py", "die-mid-save"])
+    kept = s3.S3Url(bucket, "runs/default/keeps/kept/out/epochs.txt")
+    code, out, err = run_pod(first, extra, ["exec", "--", "python", "train.py", "die-mid-save", str(kept)])
     assert code == 128 + signal.SIGKILL, err
     assert (first / "out" / "epochs.txt").read_text() == "half"
-    assert s3.get_bytes(s3.S3Url(bucket, "runs/default/keeps/kept/out/epochs.txt")) == b"1"
+    assert s3.get_bytes(kept) == b"1"
     second, _ = pod(tmp_path, "attempt-1", s3_env, bucket)
     code, out, err = run_pod(second, extra, ["exec", "--", "python", "train.py"])
     assert code == 0, err

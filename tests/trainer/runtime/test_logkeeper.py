@@ -17,6 +17,7 @@ from ddp_trainer.errors import ExitCode, ObjectNotFoundError
 from ddp_trainer.runtime import logkeeper
 from ddp_trainer.runtime.logkeeper import LogKeeper, Parts
 from ddp_trainer.storage import s3
+from waiting import wait_until
 
 
 def kept_log(bucket: str, job: str, attempt: int, rank: int, namespace: str = "ns") -> str:
@@ -71,18 +72,11 @@ def start_waiting_rank(s3_env: dict[str, str], bucket: str, job: str, ready: Pat
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(0.1)
-
-
 def test_sigterm_uploads_the_log_with_the_ranks_last_words(s3_env, bucket, tmp_path: Path) -> None:
     ready = tmp_path / "ready"
     proc = start_waiting_rank(s3_env, bucket, "stopped", ready, interval="0")  # 0: only at exit
     try:
-        wait_for(lambda: ready.exists() or proc.poll() is not None, 60, "the rank to be in the user's code")
+        wait_until(lambda: ready.exists() or proc.poll() is not None, 60, "the rank to be in the user's code")
         assert ready.exists(), proc.communicate(timeout=10)
         proc.terminate()
         proc.communicate(timeout=20)
@@ -104,9 +98,9 @@ def test_the_log_is_uploaded_every_interval_so_a_sigkill_loses_at_most_the_last_
             return False
 
     try:
-        wait_for(lambda: ready.exists() or proc.poll() is not None, 60, "the rank to be in the user's code")
+        wait_until(lambda: ready.exists() or proc.poll() is not None, 60, "the rank to be in the user's code")
         assert ready.exists(), proc.communicate(timeout=10)
-        wait_for(uploaded, 30, "the periodic upload of the rank's output")
+        wait_until(uploaded, 30, "the periodic upload of the rank's output")
         proc.kill()
         proc.communicate(timeout=10)
     finally:
@@ -208,11 +202,11 @@ def test_a_server_that_already_failed_gets_no_longer_than_a_stopped_rank_s_wait(
     monkeypatch.setattr(logkeeper, "FINAL_UPLOAD_SECONDS", 0.2)
     failing = SlowS3(fail_first=True)
     keeper = keeper_of(failing, b"output\n")
-    deadline = time.monotonic() + 30
-    while failing.fail_first:  # a periodic upload, refused (once the tee has taken the output in)
-        assert time.monotonic() < deadline
+    def refused() -> bool:
         keeper.upload_changed()
-        time.sleep(0.01)
+        return not failing.fail_first
+
+    wait_until(refused, 30, "a periodic upload, refused (once the tee has taken the output in)", interval=0.01)
     started = time.monotonic()
     keeper.finish(upload_s=60)
     assert time.monotonic() - started < 10 and failing.kept == []

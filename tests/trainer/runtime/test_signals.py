@@ -13,6 +13,7 @@ from trainerhelp import ROOT, free_port, rank_env
 
 from ddp_contract.failureline import parse_line
 from ddp_trainer.errors import ExitCode
+from waiting import poll_until
 
 
 def test_sigterm_stops_a_rank_at_once_with_its_own_exit_code(tmp_path: Path) -> None:
@@ -23,9 +24,7 @@ def test_sigterm_stops_a_rank_at_once_with_its_own_exit_code(tmp_path: Path) -> 
     proc = subprocess.Popen([sys.executable, "-m", "ddp_trainer", "run", "ddp_workloads:wait_for_sigterm"],
                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        poll_until(lambda: ready.exists() or proc.poll() is not None, 60, interval=0.05)
         assert ready.exists(), proc.communicate(timeout=10)
         sent = time.monotonic()
         proc.terminate()

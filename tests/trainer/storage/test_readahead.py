@@ -16,6 +16,7 @@ from ddp_trainer.errors import ObjectNotFoundError
 from ddp_trainer.storage import s3
 from ddp_trainer.storage.readahead import ReadAhead, object_size, open_readahead, part_ranges
 from linkproxy import LinkProxy
+from waiting import wait_until
 
 PART = 4096
 
@@ -77,10 +78,8 @@ def test_closing_early_stops_the_fetch_threads(bucket: str) -> None:
     reader = ReadAhead(url, PART, 3)
     assert len(reader.read(10)) == 10 and reader.parts_fetched == 3
     reader.close()
-    deadline = time.monotonic() + 10
-    while any(t.name.startswith("s3-read-ahead") for t in threading.enumerate()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [t.name for t in threading.enumerate() if t.name.startswith("s3-read-ahead")]
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("s3-read-ahead")], 10,
+               "the read-ahead threads to stop", interval=0.05)
 
 
 @pytest.fixture
