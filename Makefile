@@ -11,8 +11,12 @@ BENCH_ARGS ?=
 
 .PHONY: demo example images bench-data bench-checkpoint bench-kept bench-dashboard bench-learning bench-printscan bench-command bench-dataworkers bench-train bench-operator bench-real-node bench-elastic chart-check crds lint test test-unit test-k8s-versions cluster-build cluster-up cluster-down cluster-status cluster-env venv
 
+# On a first run the control plane compiles while the virtualenv (one core, mostly downloads) is made;
+# the demo's own build step then waits for it (each component is built once at a time, gocache.sh).
 demo:
-	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/demo.py
+	@logs=$${DDP_CACHE:-$$HOME/.cache/ddp-operator}/demo && mkdir -p $$logs && \
+	  { bash $(CLUSTER) build >$$logs/cluster-build.log 2>&1 & } && \
+	  venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/demo.py
 
 # One of examples/<name>/ end to end (data step, DDPJob, outcome): make example NAME=petnames
 NAME ?=

@@ -1,12 +1,21 @@
 # Sourced by the scripts that build Go binaries (cluster.sh, registry.sh, prometheus.sh, images/build.sh); they set
 # DDP_CACHE first.
 #
+# go_compiler_memory: the compiler (a Go program) collects garbage less often, within a bound per
+# process: GOGC=400 took a fifth less CPU than Go's default of 100 to build etcd (74 -> 60 s of CPU,
+# 48 -> 42 s on 2 cores, EPYC VM, 2026-11-29), and GOMEMLIMIT keeps each compile of the largest
+# Kubernetes packages within 3 GiB. Values set in the environment win.
+go_compiler_memory() {
+  export GOGC=${GOGC:-400} GOMEMLIMIT=${GOMEMLIMIT:-3GiB}
+}
+
 # go_cache_scope COMMAND...: runs COMMAND in a subshell whose Go build cache is a folder of its own,
 # $DDP_CACHE/go-build.<pid>, removed when COMMAND ends. Every binary is kept in $DDP_CACHE/bin, so a
 # kept compiler cache would only hold disk: over 10 GB once the control plane and node are built,
 # which the images need on a fresh machine. A GOCACHE set in the environment is used and kept instead
 # (for working on the Go patches, where rebuilds come often).
 go_cache_scope() {
+  go_compiler_memory
   if [ -n "${GOCACHE:-}" ]; then
     "$@"
     return

@@ -57,7 +57,9 @@ def weed() -> Path:
             return binary
         partial = BIN.with_name(f"{BIN.name}.tmp.{os.getpid()}")
         shutil.rmtree(partial, ignore_errors=True)
-        env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod", "CGO_ENABLED": "0"}
+        # GOGC and GOMEMLIMIT as gocache.sh's go_compiler_memory sets them for the other builds.
+        env = {"GOGC": "400", "GOMEMLIMIT": "3GiB", **os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod",
+               "CGO_ENABLED": "0"}
         # A build cache of its own, removed afterwards, unless GOCACHE is set (as gocache.sh does).
         scoped_cache = None if "GOCACHE" in env else BIN.parent.parent / f"go-build.{os.getpid()}"
         if scoped_cache is not None:
