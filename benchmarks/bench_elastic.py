@@ -43,6 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / p) for p in ("contract", "localcluster")]
 import demo  # noqa: E402
 from ddp_contract import api, kubeclient, labels  # noqa: E402
+from ddp_contract.jobstatus import STATUS_WORLD_SIZE  # noqa: E402
 
 NAMESPACE = "bench-elastic"
 BUCKET = "ddp-bench-elastic"
@@ -136,7 +137,7 @@ def one_loss(custom: client.CustomObjectsApi, endpoint: str, runners: tuple[Runn
         figures["restart"] = wait(lambda: int(watched.status().get("attempt", 0)) > running and time.monotonic(),
                                   timeout, "the restart") - stopped
         if elastic:
-            shrunk = wait(lambda: (s := watched.status()).get(api.STATUS_WORLD_SIZE) == 2 and s, timeout, "the shrink")
+            shrunk = wait(lambda: (s := watched.status()).get(STATUS_WORLD_SIZE) == 2 and s, timeout, "the shrink")
             figures["shrunk"] = time.monotonic() - stopped
             wait(lambda: watched.formed(int(shrunk["attempt"])), timeout, "the gang of 2")
             figures["training"] = time.monotonic() - stopped
@@ -150,7 +151,7 @@ def one_loss(custom: client.CustomObjectsApi, endpoint: str, runners: tuple[Runn
         back = time.monotonic()
         lose.start()
         if elastic:
-            grown = wait(lambda: (s := watched.status()).get(api.STATUS_WORLD_SIZE) == 4 and s, timeout, "the grow")
+            grown = wait(lambda: (s := watched.status()).get(STATUS_WORLD_SIZE) == 4 and s, timeout, "the grow")
             figures["grown"] = time.monotonic() - back
             attempt = int(grown["attempt"])
         else:

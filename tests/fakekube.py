@@ -131,7 +131,7 @@ def reconciler_for(job: Mapping[str, Any]) -> tuple[Reconciler, FakeKube, FakePo
     store = JobStore()
     store.put(job)
     kube, pods = FakeKube(store), FakePods()
-    reconciler = Reconciler(kube, store, pods, lambda: Nodes(synced=True), workers=1)  # type: ignore[arg-type]
+    reconciler = Reconciler(kube, jobs=store, pods=pods, nodes=lambda: Nodes(synced=True), workers=1)  # type: ignore[arg-type]
     return reconciler, kube, pods
 
 

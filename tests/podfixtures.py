@@ -71,7 +71,7 @@ def pod(
 
 
 def summary_of(*pods: dict[str, Any], attempt: int = 0) -> PodSummary:
-    return summarize_pods(list(pods), attempt, JOB)
+    return summarize_pods(list(pods), attempt, job_name=JOB)
 
 
 def api_node(name: str, ready: str = "True", since: Any = None, gpus: int = 8, cpu: str = "64", memory: str = "512Gi",

@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import IO, Any, overload
 
-from ddp_contract import api, envnames, labels, layout, s3options
+from ddp_contract import api, envnames, labels, layout
+from ddp_contract.jobspec import CABundle, S3Spec
+from ddp_contract.jobstatus import PHASE_FAILED, PHASE_PENDING, STATUS_PHASE
 
 from . import logs as logtext
 from . import logsources, summary
@@ -140,13 +142,13 @@ class Job:
         for body in self._changes(deadline, poll_s):
             status = dict(body.get("status") or {})
             display.show(summary.progress_line(self.name, status), status)
-            if status.get("phase") in summary.FINISHED:
+            if status.get(STATUS_PHASE) in summary.FINISHED:
                 break
         else:
-            raise TimeoutError(f"{self.name} is still {status.get('phase') or 'Pending'} after {timeout}s")
+            raise TimeoutError(f"{self.name} is still {status.get(STATUS_PHASE) or PHASE_PENDING} after {timeout}s")
         outcome = summary.outcome_text(self.name, status)
         display.end(outcome)
-        if raise_on_failure and status.get("phase") == "Failed":
+        if raise_on_failure and status.get(STATUS_PHASE) == PHASE_FAILED:
             raise JobFailed(outcome, status)
         return status
 
@@ -188,7 +190,7 @@ class Job:
                         break
                     version = str(body["metadata"]["resourceVersion"])
                     if event["type"] == "DELETED":
-                        phase = (self._seen or {}).get("status", {}).get("phase") or "Pending"
+                        phase = (self._seen or {}).get("status", {}).get(STATUS_PHASE) or PHASE_PENDING
                         raise JobDeleted(f"{api.KIND} {self.namespace}/{self.name} was deleted while {phase}; "
                                          "what its ranks kept in S3 (results, metrics, logs) stays")
                     self._seen = body
@@ -221,33 +223,33 @@ class Job:
         """The job's results prefix, with spec.s3's endpoint and its Secret's credentials unless set here."""
         if self._store is None:
             spec_s3 = self._spec_s3()
-            if not spec_s3.get("results"):
+            if not spec_s3.results:
                 raise StoreError(f"{self.name} has no spec.s3.results: its ranks keep no results, metrics or logs in S3")
-            secret_name = spec_s3.get("credentialsSecret")
+            secret_name = spec_s3.credentials_secret
             secret = None
             if secret_name and not self.s3_access.access_key_id:
                 secret = self._credentials_secret(secret_name)
-            bundle = spec_s3.get("caBundle")
+            bundle = spec_s3.ca_bundle
             ca_file = self._ca_bundle(bundle) if bundle and not self.s3_access.ca_bundle else None
             access = self.s3_access.over(job_access(spec_s3, secret, secret_name, ca_file))
-            self._store = ResultsPrefix(access, spec_s3["results"], self.namespace, self.name)
+            self._store = ResultsPrefix(access, spec_s3.results, self.namespace, self.name)
         return self._store
 
-    def _spec_s3(self) -> dict[str, Any]:
+    def _spec_s3(self) -> S3Spec:
         """spec.s3; for a deleted job, as last seen or the results URI given to the handle."""
-        return dict((self._last_known().get("spec") or {}).get("s3") or {})
+        return S3Spec.from_spec((self._last_known().get("spec") or {}).get("s3"))
 
-    def _ca_bundle(self, bundle: Mapping[str, Any]) -> str:
+    def _ca_bundle(self, bundle: CABundle) -> str:
         """spec.s3.caBundle's certificates, read through the API into a local file."""
         from kubernetes.client.rest import ApiException
 
-        name = bundle.get("configMap", "")
+        name = bundle.config_map
         try:
             config_map = self.api_client.sanitize_for_serialization(self.core.read_namespaced_config_map(name, self.namespace))
         except ApiException as error:
             raise StoreError(f"cannot read the job's S3 CA bundle, ConfigMap {self.namespace}/{name} ({error.status} "
                              f"{error.reason}); give its file as {envnames.S3_CA_BUNDLE}") from None
-        return ca_bundle_file(config_map, bundle.get("key") or s3options.DEFAULT_CA_BUNDLE_KEY, CA_BUNDLES)
+        return ca_bundle_file(config_map, bundle.key, CA_BUNDLES)
 
     def _credentials_secret(self, name: str) -> dict[str, Any]:
         from kubernetes.client.rest import ApiException
@@ -366,7 +368,7 @@ class Job:
         from what the ranks kept in S3; the kept copy where it holds more than the pod's log (the
         kubelet rotates long logs away). Default attempt: the pods' (else the newest kept)."""
         pods = self.pods()
-        kept = self._kept_logs() if self._spec_s3().get("results") else None
+        kept = self._kept_logs() if self._spec_s3().results else None
         return logsources.rank_texts(pods, partial(logsources.pod_log, self.core, self.namespace), kept, attempt, rank)
 
     def _kept_logs(self) -> logsources.KeptLogs:
@@ -396,7 +398,7 @@ class Job:
         while True:
             try:
                 status = self.status()
-                finished = status.get("phase") in summary.FINISHED
+                finished = status.get(STATUS_PHASE) in summary.FINISHED
             except LookupError:  # deleted (ttlSecondsAfterFinished): what is left is in S3
                 if self._seen is None and self.results_uri is None:
                     raise

@@ -5,13 +5,13 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from ddp_contract import api, labels
+from ddp_contract.jobspec import S3Spec
 from ddp_contract.targets import ENTRYPOINT_RE, SCRIPT_FUNCTION_RE
 
 # Where a submitted script is mounted in every rank, and the volume's name.
@@ -21,20 +21,8 @@ NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 CONFIGMAP_LIMIT = 1024 * 1024  # the API server refuses larger objects (etcd's value limit is about this)
 
 
-@dataclass(frozen=True)
-class S3:
-    """spec.s3: where the ranks read data and write results, and the Secret with their credentials."""
-
-    results: str | None = None
-    dataset: str | None = None
-    endpoint: str | None = None
-    region: str | None = None
-    credentials_secret: str | None = None
-
-    def spec(self) -> dict[str, str]:
-        fields = {"results": self.results, "dataset": self.dataset, "endpoint": self.endpoint,
-                  "region": self.region, "credentialsSecret": self.credentials_secret}
-        return {key: value for key, value in fields.items() if value}
+# spec.s3, as the client builds it (`ddp_client.S3`): the spec's own type.
+S3 = S3Spec
 
 
 def load_job(job: Mapping[str, Any] | str | Path) -> dict[str, Any]:
@@ -111,7 +99,7 @@ def build_job(
     image: str,
     world_size: int = 1,
     gpus: int = 1,
-    s3: S3 | None = None,
+    s3: S3Spec | None = None,
     env: Mapping[str, str] | Sequence[Mapping[str, Any]] | None = None,
     args: Sequence[str] = (),
     spec: Mapping[str, Any] | None = None,
@@ -133,8 +121,8 @@ def build_job(
                          "or script.py:function)")
     if args:
         body["args"] = [str(a) for a in args]
-    if s3 is not None and s3.spec():
-        body["s3"] = s3.spec()
+    if s3 is not None and s3.to_spec():
+        body["s3"] = s3.to_spec()
     if env:
         body["env"] = _env(env)
     body.update(extra)

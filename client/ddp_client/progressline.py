@@ -8,6 +8,8 @@ import time
 from collections.abc import Mapping
 from typing import IO, Any
 
+from ddp_contract.jobstatus import STATUS_PHASE, STATUS_PROGRESS, STATUS_READY, STATUS_REASON, STATUS_RESTARTS
+
 LINE_SECONDS = 30.0  # outside a terminal or notebook, progress alone prints a line this often
 
 
@@ -34,8 +36,8 @@ class ProgressDisplay:
         if self.in_place:
             self.out.write("\r" + line.ljust(len(self.shown)))
         else:
-            state = (status.get("phase"), status.get("ready"), status.get("restarts"), status.get("reason"),
-                     bool(status.get("progress")))
+            state = (status.get(STATUS_PHASE), status.get(STATUS_READY), status.get(STATUS_RESTARTS),
+                     status.get(STATUS_REASON), bool(status.get(STATUS_PROGRESS)))
             if state == self.state and time.monotonic() - self.printed_at < LINE_SECONDS:
                 return
             self.out.write(line + "\n")

@@ -12,7 +12,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ddp_contract import envnames, layout, s3options
+from ddp_contract import envnames, layout
+from ddp_contract.jobspec import S3Spec
 from ddp_contract.s3options import S3OptionError, S3Options
 
 DEFAULT_REGION = "us-east-1"
@@ -68,13 +69,13 @@ def secret_credentials(secret: Mapping[str, Any], name: str) -> tuple[str, str]:
                          f"{envnames.AWS_SECRET_ACCESS_KEY}") from None
 
 
-def job_access(spec_s3: Mapping[str, Any], secret: Mapping[str, Any] | None, secret_name: str | None,
+def job_access(spec_s3: S3Spec, secret: Mapping[str, Any] | None, secret_name: str | None,
                ca_bundle: str | None = None) -> S3Access:
     """What the job's ranks use: spec.s3's endpoint, region, checksums and addressing style, the
     credentials Secret's keys, and `ca_bundle` (a local copy of spec.s3.caBundle's certificates)."""
     key_id, key = secret_credentials(secret, secret_name or "?") if secret is not None else (None, None)
-    settings = s3options.spec_settings(spec_s3)
-    return S3Access(endpoint=spec_s3.get("endpoint") or None, region=spec_s3.get("region") or DEFAULT_REGION,
+    settings = spec_s3.settings
+    return S3Access(endpoint=spec_s3.endpoint, region=spec_s3.region or DEFAULT_REGION,
                     access_key_id=key_id, secret_access_key=key, checksums=settings.get(envnames.S3_CHECKSUMS),
                     addressing_style=settings.get(envnames.S3_ADDRESSING_STYLE), ca_bundle=ca_bundle)
 

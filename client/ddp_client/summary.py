@@ -5,10 +5,26 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ddp_contract import api, labels
+from ddp_contract import labels
+from ddp_contract.jobstatus import (
+    PHASE_FAILED,
+    PHASE_PENDING,
+    PHASE_SUCCEEDED,
+    STATUS_INFRASTRUCTURE_RESTARTS,
+    STATUS_KEPT,
+    STATUS_LAST_CHECKPOINT,
+    STATUS_MESSAGE,
+    STATUS_PHASE,
+    STATUS_PROGRAM_RESTARTS,
+    STATUS_PROGRESS,
+    STATUS_READY,
+    STATUS_REASON,
+    STATUS_RESTARTS,
+    STATUS_WORLD_SIZE,
+)
 from ddp_contract.resource import JobStatus
 
-FINISHED = ("Succeeded", "Failed")
+FINISHED = (PHASE_SUCCEEDED, PHASE_FAILED)
 
 
 def ranks_text(ranks: Iterable[int]) -> str:
@@ -46,7 +62,7 @@ def _number(value: Any, digits: int = 4) -> str:
 def progress_text(status: Mapping[str, Any]) -> str:
     """`epoch 2, step 120, loss 0.4321, 812 samples/s, 45% done, 12m30s left` from status.progress (''
     before the first report; how far only where the code says it)."""
-    progress = status.get("progress") or {}
+    progress = status.get(STATUS_PROGRESS) or {}
     if not progress:
         return ""
     parts = [f"epoch {_number(progress.get('epoch'))}", f"step {_number(progress.get('step'))}",
@@ -62,11 +78,11 @@ def progress_text(status: Mapping[str, Any]) -> str:
 
 def progress_line(name: str, status: Mapping[str, Any]) -> str:
     """One line for `wait()`: phase, ready ranks, restarts and progress."""
-    parts = [f"{name}: {status.get('phase') or 'Pending'}"]
-    if status.get("ready"):
-        parts.append(f"ready {status['ready']}")
-    if status.get("restarts"):
-        parts.append(f"restarts {status['restarts']}")
+    parts = [f"{name}: {status.get(STATUS_PHASE) or PHASE_PENDING}"]
+    if status.get(STATUS_READY):
+        parts.append(f"ready {status[STATUS_READY]}")
+    if status.get(STATUS_RESTARTS):
+        parts.append(f"restarts {status[STATUS_RESTARTS]}")
     progress = progress_text(status)
     if progress:
         parts.append(progress)
@@ -93,8 +109,8 @@ def failed_rank_lines(failed: Mapping[str, Any], label: str) -> list[str]:
 def failure_text(status: Mapping[str, Any]) -> str:
     """Why the job failed: reason, message, and the failed rank's last output."""
     lines = []
-    if status.get("reason") or status.get("message"):
-        lines.append(f"reason: {status.get('reason') or '-'}: {status.get('message') or ''}".rstrip(": "))
+    if status.get(STATUS_REASON) or status.get(STATUS_MESSAGE):
+        lines.append(f"reason: {status.get(STATUS_REASON) or '-'}: {status.get(STATUS_MESSAGE) or ''}".rstrip(": "))
     failed = JobStatus.of(status).failed_rank or {}
     if failed:
         lines.extend(failed_rank_lines(failed, "failed rank"))
@@ -110,12 +126,12 @@ def last_restart_text(status: Mapping[str, Any]) -> str:
 
 def outcome_text(name: str, status: Mapping[str, Any]) -> str:
     """The line `wait()` ends with, and on failure why."""
-    phase = status.get("phase") or "Pending"
+    phase = status.get(STATUS_PHASE) or PHASE_PENDING
     head = f"{name}: {phase}"
     progress = progress_text(status)
     if progress:
         head += f" at {progress}"
-    if phase == "Failed":
+    if phase == PHASE_FAILED:
         return head + "\n" + failure_text(status)
     return head
 
@@ -130,7 +146,7 @@ def size_text(count: int) -> str:
 
 def kept_text(status: Mapping[str, Any]) -> str:
     """`out: 12 files, 1.2 GB; runs: 3 files, 40.1 kB (at <time>)` from status.kept ('' before any)."""
-    kept = status.get("kept") or {}
+    kept = status.get(STATUS_KEPT) or {}
     folders = kept.get("folders") or []
     if not folders:
         return ""
@@ -141,7 +157,7 @@ def kept_text(status: Mapping[str, Any]) -> str:
 
 def world_size_text(spec: Mapping[str, Any], status: Mapping[str, Any]) -> str:
     """`4 ranks`, or for an elastic job `2 of 4 ranks (minimum 2)` while its gang runs short."""
-    target, current = spec.get("worldSize"), status.get(api.STATUS_WORLD_SIZE)
+    target, current = spec.get("worldSize"), status.get(STATUS_WORLD_SIZE)
     minimum = spec.get("minWorldSize")
     if minimum is None or minimum == target:
         return f"{target} ranks"
@@ -153,23 +169,23 @@ def status_text(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> st
     meta, spec, status = job.get("metadata") or {}, job.get("spec") or {}, job.get("status") or {}
     read = JobStatus.of(status)
     lines = [f"Job:          {meta.get('namespace')}/{meta.get('name')}",
-             f"Phase:        {status.get('phase') or 'Pending'}"
-             + (f" ({status['reason']})" if status.get("reason") else ""),
+             f"Phase:        {status.get(STATUS_PHASE) or PHASE_PENDING}"
+             + (f" ({status[STATUS_REASON]})" if status.get(STATUS_REASON) else ""),
              f"World size:   {world_size_text(spec, status)}, {spec.get('gpusPerRank', 1)} GPU(s) each",
              f"Attempt:      {read.attempt} (restarts: {read.restarts}, program "
-             f"{status.get('programRestarts', 0)}, infrastructure {status.get('infrastructureRestarts', 0)})"]
+             f"{status.get(STATUS_PROGRAM_RESTARTS, 0)}, infrastructure {status.get(STATUS_INFRASTRUCTURE_RESTARTS, 0)})"]
     states = ranks_by_state(pods)
     lines.append("Ranks:        " + ("; ".join(f"{state} {ranks_text(ranks)}" for state, ranks in states.items())
                                      or "no pods"))
     lines.append(f"Progress:     {progress_text(status) or 'none reported yet'}")
-    checkpoint = status.get("lastCheckpoint") or {}
+    checkpoint = status.get(STATUS_LAST_CHECKPOINT) or {}
     lines.append(f"Checkpoint:   step {checkpoint.get('step')} at {checkpoint.get('uri')} ({checkpoint.get('time')})"
                  if checkpoint else "Checkpoint:   none committed")
     if (job.get("spec") or {}).get("keepFolders"):
         lines.append(f"Kept:         {kept_text(status) or 'nothing yet'}")
-    if status.get("message") and status.get("phase") != "Failed":
-        lines.append(f"Message:      {status['message']}")
-    failed = status.get("phase") == "Failed"
+    if status.get(STATUS_MESSAGE) and status.get(STATUS_PHASE) != PHASE_FAILED:
+        lines.append(f"Message:      {status[STATUS_MESSAGE]}")
+    failed = status.get(STATUS_PHASE) == PHASE_FAILED
     section, text = ("Failure:", failure_text(status)) if failed else ("Last restart:", last_restart_text(status))
     if text:
         lines.append(section)

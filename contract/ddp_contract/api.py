@@ -33,25 +33,6 @@ LAUNCHER_AUTO: Final = "Auto"
 LAUNCHER_COMMAND: Final = "Command"
 LAUNCHERS: Final = (LAUNCHER_AUTO, LAUNCHER_COMMAND)
 
-# status.processFailures: under InPlace, a pod's runtime reports here (keyed by the pod's index, as a
-# string) that a rank process failed while its container goes on; the operator reads it as it reads a
-# failed container. Each entry: attempt, exitCode, reason, message (the rank's last words), finishedAt.
-STATUS_PROCESS_FAILURES: Final = "processFailures"
-
-# Elastic world size (spec.minWorldSize below spec.worldSize): the operator records each attempt's gang
-# in status.members, the pods' indices in rank order (the pod at members[i] holds ranks
-# i*ranksPerPod .. (i+1)*ranksPerPod-1, rank 0's pod is members[0]), and its size in ranks in
-# status.worldSize. A pod whose index is not a member waits, its rank processes not started, until an
-# attempt takes it in. Jobs that are not elastic leave both unset: every pod, in index order.
-STATUS_MEMBERS: Final = "members"
-STATUS_WORLD_SIZE: Final = "worldSize"
-# Set by the operator while an elastic job waits for a checkpoint to grow at, {since: time, afterStep:
-# lastCheckpoint.step when asked}: each pod's runtime tells its rank processes
-# (envnames.CHECKPOINT_REQUEST_FILE), and rank 0's CheckpointManager.requested() says so, so the training
-# loop commits one at its next step; the first checkpoint past afterStep is the one grown at.
-STATUS_CHECKPOINT_REQUESTED: Final = "checkpointRequested"
-
-
 def members_of(value: object) -> tuple[int, ...] | None:
     """status.members as pod indices in rank order; None where it is absent or not a list of distinct
     non-negative integers."""

@@ -7,25 +7,28 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
-from .api import STATUS_CHECKPOINT_REQUESTED, STATUS_MEMBERS, STATUS_PROCESS_FAILURES, members_of
-
-# status fields the operator writes and the runtime and the client read.
-STATUS_PHASE: Final = "phase"
-STATUS_ATTEMPT: Final = "attempt"  # the current gang attempt: 0, then +1 per restart or resize
-STATUS_RECREATED_ATTEMPT: Final = "recreatedAttempt"  # the attempt whose pods were last all created anew
-STATUS_ATTEMPT_TIME: Final = "attemptTime"  # when the current attempt began
-STATUS_ATTEMPT_CAUSE: Final = "attemptCause"  # {attempt, reason, message, time}: why that attempt began
-STATUS_RENDEZVOUS: Final = "rendezvous"  # {attempt, ...}: rank 0 says the attempt's gang formed
-STATUS_LAST_CHECKPOINT: Final = "lastCheckpoint"  # {uri, step, ...}: the job's newest committed checkpoint
-STATUS_FAILED_RANK: Final = "failedRank"  # the failure that ended or restarted the last attempt
-STATUS_RESTARTS: Final = "restarts"
-STATUS_REASON: Final = "reason"
-STATUS_MESSAGE: Final = "message"
-STATUS_START_TIME: Final = "startTime"  # when the job (last) started running; suspension clears it
-STATUS_COMPLETION_TIME: Final = "completionTime"
-STATUS_CONDITIONS: Final = "conditions"
+from .api import members_of
+from .jobstatus import (
+    STATUS_ATTEMPT,
+    STATUS_ATTEMPT_CAUSE,
+    STATUS_ATTEMPT_TIME,
+    STATUS_CHECKPOINT_REQUESTED,
+    STATUS_COMPLETION_TIME,
+    STATUS_CONDITIONS,
+    STATUS_FAILED_RANK,
+    STATUS_LAST_CHECKPOINT,
+    STATUS_MEMBERS,
+    STATUS_MESSAGE,
+    STATUS_PHASE,
+    STATUS_PROCESS_FAILURES,
+    STATUS_REASON,
+    STATUS_RECREATED_ATTEMPT,
+    STATUS_RENDEZVOUS,
+    STATUS_RESTARTS,
+    STATUS_START_TIME,
+)
 
 JobKey = tuple[str, str]  # (namespace, name)
 

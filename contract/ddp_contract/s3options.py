@@ -26,7 +26,8 @@ WHEN_SUPPORTED = "when_supported"
 CHECKSUMS = (WHEN_REQUIRED, WHEN_SUPPORTED)
 ADDRESSING_STYLES = ("path", "virtual", "auto")
 
-# spec.s3's values (the CRD's enums) and the settings they give; Auto sets none.
+# spec.s3's values (the CRD's enums) and the settings they give; Auto (the default) sets none.
+AUTO = "Auto"
 SPEC_CHECKSUMS = {"WhenRequired": WHEN_REQUIRED, "WhenSupported": WHEN_SUPPORTED}
 SPEC_ADDRESSING_STYLES = {"Path": "path", "Virtual": "virtual"}
 # Where spec.s3.caBundle's ConfigMap key is mounted in a job's pods.

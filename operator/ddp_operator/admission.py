@@ -95,8 +95,8 @@ class Refused:
         """The record after another refusal at monotonic time `now`: tries counted on while a quota
         keeps refusing the same attempt."""
         tries = self.tries + 1 if (attempt, refusal.reason) == (self.attempt, self.refusal.reason) else 1
-        return refused(attempt, ranks, refusal, now, tries)
+        return refused(attempt, ranks, refusal=refusal, now=now, tries=tries)
 
 
-def refused(attempt: int, ranks: Iterable[int], refusal: Refusal, now: float, tries: int = 1) -> Refused:
+def refused(attempt: int, ranks: Iterable[int], *, refusal: Refusal, now: float, tries: int = 1) -> Refused:
     return Refused(attempt, tuple(sorted(ranks)), refusal, tries, now + retry_after(tries) if refusal.waits else now)

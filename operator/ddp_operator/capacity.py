@@ -19,11 +19,11 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from ddp_contract import labels
+from ddp_contract.jobspec import JobSpec
 from ddp_operator import constants as c
 from ddp_operator.failures import PodProblem
 from ddp_operator.manifests import node_lost_tolerations
 from ddp_operator.nodes import NodeInfo, schedulable_for
-from ddp_operator.spec import JobSpec
 
 SUFFIXES = {
     "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40,

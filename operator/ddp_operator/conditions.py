@@ -12,6 +12,7 @@ from ddp_contract.timestamps import rfc3339
 def set_condition(
     conditions: Iterable[Mapping[str, Any]],
     type_: str,
+    *,
     status: bool | str,
     reason: str,
     message: str,

@@ -65,7 +65,7 @@ def from_env(env: Mapping[str, str], own_namespace: str | None = None, identity:
     """own_namespace: the pod's (the lease's default); identity: the default holder name."""
     return OperatorConfig(
         metrics_address=env.get(ENV_METRICS_ADDRESS) or DEFAULT_METRICS_ADDRESS,
-        metrics_port=_number(env, ENV_METRICS_PORT, DEFAULT_METRICS_PORT, int, upper=65535),
+        metrics_port=_number(env, ENV_METRICS_PORT, default=DEFAULT_METRICS_PORT, kind=int, upper=65535),
         namespaces=namespaces(env.get(ENV_NAMESPACES, "")),
         lease=_lease(env, own_namespace, identity),
         verbose=_flag(env.get(ENV_VERBOSE)),
@@ -116,9 +116,9 @@ def _lease(env: Mapping[str, str], own_namespace: str | None, identity: str | No
         raise ConfigError(f"{ENV_LEASE_NAMESPACE} is needed outside a pod (the lease's namespace)")
     lease = LeaseConfig(
         name=name, namespace=namespace, identity=env.get(ENV_IDENTITY) or identity or default_identity(),
-        duration=_number(env, ENV_LEASE_DURATION, DEFAULT_LEASE_DURATION, float),
-        renew_deadline=_number(env, ENV_LEASE_RENEW_DEADLINE, DEFAULT_LEASE_RENEW_DEADLINE, float),
-        retry_period=_number(env, ENV_LEASE_RETRY_PERIOD, DEFAULT_LEASE_RETRY_PERIOD, float),
+        duration=_number(env, ENV_LEASE_DURATION, default=DEFAULT_LEASE_DURATION, kind=float),
+        renew_deadline=_number(env, ENV_LEASE_RENEW_DEADLINE, default=DEFAULT_LEASE_RENEW_DEADLINE, kind=float),
+        retry_period=_number(env, ENV_LEASE_RETRY_PERIOD, default=DEFAULT_LEASE_RETRY_PERIOD, kind=float),
     )
     # As client-go requires: a leader gives up before a standby may take over, and tries more than once.
     if not lease.retry_period < lease.renew_deadline < lease.duration:
@@ -127,7 +127,7 @@ def _lease(env: Mapping[str, str], own_namespace: str | None, identity: str | No
     return lease
 
 
-def _number(env: Mapping[str, str], name: str, default: N, kind: type[N], upper: float | None = None) -> N:
+def _number(env: Mapping[str, str], name: str, *, default: N, kind: type[N], upper: float | None = None) -> N:
     try:
         return env_number(name, env.get(name), kind, default, maximum=upper)
     except EnvNumberError as error:

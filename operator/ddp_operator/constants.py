@@ -1,5 +1,6 @@
-"""The job's vocabulary as the operator writes it: phases, conditions, reasons, failure kinds, and the
-names of what it puts in a rank's pod.
+"""The operator's own names: what it puts in a rank's pod, which failures end a job at once, the
+reasons of the runtime's exit codes; the job's status vocabulary (phases, conditions, reasons, failure
+kinds) from ddp_contract.jobstatus, so that the operator's modules read all of it as `c.NAME`.
 
 Elsewhere: the spec's defaults and limits (spec.py), what the kubelet and the node lifecycle say
 (kubelet.py), the operator process's settings (config.py); what the ranks must agree on too (API,
@@ -11,6 +12,174 @@ from __future__ import annotations
 from typing import Final
 
 from ddp_contract.exitcodes import ExitCode
+from ddp_contract.jobstatus import (
+    COND_CREATED as COND_CREATED,
+)
+from ddp_contract.jobstatus import (
+    COND_DATA_WORKERS_READY as COND_DATA_WORKERS_READY,
+)
+from ddp_contract.jobstatus import (
+    COND_FAILED as COND_FAILED,
+)
+from ddp_contract.jobstatus import (
+    COND_RANKS_BLOCKED as COND_RANKS_BLOCKED,
+)
+from ddp_contract.jobstatus import (
+    COND_RESTARTING as COND_RESTARTING,
+)
+from ddp_contract.jobstatus import (
+    COND_RUNNING as COND_RUNNING,
+)
+from ddp_contract.jobstatus import (
+    COND_SHRUNK as COND_SHRUNK,
+)
+from ddp_contract.jobstatus import (
+    COND_SUCCEEDED as COND_SUCCEEDED,
+)
+from ddp_contract.jobstatus import (
+    COND_SUSPENDED as COND_SUSPENDED,
+)
+from ddp_contract.jobstatus import (
+    KIND_INFRASTRUCTURE as KIND_INFRASTRUCTURE,
+)
+from ddp_contract.jobstatus import (
+    KIND_PROGRAM as KIND_PROGRAM,
+)
+from ddp_contract.jobstatus import (
+    PHASE_FAILED as PHASE_FAILED,
+)
+from ddp_contract.jobstatus import (
+    PHASE_PENDING as PHASE_PENDING,
+)
+from ddp_contract.jobstatus import (
+    PHASE_RESTARTING as PHASE_RESTARTING,
+)
+from ddp_contract.jobstatus import (
+    PHASE_RUNNING as PHASE_RUNNING,
+)
+from ddp_contract.jobstatus import (
+    PHASE_STARTING as PHASE_STARTING,
+)
+from ddp_contract.jobstatus import (
+    PHASE_SUCCEEDED as PHASE_SUCCEEDED,
+)
+from ddp_contract.jobstatus import (
+    PHASE_SUSPENDED as PHASE_SUSPENDED,
+)
+from ddp_contract.jobstatus import (
+    PHASES as PHASES,
+)
+from ddp_contract.jobstatus import (
+    REASON_ADMISSION_DENIED as REASON_ADMISSION_DENIED,
+)
+from ddp_contract.jobstatus import (
+    REASON_ALL_READY as REASON_ALL_READY,
+)
+from ddp_contract.jobstatus import (
+    REASON_BACKOFF_LIMIT as REASON_BACKOFF_LIMIT,
+)
+from ddp_contract.jobstatus import (
+    REASON_CREATED as REASON_CREATED,
+)
+from ddp_contract.jobstatus import (
+    REASON_DATA_WORKERS_NOT_KEPT as REASON_DATA_WORKERS_NOT_KEPT,
+)
+from ddp_contract.jobstatus import (
+    REASON_DATA_WORKERS_READY as REASON_DATA_WORKERS_READY,
+)
+from ddp_contract.jobstatus import (
+    REASON_DATA_WORKERS_STARTING as REASON_DATA_WORKERS_STARTING,
+)
+from ddp_contract.jobstatus import (
+    REASON_DEADLINE as REASON_DEADLINE,
+)
+from ddp_contract.jobstatus import (
+    REASON_DETERMINISTIC as REASON_DETERMINISTIC,
+)
+from ddp_contract.jobstatus import (
+    REASON_EVICTED as REASON_EVICTED,
+)
+from ddp_contract.jobstatus import (
+    REASON_FORBIDDEN as REASON_FORBIDDEN,
+)
+from ddp_contract.jobstatus import (
+    REASON_FULL_SIZE as REASON_FULL_SIZE,
+)
+from ddp_contract.jobstatus import (
+    REASON_GANG_TOO_LARGE as REASON_GANG_TOO_LARGE,
+)
+from ddp_contract.jobstatus import (
+    REASON_GROWN as REASON_GROWN,
+)
+from ddp_contract.jobstatus import (
+    REASON_HUNG as REASON_HUNG,
+)
+from ddp_contract.jobstatus import (
+    REASON_IMAGE_RUNS_AS_ROOT as REASON_IMAGE_RUNS_AS_ROOT,
+)
+from ddp_contract.jobstatus import (
+    REASON_IN_PLACE_TIMED_OUT as REASON_IN_PLACE_TIMED_OUT,
+)
+from ddp_contract.jobstatus import (
+    REASON_INVALID_SPEC as REASON_INVALID_SPEC,
+)
+from ddp_contract.jobstatus import (
+    REASON_LIMIT_RANGE as REASON_LIMIT_RANGE,
+)
+from ddp_contract.jobstatus import (
+    REASON_NAME_IN_USE as REASON_NAME_IN_USE,
+)
+from ddp_contract.jobstatus import (
+    REASON_NODE_LOST as REASON_NODE_LOST,
+)
+from ddp_contract.jobstatus import (
+    REASON_NOT_BLOCKED as REASON_NOT_BLOCKED,
+)
+from ddp_contract.jobstatus import (
+    REASON_PERMANENT as REASON_PERMANENT,
+)
+from ddp_contract.jobstatus import (
+    REASON_POD_SECURITY as REASON_POD_SECURITY,
+)
+from ddp_contract.jobstatus import (
+    REASON_QUEUED as REASON_QUEUED,
+)
+from ddp_contract.jobstatus import (
+    REASON_QUOTA_EXCEEDED as REASON_QUOTA_EXCEEDED,
+)
+from ddp_contract.jobstatus import (
+    REASON_QUOTA_NEEDS_RESOURCES as REASON_QUOTA_NEEDS_RESOURCES,
+)
+from ddp_contract.jobstatus import (
+    REASON_RANK_EVICTED as REASON_RANK_EVICTED,
+)
+from ddp_contract.jobstatus import (
+    REASON_RANK_FAILED as REASON_RANK_FAILED,
+)
+from ddp_contract.jobstatus import (
+    REASON_RANK_MISSING as REASON_RANK_MISSING,
+)
+from ddp_contract.jobstatus import (
+    REASON_RECONCILE_ERROR as REASON_RECONCILE_ERROR,
+)
+from ddp_contract.jobstatus import (
+    REASON_SHRUNK as REASON_SHRUNK,
+)
+from ddp_contract.jobstatus import (
+    REASON_SUCCEEDED as REASON_SUCCEEDED,
+)
+from ddp_contract.jobstatus import (
+    REASON_SUSPENDED as REASON_SUSPENDED,
+)
+from ddp_contract.jobstatus import (
+    REASON_UNSCHEDULABLE as REASON_UNSCHEDULABLE,
+)
+from ddp_contract.jobstatus import (
+    REASON_WAITING as REASON_WAITING,
+)
+from ddp_contract.jobstatus import (
+    TERMINAL_PHASES as TERMINAL_PHASES,
+)
 
 # --- pods --------------------------------------------------------------------
 GPU_RESOURCE: Final = "nvidia.com/gpu"
@@ -24,95 +193,14 @@ SHM_PATH: Final = "/dev/shm"
 TRAINER_COMMAND: Final = ("python", "-m", "ddp_trainer", "run", "--")
 
 
-# --- status --------------------------------------------------------------------
-PHASE_PENDING: Final = "Pending"
-PHASE_STARTING: Final = "Starting"
-PHASE_RUNNING: Final = "Running"
-PHASE_RESTARTING: Final = "Restarting"
-PHASE_SUCCEEDED: Final = "Succeeded"
-PHASE_FAILED: Final = "Failed"
-PHASE_SUSPENDED: Final = "Suspended"
-PHASES: Final = (
-    PHASE_PENDING,
-    PHASE_STARTING,
-    PHASE_RUNNING,
-    PHASE_RESTARTING,
-    PHASE_SUCCEEDED,
-    PHASE_FAILED,
-    PHASE_SUSPENDED,
-)
-TERMINAL_PHASES: Final = frozenset({PHASE_SUCCEEDED, PHASE_FAILED})
+# --- status: phases, conditions, reasons and failure kinds are ddp_contract.jobstatus's (imported above) ---
 
-
-# Condition types (metav1.Condition); one per phase that a client may wait on.
-COND_CREATED: Final = "Created"
-COND_RUNNING: Final = "Running"
-COND_RESTARTING: Final = "Restarting"
-COND_SUCCEEDED: Final = "Succeeded"
-COND_FAILED: Final = "Failed"
-COND_SUSPENDED: Final = "Suspended"
-# True while some rank of the current attempt is held up for a reason someone gave (the scheduler,
-# the kubelet); its reason is the cause most ranks share, its message names the ranks.
-COND_RANKS_BLOCKED: Final = "RanksBlocked"
-# Elastic jobs: True while the gang runs with fewer ranks than spec.worldSize.
-COND_SHRUNK: Final = "Shrunk"
-# spec.dataWorkers: True while every data worker pod is ready.
-COND_DATA_WORKERS_READY: Final = "DataWorkersReady"
-
-# Reasons (CamelCase, as metav1.Condition requires).
-REASON_CREATED: Final = "PodsCreated"
-REASON_WAITING: Final = "WaitingForRanks"
-REASON_UNSCHEDULABLE: Final = "Unschedulable"
-REASON_NAME_IN_USE: Final = "NameInUse"
-REASON_NOT_BLOCKED: Final = "NoRankBlocked"
-REASON_DATA_WORKERS_READY: Final = "AllDataWorkersReady"
-REASON_DATA_WORKERS_STARTING: Final = "DataWorkersStarting"
-REASON_DATA_WORKERS_NOT_KEPT: Final = "JobNotRunning"
-REASON_ALL_READY: Final = "AllRanksReady"
-REASON_SUSPENDED: Final = "Suspended"
-# Kueue: the gang waits for its Workload's admission; Kueue evicted it (preemption, a stopped queue).
-REASON_QUEUED: Final = "Queued"
-REASON_EVICTED: Final = "Evicted"
-REASON_RANK_FAILED: Final = "RankFailed"
-REASON_RANK_EVICTED: Final = "RankEvicted"
-REASON_RANK_MISSING: Final = "RankMissing"
-REASON_NODE_LOST: Final = "NodeLost"
-REASON_GANG_TOO_LARGE: Final = "GangTooLarge"
-REASON_SUCCEEDED: Final = "AllRanksSucceeded"
-REASON_BACKOFF_LIMIT: Final = "BackoffLimitExceeded"
-REASON_PERMANENT: Final = "PermanentFailure"
-REASON_DEADLINE: Final = "DeadlineExceeded"
-REASON_INVALID_SPEC: Final = "InvalidSpec"
-# A pass raised on the job for a cause that is not the API server's (passerrors.py): said on the job
-# and tried again with backoff; ranks its creation pass could not make are held up with it.
-REASON_RECONCILE_ERROR: Final = "ReconcileError"
-REASON_HUNG: Final = "Hung"
-REASON_DETERMINISTIC: Final = "DeterministicFailure"
-REASON_IN_PLACE_TIMED_OUT: Final = "InPlaceRestartTimedOut"
-# An elastic job's gang re-formed smaller (ranks that do not fit left out) or bigger (waiting pods
-# taken in); the Shrunk condition is False with FullSize once it has every rank again.
-REASON_SHRUNK: Final = "Shrunk"
-REASON_GROWN: Final = "Grown"
-REASON_FULL_SIZE: Final = "FullSize"
-# The API server refused an object the job needs (admission.py): by who refused. A quota may free up;
-# the others refuse until someone changes the cluster or the spec, so the job fails at once.
-REASON_POD_SECURITY: Final = "PodSecurity"
-REASON_QUOTA_EXCEEDED: Final = "QuotaExceeded"
-REASON_QUOTA_NEEDS_RESOURCES: Final = "QuotaRequiresResources"
-REASON_LIMIT_RANGE: Final = "LimitRange"
-REASON_ADMISSION_DENIED: Final = "AdmissionDenied"
-REASON_FORBIDDEN: Final = "Forbidden"
-# The kubelet will not start a root image in a pod that asks for a non-root user (podsecurity.py).
-REASON_IMAGE_RUNS_AS_ROOT: Final = "ImageRunsAsRoot"
 # Ranks held up for one of these fail the job at once: waiting cannot help.
 FAIL_AT_ONCE_REASONS: Final = frozenset({
     REASON_POD_SECURITY, REASON_QUOTA_NEEDS_RESOURCES, REASON_LIMIT_RANGE, REASON_ADMISSION_DENIED, REASON_FORBIDDEN,
     REASON_INVALID_SPEC, REASON_IMAGE_RUNS_AS_ROOT,
 })
 
-# Whose fault a failure is; each kind has its own restart budget.
-KIND_PROGRAM: Final = "Program"
-KIND_INFRASTRUCTURE: Final = "Infrastructure"
 # A rank that exited through the runtime with one of its own codes: the failure's reason, in place
 # of the kubelet's plain "Error".
 RUNTIME_EXIT_REASONS: Final = {

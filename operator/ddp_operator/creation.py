@@ -17,8 +17,10 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
+from ddp_contract.jobspec import JobSpec
 from ddp_contract.resource import JobKey, job_key
 from ddp_operator import constants as c
+from ddp_operator import modes
 from ddp_operator.admission import Refusal, classify, refused
 from ddp_operator.capacity import InTheWay
 from ddp_operator.dataworkers import DataWorkerSummary
@@ -34,7 +36,6 @@ from ddp_operator.manifests import (
 )
 from ddp_operator.passerrors import failed_pass_message, is_transient
 from ddp_operator.quota import gang_shortfall, pods_that_fit
-from ddp_operator.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class Creation:
         except Exception as error:
             if isinstance(error, ApiException) or is_transient(error):
                 raise
-            self._note_refused(job_key(job), attempt, ranks, self._failed(job_key(job), error))
+            self._note_refused(job_key(job), attempt=attempt, ranks=ranks, refusal=self._failed(job_key(job), error))
 
     async def _gang(self, job: dict[str, Any], spec: JobSpec, ranks: tuple[int, ...], attempt: int, *,
                     live: int = 0, leaving: int = 0) -> None:
@@ -75,7 +76,8 @@ class Creation:
         said_before = self.memory(key).refused
         # A Kueue-managed job's quota is Kueue's to judge: it admitted the gang as a whole. The quotas
         # are read while the Service and identity are ensured: the read is on the way to the first pods.
-        judged = (live == 0 or spec.elastic) and queue_name(job) is None
+        least = modes.of(spec).least_created  # an elastic gang's: the ranks left out are judged again
+        judged = (live == 0 or least is not None) and queue_name(job) is None
         limits = asyncio.ensure_future(self._quota_limits(key[0])) if judged else None
         try:
             # In order: a RoleBinding is refused (404) while its Role does not exist yet, unless the
@@ -85,19 +87,20 @@ class Creation:
                 try:
                     await self.kube.create_secret(adopt(build_token_secret(job, secrets.token_hex(32)), job))
                 except ApiException as error:
-                    self._note_refused(key, attempt, ranks, self._refusal(error), "Secret")
+                    self._note_refused(key, attempt=attempt, ranks=ranks, refusal=self._refusal(error), kind="Secret")
                     return
             for child in (build_service(job, spec), *build_progress_access(job, spec)):
                 try:
                     holder = await self.kube.ensure(adopt(child, job))
                 except ApiException as error:
-                    self._note_refused(key, attempt, ranks, self._refusal(error), child["kind"])
+                    self._note_refused(key, attempt=attempt, ranks=ranks, refusal=self._refusal(error), kind=child["kind"])
                     return
                 if holder is not None and not is_controlled_by(holder, job):
                     objects.append(f"{child['kind']} {child['metadata']['name']}")
             pods: tuple[tuple[int, str], ...] = ()
             if not objects:  # without its Service (or its identity) no rank could start as it should
-                created = await self._pods(job, spec, ranks, attempt, limits, live, leaving)
+                created = await self._pods(job, spec, ranks=ranks, attempt=attempt, limits=limits, live=live, leaving=leaving,
+                                           least=least)
                 if created is None:
                     return
                 pods = created
@@ -147,11 +150,12 @@ class Creation:
                 raise result
 
 
-    async def _pods(self, job: dict[str, Any], spec: JobSpec, ranks: tuple[int, ...], attempt: int,
+    async def _pods(self, job: dict[str, Any], spec: JobSpec, *, ranks: tuple[int, ...], attempt: int,
                     limits: asyncio.Future[tuple[list[dict[str, Any]], list[dict[str, Any]]] | None] | None,
-                    live: int, leaving: int) -> tuple[tuple[int, str], ...] | None:
+                    live: int, leaving: int, least: int | None) -> tuple[tuple[int, str], ...] | None:
         """The ranks' pods, after the quotas (`limits`, being read) were judged for them; the ranks whose
-        names strangers hold, or None when something was refused (noted)."""
+        names strangers hold, or None when something was refused (noted). least: the fewest of the gang's
+        pods that may be created without the rest (Mode.least_created)."""
         key = job_key(job)
         built = [adopt(build_pod(job, spec, index, attempt), job) for index in ranks]
         read = await limits if limits is not None else None
@@ -162,18 +166,19 @@ class Creation:
                 # that the job keeps saying which quota holds them, not the API server's refusal).
                 fits = pods_that_fit(built[0], quotas, most=len(ranks), least=1, limit_ranges=limit_ranges)
                 shortfall = None if fits == len(ranks) else gang_shortfall(
-                    [built[0]] * len(ranks), quotas, limit_ranges, created=live + fits, rest=True)
+                    [built[0]] * len(ranks), quotas, limit_ranges=limit_ranges, created=live + fits, rest=True)
                 left_out = len(ranks) - fits
             else:
                 # An elastic job's ranks that fit are created (they start without the rest once
                 # elasticSettleSeconds pass); any other gang is created whole or not at all.
-                fits = pods_that_fit(built[0], quotas, most=spec.pods, least=spec.min_pods,
-                                     limit_ranges=limit_ranges, leaving=[built[0]] * leaving) if spec.elastic else 0
-                shortfall = gang_shortfall([built[0]] * spec.pods, quotas, limit_ranges,
+                fits = pods_that_fit(built[0], quotas, most=spec.pods, least=least,
+                                     limit_ranges=limit_ranges, leaving=[built[0]] * leaving) if least is not None else 0
+                shortfall = gang_shortfall([built[0]] * spec.pods, quotas, limit_ranges=limit_ranges,
                                            leaving=[built[0]] * leaving, created=fits)
                 left_out = spec.pods - fits if fits else len(ranks)
             if shortfall is not None:
-                self._note_refused(key, attempt, ranks[-left_out:], Refusal(shortfall.reason, shortfall.message))
+                self._note_refused(key, attempt=attempt, ranks=ranks[-left_out:],
+                                   refusal=Refusal(shortfall.reason, shortfall.message))
                 if left_out >= len(ranks):
                     return None
                 ranks, built = ranks[:-left_out], built[:-left_out]
@@ -186,7 +191,8 @@ class Creation:
                 raise result
         if refusals:
             first = refusals[min(refusals)]
-            self._note_refused(key, attempt, [r for r, said in refusals.items() if said == first], first, "pod")
+            self._note_refused(key, attempt=attempt, ranks=[r for r, said in refusals.items() if said == first], refusal=first,
+                               kind="pod")
             return None
         return tuple((rank, pod["metadata"]["name"]) for rank, pod, holder in zip(ranks, built, results, strict=True)
                      if holder is not None and not is_controlled_by(holder, job))  # type: ignore[arg-type]
@@ -226,11 +232,12 @@ class Creation:
             return None
 
 
-    def _note_refused(self, key: JobKey, attempt: int, ranks: Iterable[int], refusal: Refusal, kind: str = "") -> None:
+    def _note_refused(self, key: JobKey, *, attempt: int, ranks: Iterable[int], refusal: Refusal, kind: str = "") -> None:
         """Keeps what was refused for the status pass, and asks for one."""
         said = Refusal(refusal.reason, refusal.said_of(kind)) if kind else refusal
         memory, now = self.memory(key), self.clock()
-        memory.refused = memory.refused.again(attempt, ranks, said, now) if memory.refused else refused(attempt, ranks, said, now)
+        memory.refused = (memory.refused.again(attempt, ranks, said, now) if memory.refused
+                          else refused(attempt, ranks, refusal=said, now=now))
         log.info("%s/%s: creation refused (%s): %s", *key, said.reason, said.message)
         self.ask_status_pass(key)
 

@@ -16,11 +16,12 @@ from datetime import datetime
 from typing import Any
 
 from ddp_contract import envnames, labels
+from ddp_contract.jobspec import JobSpec
+from ddp_contract.jobstatus import STATUS_CONDITIONS, STATUS_DATA_WORKERS, StatusPatch
 from ddp_operator import constants as c
 from ddp_operator.conditions import get_condition, set_condition
 from ddp_operator.failures import PodProblem
 from ddp_operator.podstate import is_ready, rank_problem, trainer_status
-from ddp_operator.spec import JobSpec
 
 TOKEN_KEY = "token"
 DATA_WORKER_COMMAND = ("python", "-m", "ddp_trainer", "data-worker")
@@ -163,7 +164,7 @@ def creates_data_workers(phase: str, queued: bool, gang_waits: bool) -> bool:
 
 def data_worker_status(job_name: str, summary: DataWorkerSummary, *, phase: str, kept: bool,
                        refused: tuple[str, str] | None, conditions: Iterable[Mapping[str, Any]], now: datetime,
-                       generation: int | None) -> dict[str, Any]:
+                       generation: int | None) -> StatusPatch:
     """The status fields for the job's data workers: `dataWorkers` and the DataWorkersReady condition.
 
     kept: keeps_data_workers(...); refused: (reason, message) of the API server's (or a quota's)
@@ -181,8 +182,9 @@ def data_worker_status(job_name: str, summary: DataWorkerSummary, *, phase: str,
     else:
         state = False
         reason, message = _why_short(job_name, summary, refused)
-    return {"dataWorkers": block,
-            "conditions": set_condition(conditions, c.COND_DATA_WORKERS_READY, state, reason, message, now, generation)}
+    return {STATUS_DATA_WORKERS: block,
+            STATUS_CONDITIONS: set_condition(conditions, c.COND_DATA_WORKERS_READY, status=state, reason=reason, message=message,
+                                        now=now, generation=generation)}
 
 
 def _why_short(job_name: str, summary: DataWorkerSummary, refused: tuple[str, str] | None) -> tuple[str, str]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from ddp_contract.jobspec import JobSpec
 from ddp_contract.resource import JobStatus
 from ddp_contract.timestamps import parse_rfc3339
 from ddp_operator import constants as c
-from ddp_operator.spec import JobSpec
 
 
 def left_of(seconds: float, since: datetime, now: datetime) -> float:

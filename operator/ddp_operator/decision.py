@@ -9,17 +9,18 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
+from ddp_contract.jobspec import JobSpec
 from ddp_contract.resource import JobStatus
 from ddp_contract.timestamps import parse_rfc3339
 from ddp_operator import constants as c
+from ddp_operator import modes
 from ddp_operator.deadlines import deadline_exceeded, startup_remaining
 from ddp_operator.failures import RankFailure, describe_problems
 from ddp_operator.kueue.rules import Gate, QueueState
 from ddp_operator.manifests import pod_name
-from ddp_operator.modes import elastic, inplace, recreate
+from ddp_operator.modes import elastic, inplace
 from ddp_operator.podsummary import PodSummary
 from ddp_operator.policy import BUDGET_FIELDS, RESTART_COUNTERS, budget, is_retryable, repeats_previous
-from ddp_operator.spec import JobSpec
 
 
 class Action(enum.StrEnum):
@@ -63,16 +64,20 @@ class Pass:
         return self.summary.attempt
 
     @cached_property
+    def mode(self) -> modes.Mode:
+        return modes.of(self.spec)
+
+    @cached_property
     def in_place_left(self) -> float | None:
         """Seconds left for an InPlace restart's kept gang to form (modes/inplace.py)."""
-        return inplace.deadline_left(self.spec, self.status, self.summary, self.summary.kept, self.now)
+        return self.mode.deadline_left(status=self.status, pods=self.summary, kept=self.summary.kept, now=self.now)
 
     @cached_property
     def resized(self) -> elastic.Resize | None:
-        return elastic.resize(self.spec, self.status, self.summary, self.summary.waiting, self.now)
+        return self.mode.resize(status=self.status, pods=self.summary, waiting=self.summary.waiting, now=self.now)
 
 
-def decide(spec: JobSpec, status: Mapping[str, Any], summary: PodSummary, now: datetime,
+def decide(spec: JobSpec, *, status: Mapping[str, Any], summary: PodSummary, now: datetime,
            queue: QueueState | None = None) -> Decision:
     """What to do next: the first of RULES that decides, else create the pods whose names are free.
     Success means every rank's trainer exited 0 (not just rank 0): a rank still running may be writing
@@ -92,7 +97,7 @@ def _finished(p: Pass) -> Decision | None:
     """Stop whatever still runs (a failed gang's survivors); keep finished pods for their logs."""
     if p.status.phase not in c.TERMINAL_PHASES:
         return None
-    left = inplace.exit_grace_left(p.spec, p.status, p.now)
+    left = p.mode.exit_grace_left(p.status, p.now)
     keep = (p.status.failed_rank or {}).get("pod") if left is not None else None
     return Decision(Action.WAIT, p.attempt, p.status.reason, p.status.message,
                     delete_pods=tuple(n for n in p.summary.running_pods if n != keep), recheck_after=left)
@@ -133,7 +138,7 @@ def _failed(p: Pass) -> Decision | None:
     wait = _echo_wait(failure, p.now)
     if wait is not None:
         return Decision(Action.WAIT, p.attempt, delete_pods=p.summary.replaced_anyway, recheck_after=wait)
-    return _on_failure(p.spec, p.status, p.summary, failure)
+    return _on_failure(p, failure)
 
 
 def _in_place_overdue(p: Pass) -> Decision | None:
@@ -174,7 +179,7 @@ def _partly_refused_by_quota(p: Pass) -> Decision | None:
     refused: the pods just created may not all be in the watch's cache yet."""
     refused = {problem.index for problem in p.summary.problems if problem.reason == c.REASON_QUOTA_EXCEEDED}
     gang = p.summary.gang_pods(p.spec.pods)
-    if not (p.summary.active_pods and refused) or (p.spec.elastic and gang - len(refused) >= p.spec.min_pods):
+    if not (p.summary.active_pods and refused) or p.mode.part_may_start(gang - len(refused)):
         return None
     return Decision(Action.WAIT, p.attempt, delete_pods=p.summary.every_pod())
 
@@ -194,11 +199,11 @@ RULES: tuple[Callable[[Pass], Decision | None], ...] = (
 )
 
 
-def _on_failure(spec: JobSpec, status: JobStatus, summary: PodSummary, failure: RankFailure) -> Decision:
+def _on_failure(p: Pass, failure: RankFailure) -> Decision:
     """Restart the gang on the budget of the failure's kind (program: backoffLimit; infrastructure:
     infrastructureBackoffLimit), unless the policy says no, the budget is spent, or the program
     failed exactly as on the attempt before."""
-    kind = failure.kind
+    spec, status, summary, kind = p.spec, p.status, p.summary, failure.kind
     if not is_retryable(spec.restart_policy, failure):
         message = f"{failure.describe()}; restartPolicy {spec.restart_policy} does not retry it"
         return _fail(summary, c.REASON_PERMANENT, message, failure)
@@ -211,14 +216,12 @@ def _on_failure(spec: JobSpec, status: JobStatus, summary: PodSummary, failure: 
         message = (f"{failure.describe()}; {BUDGET_FIELDS[kind]} {limit} reached after {used} "
                    f"{kind.lower()} restarts")
         return _fail(summary, c.REASON_BACKOFF_LIMIT, message, failure)
-    how = "in place" if spec.in_place else "the gang"
-    message = (f"{failure.describe()}; restarting {how} ({kind.lower()} restart {used + 1} of {limit}, "
+    message = (f"{failure.describe()}; restarting {p.mode.restarting} ({kind.lower()} restart {used + 1} of {limit}, "
                f"{BUDGET_FIELDS[kind]})")
-    replaced = (inplace.replaced_by_restart(summary, summary.replaced_anyway) if spec.in_place
-                else recreate.replaced_by_restart(summary, summary.running_pods, summary.replaced_anyway))
+    replaced = p.mode.replaced_by_restart(summary, running=summary.running_pods, anyway=summary.replaced_anyway)
     return Decision(
         Action.RESTART, summary.attempt + 1, _restart_reason(failure), message, delete_pods=replaced, failure=failure,
-        members=elastic.restart_members(spec, summary, summary.waiting),
+        members=p.mode.restart_members(summary, summary.waiting),
     )
 
 

@@ -18,7 +18,7 @@ COMPONENT = "ddp-operator"
 MAX_MESSAGE = 1024
 
 
-def build_event(job: Mapping[str, Any], type_: str, reason: str, message: str, now: datetime) -> dict[str, Any]:
+def build_event(job: Mapping[str, Any], *, type_: str, reason: str, message: str, now: datetime) -> dict[str, Any]:
     meta = job["metadata"]
     stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
@@ -44,9 +44,9 @@ def build_event(job: Mapping[str, Any], type_: str, reason: str, message: str, n
     }
 
 
-async def post_event(kube: KubeApi, job: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+async def post_event(kube: KubeApi, job: Mapping[str, Any], *, type_: str, reason: str, message: str) -> None:
     """Posts an Event; a failure is logged, never raised: events are a courtesy, not state."""
-    event = build_event(job, type_, reason, message, datetime.now(UTC))
+    event = build_event(job, type_=type_, reason=reason, message=message, now=datetime.now(UTC))
     try:
         await kube.send(kube.core.create_namespaced_event, event["metadata"]["namespace"], event, status=True)
     except ApiException as error:

@@ -42,7 +42,8 @@ class OperatorParts:
         self.nodes = NodeCache(self.kube.api, self._nodes_changed)
         # Started by the first job that names a Kueue queue; the same namespaces as the pods.
         self.workloads = WorkloadCache(self.kube.api, self._job_changed, namespaces=namespaces)
-        self.reconciler = Reconciler(self.kube, self.jobs, self.pods, self.nodes.snapshot, workloads=self.workloads)
+        self.reconciler = Reconciler(self.kube, jobs=self.jobs, pods=self.pods, nodes=self.nodes.snapshot,
+                                     workloads=self.workloads)
         self.collector = metrics.JobCollector(self.jobs.all)
 
     def _job_changed(self, key: tuple[str, str]) -> None:

@@ -68,7 +68,7 @@ class LeaderElector:
     loop ends then, and the process is expected to stop acting and exit.
     """
 
-    def __init__(self, api: client.ApiClient, lease: LeaseConfig, on_lost: Callable[[], None],
+    def __init__(self, api: client.ApiClient, lease: LeaseConfig, *, on_lost: Callable[[], None],
                  clock: Callable[[], float] = time.monotonic, wallclock: Callable[[], datetime] = lambda: datetime.now(UTC)
                  ) -> None:
         self.lease = lease

@@ -15,6 +15,7 @@ from typing import Any
 from ddp_contract import api, commands, envnames, labels, s3options
 from ddp_contract.exitcodes import ExitCode
 from ddp_contract.failureline import format_line
+from ddp_contract.jobspec import JobSpec
 from ddp_operator import constants as c
 from ddp_operator.dataworkers import (
     DATA_WORKER_COMMAND,
@@ -27,7 +28,6 @@ from ddp_operator.dataworkers import (
 from ddp_operator.kubelet import NODE_LOST_TAINTS
 from ddp_operator.nodes import Taint, tolerates
 from ddp_operator.podsecurity import with_restricted_defaults
-from ddp_operator.spec import JobSpec
 
 
 def service_name(job_name: str) -> str:
@@ -96,7 +96,7 @@ def build_pod(job: Mapping[str, Any], spec: JobSpec, index: int, attempt: int) -
         # Restarts are the gang's (its pods recreated, or its ranks restarted in place by the
         # runtime): a container the kubelet restarted alone could not rejoin the gang.
         restartPolicy="Never",
-        containers=[_trainer_container(spec, template_trainer(spec), env, index, meta), *sidecars],
+        containers=[_trainer_container(spec, template_trainer(spec), env=env, index=index, meta=meta), *sidecars],
     )
     pod_spec["tolerations"] = [*(pod_spec.get("tolerations") or []), *node_lost_tolerations(spec)]
     _job_pod_defaults(pod_spec, spec, name)
@@ -418,7 +418,7 @@ def build_data_worker_pod(job: Mapping[str, Any], spec: JobSpec, index: int) -> 
     }
 
 
-def _trainer_container(spec: JobSpec, template: Mapping[str, Any], env: list[dict[str, Any]],
+def _trainer_container(spec: JobSpec, template: Mapping[str, Any], *, env: list[dict[str, Any]],
                        index: int, meta: Mapping[str, Any]) -> dict[str, Any]:
     container = copy.deepcopy(dict(template))
     container.update(

@@ -18,6 +18,14 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from ddp_contract.jobstatus import (
+    STATUS_CONDITIONS,
+    STATUS_FAILED_RANK,
+    STATUS_PHASE,
+    STATUS_PROGRESS,
+    STATUS_REASON,
+    STATUS_RESTARTS,
+)
 from ddp_contract.timestamps import parse_rfc3339
 from ddp_operator import constants as c
 
@@ -86,19 +94,19 @@ def api_request(method: str, path: str, query: Sequence[tuple[str, Any]] | None,
 # --- what a recorded status says happened ------------------------------------------------------------------------
 def restart_recorded(status: Mapping[str, Any], patch: Mapping[str, Any]) -> tuple[str, str] | None:
     """(reason, kind) when the patch records a new gang restart, else None."""
-    if int(patch.get("restarts", 0) or 0) <= int(status.get("restarts", 0) or 0):
+    if int(patch.get(STATUS_RESTARTS, 0) or 0) <= int(status.get(STATUS_RESTARTS, 0) or 0):
         return None
-    failed = patch.get("failedRank") or {}
-    return str(patch.get("reason") or ""), str(failed.get("kind") or "")
+    failed = patch.get(STATUS_FAILED_RANK) or {}
+    return str(patch.get(STATUS_REASON) or ""), str(failed.get("kind") or "")
 
 
 def first_running_after(job: Mapping[str, Any], status: Mapping[str, Any], patch: Mapping[str, Any],
                         now: datetime) -> float | None:
     """Seconds since the job's creation when the patch makes it Running for the first time: it has
     never had the Running condition (which stays, False, after a restart)."""
-    if patch.get("phase") != c.PHASE_RUNNING or status.get("phase") == c.PHASE_RUNNING:
+    if patch.get(STATUS_PHASE) != c.PHASE_RUNNING or status.get(STATUS_PHASE) == c.PHASE_RUNNING:
         return None
-    if any(cond.get("type") == c.COND_RUNNING for cond in status.get("conditions") or []):
+    if any(cond.get("type") == c.COND_RUNNING for cond in status.get(STATUS_CONDITIONS) or []):
         return None
     created = parse_rfc3339(job.get("metadata", {}).get("creationTimestamp"))
     return max(0.0, (now - created).total_seconds()) if created else None
@@ -124,13 +132,13 @@ def job_families(jobs: Iterable[Mapping[str, Any]]) -> list[Metric]:
     counts = dict.fromkeys(c.PHASES, 0)
     for job in jobs:
         status = job.get("status") or {}
-        phase = status.get("phase") or c.PHASE_PENDING
+        phase = status.get(STATUS_PHASE) or c.PHASE_PENDING
         counts[phase] = counts.get(phase, 0) + 1
         if phase != c.PHASE_RUNNING:
             continue
         meta = job.get("metadata", {})
         for name, (field, _) in PROGRESS_GAUGES.items():
-            value = (status.get("progress") or {}).get(field)
+            value = (status.get(STATUS_PROGRESS) or {}).get(field)
             if isinstance(value, int | float) and not isinstance(value, bool):
                 progress[name].add_metric([meta.get("namespace", ""), meta.get("name", "")], float(value))
     for phase, count in counts.items():

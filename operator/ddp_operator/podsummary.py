@@ -52,8 +52,8 @@ class PodSummary(GangPods):
                        waiting=replace(waiting, problems=tuple(sorted(waiting.problems + apart, key=lambda p: p.index))))
 
 
-def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, job_name: str = "",
-                   lost_nodes: Mapping[str, str] | None = None, ranks_per_pod: int = 1, *,
+def summarize_pods(pods: Iterable[Mapping[str, Any]], attempt: int, *, job_name: str = "",
+                   lost_nodes: Mapping[str, str] | None = None, ranks_per_pod: int = 1,
                    since: int | None = None, replaced: Collection[str] = (),
                    process_failures: Mapping[str, Any] | None = None,
                    members: Sequence[int] | None = None) -> PodSummary:

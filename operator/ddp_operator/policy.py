@@ -7,12 +7,13 @@ from typing import Any
 
 from ddp_contract.exitcodes import is_retryable_exit
 from ddp_contract.failureline import parse_line
+from ddp_contract.jobspec import POLICY_NEVER, POLICY_ON_FAILURE, JobSpec
+from ddp_contract.jobstatus import STATUS_INFRASTRUCTURE_RESTARTS, STATUS_PROGRAM_RESTARTS
 from ddp_operator import constants as c
 from ddp_operator.failures import RankFailure
-from ddp_operator.spec import POLICY_NEVER, POLICY_ON_FAILURE, JobSpec
 
 # status fields counting each kind's gang restarts, and the spec field limiting them
-RESTART_COUNTERS = {c.KIND_PROGRAM: "programRestarts", c.KIND_INFRASTRUCTURE: "infrastructureRestarts"}
+RESTART_COUNTERS = {c.KIND_PROGRAM: STATUS_PROGRAM_RESTARTS, c.KIND_INFRASTRUCTURE: STATUS_INFRASTRUCTURE_RESTARTS}
 BUDGET_FIELDS = {c.KIND_PROGRAM: "backoffLimit", c.KIND_INFRASTRUCTURE: "infrastructureBackoffLimit"}
 
 

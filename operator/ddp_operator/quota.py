@@ -40,7 +40,7 @@ class Shortfall:
     message: str
 
 
-def gang_shortfall(pods: Sequence[Mapping[str, Any]], quotas: Iterable[Mapping[str, Any]],
+def gang_shortfall(pods: Sequence[Mapping[str, Any]], quotas: Iterable[Mapping[str, Any]], *,
                    limit_ranges: Iterable[Mapping[str, Any]] = (),
                    leaving: Sequence[Mapping[str, Any]] = (), created: int = 0, rest: bool = False) -> Shortfall | None:
     """Whether the namespace's quotas refuse any of `pods` (a whole gang, or with `rest` the ranks an
@@ -74,7 +74,8 @@ def gang_shortfall(pods: Sequence[Mapping[str, Any]], quotas: Iterable[Mapping[s
                 > (parse_quantity(hard[resource]) or 0)]
         if over:
             return Shortfall(c.REASON_QUOTA_EXCEEDED,
-                             _exceeded(name, len(covered), over, wanted, hard, used, created, rest))
+                             _exceeded(name, pods=len(covered), over=over, wanted=wanted, hard=hard, used=used,
+                                       created=created, rest=rest))
     return None
 
 
@@ -83,7 +84,7 @@ def pods_that_fit(pod: Mapping[str, Any], quotas: Sequence[Mapping[str, Any]], *
     """The most pods like `pod`, from `least` up to `most`, that the quotas hold together; 0 when not
     even `least` fit. (What fits shrinks as pods are added, so a bisection finds it.)"""
     def fit(count: int) -> bool:
-        return gang_shortfall([pod] * count, quotas, limit_ranges, leaving) is None
+        return gang_shortfall([pod] * count, quotas, limit_ranges=limit_ranges, leaving=leaving) is None
 
     if least > most or not fit(least):
         return 0
@@ -203,7 +204,7 @@ def total_usage(specs: Iterable[Mapping[str, Any]], hard: Mapping[str, Any]) -> 
     return total
 
 
-def _exceeded(name: str, pods: int, over: list[str], wanted: Mapping[str, Decimal], hard: Mapping[str, Any],
+def _exceeded(name: str, *, pods: int, over: list[str], wanted: Mapping[str, Decimal], hard: Mapping[str, Any],
               used: Mapping[str, Any], created: int = 0, rest: bool = False) -> str:
     """'ResourceQuota team: the gang's 3 pods need requests.nvidia.com/gpu=2, with 1 used of 2 (...)'."""
     parts = [f"{r}={_show(r, wanted[r])} with {used.get(r, 0)} used of {hard[r]}" for r in sorted(over)]

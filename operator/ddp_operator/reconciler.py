@@ -1,18 +1,18 @@
 """Reconciling a DDPJob: read the job and its pods, decide, act, record status.
 
 A status pass (`reconcile`), run for a job whenever it or one of its pods changes:
-    lost     = lost_nodes(the pods' nodes, the node watch's view)      nodes.py
-    summary  = summarize_pods(pods of the job, status.attempt, lost)  podsummary.py (gangpods.py, modes/)
-      + ranks held up by names in the way, or by a gang too large     capacity.py
-    decision = decide(spec, status, summary, now)                     decision.py
-      (what each restart mode adds: modes/recreate.py, modes/inplace.py, modes/elastic.py)
-    patch status with compute_status(...) first                       statuspatch.py
-      (a count-only patch may wait up to COUNTS_INTERVAL)
+    summary  = read_pods(pods of the job, spec, status, nodes, memory)    jobpods.py
+      (summarize_pods, with the mode's gang and window: modes.of;        podsummary.py, modes/
+      + ranks held up by names in the way, refusals, a gang too large)   capacity.py
+    decision = decide(spec, status, summary, now)                        decision.py
+    patch status with compute_status(...) first                          statuspatch.py
+      (a count-only patch may wait up to COUNTS_INTERVAL)                timers.py
     delete decision.delete_pods, each by the uid the summary saw
     force-delete summary.lost_pods (Terminating on a lost node: no kubelet will finish them)
     hand the job to the creation queue when the decision is Create
     for a job in a Kueue queue: create its Workload, hand its quota back once an evicted (or
       suspended) gang's pods are gone, mark it Finished with the job        kueue/
+    return when to look again: look_again(what the pass found)           timers.py
 A creation pass (`create_children`) decides again from what the cluster holds now and creates the
 Service, the progress identity and the free ranks' pods (creation.py), only for the attempt status records; it runs
 on its own queue, so a job whose gang just became Running never waits behind other jobs' creations.
@@ -32,16 +32,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from ddp_contract.resource import JobStatus, job_key
+from ddp_contract.jobspec import JobSpec
+from ddp_contract.jobstatus import STATUS_CONDITIONS, STATUS_PHASE
+from ddp_contract.resource import JobKey, JobStatus, job_key
 from ddp_operator import constants as c
 from ddp_operator import metrics
-from ddp_operator.capacity import gang_too_large
 from ddp_operator.creation import Creation
 from ddp_operator.dataworkers import (
     DataWorkerSummary,
@@ -51,22 +51,20 @@ from ddp_operator.dataworkers import (
     keeps_data_workers,
     summarize_data_workers,
 )
-from ddp_operator.deadlines import requeue_after, ttl_expired
+from ddp_operator.deadlines import ttl_expired
 from ddp_operator.decision import Action, decide
 from ddp_operator.events import post_event
-from ddp_operator.failures import PodProblem
-from ddp_operator.jobmemory import Fit, JobMemory
+from ddp_operator.jobmemory import JobMemory
+from ddp_operator.jobpods import read_pods
 from ddp_operator.kubeapi import KubeApi, api_message, is_controlled_by, is_going_away
 from ddp_operator.kueue.gate import KueueGate
 from ddp_operator.kueue.rules import Gate, QueueState
 from ddp_operator.kueue.workloads import WorkloadCache
-from ddp_operator.listwatch import JobKey
-from ddp_operator.modes import elastic
-from ddp_operator.nodes import Nodes, lost_nodes, seconds_until_lost
+from ddp_operator.nodes import Nodes
 from ddp_operator.passerrors import RetryLater, describe_error, failed_pass_message, is_transient
-from ddp_operator.podsummary import PodSummary, summarize_pods
+from ddp_operator.podsummary import PodSummary
 from ddp_operator.podwatch import PodCache
-from ddp_operator.spec import InvalidSpec, JobSpec, parse_spec, validate_job_name
+from ddp_operator.spec import InvalidSpec, parse_spec, validate_job_name
 from ddp_operator.statuspatch import (
     changed_fields,
     compute_status,
@@ -74,24 +72,14 @@ from ddp_operator.statuspatch import (
     failed_pass_status,
     invalid_spec_status,
     next_phase,
-    only_counts_changed,
-    pod_attempt_floor,
 )
+from ddp_operator.timers import WORKLOADS_UNSYNCED_RECHECK, Found, counts_wait, look_again, quota_wait
 from ddp_operator.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
-# A job's status is patched at most this often for rank counts alone (readyRanks 3/8 -> 4/8), so a
-# gang coming up writes a few times, not once per pod, and a phase change never queues behind them.
-COUNTS_INTERVAL = 1.0
 # A pod whose delete was issued is not deleted again by later passes for this long (they still see
 # it until its deletionTimestamp reaches the pod watch); past it, a pod still there is asked again.
 DELETE_REISSUE_AFTER = 30.0
-# Seconds between looks at objects holding a job's names, which no watch of ours reports.
-IN_THE_WAY_RECHECK = 5.0
-# Seconds between tries to create data workers the API server (or a quota) refused.
-DATA_WORKERS_REFUSED_RECHECK = 10.0
-# Seconds between passes for a queued job while the Workload watch has not listed them yet.
-WORKLOADS_UNSYNCED_RECHECK = 1.0
 # The work queues' names in the metrics.
 STATUS_QUEUE = "status"
 CREATION_QUEUE = "creation"
@@ -139,7 +127,7 @@ class JobStore:
 class Reconciler:
     """Two keyed queues drive it: `queue` runs status passes, `creations` runs creation passes."""
 
-    def __init__(self, kube: KubeApi, jobs: JobStore, pods: PodCache, nodes: Callable[[], Nodes] = Nodes,
+    def __init__(self, kube: KubeApi, *, jobs: JobStore, pods: PodCache, nodes: Callable[[], Nodes] = Nodes,
                  workers: int = 32, workloads: WorkloadCache | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         """clock: the monotonic time its waits and delete reissues are measured by."""
@@ -227,7 +215,7 @@ class Reconciler:
         if queue is not None and queue.gate == Gate.UNKNOWN:
             return
         summary = self._summary(job, status, spec, now)
-        decision = decide(spec, status, summary, now, queue)
+        decision = decide(spec, status=status, summary=summary, now=now, queue=queue)
         # Status first: until the status pass has recorded this attempt, it is not ours to create.
         creating = decision.action == Action.CREATE
         recorded = decision.attempt == JobStatus.of(status).attempt
@@ -280,39 +268,9 @@ class Reconciler:
 
     def _summary(self, job: Mapping[str, Any], status: Mapping[str, Any], spec: JobSpec, now: datetime) -> PodSummary:
         key = job_key(job)
-        pods = self._rank_pods(job)
-        nodes = self.nodes()
-        bound = {pod["spec"]["nodeName"] for pod in pods if pod["spec"].get("nodeName")}
-        lost = lost_nodes(bound, nodes, spec.node_lost_grace_seconds, now)
-        # In place, a replaced pod keeps a label of the gang's attempts until the watch shows it going.
-        replaced = {uid for uid, _ in self._deleting} if spec.in_place else set()
-        read = JobStatus.of(status)
-        summary = summarize_pods(pods, read.attempt, key[1], lost, spec.ranks_per_pod,
-                                 since=pod_attempt_floor(status), replaced=replaced,
-                                 process_failures=read.process_failures,
-                                 members=elastic.members(spec, read) if spec.elastic else None)
-        memory = self._of(key)
-        memory.saw_nodes(pods)
-        held = memory.in_the_way.problems(spec.pods, summary.live_indices)
-        if memory.refused is not None:
-            held += memory.refused.problems(summary.attempt, summary.live_indices)
-        too_large = self._too_large(job, spec, nodes) if summary.unscheduled_indices else None
-        if too_large:
-            held += tuple(PodProblem(rank, c.REASON_GANG_TOO_LARGE, too_large) for rank in summary.unscheduled_indices)
-        return replace(summary.with_problems(held), nodes_seen=memory.nodes_seen)
-
-    def _too_large(self, job: Mapping[str, Any], spec: JobSpec, nodes: Nodes) -> str | None:
-        """gang_too_large, judged again only when the nodes or the job's spec changed: a gang coming up
-        has unscheduled ranks for many passes, and a cluster may have thousands of nodes."""
-        if not nodes.synced:
-            return None
-        memory = self._of(job_key(job))
-        generation = job["metadata"].get("generation")
-        if memory.fit is not None and memory.fit.nodes is nodes.known and memory.fit.generation == generation:
-            return memory.fit.verdict
-        verdict = gang_too_large(spec, nodes.known.values())
-        memory.fit = Fit(nodes.known, generation, verdict)
-        return verdict
+        return read_pods(self._rank_pods(job), spec=spec, status=status, job_name=key[1],
+                         generation=job["metadata"].get("generation"), nodes=self.nodes(), memory=self._of(key),
+                         deleting={uid for uid, _ in self._deleting}, now=now)
 
     async def _reconcile(self, job: dict[str, Any], spec: JobSpec, status: Mapping[str, Any], now: datetime) -> float | None:
         name = job["metadata"]["name"]
@@ -320,22 +278,23 @@ class Reconciler:
         if queue is not None and queue.gate == Gate.UNKNOWN:  # nothing is done until Kueue's word is known
             return WORKLOADS_UNSYNCED_RECHECK
         summary = self._summary(job, status, spec, now)
-        decision = decide(spec, status, summary, now, queue)
+        decision = decide(spec, status=status, summary=summary, now=now, queue=queue)
         log.debug("%s/%s: %s", job["metadata"]["namespace"], name, decision)
         # Status first: if an action below fails, the next pass repeats it from the recorded
         # attempt instead of counting the same restart twice.
-        patch = compute_status(spec, status, summary, decision, now, job["metadata"].get("generation"))
+        patch = compute_status(spec, status=status, summary=summary, decision=decision, now=now,
+                               generation=job["metadata"].get("generation"))
         key = (job["metadata"]["namespace"], name)
         workers = self._data_workers(job, spec)
-        keep_workers = keeps_data_workers(patch["phase"], decision.action == Action.QUEUE)
+        keep_workers = keeps_data_workers(patch[STATUS_PHASE], decision.action == Action.QUEUE)
         if spec.data_workers is not None:
             refused = self._of(key).data_refused
-            patch.update(data_worker_status(name, workers, phase=patch["phase"], kept=keep_workers,
+            patch.update(data_worker_status(name, workers, phase=patch[STATUS_PHASE], kept=keep_workers,
                                             refused=(refused.reason, refused.message) if refused else None,
-                                            conditions=patch["conditions"], now=now,
+                                            conditions=patch[STATUS_CONDITIONS], now=now,
                                             generation=job["metadata"].get("generation")))
-        wait = self._counts_wait(key, status, patch)
-        if wait is None:
+        held = counts_wait(status, patch, self.clock() - self._of(key).patched_at)
+        if held is None:
             await self._record(job, patch)
         await self._delete(job, decision.delete_pods, summary.uids)
         await self._delete(job, summary.lost_pods, summary.uids, force=True)
@@ -344,43 +303,23 @@ class Reconciler:
         if keep_workers and workers.missing:
             self.creations.add(key)
         if self.kueue is not None:
-            await self.kueue.sync(job, spec, {**status, **patch}, now, has_pods=bool(self._own_pods(job)))
-        quota_wait = self._quota_wait(key, decision.attempt) if decision.action == Action.CREATE else None
-        if decision.action == Action.CREATE and quota_wait is None:
+            await self.kueue.sync(job, spec, status={**status, **patch}, now=now, has_pods=bool(self._own_pods(job)))
+        creating = decision.action == Action.CREATE
+        quota_held = quota_wait(self._of(key).refused, decision.attempt, self.clock()) if creating else None
+        if creating and quota_held is None:
             # Not awaited here: a pass that waited on pod creation would hold its worker while
             # other jobs' status (a gang that just became Running) waits in the queue.
             self.creations.add(key)
-        # Objects in the way are not watched (they are not ours): look again in a while.
-        recheck = IN_THE_WAY_RECHECK if self._of(key).in_the_way else None
-        if keep_workers and self._of(key).data_refused is not None:
-            recheck = min(recheck or DATA_WORKERS_REFUSED_RECHECK, DATA_WORKERS_REFUSED_RECHECK)
-        workload_retry = self.kueue.recheck_after(key) if self.kueue is not None else None
-        if workload_retry is not None:
-            recheck = min(recheck or workload_retry, workload_retry)
-        # A node NotReady under a rank is lost once the grace has passed: look again then.
-        lost_in = seconds_until_lost(summary.nodes, self.nodes(), spec.node_lost_grace_seconds, now)
-        due = [t for t in (wait, recheck, lost_in, quota_wait, decision.recheck_after,
-                           requeue_after(JobStatus.of({**status, **patch}), spec, now)) if t is not None]
-        return min(due) if due else None
+        memory = self._of(key)
+        return look_again(Found(
+            spec, JobStatus.of({**status, **patch}), now, self.nodes(), bound=summary.nodes,
+            decided=decision.recheck_after, counts_held=held, quota_held=quota_held, in_the_way=bool(memory.in_the_way),
+            data_workers_refused=keep_workers and memory.data_refused is not None,
+            workload_retry=self.kueue.recheck_after(key) if self.kueue is not None else None))
 
     def _queue(self, job: Mapping[str, Any], spec: JobSpec, status: Mapping[str, Any]) -> QueueState | None:
         """For a job in a Kueue queue, what its Workload allows (KueueGate.state); None for any other."""
         return self.kueue.state(job, spec, status) if self.kueue is not None else None
-
-    def _quota_wait(self, key: JobKey, attempt: int) -> float | None:
-        """Seconds until the next try to create a gang a quota refused; None to try now."""
-        known = self._of(key).refused
-        if known is None or not known.refusal.waits or known.attempt != attempt:
-            return None
-        left = known.retry_at - self.clock()
-        return left if left > 0 else None
-
-    def _counts_wait(self, key: JobKey, status: Mapping[str, Any], patch: Mapping[str, Any]) -> float | None:
-        """Seconds to hold back a patch that only moves rank counts; None to patch now."""
-        if not only_counts_changed(status, patch):
-            return None
-        elapsed = self.clock() - self._of(key).patched_at
-        return COUNTS_INTERVAL - elapsed if elapsed < COUNTS_INTERVAL else None
 
     async def _delete(self, job: Mapping[str, Any], names: tuple[str, ...], uids: Mapping[str, str],
                       force: bool = False) -> None:
@@ -432,7 +371,7 @@ class Reconciler:
                 return
             self.jobs.put(job)
         if patch is not None or new:
-            await post_event(self.kube, job, "Warning", c.REASON_RECONCILE_ERROR, message)
+            await post_event(self.kube, job, type_="Warning", reason=c.REASON_RECONCILE_ERROR, message=message)
 
     async def _record(self, job: dict[str, Any], patch: Mapping[str, Any]) -> None:
         """Patches status when it changed, keeps the answer, and announces a new phase as an Event."""
@@ -445,6 +384,6 @@ class Reconciler:
         self.jobs.put(updated)
         metrics.status_recorded(job, status, patch, datetime.now(UTC))
         for kind, reason, message in events_for(status, patch):
-            log.info("%s/%s: %s -> %s (%s) %s", meta["namespace"], meta["name"], status.get("phase"),
-                     patch.get("phase"), reason, message)
-            await post_event(self.kube, updated, kind, reason, message)
+            log.info("%s/%s: %s -> %s (%s) %s", meta["namespace"], meta["name"], status.get(STATUS_PHASE),
+                     patch.get(STATUS_PHASE), reason, message)
+            await post_event(self.kube, updated, type_=kind, reason=reason, message=message)

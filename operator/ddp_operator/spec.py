@@ -11,35 +11,38 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ddp_contract import api, backend, envnames, labels, layout, s3options
-from ddp_contract.backend import BACKENDS, NCCL, resolve_backend
+from ddp_contract import api, envnames, labels, layout, s3options
+from ddp_contract.backend import BACKENDS, NCCL
+from ddp_contract.jobspec import (
+    DEFAULT_BACKEND,
+    DEFAULT_BACKOFF_LIMIT,
+    DEFAULT_DATA_WORKER_REPLICAS,
+    DEFAULT_ELASTIC_SETTLE_SECONDS,
+    DEFAULT_GPUS_PER_RANK,
+    DEFAULT_IN_PLACE_DEADLINE_SECONDS,
+    DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT,
+    DEFAULT_MASTER_PORT,
+    DEFAULT_NODE_LOST_GRACE_SECONDS,
+    DEFAULT_RESTART_POLICY,
+    DEFAULT_STARTUP_DEADLINE_SECONDS,
+    RESTART_POLICIES,
+    CABundle,
+    DataWorkersSpec,
+    JobSpec,
+    S3Spec,
+)
 from ddp_contract.targets import ENTRYPOINT_RE
 from ddp_operator import constants as c
 
-# --- spec values, defaults and limits (the CRD's own: tests/operator/unit/test_crd_schema.py holds them equal) ---
-POLICY_ON_FAILURE: Final = "OnFailure"
-POLICY_NEVER: Final = "Never"
-POLICY_EXIT_CODE: Final = "ExitCode"
-RESTART_POLICIES: Final = (POLICY_ON_FAILURE, POLICY_NEVER, POLICY_EXIT_CODE)
-DEFAULT_MASTER_PORT: Final = 29500
-DEFAULT_BACKOFF_LIMIT: Final = 3
-DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT: Final = 10
-DEFAULT_STARTUP_DEADLINE_SECONDS: Final = 900
-DEFAULT_IN_PLACE_DEADLINE_SECONDS: Final = 180
-DEFAULT_ELASTIC_SETTLE_SECONDS: Final = 60
-DEFAULT_NODE_LOST_GRACE_SECONDS: Final = 60
-DEFAULT_GPUS_PER_RANK: Final = 1
-DEFAULT_BACKEND: Final = backend.AUTO
-DEFAULT_RESTART_POLICY: Final = POLICY_ON_FAILURE
+# --- the spec's limits (the CRD's own: tests/operator/unit/test_crd_schema.py holds them and ddp_contract.jobspec's
+# defaults equal) ---
 MAX_WORLD_SIZE: Final = 4096
 MAX_GPUS_PER_RANK: Final = 16
 MAX_RANKS_PER_POD: Final = 64
 # worldSize * gpusPerRank above this is almost certainly a typo, not a job.
 MAX_TOTAL_GPUS: Final = 16384
-DEFAULT_DATA_WORKER_REPLICAS: Final = 1
 MAX_DATA_WORKERS: Final = 256
 # Every *Seconds field's ceiling (about 68 years): the bound Kubernetes gives a pod's activeDeadlineSeconds
 # (math.MaxInt32) so that it times as a duration. It keeps a deadline inside the calendar (Python's dates
@@ -79,132 +82,6 @@ class InvalidSpec(Exception):
         super().__init__(f"spec.{field}: {message}" if not field.startswith("metadata.") else f"{field}: {message}")
         self.field = field
         self.message = message
-
-
-@dataclass(frozen=True)
-class CABundle:
-    config_map: str
-    key: str = s3options.DEFAULT_CA_BUNDLE_KEY
-
-
-@dataclass(frozen=True)
-class S3Spec:
-    endpoint: str | None = None
-    region: str | None = None
-    credentials_secret: str | None = None
-    dataset: str | None = None
-    results: str | None = None
-    checksums: str = "Auto"
-    addressing_style: str = "Auto"
-    ca_bundle: CABundle | None = None
-
-    @property
-    def settings(self) -> dict[str, str]:
-        """The DDP_S3_* settings for checksums, addressing and the CA bundle (none where Auto)."""
-        return s3options.spec_settings({"checksums": self.checksums, "addressingStyle": self.addressing_style,
-                                        "caBundle": self.ca_bundle is not None})
-
-
-class Templated:
-    """A pod template's parts, for a spec holding one as `template`."""
-
-    template: Mapping[str, Any]
-
-    @property
-    def template_labels(self) -> Mapping[str, str]:
-        return (self.template.get("metadata") or {}).get("labels") or {}
-
-    @property
-    def template_annotations(self) -> Mapping[str, str]:
-        return (self.template.get("metadata") or {}).get("annotations") or {}
-
-    @property
-    def pod_spec(self) -> Mapping[str, Any]:
-        return self.template.get("spec") or {}
-
-
-@dataclass(frozen=True)
-class DataWorkersSpec(Templated):
-    """spec.dataWorkers: pods that run the ranks' DataLoader workers (`<job>-data-<i>`)."""
-
-    replicas: int = DEFAULT_DATA_WORKER_REPLICAS
-    resources: Mapping[str, Any] = field(default_factory=dict)
-    template: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class JobSpec(Templated):
-    world_size: int
-    image: str
-    entrypoint: str | None = None
-    command: tuple[str, ...] | None = None
-    args: tuple[str, ...] = ()
-    resources: Mapping[str, Any] = field(default_factory=dict)
-    gpus_per_rank: int = DEFAULT_GPUS_PER_RANK
-    ranks_per_pod: int = 1
-    env: tuple[Mapping[str, Any], ...] = ()
-    env_from: tuple[Mapping[str, Any], ...] = ()
-    image_pull_secrets: tuple[str, ...] = ()  # Secret names, in the order given
-    master_port: int = DEFAULT_MASTER_PORT
-    backend: str = DEFAULT_BACKEND
-    shm_size: str | None = None
-    template: Mapping[str, Any] = field(default_factory=dict)
-    s3: S3Spec | None = None
-    restart_policy: str = DEFAULT_RESTART_POLICY
-    restart_strategy: str = api.RESTART_RECREATE
-    trainer_runtime: str = api.TRAINER_RUNTIME_AUTO
-    launcher: str = api.LAUNCHER_AUTO
-    in_place_deadline_seconds: int = DEFAULT_IN_PLACE_DEADLINE_SECONDS
-    min_world_size: int | None = None  # None: worldSize (not elastic)
-    elastic_settle_seconds: int = DEFAULT_ELASTIC_SETTLE_SECONDS
-    backoff_limit: int = DEFAULT_BACKOFF_LIMIT
-    infrastructure_backoff_limit: int = DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT
-    hang_timeout_seconds: int | None = None
-    active_deadline_seconds: int | None = None
-    startup_deadline_seconds: int = DEFAULT_STARTUP_DEADLINE_SECONDS
-    node_lost_grace_seconds: int = DEFAULT_NODE_LOST_GRACE_SECONDS
-    ttl_seconds_after_finished: int | None = None
-    suspend: bool = False
-    metrics_from_output: bool = True
-    data_workers: DataWorkersSpec | None = None
-    keep_folders: tuple[str, ...] = ()  # as written; kept under <results>/<ns>/<job>/kept/<layout.kept_folder_key>
-
-    @property
-    def data_worker_replicas(self) -> int:
-        return self.data_workers.replicas if self.data_workers is not None else 0
-
-    @property
-    def in_place(self) -> bool:
-        """Whether a failure restarts rank processes in the pods that can go on (restartStrategy InPlace)."""
-        return self.restart_strategy == api.RESTART_IN_PLACE
-
-    @property
-    def elastic(self) -> bool:
-        """Whether the job may train with fewer ranks than worldSize (spec.minWorldSize below it)."""
-        return self.min_world_size is not None and self.min_world_size < self.world_size
-
-    @property
-    def min_pods(self) -> int:
-        """The fewest pods an elastic job's gang may have (all of them when it is not elastic)."""
-        return (self.min_world_size or self.world_size) // self.ranks_per_pod
-
-    @property
-    def pods(self) -> int:
-        """Pods of the gang, '<job>-0' .. '<job>-<pods-1>'; each holds ranks_per_pod ranks."""
-        return self.world_size // self.ranks_per_pod
-
-    @property
-    def gpus_per_pod(self) -> int:
-        return self.gpus_per_rank * self.ranks_per_pod
-
-    def pod_ranks(self, index: int) -> range:
-        """The global ranks pod `index` holds."""
-        return range(index * self.ranks_per_pod, (index + 1) * self.ranks_per_pod)
-
-    @property
-    def effective_backend(self) -> str:
-        """The torch.distributed backend the ranks use: 'auto' is nccl with GPUs, gloo without."""
-        return resolve_backend(self.backend, self.gpus_per_rank > 0)
 
 
 def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
@@ -543,8 +420,8 @@ def _s3(s3: Any) -> S3Spec | None:
         credentials_secret=secret,
         dataset=s3.get("dataset"),
         results=s3.get("results"),
-        checksums=_choice(s3, "checksums", ("Auto", *s3options.SPEC_CHECKSUMS)),
-        addressing_style=_choice(s3, "addressingStyle", ("Auto", *s3options.SPEC_ADDRESSING_STYLES)),
+        checksums=_choice(s3, "checksums", (s3options.AUTO, *s3options.SPEC_CHECKSUMS)),
+        addressing_style=_choice(s3, "addressingStyle", (s3options.AUTO, *s3options.SPEC_ADDRESSING_STYLES)),
         ca_bundle=_ca_bundle(s3.get("caBundle")),
     )
 

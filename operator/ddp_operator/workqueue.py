@@ -23,7 +23,7 @@ K = TypeVar("K", bound=Hashable)
 
 
 class WorkQueue(Generic[K]):
-    def __init__(self, reconcile: Callable[[K], Awaitable[float | None]], workers: int = 16, error_backoff: float = 0.5,
+    def __init__(self, reconcile: Callable[[K], Awaitable[float | None]], *, workers: int = 16, error_backoff: float = 0.5,
                  max_backoff: float = 60.0, name: str = "default") -> None:
         """name: the queue's label in the metrics (depth, pass latency, errors)."""
         self._reconcile = reconcile

@@ -8,17 +8,18 @@ import pytest
 
 from ddp_client.store import S3Access, StoreError, ca_bundle_file, job_access, split_uri
 from ddp_contract import layout
+from ddp_contract.jobspec import S3Spec
 
 
 def test_the_jobs_endpoint_and_its_secrets_keys_unless_flags_say_otherwise() -> None:
     secret = {"data": {k: base64.b64encode(v.encode()).decode()
                        for k, v in {"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "key"}.items()}}
-    access = job_access({"endpoint": "http://s3:9000", "region": "eu-west-1"}, secret, "creds")
+    access = job_access(S3Spec(endpoint="http://s3:9000", region="eu-west-1"), secret, "creds")
     assert access == S3Access("http://s3:9000", "eu-west-1", "id", "key")
     flags = S3Access(endpoint="http://other:9000")
     assert flags.over(access) == S3Access("http://other:9000", "eu-west-1", "id", "key")
     with pytest.raises(StoreError, match="Secret creds has no key 'AWS_SECRET_ACCESS_KEY'"):
-        job_access({}, {"data": {"AWS_ACCESS_KEY_ID": "aWQ="}}, "creds")
+        job_access(S3Spec(), {"data": {"AWS_ACCESS_KEY_ID": "aWQ="}}, "creds")
 
 
 def test_environment_settings() -> None:
@@ -27,12 +28,13 @@ def test_environment_settings() -> None:
 
 
 def test_the_jobs_checksums_addressing_and_ca_bundle_and_the_environment_s(tmp_path) -> None:
-    access = job_access({"endpoint": "http://s3:9000", "checksums": "WhenSupported", "addressingStyle": "Virtual",
-                         "caBundle": {"configMap": "corp-ca"}}, None, None, ca_bundle="/tmp/ca.pem")
+    spec_s3 = S3Spec.from_spec({"endpoint": "http://s3:9000", "checksums": "WhenSupported", "addressingStyle": "Virtual",
+                                "caBundle": {"configMap": "corp-ca"}})
+    access = job_access(spec_s3, None, None, ca_bundle="/tmp/ca.pem")
     options = access.options()
     assert (options.checksum_mode, options.addressing_style, options.ca_bundle) == ("when_supported", "virtual",
                                                                                    "/tmp/ca.pem")
-    assert job_access({"endpoint": "http://s3:9000"}, None, None).options().checksum_mode == "when_required"
+    assert job_access(S3Spec(endpoint="http://s3:9000"), None, None).options().checksum_mode == "when_required"
     env = S3Access.from_env({"DDP_S3_CHECKSUMS": "when_required", "DDP_S3_CA_BUNDLE": "/etc/mine.pem"})
     assert env.over(access).options().checksum_mode == "when_required" and env.over(access).ca_bundle == "/etc/mine.pem"
     with pytest.raises(StoreError, match="DDP_S3_ADDRESSING_STYLE='bucket' must be one of"):

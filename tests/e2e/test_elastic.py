@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ddp_contract import api, labels
+from ddp_contract.jobstatus import STATUS_MEMBERS, STATUS_WORLD_SIZE
 from ddp_operator import constants as c
 from e2ehelp import start_job, workload_job
 from kube import REPO, Jobs, wait_until
@@ -86,9 +87,9 @@ def test_a_job_that_loses_a_node_goes_on_smaller_and_grows_back_seeing_each_samp
 
     b.stop()  # the node and its two ranks go for good
     shrunk = jobs.wait_condition("elastic", c.COND_SHRUNK, "True", timeout=90)
-    assert shrunk[api.STATUS_WORLD_SIZE] == 2 and len(shrunk[api.STATUS_MEMBERS]) == 2
+    assert shrunk[STATUS_WORLD_SIZE] == 2 and len(shrunk[STATUS_MEMBERS]) == 2
     status = jobs.wait_phase("elastic", c.PHASE_RUNNING, timeout=90)
-    assert status[api.STATUS_WORLD_SIZE] == 2 and status["ready"] == "2/2"
+    assert status[STATUS_WORLD_SIZE] == 2 and status["ready"] == "2/2"
     waiting = {p.metadata.name: p.status.phase for p in jobs.pods("elastic") if p.metadata.name in on_b}
     assert waiting == dict.fromkeys(on_b, "Pending")  # waiting apart, Pending where there is no room
     at_two = step(jobs)
@@ -97,7 +98,7 @@ def test_a_job_that_loses_a_node_goes_on_smaller_and_grows_back_seeing_each_samp
 
     b.start()  # the node comes back
     grown = jobs.wait_condition("elastic", c.COND_SHRUNK, "False", timeout=120)
-    assert grown[api.STATUS_WORLD_SIZE] == 4 and grown[api.STATUS_MEMBERS] == [0, 1, 2, 3]
+    assert grown[STATUS_WORLD_SIZE] == 4 and grown[STATUS_MEMBERS] == [0, 1, 2, 3]
     # Rank 0 saved the checkpoint the operator asked for at its next step, and the gang grew from it.
     asked = grown["lastCheckpoint"]["step"]
     assert asked % 1000 and f"the checkpoint at step {asked}" in grown["message"], grown

@@ -14,7 +14,8 @@ from kubernetes import client
 
 import demo
 import s3server
-from ddp_contract import layout, resource
+from ddp_contract import layout
+from ddp_contract.jobstatus import STATUS_RESTARTS
 from ddp_operator import constants as c
 from kube import Jobs
 from realnode import WORKLOADS_TEMPLATE, create_job, node_address, trainer_image, workloads_and_credentials
@@ -79,4 +80,4 @@ def test_a_job_trusts_its_stores_private_ca_through_ca_bundle_and_says_so_withou
     assert f"{prefix}results/params.pt" in written and f"{prefix}results/final.txt" in written, written
     assert any(k.startswith(f"{prefix}{layout.CHECKPOINTS}/") and k.endswith("/MANIFEST.json") for k in written), written
     assert any(k.startswith(f"{prefix}{layout.METRICS}") for k in written), written
-    assert trusted[resource.STATUS_RESTARTS] == 0, trusted
+    assert trusted[STATUS_RESTARTS] == 0, trusted

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from ddp_contract import api
+from ddp_contract.jobstatus import STATUS_CHECKPOINT_REQUESTED, STATUS_MEMBERS
 from ddp_trainer.jobwatch import JobView, JobWatch
 
 
@@ -24,7 +25,7 @@ from ddp_trainer.jobwatch import JobView, JobWatch
 def test_the_view_holds_the_attempts_members_where_they_are_pod_indices(members: Any, seen: tuple[int, ...] | None) -> None:
     status: dict[str, Any] = {"attempt": 2, "phase": "Running"}
     if members is not None:
-        status[api.STATUS_MEMBERS] = members
+        status[STATUS_MEMBERS] = members
     assert JobView.of({"status": status}) == JobView(2, None, "Running", seen)
 
 
@@ -53,8 +54,8 @@ def test_the_view_follows_the_jobs_status_and_waits_for_what_is_asked(kube_api, 
 
 
 def test_the_view_holds_a_checkpoint_request_where_the_job_has_one() -> None:
-    asked = {"attempt": 2, api.STATUS_CHECKPOINT_REQUESTED: {"since": "2026-11-24T23:00:00Z", "afterStep": 40}}
+    asked = {"attempt": 2, STATUS_CHECKPOINT_REQUESTED: {"since": "2026-11-24T23:00:00Z", "afterStep": 40}}
     assert JobView.of({"status": asked}).checkpoint_requested == "2026-11-24T23:00:00Z"
     assert JobView.of({"status": {"attempt": 2}}).checkpoint_requested is None
-    assert JobView.of({"status": {**asked, api.STATUS_CHECKPOINT_REQUESTED: {"since": 7}}}).checkpoint_requested is None
-    assert JobView.of({"status": {**asked, api.STATUS_CHECKPOINT_REQUESTED: "x"}}).checkpoint_requested is None
+    assert JobView.of({"status": {**asked, STATUS_CHECKPOINT_REQUESTED: {"since": 7}}}).checkpoint_requested is None
+    assert JobView.of({"status": {**asked, STATUS_CHECKPOINT_REQUESTED: "x"}}).checkpoint_requested is None

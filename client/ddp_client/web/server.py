@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from ddp_contract import layout
+from ddp_contract.jobspec import S3Spec
 
 from ..job import Job
 from ..metriccolumns import Columns
@@ -109,7 +110,7 @@ class DashboardState:
     def rows(self, feed: Feed) -> dict[str, Any]:
         jobs = list(feed.watch.jobs.values())
         for job in jobs:  # where their deleted siblings are looked for
-            results = ((job.get("spec") or {}).get("s3") or {}).get("results")
+            results = S3Spec.from_spec((job.get("spec") or {}).get("s3")).results
             if results and self.results.get(results) is None:
                 self.results[results] = job
         rows = sorted((views.job_row(job) for job in jobs), key=lambda r: (r["namespace"], r["name"]))

@@ -11,6 +11,24 @@ import numpy as np
 import numpy.typing as npt
 
 from ddp_contract import api, labels
+from ddp_contract.jobspec import S3Spec
+from ddp_contract.jobstatus import (
+    PHASE_FAILED,
+    PHASE_PENDING,
+    STATUS_ATTEMPT_TIME,
+    STATUS_COMPLETION_TIME,
+    STATUS_CONDITIONS,
+    STATUS_DATA_WORKERS,
+    STATUS_LAST_CHECKPOINT,
+    STATUS_MEMBERS,
+    STATUS_MESSAGE,
+    STATUS_PHASE,
+    STATUS_PROGRESS,
+    STATUS_READY,
+    STATUS_REASON,
+    STATUS_START_TIME,
+    STATUS_WORLD_SIZE,
+)
 from ddp_contract.resource import JobStatus
 from ddp_contract.timestamps import parse_rfc3339
 
@@ -31,16 +49,16 @@ Json = dict[str, Any]
 def job_row(job: Mapping[str, Any]) -> Json:
     """One line of the jobs table: what `kubectl get ddpjobs` shows, and how far the job is."""
     meta, spec, status = job.get("metadata") or {}, job.get("spec") or {}, job.get("status") or {}
-    progress = status.get("progress") or {}
+    progress = status.get(STATUS_PROGRESS) or {}
     return {
         "namespace": meta.get("namespace", ""), "name": meta.get("name", ""),
-        "created": meta.get("creationTimestamp"), "phase": status.get("phase") or "Pending",
-        "ready": status.get("ready") or f"0/{spec.get('worldSize', '?')}",
+        "created": meta.get("creationTimestamp"), "phase": status.get(STATUS_PHASE) or PHASE_PENDING,
+        "ready": status.get(STATUS_READY) or f"0/{spec.get('worldSize', '?')}",
         "restarts": JobStatus.of(status).restarts, "world": summary.world_size_text(spec, status),
         "epoch": progress.get("epoch"), "step": progress.get("step"), "loss": progress.get("loss"),
         "percent": progress.get("percent"), "remaining": progress.get("remaining"),
         "samplesPerSecond": progress.get("samplesPerSecond"),
-        "reason": status.get("reason") or "", "message": status.get("message") or "",
+        "reason": status.get(STATUS_REASON) or "", "message": status.get(STATUS_MESSAGE) or "",
     }
 
 
@@ -80,7 +98,7 @@ def _failed_here(failed: Mapping[str, Any], pod: str, attempt: int, phase: str |
     """Whether a rank's row is the pod whose failure status.failedRank records: the pod of that name and of
     that attempt (a replacement of the same name is a later attempt's), or any of that name once the job
     has failed (a pod kept across in-place attempts carries its first attempt's label)."""
-    return failed.get("pod") == pod and (phase == "Failed" or failed.get("attempt") == attempt)
+    return failed.get("pod") == pod and (phase == PHASE_FAILED or failed.get("attempt") == attempt)
 
 
 def rank_rows(pods: Iterable[Mapping[str, Any]], status: Mapping[str, Any]) -> list[Json]:
@@ -102,7 +120,7 @@ def rank_rows(pods: Iterable[Mapping[str, Any]], status: Mapping[str, Any]) -> l
             "ready": any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
             "held": _waiting_words(pod), "ended": _ended(pod), "failure": None,
         }
-        if failed and _failed_here(failed, row["pod"], row["attempt"], status.get("phase")):
+        if failed and _failed_here(failed, row["pod"], row["attempt"], status.get(STATUS_PHASE)):
             row["failure"] = {"reason": failed.get("reason"), "exitCode": failed.get("exitCode"),
                               "kind": failed.get("kind"), "attempt": failed.get("attempt"),
                               "lastWords": failed.get("message") or ""}
@@ -128,15 +146,15 @@ def job_page(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], events: 
              data_workers: Sequence[Mapping[str, Any]] = ()) -> Json:
     """Everything of a job's page but its curves and logs."""
     spec, status = job.get("spec") or {}, job.get("status") or {}
-    failed = status.get("phase") == "Failed"
+    failed = status.get(STATUS_PHASE) == PHASE_FAILED
     return {
         "job": job_row(job),
-        "status": {"attempt": JobStatus.of(status).attempt, "attemptTime": status.get("attemptTime"),
-                   "startTime": status.get("startTime"), "completionTime": status.get("completionTime"),
-                   "worldSize": status.get(api.STATUS_WORLD_SIZE), "members": status.get(api.STATUS_MEMBERS),
-                   "progress": status.get("progress") or {}, "lastCheckpoint": status.get("lastCheckpoint"),
-                   "kept": summary.kept_text(status), "conditions": status.get("conditions") or [],
-                   "dataWorkers": status.get("dataWorkers")},
+        "status": {"attempt": JobStatus.of(status).attempt, "attemptTime": status.get(STATUS_ATTEMPT_TIME),
+                   "startTime": status.get(STATUS_START_TIME), "completionTime": status.get(STATUS_COMPLETION_TIME),
+                   "worldSize": status.get(STATUS_WORLD_SIZE), "members": status.get(STATUS_MEMBERS),
+                   "progress": status.get(STATUS_PROGRESS) or {}, "lastCheckpoint": status.get(STATUS_LAST_CHECKPOINT),
+                   "kept": summary.kept_text(status), "conditions": status.get(STATUS_CONDITIONS) or [],
+                   "dataWorkers": status.get(STATUS_DATA_WORKERS)},
         # A finished job's last restart cause is history, not its failure (the same words as `kubectl ddp status`).
         "failure": summary.failure_text(status) if failed else "",
         "lastRestart": "" if failed else summary.last_restart_text(status),
@@ -145,7 +163,7 @@ def job_page(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], events: 
                          "node": (p.get("spec") or {}).get("nodeName") or "", "held": _waiting_words(p)}
                         for p in data_workers],
         "events": event_rows(events),
-        "results": (spec.get("s3") or {}).get("results"),
+        "results": S3Spec.from_spec(spec.get("s3")).results,
     }
 
 

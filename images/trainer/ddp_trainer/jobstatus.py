@@ -16,6 +16,7 @@ from typing import Any
 from ddp_contract import envnames as names
 from ddp_contract import kubeclient
 from ddp_contract.api import GROUP, PLURAL, VERSION
+from ddp_contract.jobstatus import STATUS_PROGRESS
 from ddp_contract.timestamps import rfc3339
 
 from . import env
@@ -37,7 +38,7 @@ class JobStatusSink:
         self._last_warning = float("-inf")
 
     def __call__(self, record: dict[str, Any]) -> None:
-        self.patch({"progress": record})
+        self.patch({STATUS_PROGRESS: record})
 
     def patch(self, fields: dict[str, Any]) -> bool:
         """Merge `fields` into the job's status; False (logged, rate-limited) when the write failed."""

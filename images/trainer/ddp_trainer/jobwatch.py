@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddp_contract import kubeclient
-from ddp_contract.api import GROUP, PLURAL, STATUS_MEMBERS, VERSION
+from ddp_contract.api import GROUP, PLURAL, VERSION
+from ddp_contract.jobstatus import STATUS_MEMBERS
 from ddp_contract.resource import JobStatus
 
 log = logging.getLogger(__name__)

@@ -14,6 +14,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from ddp_contract.jobspec import JobSpec
+from ddp_contract.jobstatus import STATUS_MESSAGE, STATUS_PHASE, STATUS_START_TIME
 from ddp_contract.resource import JobStatus, job_key
 from ddp_operator import constants as c
 from ddp_operator.kubeapi import KubeApi, adopt, api_message
@@ -38,7 +40,6 @@ from ddp_operator.kueue.rules import (
 from ddp_operator.kueue.workloads import WorkloadCache
 from ddp_operator.listwatch import JobKey
 from ddp_operator.manifests import build_data_worker_pod, build_pod
-from ddp_operator.spec import JobSpec
 
 # Seconds between tries to create a Workload the API refused (a missing WorkloadPriorityClass).
 WORKLOAD_RETRY = 10.0
@@ -60,12 +61,12 @@ class KueueGate:
         if queue_name(job) is None:
             return None
         self.workloads.ensure_started()  # a finished job's Workload is still to be marked Finished
-        if status.get("phase") in c.TERMINAL_PHASES:
+        if status.get(STATUS_PHASE) in c.TERMINAL_PHASES:
             return None
         key = job_key(job)
         unavailable = self.workloads.unavailable(key[0])
         error = self.workloads.error_in(key[0])
-        if not can_judge(unavailable, error.status if error is not None else None, "startTime" in status):
+        if not can_judge(unavailable, error.status if error is not None else None, STATUS_START_TIME in status):
             return UNKNOWN
         return queue_state(job, spec, self._workload(job), unavailable or self._problems.get(key))
 
@@ -73,7 +74,7 @@ class KueueGate:
         """Seconds until the job's Workload is to be created again, after the API refused it."""
         return WORKLOAD_RETRY if key in self._problems else None
 
-    async def sync(self, job: dict[str, Any], spec: JobSpec, status: Mapping[str, Any], now: datetime,
+    async def sync(self, job: dict[str, Any], spec: JobSpec, *, status: Mapping[str, Any], now: datetime,
                    has_pods: bool) -> None:
         """The Workload's part of a status pass, for a job in a queue once the namespace's Workloads are
         listed: `status` is the job's as just decided, `has_pods` whether any of its pods still exists."""
@@ -81,10 +82,10 @@ class KueueGate:
         if queue_name(job) is None or not self.workloads.synced_in(key[0]):
             return
         workload = self._workload(job)
-        phase = status.get("phase")
+        phase = status.get(STATUS_PHASE)
         try:
             if phase in c.TERMINAL_PHASES:
-                patch = workload and finish_patch(workload, phase == c.PHASE_SUCCEEDED, str(status.get("message", "")),
+                patch = workload and finish_patch(workload, phase == c.PHASE_SUCCEEDED, str(status.get(STATUS_MESSAGE, "")),
                                                   now)
             elif workload is None:
                 await self._create(job, spec, JobStatus.of(status).attempt)
@@ -122,7 +123,8 @@ class KueueGate:
         pod_spec = build_pod(job, spec, 0, attempt)["spec"]
         workers = build_data_worker_pod(job, spec, 0)["spec"] if spec.data_worker_replicas else None
         custom = self.kube.custom
-        await self.kube.ensure(adopt(build_workload(job, spec, pod_spec, priority, workers), job),
+        workload = build_workload(job, spec, pod_spec=pod_spec, priority=priority, data_worker_pod_spec=workers)
+        await self.kube.ensure(adopt(workload, job),
                                calls=(functools.partial(_create_workload, custom), functools.partial(_read_workload, custom)))
         self._problems.pop(key, None)
 

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from ddp_contract.jobspec import JobSpec
 from ddp_operator import constants as c
 from ddp_operator.conditions import get_condition, set_condition
 from ddp_operator.manifests import job_labels
-from ddp_operator.spec import JobSpec
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
@@ -83,7 +83,7 @@ def workload_name(job: Mapping[str, Any]) -> str:
     return f"ddpjob-{meta['name']}-{str(meta.get('uid', ''))[:5]}"
 
 
-def build_workload(job: Mapping[str, Any], spec: JobSpec, pod_spec: Mapping[str, Any],
+def build_workload(job: Mapping[str, Any], spec: JobSpec, *, pod_spec: Mapping[str, Any],
                    priority: int | None = None, data_worker_pod_spec: Mapping[str, Any] | None = None
                    ) -> dict[str, Any]:
     """The job's Workload: a pod set of spec.pods pods, each with the given (rank 0's) pod spec, and with
@@ -196,9 +196,9 @@ def release_patch(workload: Mapping[str, Any], now: datetime) -> dict[str, Any] 
         return None
     reason, message = str(evicted.get("reason") or "Evicted"), str(evicted.get("message") or "")
     generation = (workload.get("metadata") or {}).get("generation")
-    conditions = set_condition(conditions, COND_REQUEUED, reason in REQUEUED_EVICTIONS, reason, message, now,
-                               generation)
-    return _without_quota(workload, conditions, "Pending", message, now)
+    conditions = set_condition(conditions, COND_REQUEUED, status=reason in REQUEUED_EVICTIONS, reason=reason, message=message,
+                               now=now, generation=generation)
+    return _without_quota(workload, conditions=conditions, reason="Pending", message=message, now=now)
 
 
 def finish_patch(workload: Mapping[str, Any], succeeded: bool, message: str, now: datetime) -> dict[str, Any] | None:
@@ -206,21 +206,23 @@ def finish_patch(workload: Mapping[str, Any], succeeded: bool, message: str, now
     if is_finished(workload):
         return None
     generation = (workload.get("metadata") or {}).get("generation")
-    conditions = set_condition((workload.get("status") or {}).get("conditions") or [], COND_FINISHED, True,
-                               "Succeeded" if succeeded else "Failed", message, now, generation)
-    return _without_quota(workload, conditions, COND_FINISHED, "Workload has finished", now)
+    conditions = set_condition((workload.get("status") or {}).get("conditions") or [], COND_FINISHED, status=True,
+                               reason="Succeeded" if succeeded else "Failed", message=message, now=now, generation=generation)
+    return _without_quota(workload, conditions=conditions, reason=COND_FINISHED, message="Workload has finished", now=now)
 
 
-def _without_quota(workload: Mapping[str, Any], conditions: list[dict[str, Any]], reason: str, message: str,
+def _without_quota(workload: Mapping[str, Any], *, conditions: list[dict[str, Any]], reason: str, message: str,
                    now: datetime) -> dict[str, Any]:
     """A merge patch: no admission, QuotaReserved and Admitted False; conditional on the Workload's
     resourceVersion, so a change Kueue made meanwhile makes it fail (409) instead of being overwritten."""
     meta = workload.get("metadata") or {}
     generation = meta.get("generation")
-    conditions = set_condition(conditions, COND_QUOTA_RESERVED, False, reason, message, now, generation)
+    conditions = set_condition(conditions, COND_QUOTA_RESERVED, status=False, reason=reason, message=message, now=now,
+                               generation=generation)
     admitted_reason = COND_FINISHED if reason == COND_FINISHED else "NoReservation"
     admitted_message = message if reason == COND_FINISHED else "The workload has no reservation"
     if get_condition(conditions, COND_ADMITTED) is not None:
-        conditions = set_condition(conditions, COND_ADMITTED, False, admitted_reason, admitted_message, now, generation)
+        conditions = set_condition(conditions, COND_ADMITTED, status=False, reason=admitted_reason, message=admitted_message,
+                                   now=now, generation=generation)
     return {"metadata": {"resourceVersion": meta.get("resourceVersion")},
             "status": {"admission": None, "conditions": conditions}}

@@ -5,6 +5,13 @@
     inplace.py   restartStrategy InPlace: pods kept across attempts, rank processes that failed in them,
                  the deadline for a kept gang to form again
     elastic.py   minWorldSize below worldSize: the gang's members, the pods waiting apart, resizes
+    mode.py      the job's mode as one object, picked once from its spec (`of`), which the rest of the
+                 operator asks what the mode does (which pods a restart replaces, the gang's members, ...)
 
-The rooms import the generic modules, never each other (an import-linter contract).
+The rooms import the generic modules, never each other (an import-linter contract); mode.py alone
+imports them all.
 """
+
+from ddp_operator.modes.mode import Elastic, InPlace, Mode, Recreate, of
+
+__all__ = ["Elastic", "InPlace", "Mode", "Recreate", "of"]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from ddp_contract.jobspec import JobSpec
 from ddp_contract.resource import JobStatus
 from ddp_contract.timestamps import parse_rfc3339, rfc3339
 from ddp_operator import constants as c
@@ -29,7 +30,6 @@ from ddp_operator.failures import PodProblem
 from ddp_operator.gangpods import GangPods
 from ddp_operator.manifests import pod_name
 from ddp_operator.podstate import PodView, rank_problem
-from ddp_operator.spec import JobSpec
 
 # Why a member's pod does not fit: the scheduler found no node, or the namespace's quota has no room.
 DOES_NOT_FIT = frozenset({c.REASON_UNSCHEDULABLE, c.REASON_GANG_TOO_LARGE, c.REASON_QUOTA_EXCEEDED})
@@ -113,24 +113,21 @@ def members(spec: JobSpec, status: JobStatus) -> tuple[int, ...]:
     return tuple(range(spec.pods))
 
 
-def restart_members(spec: JobSpec, pods: GangPods, waiting: WaitingPods) -> tuple[int, ...] | None:
+def restart_members(spec: JobSpec, pods: GangPods, waiting: WaitingPods) -> tuple[int, ...]:
     """The gang of an attempt a failure starts: the members, and any pod already running to be taken
-    in (the gang re-forms anyway). None for a job that is not elastic."""
-    if not spec.elastic:
-        return None
+    in (the gang re-forms anyway)."""
     return tuple(sorted(set(pods.gang or range(spec.pods)) | waiting.running))
 
 
-def resize(spec: JobSpec, status: JobStatus, pods: GangPods, waiting: WaitingPods,
+def resize(spec: JobSpec, *, status: JobStatus, pods: GangPods, waiting: WaitingPods,
            now: datetime) -> Resize | None:
     """A shrink or a grow the gang is due, if any (see the module's docstring)."""
-    if not spec.elastic:
-        return None
     gang = pods.gang or tuple(range(spec.pods))
-    return _shrink(spec, status, pods, gang, now) or _grow(spec, status, pods, waiting, gang, now)
+    return (_shrink(spec, status=status, summary=pods, gang=gang, now=now)
+            or _grow(spec, status=status, summary=pods, waiting=waiting, gang=gang, now=now))
 
 
-def _shrink(spec: JobSpec, status: JobStatus, summary: GangPods, gang: Sequence[int],
+def _shrink(spec: JobSpec, *, status: JobStatus, summary: GangPods, gang: Sequence[int],
             now: datetime) -> Resize | None:
     misfits = {p.index: p for p in summary.problems if p.reason in DOES_NOT_FIT and p.index in gang}
     if not misfits:
@@ -150,7 +147,7 @@ def _shrink(spec: JobSpec, status: JobStatus, summary: GangPods, gang: Sequence[
     return Resize(fit, c.REASON_SHRUNK, message)
 
 
-def _grow(spec: JobSpec, status: JobStatus, summary: GangPods, waiting: WaitingPods,
+def _grow(spec: JobSpec, *, status: JobStatus, summary: GangPods, waiting: WaitingPods,
           gang: Sequence[int], now: datetime) -> Resize | None:
     starting = waiting.pending - {p.index for p in waiting.problems}
     if not waiting.running or starting:

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from ddp_contract.jobspec import JobSpec
 from ddp_contract.resource import JobStatus
 from ddp_contract.timestamps import parse_rfc3339
 from ddp_operator import constants as c
 from ddp_operator.failures import RankFailure, last_lines
 from ddp_operator.gangpods import GangPods
 from ddp_operator.podstate import PodView, exit_reason
-from ddp_operator.spec import JobSpec
 
 # How long a failed job waits for the pod of a rank process that failed in place to end by itself.
 EXIT_GRACE_SECONDS = 30.0
@@ -73,12 +73,12 @@ def replaced_by_restart(pods: GangPods, anyway: tuple[str, ...]) -> tuple[str, .
     return tuple(sorted(set(pods.finished_pods + pods.on_lost_nodes + anyway)))
 
 
-def deadline_left(spec: JobSpec, status: JobStatus, pods: GangPods, kept: KeptPods,
+def deadline_left(spec: JobSpec, *, status: JobStatus, pods: GangPods, kept: KeptPods,
                   now: datetime) -> float | None:
     """Seconds left for a restart's gang to form, counted from when the restart was decided
     (status.attemptTime, else the Restarting condition's time) or, later, the last of its pods started
     running; None when no such restart is waiting on pods it kept."""
-    if not spec.in_place or status.phase != c.PHASE_RESTARTING or status.gang_formed:
+    if status.phase != c.PHASE_RESTARTING or status.gang_formed:
         return None
     if not kept.carried or pods.running < pods.gang_pods(spec.pods):
         return None  # a rank still pending is held up for its own reasons, reported as such
@@ -100,11 +100,11 @@ def overdue(spec: JobSpec, pods: GangPods, kept: KeptPods) -> tuple[str, str, tu
     return c.REASON_IN_PLACE_TIMED_OUT, message, kept.carried
 
 
-def exit_grace_left(spec: JobSpec, status: JobStatus, now: datetime) -> float | None:
+def exit_grace_left(status: JobStatus, now: datetime) -> float | None:
     """Seconds the pod of a rank process that failed in place still has to end on its own after the
     job failed; None once past it, or when there is no such pod to wait for."""
     completed = parse_rfc3339(status.completion_time)
-    if not spec.in_place or completed is None or status.phase != c.PHASE_FAILED:
+    if completed is None or status.phase != c.PHASE_FAILED:
         return None
     left = EXIT_GRACE_SECONDS - (now - completed).total_seconds()
     return left if left > 0 else None

@@ -12,11 +12,12 @@ import pytest
 import yaml
 
 from ddp_contract import api, backend, labels
+from ddp_contract.jobspec import DEFAULT_BACKOFF_LIMIT, DEFAULT_GPUS_PER_RANK, DEFAULT_MASTER_PORT, POLICY_ON_FAILURE
 from ddp_operator import constants as c
 from ddp_operator.decision import Action, Decision
 from ddp_operator.failures import RankFailure
 from ddp_operator.podsummary import summarize_pods
-from ddp_operator.spec import DEFAULT_BACKOFF_LIMIT, DEFAULT_GPUS_PER_RANK, DEFAULT_MASTER_PORT, POLICY_ON_FAILURE, parse_spec
+from ddp_operator.spec import parse_spec
 from ddp_operator.statuspatch import compute_status
 from kube import REPO, install_crd
 from specs import FULL_TEMPLATE, changed
@@ -293,11 +294,11 @@ def test_status_written_by_the_operator_survives_pruning(custom: Any, namespace:
     failure = RankFailure(1, "job-1", 137, "OOMKilled", False)
     patch = compute_status(
         parse_spec(spec_with(minWorldSize=1, restartStrategy="InPlace")),  # elastic: members too
-        {"phase": "Running"},
-        summarize_pods([], 0, "job"),
-        Decision(Action.RESTART, 1, c.REASON_RANK_FAILED, "rank 1 (pod job-1) exited with code 137", failure=failure,
-                 members=(0, 1)),
-        now,
+        status={"phase": "Running"},
+        summary=summarize_pods([], 0, job_name="job"),
+        decision=Decision(Action.RESTART, 1, c.REASON_RANK_FAILED, "rank 1 (pod job-1) exited with code 137", failure=failure,
+                          members=(0, 1)),
+        now=now,
         generation=1,
     )
     extra = {

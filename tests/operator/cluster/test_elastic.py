@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from ddp_contract import api
+from ddp_contract.jobstatus import STATUS_CHECKPOINT_REQUESTED, STATUS_MEMBERS, STATUS_WORLD_SIZE
 from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
 from kube import Jobs, PodLives, wait_until
@@ -53,8 +54,8 @@ def test_a_256_rank_job_shrinks_and_grows_replacing_only_the_lost_ranks_pods(job
             own_nodes.delete(node)
         shrunk = jobs.wait_condition("wide", c.COND_SHRUNK, "True", timeout=120)
         left = WORLD - len(lost_pods)
-        assert shrunk[api.STATUS_WORLD_SIZE] == left and len(shrunk[api.STATUS_MEMBERS]) == left
-        assert {f"wide-{i}" for i in range(WORLD)} - {f"wide-{i}" for i in shrunk[api.STATUS_MEMBERS]} == lost_pods
+        assert shrunk[STATUS_WORLD_SIZE] == left and len(shrunk[STATUS_MEMBERS]) == left
+        assert {f"wide-{i}" for i in range(WORLD)} - {f"wide-{i}" for i in shrunk[STATUS_MEMBERS]} == lost_pods
         status = formed(jobs, "wide", shrunk["attempt"])
         # Each node's loss may restart the gang (they go one by one); the shrink spent nothing.
         failures = status["restarts"]
@@ -68,12 +69,12 @@ def test_a_256_rank_job_shrinks_and_grows_replacing_only_the_lost_ranks_pods(job
 
         own_nodes.kwok_many(pool, LOST_NODES, GPUS_PER_NODE)
         wait_until(lambda: all(p.status.phase == "Running" for p in jobs.pods("wide")), 120, "every pod Running")
-        assert jobs.status("wide")[api.STATUS_WORLD_SIZE] == left  # grown at the next checkpoint, not before
-        wait_until(lambda: jobs.status("wide").get(api.STATUS_CHECKPOINT_REQUESTED), 30, "a checkpoint asked of rank 0")
+        assert jobs.status("wide")[STATUS_WORLD_SIZE] == left  # grown at the next checkpoint, not before
+        wait_until(lambda: jobs.status("wide").get(STATUS_CHECKPOINT_REQUESTED), 30, "a checkpoint asked of rank 0")
         play_rank_0(jobs, "wide", lastCheckpoint={"step": 100, "uri": "s3://b/c", "time": rfc3339(datetime.now(UTC))})
         grown = jobs.wait_condition("wide", c.COND_SHRUNK, "False", timeout=60)
-        assert grown[api.STATUS_WORLD_SIZE] == WORLD and grown[api.STATUS_MEMBERS] == list(range(WORLD))
-        assert api.STATUS_CHECKPOINT_REQUESTED not in grown
+        assert grown[STATUS_WORLD_SIZE] == WORLD and grown[STATUS_MEMBERS] == list(range(WORLD))
+        assert STATUS_CHECKPOINT_REQUESTED not in grown
         status = formed(jobs, "wide", grown["attempt"])
         assert status["ready"] == f"{WORLD}/{WORLD}" and status["restarts"] == failures  # resizes spend nothing
         assert status["attempt"] == failures + 2
@@ -94,7 +95,7 @@ def test_a_job_starts_with_the_ranks_that_fit_once_the_settle_time_has_passed(jo
         resized = next(x for x in shrunk["conditions"] if x["type"] == c.COND_SHRUNK)["lastTransitionTime"]
         assert (datetime.fromisoformat(resized.replace("Z", "+00:00")) - started).total_seconds() >= 3
         running = sorted(int(p.metadata.name.rsplit("-", 1)[1]) for p in jobs.pods("eager") if p.status.phase == "Running")
-        assert shrunk[api.STATUS_MEMBERS] == running and shrunk[api.STATUS_WORLD_SIZE] == 2, shrunk
+        assert shrunk[STATUS_MEMBERS] == running and shrunk[STATUS_WORLD_SIZE] == 2, shrunk
         assert "do not fit" in shrunk["message"] and shrunk["restarts"] == 0
         formed(jobs, "eager", shrunk["attempt"])
         assert sum(lives.created().values()) == 4 and lives.deleted_of(0) == 0  # the two left out wait
@@ -110,7 +111,7 @@ def test_a_job_a_quota_holds_in_part_starts_with_what_fits_and_grows_when_the_qu
                     restartStrategy=api.RESTART_IN_PLACE, elasticSettleSeconds=3,
                     template={"spec": {"nodeSelector": pool}})
         shrunk = jobs.wait_condition("quoted", c.COND_SHRUNK, "True", timeout=60)
-        assert shrunk[api.STATUS_MEMBERS] == [0, 1] and shrunk[api.STATUS_WORLD_SIZE] == 2, shrunk
+        assert shrunk[STATUS_MEMBERS] == [0, 1] and shrunk[STATUS_WORLD_SIZE] == 2, shrunk
         assert "quoted-2: ResourceQuota gpus cannot hold the whole gang, so only 2 of its pods are created " \
                "(spec.minWorldSize)" in shrunk["message"], shrunk["message"]
         assert sorted(p.metadata.name for p in jobs.pods("quoted")) == ["quoted-0", "quoted-1"]
@@ -122,10 +123,10 @@ def test_a_job_a_quota_holds_in_part_starts_with_what_fits_and_grows_when_the_qu
         # Tried again on the quota's backoff (5 s, then doubling): pods 2 and 3 come, run, and are asked
         # to join at the next checkpoint.
         wait_until(lambda: len([p for p in jobs.pods("quoted") if p.status.phase == "Running"]) == 4, 90, "4 pods Running")
-        asked = wait_until(lambda: jobs.status("quoted").get(api.STATUS_CHECKPOINT_REQUESTED), 30, "a checkpoint asked for")
+        asked = wait_until(lambda: jobs.status("quoted").get(STATUS_CHECKPOINT_REQUESTED), 30, "a checkpoint asked for")
         assert asked == {"since": asked["since"]}  # no checkpoint yet: any answers
         play_rank_0(jobs, "quoted", lastCheckpoint={"step": 7, "uri": "s3://b/c", "time": rfc3339(datetime.now(UTC))})
         grown = jobs.wait_condition("quoted", c.COND_SHRUNK, "False", timeout=60)
-        assert grown[api.STATUS_MEMBERS] == [0, 1, 2, 3] and grown[api.STATUS_WORLD_SIZE] == 4
+        assert grown[STATUS_MEMBERS] == [0, 1, 2, 3] and grown[STATUS_WORLD_SIZE] == 4
         assert formed(jobs, "quoted", grown["attempt"])["ready"] == "4/4"
         assert sum(lives.created().values()) == 4 and sum(lives.deleted_of(a) for a in range(grown["attempt"] + 1)) == 0

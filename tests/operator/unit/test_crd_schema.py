@@ -10,11 +10,7 @@ import pytest
 import yaml
 
 from ddp_contract import api, backend, envnames, labels
-from ddp_operator import constants as c
-from ddp_operator.decision import Action, Decision
-from ddp_operator.failures import RankFailure
-from ddp_operator.podsummary import summarize_pods
-from ddp_operator.spec import (
+from ddp_contract.jobspec import (
     DEFAULT_BACKEND,
     DEFAULT_BACKOFF_LIMIT,
     DEFAULT_GPUS_PER_RANK,
@@ -22,13 +18,13 @@ from ddp_operator.spec import (
     DEFAULT_NODE_LOST_GRACE_SECONDS,
     DEFAULT_RESTART_POLICY,
     DEFAULT_STARTUP_DEADLINE_SECONDS,
-    MAX_GPUS_PER_RANK,
-    MAX_SECONDS,
-    MAX_WORLD_SIZE,
     RESTART_POLICIES,
-    InvalidSpec,
-    parse_spec,
 )
+from ddp_operator import constants as c
+from ddp_operator.decision import Action, Decision
+from ddp_operator.failures import RankFailure
+from ddp_operator.podsummary import summarize_pods
+from ddp_operator.spec import MAX_GPUS_PER_RANK, MAX_SECONDS, MAX_WORLD_SIZE, InvalidSpec, parse_spec
 from ddp_operator.statuspatch import compute_status, invalid_spec_status
 from kube import REPO
 
@@ -117,7 +113,7 @@ def undeclared(value: Any, node: dict[str, Any], path: str) -> list[str]:
 
 def status_patches() -> list[dict[str, Any]]:
     spec = parse_spec({"worldSize": 2, "image": "x", "entrypoint": "a:b"})
-    summary = summarize_pods([], 0, "job")
+    summary = summarize_pods([], 0, job_name="job")
     failure = RankFailure(1, "job-1", 137, "OOMKilled", False)
     decisions = [
         Decision(Action.CREATE, 0, create_indices=(0, 1)),
@@ -125,7 +121,8 @@ def status_patches() -> list[dict[str, Any]]:
         Decision(Action.FAIL, 0, "PermanentFailure", "m", failure=failure),
         Decision(Action.SUSPEND, 0, "Suspended", "m"),
     ]
-    patches = [compute_status(spec, {}, summary, decision, NOW, 1) for decision in decisions]
+    patches = [compute_status(spec, status={}, summary=summary, decision=decision, now=NOW, generation=1)
+               for decision in decisions]
     patches.append(invalid_spec_status(InvalidSpec("worldSize", "bad"), {}, NOW, 1))
     return patches
 

@@ -155,7 +155,7 @@ LOST = {"gpu-2": "node gpu-2 NotReady since 2025-01-02T03:00:00Z (Ready Unknown:
 
 def test_a_rank_on_a_lost_node_is_a_node_lost_failure_naming_the_node() -> None:
     summary = summarize_pods([pod(0, node="gpu-1"), pod(1, node="gpu-2"), pod(2, "failed", exit_code=1, node="gpu-1")],
-                             0, JOB, LOST)
+                             0, job_name=JOB, lost_nodes=LOST)
     failure = summary.failure
     assert failure is not None and (failure.pod_index, failure.node, failure.reason) == (1, "gpu-2", "NodeLost")
     assert failure.evicted and failure.exit_code is None, "an infrastructure failure, not the program's"
@@ -167,20 +167,21 @@ def test_a_rank_on_a_lost_node_is_a_node_lost_failure_naming_the_node() -> None:
 
 def test_a_rank_taken_away_from_a_lost_node_is_still_node_lost() -> None:
     """The taint eviction controller deletes it: Terminating there for good, and lost all the same."""
-    summary = summarize_pods([pod(0, node="gpu-1"), pod(1, node="gpu-2", deleting=True)], 0, JOB, LOST)
+    summary = summarize_pods([pod(0, node="gpu-1"), pod(1, node="gpu-2", deleting=True)], 0, job_name=JOB, lost_nodes=LOST)
     assert summary.failure is not None and summary.failure.reason == "NodeLost"
     assert summary.lost_pods == ("mnist-1",)
 
 
 def test_pods_terminating_on_a_lost_node_are_to_be_forced_whatever_their_attempt() -> None:
     summary = summarize_pods([pod(0, attempt=0, node="gpu-2", deleting=True), pod(1, attempt=0, node="gpu-2"),
-                              pod(2, attempt=0, node="gpu-1", deleting=True), pod(0, "pending", attempt=1)], 1, JOB, LOST)
+                              pod(2, attempt=0, node="gpu-1", deleting=True), pod(0, "pending", attempt=1)], 1,
+                             job_name=JOB, lost_nodes=LOST)
     assert summary.lost_pods == ("mnist-0",), "only those being deleted, and only on the lost node"
     assert summary.failure is None, "an old attempt's pod is no failure of this one"
 
 
 def test_a_finished_rank_on_a_lost_node_is_no_failure() -> None:
-    summary = summarize_pods([pod(0, node="gpu-1"), pod(1, "succeeded", node="gpu-2")], 0, JOB, LOST)
+    summary = summarize_pods([pod(0, node="gpu-1"), pod(1, "succeeded", node="gpu-2")], 0, job_name=JOB, lost_nodes=LOST)
     assert summary.failure is None
 
 

@@ -66,7 +66,7 @@ def test_the_workload_asks_for_every_pod_of_the_gang_with_a_rank_pods_spec() -> 
     job = queued_job(resources={"requests": {"cpu": "2"}}, gpusPerRank=2, worldSize=8, ranksPerPod=4)
     spec = job_spec(**{k: v for k, v in job["spec"].items() if k != "image"})
     pod_spec = build_pod(job, spec, 0, 0)["spec"]
-    built = build_workload(job, spec, pod_spec)
+    built = build_workload(job, spec, pod_spec=pod_spec)
     assert built["metadata"]["name"] == workload_name(job) == f"ddpjob-{JOB}-01234"
     assert built["metadata"]["labels"][labels.LABEL_JOB_NAME] == JOB
     assert built["spec"]["queueName"] == "team-a"
@@ -82,15 +82,17 @@ def test_a_job_with_data_workers_asks_kueue_for_them_as_a_second_pod_set() -> No
     job = queued_job(dataWorkers={"replicas": 3, "resources": {"requests": {"cpu": "4", "memory": "8Gi"}}})
     spec = job_spec(**{k: v for k, v in job["spec"].items() if k != "image"})
     workers = build_data_worker_pod(job, spec, 0)["spec"]
-    ranks, data = build_workload(job, spec, build_pod(job, spec, 0, 0)["spec"], None, workers)["spec"]["podSets"]
+    ranks, data = build_workload(job, spec, pod_spec=build_pod(job, spec, 0, 0)["spec"], priority=None,
+                                 data_worker_pod_spec=workers)["spec"]["podSets"]
     assert (ranks["name"], data["name"], data["count"]) == ("ranks", "data-workers", 3)
     assert data["template"]["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "4", "memory": "8Gi"}}
-    assert len(build_workload(job, job_spec(), {}, None, workers)["spec"]["podSets"]) == 1  # none in the spec
+    none_asked = build_workload(job, job_spec(), pod_spec={}, priority=None, data_worker_pod_spec=workers)
+    assert len(none_asked["spec"]["podSets"]) == 1  # none in the spec
 
 
 def test_the_workload_carries_the_priority_class_and_its_value() -> None:
     job = queued_job(priority="urgent")
-    built = build_workload(job, job_spec(), {}, priority=1000)
+    built = build_workload(job, job_spec(), pod_spec={}, priority=1000)
     assert built["spec"]["priorityClassName"] == "urgent" and built["spec"]["priority"] == 1000
     assert built["spec"]["priorityClassSource"] == "kueue.x-k8s.io/workloadpriorityclass"
 
@@ -171,7 +173,7 @@ def test_nothing_is_released_from_an_admitted_workload_or_one_without_quota() ->
 
 def test_a_suspended_jobs_workload_is_deactivated_and_activated_again_on_resume() -> None:
     job = queued_job()
-    assert build_workload(job, job_spec(suspend=True), {})["spec"]["active"] is False
+    assert build_workload(job, job_spec(suspend=True), pod_spec={})["spec"]["active"] is False
     assert activation_patch(workload(), job_spec(suspend=True)) == {"spec": {"active": False}}
     assert activation_patch({**workload(), "spec": {"active": False}}, job_spec()) == {"spec": {"active": True}}
     assert activation_patch(workload(), job_spec()) is None
@@ -199,15 +201,15 @@ def test_a_finished_job_finishes_its_workload_once() -> None:
 def test_a_queued_job_makes_no_pods_and_is_pending_without_a_start_time() -> None:
     spec = job_spec()
     state = queue_state(queued_job(), spec, None)
-    decision = decide(spec, {}, summary_of(), NOW, state)
+    decision = decide(spec, status={}, summary=summary_of(), now=NOW, queue=state)
     assert decision.action == Action.QUEUE and decision.create_indices == () and decision.reason == c.REASON_QUEUED
-    status = compute_status(spec, {}, summary_of(), decision, NOW)
+    status = compute_status(spec, status={}, summary=summary_of(), decision=decision, now=NOW)
     assert status["phase"] == c.PHASE_PENDING and status["reason"] == c.REASON_QUEUED
     assert status["startTime"] is None and status["message"] == state.message
 
 
 def test_an_admitted_job_creates_its_gang() -> None:
-    decision = decide(job_spec(), {"phase": "Pending"}, summary_of(), NOW, ADMITTED)
+    decision = decide(job_spec(), status={"phase": "Pending"}, summary=summary_of(), now=NOW, queue=ADMITTED)
     assert decision.action == Action.CREATE and decision.create_indices == (0, 1)
 
 
@@ -216,18 +218,19 @@ def test_an_evicted_gang_is_suspended_without_counting_a_restart() -> None:
     evicted = condition("Evicted", True, "Preempted", "preempted")
     state = queue_state(queued_job(), spec, workload(*ADMITTED_WORKLOAD, evicted))
     running = {"phase": "Running", "attempt": 0, "startTime": rfc3339(EARLIER)}
-    decision = decide(spec, running, summary_of(pod(0), pod(1)), NOW, state)
+    decision = decide(spec, status=running, summary=summary_of(pod(0), pod(1)), now=NOW, queue=state)
     assert decision.action == Action.SUSPEND and decision.delete_pods == ("mnist-0", "mnist-1")
-    status = compute_status(spec, running, summary_of(pod(0), pod(1)), decision, NOW)
+    status = compute_status(spec, status=running, summary=summary_of(pod(0), pod(1)), decision=decision, now=NOW)
     assert status["phase"] == c.PHASE_SUSPENDED and status["reason"] == c.REASON_EVICTED
     assert status["restarts"] == 0 and status["startTime"] is None
     # Its pods gone, the gang is not a lost rank: it waits in the queue again.
-    after = decide(spec, {**running, **status}, summary_of(), NOW, queue_state(queued_job(), spec, workload()))
+    after = decide(spec, status={**running, **status}, summary=summary_of(), now=NOW,
+                   queue=queue_state(queued_job(), spec, workload()))
     assert after.action == Action.QUEUE
 
 
 def test_a_finished_gang_succeeds_even_if_evicted_at_the_end() -> None:
     evicted = queue_state(queued_job(), job_spec(), workload(*ADMITTED_WORKLOAD, condition("Evicted", True)))
-    decision = decide(job_spec(), {"phase": "Running"}, summary_of(pod(0, "succeeded"), pod(1, "succeeded")), NOW,
-                      evicted)
+    decision = decide(job_spec(), status={"phase": "Running"}, summary=summary_of(pod(0, "succeeded"), pod(1, "succeeded")),
+                      now=NOW, queue=evicted)
     assert decision.action == Action.SUCCEED

@@ -9,6 +9,7 @@ import pytest
 
 from ddp_contract import api, commands, envnames, labels
 from ddp_contract.failureline import parse_line
+from ddp_contract.jobspec import DEFAULT_MASTER_PORT, DEFAULT_NODE_LOST_GRACE_SECONDS
 from ddp_operator import constants as c
 from ddp_operator.manifests import (
     build_data_worker_pod,
@@ -20,7 +21,7 @@ from ddp_operator.manifests import (
     pod_selector,
     service_name,
 )
-from ddp_operator.spec import DEFAULT_MASTER_PORT, DEFAULT_NODE_LOST_GRACE_SECONDS, parse_spec
+from ddp_operator.spec import parse_spec
 from kube import env_of
 from specs import FULL_TEMPLATE
 

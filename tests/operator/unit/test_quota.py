@@ -78,7 +78,7 @@ def test_limit_range_defaults_fill_what_the_container_leaves_unset() -> None:
     usage = pod_usage(with_defaults(rank_pod(requests={"cpu": "1"})["spec"], defaults))
     assert usage["requests.cpu"] == Decimal(1) and usage["limits.memory"] == usage["requests.memory"] == Decimal(2**30)
     # A quota on memory a container does not set is met by the LimitRange's default.
-    assert gang_shortfall([rank_pod()], [quota({"limits.memory": "1Gi"})], [limit_range]) is None
+    assert gang_shortfall([rank_pod()], [quota({"limits.memory": "1Gi"})], limit_ranges=[limit_range]) is None
 
 
 def test_a_quota_on_what_no_container_sets_needs_resources_in_the_spec() -> None:

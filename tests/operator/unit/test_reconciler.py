@@ -14,6 +14,7 @@ import pytest
 from ddp_operator import constants as c
 from ddp_operator import creation as creation_module
 from ddp_operator import reconciler as reconciler_module
+from ddp_operator import timers
 from ddp_operator.admission import RETRY_FIRST
 from ddp_operator.passerrors import RetryLater
 from fakekube import KEY, ddpjob, rank_of, reconciler_for, refusal
@@ -85,7 +86,7 @@ def test_a_patch_of_rank_counts_alone_waits_out_the_counts_interval() -> None:
     clock.now += 0.25
     pods.set(job, [pod(0, "running"), pod(1, "running"), pod(2, "running", ready=False)])  # 1/3 -> 2/3 ready only
     wait = run(reconciler.reconcile(KEY))
-    assert len(kube.status_patches) == first and wait == pytest.approx(reconciler_module.COUNTS_INTERVAL - 0.25)
+    assert len(kube.status_patches) == first and wait == pytest.approx(timers.COUNTS_INTERVAL - 0.25)
 
     pods.set(job, [pod(0, "running"), pod(1, "running"), pod(2, "running")])  # every rank ready: Running, a phase change
     run(reconciler.reconcile(KEY))

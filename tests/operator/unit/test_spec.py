@@ -5,18 +5,10 @@ from typing import Any
 import pytest
 
 from ddp_contract import labels
+from ddp_contract.jobspec import DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT, JobSpec, S3Spec
 from ddp_operator import constants as c
 from ddp_operator.manifests import pod_name, service_name
-from ddp_operator.spec import (
-    DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT,
-    DNS1035_RE,
-    DNS_LABEL_MAX,
-    InvalidSpec,
-    JobSpec,
-    S3Spec,
-    parse_spec,
-    validate_job_name,
-)
+from ddp_operator.spec import DNS1035_RE, DNS_LABEL_MAX, InvalidSpec, parse_spec, validate_job_name
 from specs import changed
 
 MINIMAL: dict[str, Any] = {"worldSize": 2, "image": "trainer:1", "entrypoint": "train.main:run"}

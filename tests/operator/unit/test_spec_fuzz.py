@@ -67,10 +67,10 @@ def through_the_operator(raw: dict[str, Any]) -> None:
     gang_too_large(spec, [node_info(api_node("gpu-0")), node_info(api_node("cpu-0", gpus=0))])
     gang_shortfall(pods, [QUOTA])
     gang_shortfall(workers, [QUOTA])
-    summary = summarize_pods([], 0, "fz")
+    summary = summarize_pods([], 0, job_name="fz")
     for status in STATUSES:
-        decision = decide(spec, status, summary, NOW)
-        patch = compute_status(spec, status, summary, decision, NOW, 1)
+        decision = decide(spec, status=status, summary=summary, now=NOW)
+        patch = compute_status(spec, status=status, summary=summary, decision=decision, now=NOW, generation=1)
         events_for(status, patch)
         requeue_after(JobStatus.of({**status, **patch}), spec, NOW)
         if spec.data_workers is not None:

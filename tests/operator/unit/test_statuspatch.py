@@ -29,7 +29,7 @@ from podfixtures import EARLIER, NOW, job_spec, pod, summary_of
 
 
 def test_set_condition_adds_and_keeps_transition_time_until_the_status_flips() -> None:
-    first = set_condition([], "Running", True, "AllRanksReady", "ok", EARLIER, 1)
+    first = set_condition([], "Running", status=True, reason="AllRanksReady", message="ok", now=EARLIER, generation=1)
     assert first == [
         {
             "type": "Running",
@@ -40,17 +40,17 @@ def test_set_condition_adds_and_keeps_transition_time_until_the_status_flips() -
             "observedGeneration": 1,
         }
     ]
-    same = set_condition(first, "Running", "True", "AllRanksReady", "still ok", NOW, 2)
+    same = set_condition(first, "Running", status="True", reason="AllRanksReady", message="still ok", now=NOW, generation=2)
     assert same[0]["lastTransitionTime"] == rfc3339(EARLIER)
     assert same[0]["message"] == "still ok" and same[0]["observedGeneration"] == 2
-    flipped = set_condition(same, "Running", False, "RankFailed", "rank 1", NOW, 2)
+    flipped = set_condition(same, "Running", status=False, reason="RankFailed", message="rank 1", now=NOW, generation=2)
     assert flipped[0]["lastTransitionTime"] == rfc3339(NOW) and flipped[0]["status"] == "False"
     assert first[0]["message"] == "ok"  # inputs are not mutated
 
 
 def test_set_condition_leaves_other_conditions_alone() -> None:
-    conditions = set_condition([], "Created", True, "PodsCreated", "", EARLIER)
-    conditions = set_condition(conditions, "Running", True, "AllRanksReady", "", NOW)
+    conditions = set_condition([], "Created", status=True, reason="PodsCreated", message="", now=EARLIER)
+    conditions = set_condition(conditions, "Running", status=True, reason="AllRanksReady", message="", now=NOW)
     assert [cond["type"] for cond in conditions] == ["Created", "Running"]
     assert "observedGeneration" not in conditions[0]
 
@@ -59,7 +59,8 @@ def test_set_condition_leaves_other_conditions_alone() -> None:
 
 
 def status_after(spec: Any, status: dict[str, Any], summary: PodSummary, now: datetime = NOW) -> dict[str, Any]:
-    return compute_status(spec, status, summary, decide(spec, status, summary, now), now, generation=4)
+    decision = decide(spec, status=status, summary=summary, now=now)
+    return compute_status(spec, status=status, summary=summary, decision=decision, now=now, generation=4)
 
 
 def test_status_of_a_new_job() -> None:
@@ -106,7 +107,7 @@ def test_restart_status() -> None:
         "attempt": 0,
         "restarts": 1,
         "startTime": rfc3339(EARLIER),
-        "conditions": set_condition([], c.COND_RUNNING, True, c.REASON_ALL_READY, "", EARLIER),
+        "conditions": set_condition([], c.COND_RUNNING, status=True, reason=c.REASON_ALL_READY, message="", now=EARLIER),
     }
     failed = pod(1, "failed", exit_code=1, node="gpu-3", output="Traceback ...\nValueError: bad batch")
     patch = status_after(job_spec(), status, summary_of(pod(0), failed))
@@ -312,5 +313,5 @@ def test_ranks_and_pods_are_counted_apart_when_pods_hold_several_ranks() -> None
     assert patch["ready"] == "4/8" and patch["phase"] == c.PHASE_STARTING
     running = status_after(spec, {"phase": "Starting"}, summary_of(pod(0), pod(1)))
     assert running["phase"] == c.PHASE_RUNNING and running["ready"] == "8/8"
-    done = decide(spec, {"phase": "Running"}, summary_of(pod(0, "succeeded"), pod(1, "succeeded")), NOW)
+    done = decide(spec, status={"phase": "Running"}, summary=summary_of(pod(0, "succeeded"), pod(1, "succeeded")), now=NOW)
     assert done.action == Action.SUCCEED and "all 8 ranks exited 0" in done.message

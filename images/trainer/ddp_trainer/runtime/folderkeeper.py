@@ -23,6 +23,7 @@ from typing import Any
 
 from ddp_contract import envnames, layout
 from ddp_contract.exitcodes import ExitCode
+from ddp_contract.jobstatus import STATUS_KEPT
 from ddp_contract.timestamps import rfc3339
 
 from .. import env, jobstatus
@@ -94,7 +95,7 @@ def make_folder_keeper(environ: Mapping[str, str], cwd: str | None = None) -> Fo
     base = cwd or os.getcwd()
     folders = [KeptFolder(path, os.path.join(base, path),
                           KeptStore(job.join(layout.KEPT, layout.kept_folder_key(path)), writer)) for path in paths]
-    report = (lambda kept: jobstatus.record({"kept": kept})) if env.node_rank(environ) == 0 else None
+    report = (lambda kept: jobstatus.record({STATUS_KEPT: kept})) if env.node_rank(environ) == 0 else None
     return FolderKeeper(folders, env.keep_interval_s(environ), env.keep_settle_s(environ), report=report,
                         passes=KeptPasses(job.join(layout.KEPT_PASSES), writer))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 
+from ddp_contract.jobstatus import STATUS_RENDEZVOUS
 from ddp_contract.resource import JobStatus
 
 from .. import jobstatus
@@ -16,7 +17,7 @@ def record_formed(attempt: int, formed_s: float, check_s: float | None,
                   sink: jobstatus.JobStatusSink | None = None) -> threading.Thread | None:
     """Writes status.rendezvous; for an attempt after the first, keeps its cause in S3 on a thread of its own
     (returned), so that a slow S3 never holds training up. Never raises: both are courtesies."""
-    job = jobstatus.recorded({"rendezvous": jobstatus.rendezvous(attempt, formed_s, check_s)}, sink)
+    job = jobstatus.recorded({STATUS_RENDEZVOUS: jobstatus.rendezvous(attempt, formed_s, check_s)}, sink)
     cause = JobStatus.of((job or {}).get("status") or {}).attempt_cause(attempt) if attempt > 0 else None
     if cause is None:
         return None

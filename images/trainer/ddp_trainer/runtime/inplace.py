@@ -32,6 +32,7 @@ from pathlib import Path
 from ddp_contract import api
 from ddp_contract import envnames as names
 from ddp_contract.exitcodes import SIGKILL_EXIT, ExitCode
+from ddp_contract.jobstatus import STATUS_PROCESS_FAILURES
 from ddp_contract.timestamps import rfc3339
 
 from .. import env
@@ -223,7 +224,7 @@ class Attempts:
         after = oom_kills()
         oom = code == SIGKILL_EXIT and after is not None and ooms_before is not None and after > ooms_before
         report = failure_report(self.attempt, code, message, oom, time.time())
-        if not _report(self.sink, {api.STATUS_PROCESS_FAILURES: {str(self.index): report}}):
+        if not _report(self.sink, {STATUS_PROCESS_FAILURES: {str(self.index): report}}):
             leave_termination_message(message)  # no way to say it in place: the pod fails instead
             return code
         _mark(f"attempt {self.attempt}: a rank process exited with code {code}"

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import IO, Any, cast
 
 from ddp_contract import layout
+from ddp_contract.jobstatus import STATUS_LAST_CHECKPOINT
 
 from .. import env
 from ..errors import ConfigError, CorruptDataError, ObjectNotFoundError
@@ -329,7 +330,7 @@ class CheckpointManager:
                 log.warning("checkpoints are not recorded in the job's status: %s", error)
                 self._job_status = False
         if self._job_status:
-            self._job_status.patch({"lastCheckpoint": last_checkpoint(step, str(url))})
+            self._job_status.patch({STATUS_LAST_CHECKPOINT: last_checkpoint(step, str(url))})
 
     def _prune(self, committed: int) -> None:
         steps = self._scan()
