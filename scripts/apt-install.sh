@@ -2,7 +2,7 @@
 # Installs the Debian packages named that are missing, without recommends, one apt-get at a time on
 # the machine: the builds that install packages (the node's, the images', Chromium for the tests, the
 # registry's htpasswd) run beside each other, and apt holds one lock that a second apt-get would fail
-# on instead of waiting. apt's output goes to stderr. Usage: scripts/apt-install.sh PACKAGE...
+# on instead of waiting. apt's output is shown only when it fails. Usage: scripts/apt-install.sh PACKAGE...
 set -euo pipefail
 missing=()
 for pkg in "$@"; do
@@ -16,5 +16,8 @@ export DEBIAN_FRONTEND=noninteractive
 exec 9>/run/lock/ddp-operator-apt.lock
 flock 9
 echo "[apt] installing ${missing[*]}" >&2
-install() { apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2; }
-install || { apt-get update -qq >&2 && install; } || fail "apt-get could not install ${missing[*]}"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+install() { apt-get install -y -q --no-install-recommends "${missing[@]}" >>"$log" 2>&1; }
+install || { apt-get update -q >>"$log" 2>&1 && install; } ||
+  { tail -n 20 "$log" >&2; fail "apt-get could not install ${missing[*]} (its last words above)"; }
