@@ -9,9 +9,11 @@ written as the operator writes them; the rank pods stay Pending on a node select
                 the row showing it (median of `--changes`), while the other jobs change too
   ranks         a job of `--ranks` pods: the server's answer for its page (median of 5), and from
                 opening the page to every rank's row shown
-  curve         `--records` records of rank 0 in S3 (the runtime's S3ResultsHandler wrote them): the
-                server's first answer for the curves (records read and drawn), the next ones (nothing
-                new: drawn before), the mean of all ranks drawn anew, and how many points a curve has
+  curve         `--records` records of rank 0 in S3, as the runtime's S3ResultsHandler writes a long
+                run's (flushed every FLUSH_EVERY records: parts of about 4 MB; `--one-part`: all in one
+                object, as a run that never flushed before its end leaves them): the server's first
+                answer for the curves (records read and drawn), the next ones (nothing new: drawn
+                before), the mean of all ranks drawn anew, and how many points a curve has
   responsive    while the pages poll, how long the page's main thread takes to answer (p50, p95, max
                 of a script run every 100 ms for 10 s): what a user scrolling or clicking waits
 
@@ -47,6 +49,7 @@ from kube import install_crd  # noqa: E402
 BUCKET = "bench-dashboard"
 RESULTS = f"s3://{BUCKET}/results"
 CHROMIUM = "/usr/bin/chromium"
+FLUSH_EVERY = 10_000  # records between the S3ResultsHandler's flushes (a long run's flush every 30 s)
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 TARGETS = {"jobs_shown_s": 3.0, "change_shown_s": 2.0, "ranks_shown_s": 5.0, "curves_first_s": 1.0, "responsive_p95_ms": 100.0}
@@ -84,13 +87,14 @@ def main() -> int:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--changes", type=int, default=10)
     parser.add_argument("--curves-only", action="store_true", help="only the curves of --records records")
+    parser.add_argument("--one-part", action="store_true", help="the records in one object, not in 4 MB parts")
     args = parser.parse_args()
     api_client = kubeclient.api_client(args.kubeconfig, pool_size=32)
     core, custom = client.CoreV1Api(api_client), client.CustomObjectsApi(api_client)
     install_crd(api_client)  # crds/ as it is here (the cluster may have none yet)
     namespace = f"bench-dashboard-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": namespace}})
-    figures: dict[str, Any] = {}
+    figures: dict[str, Any] = {"records": args.records, "one_part": args.one_part}
     try:
         with demo.s3_server(0, buckets=(BUCKET,)) as s3:
             core.create_namespaced_secret(namespace, {"metadata": {"name": "s3"}, "stringData": {
@@ -108,7 +112,7 @@ def main() -> int:
                 custom.create_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL,
                                                        job_body(big, args.ranks, s3))
                 list(pool.map(lambda r: core.create_namespaced_pod(namespace, rank_pod(big, r)), range(ranks)))
-            write_records(s3, namespace, big, args.records)
+            write_records(s3, namespace, big, args.records, one_part=args.one_part)
             board = ddp_client.dashboard(namespace, api_client=api_client, s3_access=S3Access())
             try:
                 if args.curves_only:
@@ -129,7 +133,7 @@ def main() -> int:
     return 0
 
 
-def write_records(s3: str, namespace: str, name: str, count: int) -> None:
+def write_records(s3: str, namespace: str, name: str, count: int, one_part: bool = False) -> None:
     import os
 
     from ddp_trainer.storage import s3 as runtime_s3
@@ -141,6 +145,8 @@ def write_records(s3: str, namespace: str, name: str, count: int) -> None:
     handler = S3ResultsHandler(f"{RESULTS}/{namespace}/{name}", rank=0, flush_interval_s=3600)
     for step in range(count):
         handler.log_metrics(step, epoch=step // 1000, loss=1.0 / (step + 1), accuracy=min(1.0, step / count))
+        if step % FLUSH_EVERY == FLUSH_EVERY - 1 and not one_part:
+            handler.flush()  # as a job's periodic flushes do: its parts roll over at results.PART_BYTES (4 MB)
     handler.close()
 
 

@@ -29,6 +29,8 @@ RECONNECT_SECONDS = 120.0  # how long wait() tries to reach the API server again
 
 # dask-pytorch-ddp's result files are one small object a step: read this many at once.
 RESULT_FILE_READERS = 16
+# A long run's metrics are parts of about 4 MB each (the runtime's results.PART_BYTES), read side by side.
+METRIC_PART_READERS = 4
 
 
 class JobDeleted(LookupError):
@@ -307,12 +309,13 @@ class Job:
         as dask-pytorch-ddp's workers do (results/worker/<rank>/), else the metric lines it printed. An
         object read before is read again only where it grew (a live dashboard asks every few seconds)."""
         store = self.store()
-        parts: dict[str, tuple[int, list[metricdata.Record]]] = {}
-        for key, size in store.list(layout.METRICS):
-            if key.endswith(".jsonl"):
-                known = self._metric_parts.get(key)
-                parts[key] = known if known is not None and known[0] == size else (
-                    size, metricdata.parse_lines(store.get(key), f"{store.uri}/{key}"))
+        listed = [(key, size) for key, size in store.list(layout.METRICS) if key.endswith(".jsonl")]
+        unread = [key for key, size in listed if (known := self._metric_parts.get(key)) is None or known[0] != size]
+        with ThreadPoolExecutor(max_workers=METRIC_PART_READERS) as pool:
+            # The parts come in side by side, each parsed here as it arrives while the next ones still come.
+            arriving = zip(unread, pool.map(store.get, unread), strict=True)
+            fresh = {key: metricdata.parse_lines(body, f"{store.uri}/{key}") for key, body in arriving}
+        parts = {key: (size, fresh[key]) if key in fresh else self._metric_parts[key] for key, size in listed}
         self._metric_parts = parts
         records = [record for _, part in parts.values() for record in part]
         dask_keys = [key for key, _ in store.list(f"{layout.RESULTS}/{metricdata.DASK_WORKER_FOLDER}")
