@@ -228,8 +228,10 @@ class Reconciler:
                 live = len(summary.live_indices)
                 await self.create.gang(job, spec, decision.create_indices, decision.attempt, live=live,
                                        leaving=0 if live else len(summary.uids))
+            # Not before the gang has a pod: a pass that makes none of its pods (an attempt not yet recorded,
+            # or a decision to wait) would let a data worker take the room a quota keeps for the gang.
             if creates_data_workers(next_phase(status, summary, decision, spec), decision.action == Action.QUEUE,
-                                    gang_waits=creating and not recorded):
+                                    gang_waits=(creating and not recorded) or summary.total == 0):
                 await self.create.data_workers(job, spec, self._data_workers(job, spec))
         except ApiException as error:
             if not is_going_away(error):
