@@ -9,7 +9,7 @@ PYTEST_WORKERS ?= 3
 
 BENCH_ARGS ?=
 
-.PHONY: demo example images bench-data bench-checkpoint bench-kept bench-dashboard bench-learning bench-printscan bench-command bench-dataworkers bench-train bench-operator bench-real-node bench-elastic chart-check crds lint test test-unit test-k8s-versions cluster-build cluster-up cluster-down cluster-status cluster-env venv
+.PHONY: demo example images bench-data bench-checkpoint bench-goodput bench-kept bench-dashboard bench-learning bench-printscan bench-command bench-dataworkers bench-train bench-operator bench-real-node bench-elastic chart-check crds lint test test-unit test-k8s-versions cluster-build cluster-up cluster-down cluster-status cluster-env venv
 
 # On a first run the control plane compiles while the virtualenv (one core, mostly downloads) is made;
 # the demo's own build step then waits for it (each component is built once at a time, gocache.sh).
@@ -48,6 +48,9 @@ bench-data:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python benchmarks/bench_data.py $(BENCH_ARGS)
 
 # Checkpoint save and load against the real S3 server, next to s3torchconnector and DCP.
+bench-goodput:
+	@venv=$$(scripts/venv.sh) && $$venv/bin/python benchmarks/bench_goodput.py $(BENCH_ARGS)
+
 bench-checkpoint:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/s3server.py build && \
 	  $$venv/bin/python benchmarks/bench_checkpoint.py $(BENCH_ARGS)

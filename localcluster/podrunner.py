@@ -8,7 +8,10 @@ a process of this machine, in the test virtualenv rather than the image:
 
 - `python` in the command is this interpreter; PYTHONPATH holds the trainer runtime and examples;
 - MASTER_ADDR becomes 127.0.0.1: every rank runs here, and cluster DNS does not exist here;
-- env values and secretKeyRefs are resolved as a kubelet would; the image is ignored;
+- env values, secretKeyRefs and the downward API's pod name and IP are resolved as a kubelet would; the
+  image is ignored; HOSTNAME is the pod's name;
+- each pod has a /dev/shm of its own for its memory snapshots (DDP_SNAPSHOT_DIR, under its work directory),
+  emptied when the pod starts and when it is deleted;
 - a ConfigMap volume mounted in the container is written under the pod's work directory, and
   arguments under its mountPath point there (a process cannot mount at an absolute path);
 - pod status follows the process: Running and Ready once started, Succeeded or Failed with the
@@ -23,6 +26,7 @@ import argparse
 import base64
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -160,6 +164,7 @@ class PodRunner:
         container = pod.spec.containers[0]
         work = self.log_dir / "work" / key[0] / key[1]
         work.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.shm(key), ignore_errors=True)
         try:
             env = self.environment(pod, container)
             mounts = self.configmap_mounts(pod, container, work / "mounts")
@@ -182,8 +187,11 @@ class PodRunner:
 
     def environment(self, pod: client.V1Pod, container: client.V1Container) -> dict[str, str]:
         env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"),
-               "PYTHONUNBUFFERED": "1",
+               "PYTHONUNBUFFERED": "1", "HOSTNAME": pod.metadata.name,
+               "DDP_SNAPSHOT_DIR": str(self.shm((pod.metadata.namespace, pod.metadata.name)) / "ddp-snapshots"),
                "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("contract", "images/trainer", "examples/trainer"))}
+        fields = {"metadata.name": pod.metadata.name, "metadata.namespace": pod.metadata.namespace,
+                  "status.podIP": "127.0.0.1", "status.hostIP": "127.0.0.1"}
         for item in container.env or []:
             if item.value is not None:
                 env[item.name] = item.value
@@ -191,6 +199,8 @@ class PodRunner:
                 ref = item.value_from.secret_key_ref
                 secret = self.core.read_namespaced_secret(ref.name, pod.metadata.namespace)
                 env[item.name] = base64.b64decode(secret.data[ref.key]).decode()
+            elif item.value_from and item.value_from.field_ref and item.value_from.field_ref.field_path in fields:
+                env[item.name] = fields[item.value_from.field_ref.field_path]
         env["MASTER_ADDR"] = "127.0.0.1"
         env["KUBECONFIG"] = str(self.service_account_kubeconfig(pod))
         return env
@@ -252,11 +262,20 @@ class PodRunner:
             return None
         return data.decode(errors="replace") or None
 
+    def shm(self, key: tuple[str, str]) -> Path:
+        return self.log_dir / "work" / key[0] / key[1] / "dev-shm"
+
     def kill(self, key: tuple[str, str]) -> None:
         with self.lock:
             running = self.running.pop(key, None)
         if running is None:
             return
+        try:
+            self._end(running)
+        finally:
+            shutil.rmtree(self.shm(key), ignore_errors=True)
+
+    def _end(self, running: Running) -> None:
         for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
             try:
                 os.killpg(running.process.pid, sig)

@@ -3,13 +3,14 @@ in tests/e2e/conftest.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
 import yaml
 from kubernetes.client.rest import ApiException
 
-from ddp_contract import api
+from ddp_contract import api, layout
 from kube import REPO, Jobs
 
 sys.path.insert(0, str(REPO / "localcluster"))
@@ -46,3 +47,15 @@ def workload_job(endpoint: str, name: str, entrypoint: str, **spec: object) -> d
     path = os.pathsep.join(str(REPO / p) for p in ("contract", "images/trainer", "tests/trainer"))
     job["spec"].update(entrypoint=entrypoint, env=[{"name": "PYTHONPATH", "value": path}], **spec)
     return job
+
+
+def recoveries_kept(endpoint: str, namespace: str, name: str) -> dict[int, dict]:
+    """Where each attempt resumed from, as the job's rank 0 kept it in S3 (read as the client reads it)."""
+    s3 = demo.s3_client(endpoint)
+    prefix = f"results/{namespace}/{name}/"
+    found: dict[int, dict] = {}
+    for item in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}{layout.RESTARTS}/").get("Contents", []):
+        attempt = layout.parse_attempt_recovery(item["Key"].removeprefix(prefix))
+        if attempt is not None:
+            found[attempt] = json.loads(s3.get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read())
+    return found

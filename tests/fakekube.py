@@ -73,6 +73,9 @@ class FakeKube:
         self.calls.append(("create", kind, name))
         return None
 
+    async def create_secret(self, obj: dict[str, Any]) -> bool:
+        return await self.ensure({**obj, "kind": "Secret"}) is None
+
     async def delete_pod(self, namespace: str, name: str, uid: str, force: bool = False) -> None:
         self.calls.append(("delete", name, uid, force))
 

@@ -84,6 +84,7 @@ class Job:
         self._metric_parts: dict[str, tuple[int, list[metricdata.Record]]] = {}  # metrics read: key -> (size, records)
         self._dask_bodies: dict[str, bytes] = {}  # dask-pytorch-ddp's result files read (written once each)
         self._causes: dict[int, dict[str, Any]] = {}  # why each attempt began, as read from S3 (written once each)
+        self._recoveries: dict[int, dict[str, Any]] = {}  # where each attempt resumed from, as read from S3
 
     def __repr__(self) -> str:
         return f"Job({self.namespace}/{self.name})"
@@ -333,18 +334,26 @@ class Job:
         """Why each attempt after the first began (a gang restart or a resize), as its rank 0 kept it in S3
         from status.attemptCause: attempt -> {"reason", "message", "time"}. They outlive the Events (an hour)
         and the job."""
+        return self._restart_records(layout.parse_attempt_cause, self._causes)
+
+    def attempt_recoveries(self) -> dict[int, dict[str, Any]]:
+        """Where each attempt after the first resumed from, as its rank 0 kept it in S3 from status.recovery
+        (ddp_contract.recoveries): attempt -> {"step", "source", "pods", "stepsLost", ...}."""
+        return self._restart_records(layout.parse_attempt_recovery, self._recoveries)
+
+    def _restart_records(self, parse: Callable[[str], int | None], seen: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
         store = self.store()
         for key, _ in store.list(layout.RESTARTS):
-            attempt = layout.parse_attempt_cause(key)
-            if attempt is None or attempt in self._causes:
+            attempt = parse(key)
+            if attempt is None or attempt in seen:
                 continue
             try:
-                cause = json.loads(store.get(key))
+                found = json.loads(store.get(key))
             except ValueError:  # not ours
                 continue
-            if isinstance(cause, dict):
-                self._causes[attempt] = cause
-        return dict(self._causes)
+            if isinstance(found, dict):
+                seen[attempt] = found
+        return dict(seen)
 
     def plot(self, path: str | Path, metrics: list[str] | None = None, rank: int | None = 0) -> metricdata.Series:
         """Loss and every other logged metric (or those named) against the step, one panel each, to a

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ddp_contract import labels
+from ddp_contract import labels, recoveries
 from ddp_contract.jobstatus import (
     PHASE_FAILED,
     PHASE_PENDING,
@@ -13,12 +13,14 @@ from ddp_contract.jobstatus import (
     STATUS_INFRASTRUCTURE_RESTARTS,
     STATUS_KEPT,
     STATUS_LAST_CHECKPOINT,
+    STATUS_MEMORY_SNAPSHOTS,
     STATUS_MESSAGE,
     STATUS_PHASE,
     STATUS_PROGRAM_RESTARTS,
     STATUS_PROGRESS,
     STATUS_READY,
     STATUS_REASON,
+    STATUS_RECOVERY,
     STATUS_RESTARTS,
     STATUS_WORLD_SIZE,
 )
@@ -155,6 +157,23 @@ def kept_text(status: Mapping[str, Any]) -> str:
     return "; ".join(parts) + (f" (at {kept['time']})" if kept.get("time") else "")
 
 
+def recovery_text(status: Mapping[str, Any]) -> str:
+    """Where the current attempt resumed from ('' before any restart said so)."""
+    found = status.get(STATUS_RECOVERY)
+    return recoveries.text(found) if isinstance(found, Mapping) else ""
+
+
+def snapshots_text(status: Mapping[str, Any]) -> str:
+    """`every step in pod memory, 2 copies of 1.2 GB a pod`, or why they are off ('' without any)."""
+    said = status.get(STATUS_MEMORY_SNAPSHOTS)
+    if not isinstance(said, Mapping):
+        return ""
+    if said.get("off"):
+        return str(said["off"])
+    return (f"{said.get('every', '?')} in pod memory ({said.get('directory', '/dev/shm')}), {said.get('copies', 2)} "
+            f"copies of {size_text(int(said.get('bytes') or 0))} a pod")
+
+
 def world_size_text(spec: Mapping[str, Any], status: Mapping[str, Any]) -> str:
     """`4 ranks`, or for an elastic job `2 of 4 ranks (minimum 2)` while its gang runs short."""
     target, current = spec.get("worldSize"), status.get(STATUS_WORLD_SIZE)
@@ -181,6 +200,10 @@ def status_text(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> st
     checkpoint = status.get(STATUS_LAST_CHECKPOINT) or {}
     lines.append(f"Checkpoint:   step {checkpoint.get('step')} at {checkpoint.get('uri')} ({checkpoint.get('time')})"
                  if checkpoint else "Checkpoint:   none committed")
+    if snapshots_text(status):
+        lines.append(f"Snapshots:    {snapshots_text(status)}")
+    if recovery_text(status):
+        lines.append(f"Recovery:     {recovery_text(status)}")
     if (job.get("spec") or {}).get("keepFolders"):
         lines.append(f"Kept:         {kept_text(status) or 'nothing yet'}")
     if status.get(STATUS_MESSAGE) and status.get(STATUS_PHASE) != PHASE_FAILED:

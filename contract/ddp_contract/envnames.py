@@ -91,6 +91,10 @@ DATA_WORKER_TOKEN: Final = "DDP_DATA_WORKER_TOKEN"
 DATA_WORKER_PORT: Final = "DDP_DATA_WORKER_PORT"
 DEFAULT_DATA_WORKER_PORT: Final = 29600
 POD_IP: Final = "POD_IP"
+# The job's token (its Secret, which the data token's is): the pods of an InPlace job prove it to each other
+# when one hands its memory snapshots to another. And where a pod keeps them (a memory-backed /dev/shm).
+JOB_TOKEN: Final = "DDP_JOB_TOKEN"
+SNAPSHOT_DIR: Final = "DDP_SNAPSHOT_DIR"
 
 # S3: credentials under the names boto3 reads (and the keys the credentials Secret must hold).
 AWS_ACCESS_KEY_ID: Final = "AWS_ACCESS_KEY_ID"
@@ -120,5 +124,5 @@ KEEP_SETTLE_SECONDS: Final = "DDP_KEEP_SETTLE_SECONDS"  # how long a file stays 
 RESERVED: Final = frozenset({
     MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, GROUP_RANK,
     JOB_NAME, JOB_NAMESPACE, JOB_UID, ATTEMPT, BACKEND, ENTRYPOINT, RESUME_FROM, RESTART_STRATEGY, SUPERVISED,
-    TARGET_WORLD_SIZE, GANG_WORLD_SIZE, FAILURE_DIR, FORMED_FILE, PROGRESS_SOCKET, LAUNCHER, *PET_NAMES,
+    TARGET_WORLD_SIZE, GANG_WORLD_SIZE, FAILURE_DIR, JOB_TOKEN, FORMED_FILE, PROGRESS_SOCKET, LAUNCHER, *PET_NAMES,
 })

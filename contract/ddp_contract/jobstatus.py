@@ -1,8 +1,8 @@
 """The job's status, named once: every field of a DDPJob's status (the CRD's status schema; the
 contract tests hold the two equal), the phases, condition types, reasons and failure kinds the operator
 writes, and `StatusPatch`, the type of what it writes. The operator writes most fields, the ranks'
-runtime `progress`, `rendezvous`, `lastCheckpoint`, `kept` and `processFailures`; the client reads
-them all (through `resource.JobStatus` where it can).
+runtime `progress`, `rendezvous`, `lastCheckpoint`, `recovery`, `memorySnapshots`, `kept` and
+`processFailures`; the client reads them all (through `resource.JobStatus` where it can).
 """
 
 from __future__ import annotations
@@ -17,6 +17,11 @@ STATUS_ATTEMPT_TIME: Final = "attemptTime"  # when the current attempt began
 STATUS_ATTEMPT_CAUSE: Final = "attemptCause"  # {attempt, reason, message, time}: why that attempt began
 STATUS_RENDEZVOUS: Final = "rendezvous"  # {attempt, ...}: rank 0 says the attempt's gang formed
 STATUS_LAST_CHECKPOINT: Final = "lastCheckpoint"  # {uri, step, ...}: the job's newest committed checkpoint
+# rank 0's, once the gang restored its state: where the attempt resumed from (ddp_contract.recoveries)
+STATUS_RECOVERY: Final = "recovery"
+# rank 0's: how the pods keep snapshots of the state in memory ({every, copies, bytes, directory}), or why
+# they do not ({off}), said at the first snapshot
+STATUS_MEMORY_SNAPSHOTS: Final = "memorySnapshots"
 STATUS_FAILED_RANK: Final = "failedRank"  # the failure that ended or restarted the last attempt
 STATUS_RESTARTS: Final = "restarts"
 STATUS_REASON: Final = "reason"

@@ -10,6 +10,7 @@ The runtime writes there and the client (`ddp_client`, `kubectl ddp`) reads it b
     kept/<folder>/<path>                             spec.keepFolders: the folders' files, as on disk
     kept-passes/attempt-<n>/<pod>.started|.done      each pod's keeping of them, per attempt
     restarts/attempt-<n>.json                        why attempt n began (status.attemptCause), from its rank 0
+    restarts/attempt-<n>.recovery.json               where attempt n resumed from (status.recovery), from its rank 0
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ RESTARTS: Final = "restarts"
 
 _LOG_PART = re.compile(r"^attempt-(?P<attempt>\d+)/rank-(?P<rank>\d+)/part-(?P<part>\d+)\.log$")
 _ATTEMPT_CAUSE = re.compile(r"^attempt-(?P<attempt>\d+)\.json$")
+_ATTEMPT_RECOVERY = re.compile(r"^attempt-(?P<attempt>\d+)\.recovery\.json$")
 
 
 def job_key(base: str, namespace: str, job: str) -> str:
@@ -80,5 +82,18 @@ def attempt_cause(attempt: int) -> str:
 
 def parse_attempt_cause(relative: str) -> int | None:
     """The attempt of an attempt_cause key relative to the job's prefix, or None for anything else."""
-    match = _ATTEMPT_CAUSE.match(relative.removeprefix(f"{RESTARTS}/"))
+    return _restart_record(relative, _ATTEMPT_CAUSE)
+
+
+def attempt_recovery(attempt: int) -> str:
+    """The key, relative to the job's prefix, of where `attempt` resumed from."""
+    return f"{RESTARTS}/attempt-{attempt}.recovery.json"
+
+
+def parse_attempt_recovery(relative: str) -> int | None:
+    return _restart_record(relative, _ATTEMPT_RECOVERY)
+
+
+def _restart_record(relative: str, pattern: re.Pattern[str]) -> int | None:
+    match = pattern.match(relative.removeprefix(f"{RESTARTS}/"))
     return int(match["attempt"]) if match is not None and relative.startswith(f"{RESTARTS}/") else None

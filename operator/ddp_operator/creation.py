@@ -83,7 +83,9 @@ class Creation:
             # In order: a RoleBinding is refused (404) while its Role does not exist yet, unless the
             # caller may bind anything (an admin may; the operator's own ClusterRole may not).
             objects: list[str] = []
-            if spec.data_worker_replicas:  # the ranks read the data token from it
+            # The ranks read the job's token from it: for their data workers, and under InPlace to hand
+            # their memory snapshots to each other.
+            if spec.data_worker_replicas or not modes.of(spec).restart_recreates:
                 try:
                     await self.kube.create_secret(adopt(build_token_secret(job, secrets.token_hex(32)), job))
                 except ApiException as error:

@@ -34,7 +34,7 @@ def data_worker_name(job_name: str, index: int) -> str:
 
 
 def token_secret_name(job_name: str) -> str:
-    """The Secret holding the job's data token, which ranks and data workers read as env."""
+    """The Secret holding the job's token, which ranks and data workers read as env."""
     return f"{job_name}-data-token"
 
 
@@ -44,9 +44,9 @@ def data_worker_addresses(job_name: str, namespace: str, replicas: int) -> str:
     return ",".join(f"{data_worker_name(job_name, i)}.{job_name}.{namespace}.svc:{port}" for i in range(replicas))
 
 
-def token_env(job_name: str) -> dict[str, Any]:
+def token_env(job_name: str, name: str = envnames.DATA_WORKER_TOKEN) -> dict[str, Any]:
     ref = {"name": token_secret_name(job_name), "key": TOKEN_KEY}
-    return {"name": envnames.DATA_WORKER_TOKEN, "valueFrom": {"secretKeyRef": ref}}
+    return {"name": name, "valueFrom": {"secretKeyRef": ref}}
 
 
 def rank_data_env(job_name: str, namespace: str, spec: JobSpec) -> list[dict[str, Any]]:

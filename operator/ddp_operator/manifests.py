@@ -250,6 +250,9 @@ def rank_env(job: Mapping[str, Any], spec: JobSpec, index: int, attempt: int) ->
     if checkpoint:
         values[envnames.RESUME_FROM] = str(checkpoint)
     env = [{"name": key, "value": value} for key, value in values.items()]
+    if spec.in_place:  # a pod hands its memory snapshots to the peers that prove the job's token
+        env += [token_env(meta["name"], envnames.JOB_TOKEN),
+                {"name": envnames.POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
     return [*env, *rank_data_env(meta["name"], meta["namespace"], spec), *s3_env(spec), *user_env(spec)]
 
 

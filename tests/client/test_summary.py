@@ -106,3 +106,17 @@ def test_the_folders_a_job_keeps_are_said_with_their_files_and_size() -> None:
     job["status"] = {"phase": "Running"}
     assert "Kept:         nothing yet" in status_text(job, [])
     assert "Kept:" not in status_text({"metadata": {}, "spec": {"worldSize": 2}, "status": {}}, [])
+
+
+def test_status_says_where_the_last_restart_resumed_from_and_how_the_pods_keep_snapshots() -> None:
+    job = {"metadata": {"name": "j", "namespace": "ns"}, "spec": {"worldSize": 2}, "status": {
+        "recovery": {"attempt": 2, "step": 1200, "source": "Memory", "pods": ["j-1"], "reachedStep": 1201,
+                     "stepsLost": 1},
+        "memorySnapshots": {"every": "every step", "copies": 2, "bytes": 1_200_000_000,
+                            "directory": "/dev/shm/ddp-snapshots"}}}
+    text = status_text(job, [])
+    assert "Recovery:     attempt 2 resumed at step 1200 from the memory of pod j-1, 1 step lost" in text
+    assert "Snapshots:    every step in pod memory (/dev/shm/ddp-snapshots), 2 copies of 1.2 GB a pod" in text
+    job["status"] = {"memorySnapshots": {"off": "memory snapshots are off: 2 copies ..."}}
+    text = status_text(job, [])
+    assert "Snapshots:    memory snapshots are off: 2 copies ..." in text and "Recovery:" not in text

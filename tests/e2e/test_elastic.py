@@ -1,6 +1,7 @@
 """Elastic world size end to end (operator, kube-scheduler, two pod runners as two nodes, trainer runtime,
-S3): a 4-rank job with minimum 2 loses the node of two ranks, goes on at 2 at once, grows back to 4
-when the node returns, and its samplers see every sample of each epoch exactly once."""
+S3): a 4-rank job with minimum 2 loses the node of two ranks, goes on at 2 at once from the state its
+other pods hold in memory, grows back to 4 when the node returns (the new pods take the state from the
+others' memory), and its samplers see every sample of each epoch exactly once."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from ddp_contract import api, labels
 from ddp_contract.jobstatus import STATUS_MEMBERS, STATUS_WORLD_SIZE
 from ddp_operator import constants as c
-from e2ehelp import start_job, workload_job
+from e2ehelp import recoveries_kept, start_job, workload_job
 from kube import REPO, Jobs, wait_until
 
 sys.path[:0] = [str(REPO / "localcluster"), str(REPO / "tests" / "trainer")]
@@ -68,7 +69,7 @@ def elastic_job(endpoint: str, name: str, pool: str, indices: Path) -> dict:
     job = workload_job(endpoint, name, "ddp_workloads:train", worldSize=4, minWorldSize=2,
                        restartStrategy=api.RESTART_IN_PLACE)
     # A checkpoint only when the job asks for one (every 1000 steps is never here): the grow needs one.
-    env = {"WL_BATCH": "4", "WL_EPOCHS": str(EPOCHS), "WL_CKPT_EVERY": "1000", "WL_STEP_SECONDS": "0.3",
+    env = {"WL_BATCH": "4", "WL_EPOCHS": str(EPOCHS), "WL_CKPT_EVERY": "1000", "WL_MEMORY_EVERY": "1", "WL_STEP_SECONDS": "0.3",
            "WL_INDICES": str(indices), "OMP_NUM_THREADS": "1", "DDP_PROGRESS_INTERVAL_SECONDS": "0.5"}
     job["spec"]["env"] += [{"name": k, "value": v} for k, v in env.items()]
     job["spec"]["template"]["spec"]["nodeSelector"][POOL] = pool
@@ -119,3 +120,11 @@ def test_a_job_that_loses_a_node_goes_on_smaller_and_grows_back_seeing_each_samp
           f"{sum(r['world'] == 4 for r in steps) // 4}, at 2: {sum(r['world'] == 2 for r in steps) // 2}")
     assert {r["world"] for r in steps} == {2, 4}
     assert ddp_workloads.not_seen_once(steps, EPOCHS) == {}
+    # Every attempt whose gang formed resumed from memory (one that re-formed before its ranks resumed has
+    # no record): the shrunk gang from its own pods' (nothing was in S3 yet), the grown one too, its pods
+    # that came back getting the state from the others'.
+    recovered = recoveries_kept(s3_endpoint, jobs.namespace, "elastic")
+    assert len(recovered) >= 2 and max(recovered) == status["attempt"], recovered
+    assert all(r["source"] == "Memory" and r["stepsLost"] <= 1 for r in recovered.values()), recovered
+    shrunk_to = recovered[min(recovered)]
+    assert shrunk_to["step"] >= 4 and set(shrunk_to["pods"]) <= {p.metadata.name for p in kept_on_a}, shrunk_to

@@ -12,7 +12,7 @@ import torch
 import demo
 from ddp_contract import api, labels, layout
 from ddp_operator import constants as c
-from e2ehelp import BUCKET, start_job, workload_job
+from e2ehelp import BUCKET, recoveries_kept, start_job, workload_job
 from kube import Jobs, wait_until
 from procs import rank_pid
 
@@ -174,3 +174,42 @@ def test_an_in_place_restart_that_does_not_form_in_time_recreates_the_pods_it_ke
     assert all(uid != first[name] and label == "1" for name, (uid, label) in last.items()), (first, last)
     params = torch.load(out)
     assert all(torch.equal(params[k], steady_params[k]) for k in params)
+
+
+def test_with_memory_snapshots_a_restart_resumes_from_the_gangs_memory_and_from_s3_only_once_every_pod_is_gone(
+        jobs: Jobs, s3_endpoint: str, podrunner: Path, steady_params, tmp_path: Path) -> None:
+    """Attempt 0: rank 1's code raises at step 6, after the S3 checkpoint of step 4: attempt 1 resumes at step 6
+    from memory. Then pod 1 is deleted: its replacement gets the state from pod 0's memory over the pod network
+    (the job's token). Then both pods are deleted: nothing is left in memory and attempt 3 resumes from S3.
+    The job ends with the parameters of the run never interrupted, bit for bit."""
+    out, name = tmp_path / "params.pt", "from-memory"
+    job = train_job(s3_endpoint, name, out, WL_MEMORY_EVERY="1", WL_RAISE_AT_STEP="6", WL_RAISE_ON_ATTEMPT="0",
+                    WL_STEP_SECONDS="0.3")
+    start_job(jobs, s3_endpoint, name, [], job)
+
+    def checkpoint_in(attempt: int, step: int) -> bool:
+        status = jobs.status(name)
+        return status.get("attempt") == attempt and (status.get("lastCheckpoint") or {}).get("step", 0) >= step
+
+    wait_until(lambda: checkpoint_in(1, 12), 120, "attempt 1 past step 12")
+    assert jobs.status(name)["recovery"]["source"] == "Memory"
+    jobs.core.delete_namespaced_pod(f"{name}-1", jobs.namespace)
+    wait_until(lambda: checkpoint_in(2, 24), 120, "attempt 2 past step 24")
+    for pod in (f"{name}-0", f"{name}-1"):
+        jobs.core.delete_namespaced_pod(pod, jobs.namespace)
+
+    status = jobs.wait_phase(name, c.PHASE_SUCCEEDED, timeout=300)
+    assert status["attempt"] == 3, status
+    kept = wait_until(lambda: (found := recoveries_kept(s3_endpoint, jobs.namespace, name)) and len(found) == 3
+                      and found, 30, "the three recoveries in S3")
+    assert kept[3] == status["recovery"]
+    first, replaced, everything_lost = kept[1], kept[2], kept[3]
+    assert (first["source"], first["step"]) == ("Memory", 6) and first["stepsLost"] <= 1, first
+    assert replaced["source"] == "Memory" and replaced["pods"] == [f"{name}-0"] and replaced["stepsLost"] <= 1, replaced
+    assert replaced["step"] >= 12
+    assert everything_lost["source"] == "S3" and everything_lost["step"] % 4 == 0 and "stepsLost" not in everything_lost
+    assert everything_lost["checkpoint"].endswith(f"step-{everything_lost['step']:012d}")
+    assert f"rank 1 resumed from step {replaced['step']}" in pod_log(podrunner, jobs.namespace, f"{name}-1")
+    assert status["memorySnapshots"]["copies"] == 2 and status["memorySnapshots"]["bytes"] > 0, status
+    params = torch.load(out)
+    assert all(torch.equal(params[k], steady_params[k]) for k in params)  # resumed exactly, three times

@@ -112,11 +112,16 @@ def train(ctx: RankContext) -> None:
         loader: DataLoader = ddp_trainer.DataLoader(dataset(), batch_size=batch, sampler=data_sampler, num_workers=2)
     else:
         loader = DataLoader(dataset(), batch_size=batch, sampler=data_sampler)
-    checkpoints = CheckpointManager(keep=2, async_save=os.environ.get("WL_ASYNC") == "1") if every else None
+    memory_every = _int("WL_MEMORY_EVERY", 0)  # snapshots in the pod's memory every so many steps
+    checkpoints = CheckpointManager(keep=2, async_save=os.environ.get("WL_ASYNC") == "1",
+                                    memory_every=memory_every or None) if every or memory_every else None
     results = S3ResultsHandler(flush_interval_s=5.0) if os.environ.get("DDP_RESULTS_URI") else None
     progress = default_reporter()
     step = 0
-    if checkpoints is not None:
+    if checkpoints is not None and memory_every:
+        step = checkpoints.resume(ddp, opt, data_sampler)
+        print(f"rank {ctx.rank} resumed from step {step}", flush=True)
+    elif checkpoints is not None:
         latest = checkpoints.load_latest()
         if latest is not None:
             restore_training_state(latest.state, ddp, opt, data_sampler)
@@ -143,7 +148,9 @@ def train(ctx: RankContext) -> None:
             progress.report(epoch, step, loss.item(), samples=batch * ctx.world_size)
             if results is not None:
                 results.log_metrics(step, epoch, loss, lr=LR)
-            if checkpoints is not None and (step % every == 0 or checkpoints.requested()):
+            if checkpoints is not None and memory_every:
+                checkpoints.snapshot(step, lambda: training_state(ddp, opt, data_sampler, samples_consumed=consumed))
+            if checkpoints is not None and every and (step % every == 0 or checkpoints.requested()):
                 checkpoints.save(step, training_state(ddp, opt, data_sampler, samples_consumed=consumed))
             if step == crash_at and ctx.rank == 0:
                 os.kill(os.getpid(), signal.SIGKILL)

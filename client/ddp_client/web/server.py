@@ -298,14 +298,14 @@ async def metrics(request: web.Request) -> web.StreamResponse:
         with ThreadPoolExecutor(1) as beside:  # the API server answers while the records are read and drawn
             events = beside.submit(read_events)
             # Columns: the records' fields read once for the curves, the newest steps and the marks.
-            records, causes = Columns(handle.metrics()), handle.attempt_causes()
+            records, causes, resumed = Columns(handle.metrics()), handle.attempt_causes(), handle.attempt_recoveries()
             # Drawn again only once more records came.
             key = (namespace, name, results, EACH if each else rank, axis)
             drawn = dashboard.curves.get(key)
             if drawn is None or drawn[0] != len(records):
                 curves = views.curves_by_rank(records) if each else views.curves(records, rank, axis)
                 drawn = dashboard.curves[key] = (len(records), curves, views.last_steps(records))
-            return {"curves": drawn[1], "marks": views.attempt_marks(records, views.event_rows(events.result()), causes),
+            return {"curves": drawn[1], "marks": views.attempt_marks(records, views.event_rows(events.result()), causes, resumed),
                     "ranks": sorted(drawn[2]), "lastSteps": drawn[2]}
     return _json(await _blocking(read))
 

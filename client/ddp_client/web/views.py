@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ddp_contract import api, labels
+from ddp_contract import api, labels, recoveries
 from ddp_contract.jobspec import S3Spec
 from ddp_contract.jobstatus import (
     PHASE_FAILED,
@@ -154,6 +154,7 @@ def job_page(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], events: 
                    "worldSize": status.get(STATUS_WORLD_SIZE), "members": status.get(STATUS_MEMBERS),
                    "progress": status.get(STATUS_PROGRESS) or {}, "lastCheckpoint": status.get(STATUS_LAST_CHECKPOINT),
                    "kept": summary.kept_text(status), "conditions": status.get(STATUS_CONDITIONS) or [],
+                   "recovery": summary.recovery_text(status), "snapshots": summary.snapshots_text(status),
                    "dataWorkers": status.get(STATUS_DATA_WORKERS)},
         # A finished job's last restart cause is history, not its failure (the same words as `kubectl ddp status`).
         "failure": summary.failure_text(status) if failed else "",
@@ -168,11 +169,13 @@ def job_page(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], events: 
 
 
 def attempt_marks(records: Sequence[Mapping[str, Any]], events: Sequence[Json],
-                  kept: Mapping[int, Mapping[str, Any]] | None = None) -> list[Json]:
+                  kept: Mapping[int, Mapping[str, Any]] | None = None,
+                  resumed: Mapping[int, Mapping[str, Any]] | None = None) -> list[Json]:
     """Where each attempt after the first took over, on both axes: its first record's step and time, with
     the job's own Events between the previous attempt's last record and it (why the gang restarted or
     resized), else the cause its rank 0 kept in S3 (`kept`: attempt -> status.attemptCause; Events expire
-    and go with the job). Records without an attempt (written before records carried one) mark nothing."""
+    and go with the job), and where it resumed from (`resumed`: attempt -> status.recovery, as its rank 0
+    kept it). Records without an attempt (written before records carried one) mark nothing."""
     columns = Columns.of(records)
     spans = {attempt: (columns[first]["time"], last, columns[first]["step"])  # first time, last time, first step
              for attempt, (first, last) in metriccolumns.attempt_spans(columns).items()}
@@ -186,8 +189,10 @@ def attempt_marks(records: Sequence[Mapping[str, Any]], events: Sequence[Json],
         cause = (kept or {}).get(attempt)
         if not said and cause:
             said = [(cause.get("reason") or "", cause.get("message") or "")]
+        recovery = (resumed or {}).get(attempt)
         marks.append({"attempt": attempt, "time": until, "step": spans[attempt][2],
-                      "why": "; ".join(f"{reason}: {message}" for reason, message in said)})
+                      "why": "; ".join(f"{reason}: {message}" for reason, message in said),
+                      "resumed": recoveries.text(recovery) if recovery else ""})
     return marks
 
 

@@ -6,6 +6,7 @@ The variables' names are the contract's (ddp_contract.envnames); their defaults 
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -286,3 +287,41 @@ def data_worker_token(environ: Mapping[str, str] | None = None) -> bytes | None:
 
 def data_worker_port(environ: Mapping[str, str] | None = None) -> int:
     return _int(os.environ if environ is None else environ, names.DATA_WORKER_PORT, default=DEFAULT_DATA_WORKER_PORT)
+
+
+DEFAULT_SNAPSHOT_DIR = "/dev/shm/ddp-snapshots"
+
+
+def local_rank(environ: Mapping[str, str] | None = None) -> int:
+    return _int(os.environ if environ is None else environ, names.LOCAL_RANK, default=0)
+
+
+def snapshot_dir(environ: Mapping[str, str] | None = None) -> str:
+    """$DDP_SNAPSHOT_DIR: where the pod keeps its memory snapshots (a memory-backed /dev/shm by default)."""
+    env = os.environ if environ is None else environ
+    return env.get(names.SNAPSHOT_DIR, "").strip() or DEFAULT_SNAPSHOT_DIR
+
+
+def pod_name(environ: Mapping[str, str] | None = None) -> str:
+    """The pod's name (its hostname, as Kubernetes sets it)."""
+    env = os.environ if environ is None else environ
+    return env.get("HOSTNAME", "").strip() or socket.gethostname()
+
+
+def pod_ip(environ: Mapping[str, str] | None = None) -> str:
+    """$POD_IP (the downward API's status.podIP), else what the pod's name resolves to."""
+    env = os.environ if environ is None else environ
+    found = env.get(names.POD_IP, "").strip()
+    if found:
+        return found
+    try:
+        return socket.gethostbyname(pod_name(env))
+    except OSError:
+        return "127.0.0.1"
+
+
+def job_token(environ: Mapping[str, str] | None = None) -> bytes | None:
+    """The job's token ($DDP_JOB_TOKEN, else the data workers'), which peers of the job prove to each other."""
+    env = os.environ if environ is None else environ
+    found = env.get(names.JOB_TOKEN, "").strip() or env.get(names.DATA_WORKER_TOKEN, "").strip()
+    return found.encode() if found else None

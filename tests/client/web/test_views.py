@@ -76,8 +76,13 @@ def test_each_attempt_after_the_first_is_marked_at_its_first_step_with_the_job_s
         event("PodsCreated", "2 pods", "2027-01-15T07:59:00Z"),  # before: not this restart's
     ])
     marks = views.attempt_marks(logged, events)
-    assert marks == [{"attempt": 1, "time": 1_800_000_100.0, "step": 40, "why": "RankFailed: rank 1 exited 1"}]
+    assert marks == [{"attempt": 1, "time": 1_800_000_100.0, "step": 40, "why": "RankFailed: rank 1 exited 1",
+                      "resumed": ""}]
     assert views.attempt_marks(records(0, range(5), 0.0), events) == []
+    # Where the attempt resumed from, as its rank 0 kept it (status.recovery).
+    resumed = {1: {"attempt": 1, "step": 40, "source": "Memory", "pods": ["mnist-0"], "stepsLost": 1}}
+    (mark,) = views.attempt_marks(logged, events, resumed=resumed)
+    assert mark["resumed"] == "attempt 1 resumed at step 40 from the memory of pod mnist-0, 1 step lost"
 
 
 def test_curves_are_drawn_with_at_most_the_points_asked_for_and_against_time_on_request() -> None:

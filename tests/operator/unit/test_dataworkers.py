@@ -99,6 +99,17 @@ def test_without_data_workers_the_ranks_get_no_data_env(workers: dict[str, Any] 
     assert envnames.DATA_WORKERS not in env and envnames.DATA_WORKER_TOKEN not in env
 
 
+def test_the_ranks_of_an_in_place_job_get_the_jobs_token_and_their_pods_address_for_memory_snapshots() -> None:
+    job = make_job(workers={})
+    job["spec"].pop("dataWorkers")
+    assert envnames.JOB_TOKEN not in env_of(build_pod(job, parse_spec(job["spec"]), 0, 0)["spec"]["containers"][0])
+    job["spec"]["restartStrategy"] = "InPlace"
+    env = env_of(build_pod(job, parse_spec(job["spec"]), 0, 0)["spec"]["containers"][0])
+    assert envnames.DATA_WORKER_TOKEN not in env
+    assert env[envnames.JOB_TOKEN] == {"secretKeyRef": {"name": "fashion-data-token", "key": "token"}}
+    assert env[envnames.POD_IP] == "status.podIP"
+
+
 @pytest.mark.parametrize(("workers", "field"), [
     ({"replicas": -1}, "spec.dataWorkers.replicas"),
     ({"replicas": 257}, "spec.dataWorkers.replicas"),

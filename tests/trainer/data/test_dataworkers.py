@@ -20,9 +20,8 @@ from dataworkhelp import Augmented, Large, Stream, init_worker
 from torch.utils.data import DataLoader as TorchDataLoader
 from trainerhelp import rank_env
 
-from ddp_trainer import DataLoader, DistributedChunkedSampler, DpexDataLoader
+from ddp_trainer import DataLoader, DistributedChunkedSampler, DpexDataLoader, wire
 from ddp_trainer.data import loader as loader_module
-from ddp_trainer.data import wire
 from ddp_trainer.errors import ConfigError
 from kube import wait_until
 

@@ -18,7 +18,7 @@ from trainerhelp import describe as _describe
 
 from ddp_contract import layout
 from ddp_contract.failureline import parse_line
-from ddp_trainer.data import wire
+from ddp_trainer import wire
 from ddp_trainer.errors import ExitCode, ObjectNotFoundError
 from ddp_trainer.runtime.hangwatch import STEP_FACTOR, Hang, HangWatch, hang_timeout
 from ddp_trainer.runtime.heartbeat import Heartbeat

@@ -253,3 +253,47 @@ def test_a_checkpoint_the_job_asks_for_is_requested_of_rank_0_until_one_is_saved
     assert rank_0.requested()
     request.unlink()
     assert not rank_0.requested()
+
+
+def test_snapshots_are_taken_as_often_as_asked_and_said_once_on_the_job(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    status = StatusRecorder()
+    manager = CheckpointManager(s3.S3Url("unused", "job"), rank=0, job_status=status, memory_every=3,
+                                memory_dir=tmp_path)
+    made = []
+
+    def state() -> dict:
+        made.append(1)
+        return _state(1)
+
+    taken = [step for step in range(1, 11) if manager.snapshot(step, state)]
+    manager.close()
+    assert taken == [1, 4, 7, 10] and len(made) == 4  # the state is made only when a snapshot is due
+    assert [h.step for h in manager.pod_snapshots.held()] == [10, 7] and manager.pod_snapshots.reached() == 10
+    (said,) = [p["memorySnapshots"] for p in status.patches]
+    assert said["every"] == "every 3 steps" and said["copies"] == 2 and said["bytes"] > 0, said
+    # Only the pod's first rank process keeps them: the state is the same in every rank.
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert not CheckpointManager(s3.S3Url("unused", "job"), rank=1, memory_every=1, memory_dir=tmp_path / "x").snapshot(1, state)
+    assert not (tmp_path / "x").exists()
+
+
+def test_snapshots_that_do_not_fit_are_turned_off_with_the_reason_on_the_job(tmp_path, monkeypatch) -> None:
+    from ddp_trainer.storage import podsnapshots
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setattr(podsnapshots, "room", lambda directory: podsnapshots.Room(free=100, memory_limit=None,
+                                                                                  memory_used=None))
+    status = StatusRecorder()
+    manager = CheckpointManager(s3.S3Url("unused", "job"), rank=0, job_status=status, memory_every_s=0.5,
+                                memory_dir=tmp_path)
+    assert not manager.snapshot(1, _state(1)) and not manager.snapshot(2, _state(2))
+    (said,) = [p["memorySnapshots"] for p in status.patches]
+    assert said["off"].startswith("memory snapshots are off: 2 copies of the training state") and "spec.shmSize" in said["off"]
+    assert manager.pod_snapshots.held() == []
+
+
+@pytest.mark.parametrize("memory", [{"memory_every": 0}, {"memory_every": 1.5}, {"memory_every_s": 0}])
+def test_a_snapshot_interval_that_is_no_interval_is_refused(memory: dict) -> None:
+    with pytest.raises(ConfigError, match="memory_every"):
+        CheckpointManager(s3.S3Url("unused", "job"), rank=0, **memory)

@@ -27,6 +27,8 @@ function summaryHtml(page) {
     if (row.samplesPerSecond) parts.push(`<span>${esc(Math.round(row.samplesPerSecond))} samples/s</span>`);
     if (status.lastCheckpoint) parts.push(`<span>checkpoint step ${esc(status.lastCheckpoint.step)} <span class="muted">${esc(status.lastCheckpoint.uri)}</span></span>`);
     if (status.kept) parts.push(`<span>kept: ${esc(status.kept)}</span>`);
+    if (status.recovery) parts.push(`<span id="recovery">${esc(status.recovery)}</span>`);
+    if (status.snapshots) parts.push(`<span class="muted" id="snapshots">snapshots ${esc(status.snapshots)}</span>`);
   } else {
     parts.push(`<span class="muted">the DDPJob is gone; ${esc(row.message)}</span>`);
   }
@@ -137,7 +139,7 @@ async function loadMetrics() {
   showLastSteps();
   addRankOptions(new Set(body.ranks));
   document.getElementById("marks").innerHTML = marks.map(m =>
-    `<li data-attempt="${esc(m.attempt)}">attempt ${esc(m.attempt)} from step ${esc(m.step)}: ${esc(m.why || "restarted")}</li>`).join("");
+    `<li data-attempt="${esc(m.attempt)}">attempt ${esc(m.attempt)} from step ${esc(m.step)}: ${esc(m.why || "restarted")}${m.resumed ? `; <span class="resumed">${esc(m.resumed)}</span>` : ""}</li>`).join("");
   const holder = document.getElementById("curves");
   for (const [name, curve] of Object.entries(body.curves)) {
     // One line, or one a rank (rank "each"): the ranks' values share the steps.

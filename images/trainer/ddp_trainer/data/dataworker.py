@@ -34,8 +34,7 @@ from torch._utils import ExceptionWrapper
 from torch.utils.data import _DatasetKind
 from torch.utils.data._utils import worker as torch_worker
 
-from .. import env
-from . import wire
+from .. import env, wire
 
 log = logging.getLogger(__name__)
 

@@ -42,9 +42,9 @@ from torch.utils.data._utils import worker as torch_worker
 from torch.utils.data._utils.pin_memory import pin_memory
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from .. import env
+from .. import env, wire
 from ..errors import ConfigError
-from . import awaited, wire
+from . import awaited
 from .dataworker import RandomState, Session, Setup, random_state, set_random_state
 
 log = logging.getLogger(__name__)

@@ -38,6 +38,7 @@ from ddp_contract.timestamps import rfc3339
 from .. import env
 from ..jobstatus import JobStatusSink
 from ..jobwatch import JobView, JobWatch
+from ..storage.podsnapshots import PodSnapshots
 from .context import target_world_size
 from .folderkeeper import kept_ranks
 from .rankprocesses import RankProcesses
@@ -186,6 +187,8 @@ class Attempts:
         if members is not None and self.index not in members:
             _mark(f"attempt {self.attempt}: this pod is not in the gang "
                   f"({_sizes(len(members) * self.ranks.count, self.target_size)}); waiting for an attempt that takes it in")
+            # The gang goes on without this pod's memory snapshots: taken in again, it must not offer them.
+            PodSnapshots(env.snapshot_dir(self.environ)).clear()
             return _wait_out(self.watch, self.attempt, self.stopping)
         return self._train(view)
 

@@ -29,14 +29,17 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any, cast
 
-from ddp_contract import layout
-from ddp_contract.jobstatus import STATUS_LAST_CHECKPOINT
+from ddp_contract import layout, recoveries
+from ddp_contract.jobstatus import STATUS_LAST_CHECKPOINT, STATUS_MEMORY_SNAPSHOTS, STATUS_RECOVERY
 
 from .. import env
-from ..errors import ConfigError, CorruptDataError, ObjectNotFoundError
-from . import s3
+from ..errors import ConfigError, CorruptDataError, ObjectNotFoundError, TrainerError
+from . import recovery, s3
+from .podsnapshots import PodSnapshots, SnapshotsDoNotFit, SnapshotTaker
+from .statebytes import copied_to_cpu
 
 log = logging.getLogger(__name__)
 
@@ -52,54 +55,6 @@ class Checkpoint:
     state: dict[str, Any]
     url: s3.S3Url
     manifest: dict[str, Any]
-
-
-def snapshot(value: Any) -> Any:
-    """A copy of `value` with every tensor's data copied to CPU, so training may go on mutating it,
-    that loads back as a synchronous save of `value` would.
-
-    It is pickled and unpickled in memory as torch.save pickles it, each storage copied to CPU once
-    on the way, so what torch.save keeps is kept: container types (namedtuples, defaultdicts, state
-    dicts with their `_metadata`), Parameters and requires_grad, and one tensor under two names or
-    views of one storage still share their data.
-    """
-    import pickle
-
-    import torch
-
-    copies: dict[int, Any] = {}  # the CPU copy of each storage, by its C pointer as torch.save keys them
-
-    class StoragesToCpu(pickle.Pickler):
-        def persistent_id(self, obj: Any) -> tuple[int, Any] | None:
-            if isinstance(obj, torch.storage.TypedStorage):
-                storage, dtype = obj._untyped_storage, obj.dtype
-            elif isinstance(obj, torch.UntypedStorage):
-                storage, dtype = obj, None
-            else:
-                return None
-            if storage._cdata not in copies:
-                copies[storage._cdata] = _cpu_copy(storage)
-            return storage._cdata, dtype
-
-    class StoragesFromCopies(pickle.Unpickler):
-        def persistent_load(self, pid: tuple[int, Any]) -> Any:
-            key, dtype = pid
-            if dtype is None:
-                return copies[key]
-            return torch.storage.TypedStorage(wrap_storage=copies[key], dtype=dtype, _internal=True)
-
-    buffer = io.BytesIO()
-    StoragesToCpu(buffer, protocol=torch.serialization.DEFAULT_PROTOCOL).dump(value)
-    buffer.seek(0)
-    return StoragesFromCopies(buffer).load()
-
-
-def _cpu_copy(storage: Any) -> Any:
-    import torch
-
-    if storage.device.type == "meta":
-        return storage  # no data to copy
-    return torch.UntypedStorage(storage.nbytes()).copy_(storage)
 
 
 def unwrap(model: Any) -> Any:
@@ -198,6 +153,30 @@ def matches(data: bytes, entry: Mapping[str, Any]) -> bool:
     return hashlib.sha256(data).hexdigest() == entry["sha256"]
 
 
+@dataclass(frozen=True)
+class MemoryPolicy:
+    """How often a snapshot of the state is kept in the pod's memory: every `steps` steps or `seconds`
+    seconds, whichever comes first."""
+
+    steps: int | None = None
+    seconds: float | None = None
+
+    def due(self, step: int, now: float, last: tuple[int, float] | None) -> bool:
+        if last is None:
+            return True
+        last_step, last_time = last
+        return ((self.steps is not None and step - last_step >= self.steps)
+                or (self.seconds is not None and now - last_time >= self.seconds))
+
+    def words(self) -> str:
+        said = []
+        if self.steps is not None:
+            said.append("every step" if self.steps == 1 else f"every {self.steps} steps")
+        if self.seconds is not None:
+            said.append(f"every {self.seconds:g} s")
+        return " or ".join(said)
+
+
 class CheckpointManager:
     """Save (rank 0 only), prune to the last `keep`, and load the latest committed checkpoint."""
 
@@ -209,11 +188,23 @@ class CheckpointManager:
         part_size: int = 8 * 1024 * 1024,
         rank: int | None = None,
         job_status: Any = None,
+        memory_every: int | None = None,
+        memory_every_s: float | None = None,
+        memory_dir: str | Path | None = None,
     ) -> None:
         """job_status: where rank 0 records each committed checkpoint (a jobstatus.JobStatusSink);
-        default: the job's own status when the rank runs under the operator, else nowhere."""
+        default: the job's own status when the rank runs under the operator, else nowhere.
+
+        memory_every (steps) or memory_every_s (seconds): how often `snapshot()` keeps the state in the
+        pod's memory, from which a restarted gang resumes when it is newer than the last checkpoint in S3
+        (both None: no snapshots; `snapshot()` does nothing). memory_dir: where (default $DDP_SNAPSHOT_DIR,
+        else /dev/shm/ddp-snapshots)."""
         if keep < 1:
             raise ConfigError(f"CheckpointManager keep={keep} must be >= 1")
+        if memory_every is not None and (not isinstance(memory_every, int) or memory_every < 1):
+            raise ConfigError(f"CheckpointManager memory_every={memory_every!r} must be a whole number of steps >= 1")
+        if memory_every_s is not None and not memory_every_s > 0:
+            raise ConfigError(f"CheckpointManager memory_every_s={memory_every_s!r} must be > 0 seconds")
         if isinstance(prefix, str):
             prefix = s3.parse_uri(prefix)
         if prefix is None:
@@ -230,6 +221,11 @@ class CheckpointManager:
         self._lock = threading.Lock()
         self._job_status = job_status
         self._honored: str | None = None  # the job's checkpoint request the last save answered
+        self.memory = MemoryPolicy(memory_every, memory_every_s) if memory_every or memory_every_s else None
+        self.pod_snapshots = PodSnapshots(memory_dir or env.snapshot_dir())
+        self._taker: SnapshotTaker | None = None
+        self._memory_off: str | None = None  # why snapshots are off, once they are
+        self._last_snapshot: tuple[int, float] | None = None  # (step, monotonic time)
 
     def requested(self) -> bool:
         """Whether the job asks for a checkpoint now: an elastic job whose left-out ranks run again grows
@@ -275,7 +271,7 @@ class CheckpointManager:
         if not self.async_save:
             return self._write(step, state)
         self.wait()
-        frozen = snapshot(state)
+        frozen = copied_to_cpu(state)
         with self._lock:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ddp-checkpoint")
@@ -291,6 +287,8 @@ class CheckpointManager:
     def close(self) -> None:
         try:
             self.wait()
+            if self._taker is not None:
+                self._taker.wait()
         finally:
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
@@ -321,7 +319,13 @@ class CheckpointManager:
 
     def _record(self, step: int, url: s3.S3Url) -> None:
         """status.lastCheckpoint, so a restarted gang is told where to resume (and people can see it)."""
-        from ..jobstatus import in_cluster_sink, last_checkpoint
+        from ..jobstatus import last_checkpoint
+
+        self._say({STATUS_LAST_CHECKPOINT: last_checkpoint(step, str(url))})
+
+    def _say(self, fields: dict[str, Any]) -> None:
+        """Writes `fields` to the job's status (rank 0), where there is one to write to."""
+        from ..jobstatus import in_cluster_sink
 
         if self._job_status is None:
             try:
@@ -330,7 +334,7 @@ class CheckpointManager:
                 log.warning("checkpoints are not recorded in the job's status: %s", error)
                 self._job_status = False
         if self._job_status:
-            self._job_status.patch({STATUS_LAST_CHECKPOINT: last_checkpoint(step, str(url))})
+            self._job_status.patch(fields)
 
     def _prune(self, committed: int) -> None:
         steps = self._scan()
@@ -354,6 +358,80 @@ class CheckpointManager:
                 step = int(match.group(1))
                 steps[step] = steps.get(step, False) or name == MANIFEST
         return steps
+
+    # Snapshots in the pod's memory -----------------------------------------------------------
+
+    def snapshot(self, step: int, state: Mapping[str, Any] | Callable[[], Mapping[str, Any]]) -> bool:
+        """Keep `state` (or what the callable returns, made only when a snapshot is due) of `step` in the
+        pod's memory when one is due (memory_every, memory_every_s); call it on every rank after each
+        step. Returns whether one was taken. The pod's first rank copies it (every rank holds the same
+        state): the tensors the optimizer does not own at once, the optimizer's while the next step's
+        forward and backward run. Does nothing without memory_every or memory_every_s."""
+        if self.memory is None or self._memory_off is not None or env.local_rank() != 0:
+            return False
+        if step < 0:
+            raise ConfigError(f"snapshot step {step} must be >= 0")
+        self.pod_snapshots.note_reached(step)
+        now = time.monotonic()
+        if not self.memory.due(step, now, self._last_snapshot):
+            return False
+        if self._taker is None:
+            self._taker = SnapshotTaker(self.pod_snapshots, attempt=env.JobInfo.from_env().attempt)
+        first = self._taker.taken == 0 and self._last_snapshot is None
+        try:
+            self._taker.take(step, state() if callable(state) else state)
+        except SnapshotsDoNotFit as reason:
+            self._memory_off = str(reason)
+            log.warning("%s", reason)
+            if self.rank == 0:
+                self._say({STATUS_MEMORY_SNAPSHOTS: {"off": self._memory_off}})
+            return False
+        except (OSError, RuntimeError, TrainerError) as error:  # training goes on; the S3 checkpoints are there
+            log.warning("the snapshot of step %d was not kept in the pod's memory: %s", step, error)
+            return False
+        self._last_snapshot = (step, now)
+        if first and self.rank == 0:
+            self._say({STATUS_MEMORY_SNAPSHOTS: {"every": self.memory.words(), "copies": 2,
+                                                 "bytes": self.pod_snapshots.holds() // 2,
+                                                 "directory": str(self.pod_snapshots.directory)}})
+        return True
+
+    def _from_memory(self) -> tuple[recovery.Recovered | None, int | None]:
+        """The newest state the gang holds in memory, if it is no older than the job's S3 checkpoint; and
+        the newest step any of its pods got to before the restart."""
+        me = recovery.Peer(rank=self.rank, pod=env.pod_name(), host=env.pod_ip(), token=env.job_token(),
+                           serves=env.local_rank() == 0)
+        found, offers = recovery.from_gang_memory(self.pod_snapshots, me, recovery.Gang.of_process_group(),
+                                                  s3_step=self._s3_step() if self.rank == 0 else None)
+        return found, recovery.newest_reached(offers)
+
+    def _s3_step(self) -> int | None:
+        named = self.resume_step()
+        if named is not None:
+            return named
+        try:
+            return max(self.committed_steps(), default=None)
+        except (TrainerError, OSError) as error:  # S3 unreachable: the gang's memory is all there is
+            log.warning("the job's checkpoints in S3 cannot be listed: %s", error)
+            return None
+
+    def _resumed(self, step: int, source: str, *, pods: tuple[str, ...] = (), uri: str | None = None,
+                 reached: int | None = None) -> None:
+        """After every rank restored `step`: the pod forgets snapshots past it, and rank 0 says where the
+        gang resumed from (status.recovery, and in S3 for the dashboard's restart marks)."""
+        if self.memory is not None and env.local_rank() == 0:
+            self.pod_snapshots.prune_after(step)
+            self.pod_snapshots.note_reached(step)
+        attempt = env.JobInfo.from_env().attempt
+        if self.rank != 0 or attempt == 0:
+            return
+        record = recoveries.record(attempt=attempt, step=step, source=source, pods=pods, checkpoint=uri,
+                                   reached=reached, memory=self.memory is not None)
+        log.info("%s", recoveries.text(record))
+        self._say({STATUS_RECOVERY: {**dict.fromkeys(recoveries.FIELDS), **record}})
+        from .results import keep_recovery
+
+        threading.Thread(target=keep_recovery, args=(attempt, record), name="recovery-record", daemon=True).start()
 
     # Loading --------------------------------------------------------------------------------
 
@@ -383,13 +461,22 @@ class CheckpointManager:
         return Checkpoint(step=step, state=state, url=url, manifest=manifest)
 
     def resume(self, model: Any, optimizer: Any = None, sampler: Any = None, map_location: Any = "cpu") -> int:
-        """Restore the job's last checkpoint into the model (DDP or not), optimizer and sampler;
-        returns its step, 0 when there is none (start from scratch). Not calling it opts out."""
+        """Restore the job's newest state into the model (DDP or not), optimizer and sampler: with memory
+        snapshots the newest one a pod of the gang holds, when it is no older than the job's last
+        checkpoint in S3 (every rank must call it then, at once), else that checkpoint; returns its step,
+        0 when there is none (start from scratch). Not calling it opts out."""
+        found, reached = self._from_memory() if self.memory is not None else (None, None)
+        if found is not None:
+            restore_training_state(found.state, model, optimizer, sampler)
+            self._resumed(found.step, recoveries.SOURCE_MEMORY, pods=found.pods, reached=reached)
+            return found.step
         latest = self.load_latest(map_location=map_location)
         if latest is None:
+            self._resumed(0, recoveries.SOURCE_NONE, reached=reached)
             return 0
         restore_training_state(latest.state, model, optimizer, sampler)
         log.info("resumed from checkpoint step %d (%s)", latest.step, latest.url)
+        self._resumed(latest.step, recoveries.SOURCE_S3, uri=str(latest.url), reached=reached)
         return latest.step
 
     def resume_step(self) -> int | None:

@@ -47,13 +47,21 @@ def job_prefix(results_uri: str | None = None, job: env.JobInfo | None = None) -
 def keep_attempt_cause(attempt: int, cause: dict[str, Any]) -> None:
     """Why `attempt` began (status.attemptCause), under the job's results for when its Events and the job
     are gone; nothing without a results prefix. A failure is logged: the dashboard's mark then says less."""
+    _keep_restart_record(layout.attempt_cause(attempt), cause, f"why attempt {attempt} began")
+
+
+def keep_recovery(attempt: int, recovery: dict[str, Any]) -> None:
+    """Where `attempt` resumed from (status.recovery), beside why it began."""
+    _keep_restart_record(layout.attempt_recovery(attempt), recovery, f"where attempt {attempt} resumed from")
+
+
+def _keep_restart_record(key: str, record: dict[str, Any], what: str) -> None:
     if not os.environ.get(envnames.RESULTS_URI, "").strip():
         return
     try:
-        s3.put_bytes(job_prefix().join(layout.attempt_cause(attempt)), json.dumps(cause).encode(),
-                     content_type="application/json")
+        s3.put_bytes(job_prefix().join(key), json.dumps(record).encode(), content_type="application/json")
     except (TrainerError, OSError) as error:
-        log.warning("why attempt %d began is not kept in S3: %s", attempt, error)
+        log.warning("%s is not kept in S3: %s", what, error)
 
 
 def _check_name(name: str) -> str:

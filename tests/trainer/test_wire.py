@@ -11,7 +11,7 @@ import threading
 import pytest
 import torch
 
-from ddp_trainer.data import wire
+from ddp_trainer import wire
 
 TOKEN = b"a job's token"
 

@@ -1,0 +1,173 @@
+"""What keeping the training state in the pod's memory costs a training step (not a test; `make
+bench-goodput`).
+
+For a small model (the examples' image classifier, batch 64) and for a state of 1 GB (five 4096x4096
+layers and Adam's two moments), one process trains in blocks of --steps steps, alternating blocks without
+snapshots and with `CheckpointManager(memory_every=1).snapshot()` after every step, --rounds rounds, and
+prints the mean step time of each and the difference: the step-time cost of a snapshot every step. Beside
+it, in the same run, the stall of what a user would do instead, per snapshot: torch.save of the state into
+/dev/shm, the CPU copy the runtime's asynchronous S3 save makes before it returns, and the ceiling, a copy
+of the same bytes into buffers already allocated.
+
+Snapshots go to a directory of their own under /dev/shm (--dir), removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO / p) for p in ("contract", "images/trainer")]
+
+
+@dataclass
+class Workload:
+    name: str
+    model: Any
+    optimizer: Any
+    batch: Callable[[], tuple[Any, Any]]
+    loss: Callable[[Any, Any], Any]
+
+    def step(self) -> None:
+        self.optimizer.zero_grad()
+        x, y = self.batch()
+        self.loss(self.model(x), y).backward()
+        self.optimizer.step()
+
+    def state(self) -> dict[str, Any]:
+        from ddp_trainer.storage.checkpoint import training_state
+
+        return training_state(self.model, self.optimizer)
+
+
+def small() -> Workload:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveMaxPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+    x, y = torch.randn(64, 3, 32, 32), torch.randint(0, 10, (64,))
+    return Workload("small (examples' classifier, batch 64)", model, torch.optim.Adam(model.parameters()),
+                    lambda: (x, y), nn.CrossEntropyLoss())
+
+
+def one_gb() -> Workload:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(4096, 4096) for _ in range(5)])
+    x = torch.randn(16, 4096)
+    return Workload("1 GB state (5 x Linear(4096, 4096), Adam)", model, torch.optim.Adam(model.parameters()),
+                    lambda: (x, x), nn.MSELoss())
+
+
+def step_times(work: Workload, steps: int, snapshot: Callable[[int], object] | None, first: int) -> list[float]:
+    times = []
+    for i in range(steps):
+        started = time.perf_counter()
+        work.step()
+        if snapshot is not None:
+            snapshot(first + i)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def stall(fn: Callable[[], object], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def measure(work: Workload, steps: int, rounds: int, directory: Path) -> dict[str, float]:
+    import torch
+
+    from ddp_trainer.storage.checkpoint import CheckpointManager
+    from ddp_trainer.storage.statebytes import copied_to_cpu, split
+
+    manager = CheckpointManager("s3://unused/bench", rank=0, job_status=False, memory_every=1,
+                                memory_dir=directory / "snapshots")
+    work.step()  # Adam's state exists from the first step on
+    state_bytes = split(work.state()).nbytes
+    without: list[float] = []
+    with_snapshots: list[float] = []
+    step = 1
+    for _ in range(rounds):
+        without += step_times(work, steps, None, step)
+        step += steps
+        with_snapshots += step_times(work, steps, lambda s: manager.snapshot(s, work.state), step)
+        step += steps
+    manager.close()
+    plain, snap = statistics.mean(without[1:]), statistics.mean(with_snapshots[1:])
+    buffers = [torch.empty_like(t) for t in work.model.state_dict().values()]
+    buffers += [torch.empty_like(v) for s in work.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+    sources = [*work.model.state_dict().values(),
+               *(v for s in work.optimizer.state.values() for v in s.values() if torch.is_tensor(v))]
+
+    def ceiling() -> None:
+        for out, source in zip(buffers, sources, strict=True):
+            out.copy_(source)
+
+    saved = directory / "torch-save.pt"
+    return {
+        "state_mb": state_bytes / 1e6,
+        "step_s": plain,
+        "step_with_snapshots_s": snap,
+        "cost_per_snapshot_s": snap - plain,
+        "cost_percent": 100 * (snap - plain) / plain,
+        "peer_torch_save_to_shm_s": stall(lambda: torch.save(work.state(), saved), 3),
+        "peer_async_s3_save_stall_s": stall(lambda: copied_to_cpu(work.state()), 3),
+        "ceiling_copy_s": stall(ceiling, 3),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=20, help="steps a block")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dir", default="/dev/shm", help="where the snapshots go (a directory of their own in it)")
+    parser.add_argument("--only", choices=("small", "1gb"), default=None)
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    directory = Path(tempfile.mkdtemp(prefix="ddp-bench-goodput-", dir=args.dir))
+    try:
+        print(f"machine: {os.cpu_count()} CPUs, torch {torch.__version__}, {args.rounds} rounds of {args.steps} "
+              "steps without and with a snapshot every step, alternating")
+        for make in (small, one_gb):
+            if args.only and (args.only == "small") != (make is small):
+                continue
+            work = make()
+            found = measure(work, args.steps, args.rounds, directory)
+            print(f"\n{work.name}: state {found['state_mb']:.1f} MB")
+            print(f"  step without snapshots        {found['step_s'] * 1000:9.2f} ms")
+            print(f"  step with a snapshot each     {found['step_with_snapshots_s'] * 1000:9.2f} ms")
+            print(f"  cost per snapshot             {found['cost_per_snapshot_s'] * 1000:9.2f} ms "
+                  f"({found['cost_percent']:.1f}% of a step)")
+            print(f"  peer: torch.save to /dev/shm  {found['peer_torch_save_to_shm_s'] * 1000:9.2f} ms stall")
+            print(f"  peer: async S3 save's copy    {found['peer_async_s3_save_stall_s'] * 1000:9.2f} ms stall")
+            print(f"  ceiling: copy into buffers    {found['ceiling_copy_s'] * 1000:9.2f} ms")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
