@@ -136,15 +136,15 @@ def train(ctx: RankContext) -> None:
         mine = data_sampler.rank_indices() if record else []
         for x, y in loader:
             consumed += len(x)
+            if record:  # before the step: a rank killed after the gang's all-reduce trained on its batch
+                print(json.dumps({"world": ctx.world_size, "epoch": epoch, "step": step + 1,
+                                  "indices": mine[consumed - len(x):consumed]}), file=record, flush=True)
             x, y = x.to(device), y.to(device)
             opt.zero_grad()
             loss = loss_fn(ddp(x), y)
             loss.backward()
             opt.step()
             step += 1
-            if record:
-                print(json.dumps({"world": ctx.world_size, "epoch": epoch, "step": step,
-                                  "indices": mine[consumed - len(x):consumed]}), file=record, flush=True)
             progress.report(epoch, step, loss.item(), samples=batch * ctx.world_size)
             if results is not None:
                 results.log_metrics(step, epoch, loss, lr=LR)
