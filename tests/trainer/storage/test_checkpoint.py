@@ -87,7 +87,7 @@ def test_manifest_records_crc32c_and_a_changed_byte_is_caught(bucket: str) -> No
 def test_sha256_manifests_written_without_the_crt_still_load(bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
     manager = CheckpointManager(s3.S3Url(bucket, "job"), keep=3, rank=0)
     with monkeypatch.context() as without_crt:
-        without_crt.setattr(checkpoint, "_crc32c", lambda: None)
+        without_crt.setattr(checkpoint, "crc32c_function", lambda: None)
         manager.save(1, _state(1))
     entry = json.loads(s3.get_bytes(manager.step_url(1).join(MANIFEST)))["files"][STATE]
     assert set(entry) == {"size", "sha256"}
@@ -101,7 +101,7 @@ def test_sha256_manifests_written_without_the_crt_still_load(bucket: str, monkey
 def test_a_crc32c_manifest_without_the_crt_says_what_to_install(bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
     manager = CheckpointManager(s3.S3Url(bucket, "job"), rank=0)
     manager.save(1, _state(1))
-    monkeypatch.setattr(checkpoint, "_crc32c", lambda: None)
+    monkeypatch.setattr(checkpoint, "crc32c_function", lambda: None)
     with pytest.raises(ConfigError, match=r"CRC32C.*boto3\[crt\]"):
         manager.load(1)
 

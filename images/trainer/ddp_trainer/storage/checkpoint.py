@@ -38,7 +38,7 @@ from ddp_contract.jobstatus import STATUS_LAST_CHECKPOINT, STATUS_MEMORY_SNAPSHO
 from .. import env
 from ..errors import ConfigError, CorruptDataError, ObjectNotFoundError, TrainerError
 from . import recovery, s3
-from .podsnapshots import PodSnapshots, SnapshotsDoNotFit, SnapshotTaker
+from .podsnapshots import PodSnapshots, SnapshotsDoNotFit, SnapshotTaker, crc32c_function
 from .statebytes import copied_to_cpu
 
 log = logging.getLogger(__name__)
@@ -97,20 +97,12 @@ def serialize_into(state: Mapping[str, Any], file: IO[bytes]) -> None:
     torch.save(dict(state), file)
 
 
-def _crc32c() -> Callable[[Any, int], int] | None:
-    try:
-        from awscrt.checksums import crc32c
-    except ImportError:
-        return None
-    return cast(Callable[[Any, int], int], crc32c)
-
-
 class _Digesting(io.RawIOBase):
     """Passes writes on to the file given to `into`, counting their size and checksum (the manifest's)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._crc32c = _crc32c()
+        self._crc32c = crc32c_function()
         self._crc = 0
         self._sha256 = None if self._crc32c else hashlib.sha256()
         self.size = 0
@@ -145,7 +137,7 @@ def matches(data: bytes, entry: Mapping[str, Any]) -> bool:
     if len(data) != entry["size"]:
         return False
     if "crc32c" in entry:
-        crc32c = _crc32c()
+        crc32c = crc32c_function()
         if crc32c is None:
             raise ConfigError("this checkpoint's manifest has a CRC32C checksum, which needs the AWS CRT "
                               "to verify: pip install 'boto3[crt]' (the trainer image has it)")
@@ -331,7 +323,7 @@ class CheckpointManager:
             try:
                 self._job_status = in_cluster_sink() or False
             except Exception as error:  # noqa: BLE001 - e.g. no service-account token: S3 still has it
-                log.warning("checkpoints are not recorded in the job's status: %s", error)
+                log.warning("checkpoints, snapshots and recoveries are not written to the job's status: %s", error)
                 self._job_status = False
         if self._job_status:
             self._job_status.patch(fields)
@@ -377,7 +369,7 @@ class CheckpointManager:
             return False
         if self._taker is None:
             self._taker = SnapshotTaker(self.pod_snapshots, attempt=env.JobInfo.from_env().attempt)
-        first = self._taker.taken == 0 and self._last_snapshot is None
+        first = self._last_snapshot is None
         try:
             self._taker.take(step, state() if callable(state) else state)
         except SnapshotsDoNotFit as reason:

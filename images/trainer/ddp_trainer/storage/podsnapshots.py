@@ -31,7 +31,7 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..errors import CorruptDataError
 from .statebytes import Split, join, split
@@ -86,19 +86,23 @@ def layout_of(sizes: Iterable[int]) -> tuple[tuple[tuple[int, int], ...], int]:
     return tuple(places), end
 
 
-def checksum(data: memoryview) -> str:
-    """CRC32C where the AWS CRT is installed (the trainer image; 0.06 CPU-s a GB), else zlib's CRC32."""
+def crc32c_function() -> Callable[[Any, int], int] | None:
+    """The AWS CRT's hardware CRC32C (0.06 CPU-s a GB), None where awscrt is not installed."""
     try:
         from awscrt.checksums import crc32c
     except ImportError:
-        crc, name = 0, "crc32"
-        for at in range(0, data.nbytes, CHECKSUM_CHUNK):
-            crc = zlib.crc32(data[at:at + CHECKSUM_CHUNK], crc)
-        return f"{name}:{crc:08x}"
+        return None
+    return cast(Callable[[Any, int], int], crc32c)
+
+
+def checksum(data: memoryview) -> str:
+    """CRC32C where the AWS CRT is installed (the trainer image), else zlib's CRC32."""
+    crc32c = crc32c_function()
+    name, update = ("crc32c", crc32c) if crc32c is not None else ("crc32", zlib.crc32)
     crc = 0
     for at in range(0, data.nbytes, CHECKSUM_CHUNK):
-        crc = crc32c(data[at:at + CHECKSUM_CHUNK], crc)
-    return f"crc32c:{crc:08x}"
+        crc = update(data[at:at + CHECKSUM_CHUNK], crc)
+    return f"{name}:{crc:08x}"
 
 
 def verified(held: Held, data: bytearray | memoryview, where: str) -> None:
@@ -331,7 +335,6 @@ class SnapshotTaker:
         self._idle.set()
         self._worker: threading.Thread | None = None
         self._error: BaseException | None = None
-        self.taken = 0
         _install_hooks()
 
     def take(self, step: int, state: Any) -> None:
@@ -390,7 +393,6 @@ class SnapshotTaker:
                         created=time.time())
             self.snapshots.commit(held)
             self._newest = slot
-            self.taken += 1
         except BaseException as error:  # noqa: BLE001 - said by the next take() or wait()
             self._error = error
             self._newest = None  # read from the directory again

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .podsnapshots import PodSnapshots, state_of
+from .podsnapshots import Held, PodSnapshots, state_of
 from .snapshotpeers import SnapshotServer, fetch
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ def from_gang_memory(snapshots: PodSnapshots, me: Peer, gang: Gang,
                                    steps=tuple(h.step for h in held), reached=snapshots.reached(), s3_step=s3_step))
         job_s3_step = next((o.s3_step for o in offers if o.rank == 0), None)
         for plan in plans(offers, job_s3_step):
-            state = _state(snapshots, me, plan)
+            state = _state(snapshots, held, me, plan)
             if gang.all_true(state is not None):
                 assert state is not None
                 return Recovered(plan.step, state, plan.holders), offers
@@ -155,11 +155,11 @@ def from_gang_memory(snapshots: PodSnapshots, me: Peer, gang: Gang,
             server.close()
 
 
-def _state(snapshots: PodSnapshots, me: Peer, plan: Plan) -> Any:
+def _state(snapshots: PodSnapshots, held: Sequence[Held], me: Peer, plan: Plan) -> Any:
     source = plan.sources[me.rank]
     try:
         if source.port is None:
-            return snapshots.load(next(h for h in snapshots.held() if h.step == plan.step))
+            return snapshots.load(next(h for h in held if h.step == plan.step))
         if me.token is None:
             return None
         fetched = fetch(source.host, source.port, me.token, plan.step)
