@@ -101,6 +101,8 @@ def recover(tmp_path: Path, s3_env: dict, prefix: str, pods: dict[str, str]) -> 
 
 
 def restored(found: dict, step: int) -> bool:
+    # The snapshots and checkpoints hold the bytes state_at made in this process, and state_at makes the same
+    # ones again here: equality is of copies, on any CPU and thread count.
     expected = state_at(step)
     return (found["step"] == step and found["weight"] == expected["model"]["weight"].flatten().tolist()
             and found["momentum"] == expected["optimizer"]["state"][0]["momentum_buffer"].flatten().tolist())
