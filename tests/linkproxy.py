@@ -87,6 +87,11 @@ class LinkProxy:
             _break(sock)
         return len(cut)
 
+    def down(self) -> None:
+        """The server out of reach: the connections open now are broken and new ones refused."""
+        self.refusing = True
+        self.cut_open()
+
     def close(self) -> None:
         self.listener.close()
         self.cut_open()

@@ -10,6 +10,7 @@ from ddp_contract.jobstatus import (
     PHASE_FAILED,
     PHASE_PENDING,
     PHASE_SUCCEEDED,
+    STATUS_CHECKPOINTS_BEHIND,
     STATUS_INFRASTRUCTURE_RESTARTS,
     STATUS_KEPT,
     STATUS_LAST_CHECKPOINT,
@@ -157,6 +158,15 @@ def kept_text(status: Mapping[str, Any]) -> str:
     return "; ".join(parts) + (f" (at {kept['time']})" if kept.get("time") else "")
 
 
+def behind_text(status: Mapping[str, Any]) -> str:
+    """`step 140 waits for S3, unreachable since <time> (<error>)` while a checkpoint waits ('' else)."""
+    behind = status.get(STATUS_CHECKPOINTS_BEHIND)
+    if not isinstance(behind, Mapping):
+        return ""
+    error = f" ({behind['error']})" if behind.get("error") else ""
+    return f"step {behind.get('step')} waits for S3, unreachable since {behind.get('since')}{error}"
+
+
 def recovery_text(status: Mapping[str, Any]) -> str:
     """Where the current attempt resumed from ('' before any restart said so)."""
     found = status.get(STATUS_RECOVERY)
@@ -200,6 +210,8 @@ def status_text(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> st
     checkpoint = status.get(STATUS_LAST_CHECKPOINT) or {}
     lines.append(f"Checkpoint:   step {checkpoint.get('step')} at {checkpoint.get('uri')} ({checkpoint.get('time')})"
                  if checkpoint else "Checkpoint:   none committed")
+    if behind_text(status):
+        lines.append(f"              {behind_text(status)}")
     if snapshots_text(status):
         lines.append(f"Snapshots:    {snapshots_text(status)}")
     if recovery_text(status):

@@ -103,6 +103,8 @@ AWS_REGION: Final = "AWS_REGION"
 S3_ENDPOINT: Final = "DDP_S3_ENDPOINT"
 S3_REGION: Final = "DDP_S3_REGION"
 S3_MAX_ATTEMPTS: Final = "DDP_S3_MAX_ATTEMPTS"
+# How long S3 may stay unreachable while the ranks train on, their checkpoints and metrics waiting for it.
+S3_OUTAGE_SECONDS: Final = "DDP_S3_OUTAGE_SECONDS"
 S3_READ_PART_BYTES: Final = "DDP_S3_READ_PART_BYTES"
 S3_READ_AHEAD: Final = "DDP_S3_READ_AHEAD"
 S3_CRT: Final = "DDP_S3_CRT"  # 0: large uploads through boto3 even where awscrt is installed

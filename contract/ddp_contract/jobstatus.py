@@ -17,6 +17,8 @@ STATUS_ATTEMPT_TIME: Final = "attemptTime"  # when the current attempt began
 STATUS_ATTEMPT_CAUSE: Final = "attemptCause"  # {attempt, reason, message, time}: why that attempt began
 STATUS_RENDEZVOUS: Final = "rendezvous"  # {attempt, ...}: rank 0 says the attempt's gang formed
 STATUS_LAST_CHECKPOINT: Final = "lastCheckpoint"  # {uri, step, ...}: the job's newest committed checkpoint
+# {since, step, error}: rank 0's checkpoint waits for S3, which it cannot reach; cleared once one is committed
+STATUS_CHECKPOINTS_BEHIND: Final = "checkpointsBehind"
 # rank 0's, once the gang restored its state: where the attempt resumed from (ddp_contract.recoveries)
 STATUS_RECOVERY: Final = "recovery"
 # rank 0's: how the pods keep snapshots of the state in memory ({every, copies, bytes, directory}), or why

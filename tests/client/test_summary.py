@@ -120,3 +120,15 @@ def test_status_says_where_the_last_restart_resumed_from_and_how_the_pods_keep_s
     job["status"] = {"memorySnapshots": {"off": "memory snapshots are off: 2 copies ..."}}
     text = status_text(job, [])
     assert "Snapshots:    memory snapshots are off: 2 copies ..." in text and "Recovery:" not in text
+
+
+def test_a_checkpoint_waiting_for_s3_is_said_under_the_last_one_committed() -> None:
+    job = {"metadata": {"name": "j", "namespace": "ns"}, "spec": {"worldSize": 2}, "status": {
+        "lastCheckpoint": FAILED["lastCheckpoint"],
+        "checkpointsBehind": {"since": "2026-01-01T00:01:00Z", "step": 50, "error": "S3 endpoint unreachable"}}}
+    lines = status_text(job, []).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("Checkpoint:"))
+    assert lines[at + 1] == ("              step 50 waits for S3, unreachable since 2026-01-01T00:01:00Z "
+                             "(S3 endpoint unreachable)")
+    job["status"]["checkpointsBehind"] = None  # cleared once one is committed
+    assert "waits for S3" not in status_text(job, [])

@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # trainerhelp, ddp_wor
 from trainerhelp import ACCESS_KEY, SECRET_KEY
 
 import demo  # localcluster/demo.py: its S3 server
+from linkproxy import LinkProxy
 
 
 @pytest.fixture(scope="session")
@@ -57,3 +58,20 @@ def bucket(s3_env: dict[str, str]) -> Iterator[str]:
         s3.client().delete_bucket(Bucket=name)
     except Exception as error:  # noqa: BLE001 - a test that changed the S3 settings; the server goes anyway
         print(f"bucket {name} left on the test server: {error}")
+
+
+@pytest.fixture
+def s3_outage(bucket: str, s3_env: dict[str, str], s3_endpoint: str,
+              monkeypatch: pytest.MonkeyPatch) -> Iterator[LinkProxy]:
+    """This process's S3 through a proxy on loopback that stands for the network: `down()` for an outage
+    (each connection closed at once), `refusing = False` for S3 to answer again. `bucket` is made."""
+    from ddp_trainer.storage import s3
+
+    proxy = LinkProxy(s3_endpoint)
+    monkeypatch.setenv("DDP_S3_ENDPOINT", proxy.url)
+    monkeypatch.setenv("DDP_S3_MAX_ATTEMPTS", "1")  # each write fails at once: the waits are the code's own
+    s3.reset_clients()
+    yield proxy
+    proxy.close()
+    monkeypatch.setenv("DDP_S3_ENDPOINT", s3_endpoint)  # for the bucket's removal
+    s3.reset_clients()

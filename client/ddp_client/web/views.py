@@ -154,6 +154,7 @@ def job_page(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], events: 
                    "worldSize": status.get(STATUS_WORLD_SIZE), "members": status.get(STATUS_MEMBERS),
                    "progress": status.get(STATUS_PROGRESS) or {}, "lastCheckpoint": status.get(STATUS_LAST_CHECKPOINT),
                    "kept": summary.kept_text(status), "conditions": status.get(STATUS_CONDITIONS) or [],
+                   "checkpointsBehind": summary.behind_text(status),
                    "recovery": summary.recovery_text(status), "snapshots": summary.snapshots_text(status),
                    "dataWorkers": status.get(STATUS_DATA_WORKERS)},
         # A finished job's last restart cause is history, not its failure (the same words as `kubectl ddp status`).

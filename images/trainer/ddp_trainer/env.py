@@ -254,6 +254,15 @@ def log_upload_interval_s(environ: Mapping[str, str] | None = None) -> float:
     return _float(env, names.LOG_UPLOAD_INTERVAL_SECONDS, DEFAULT_LOG_UPLOAD_INTERVAL_SECONDS, zero_means_off=True)
 
 
+DEFAULT_S3_OUTAGE_SECONDS = 600.0
+
+
+def s3_outage_s(environ: Mapping[str, str] | None = None) -> float:
+    """$DDP_S3_OUTAGE_SECONDS: how long S3 may stay unreachable while the ranks train on (0: not at all)."""
+    env = os.environ if environ is None else environ
+    return _float(env, names.S3_OUTAGE_SECONDS, DEFAULT_S3_OUTAGE_SECONDS, zero_means_off=True)
+
+
 DEFAULT_KEEP_INTERVAL_SECONDS = 5.0
 DEFAULT_KEEP_SETTLE_SECONDS = 10.0
 

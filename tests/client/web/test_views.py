@@ -64,6 +64,13 @@ def test_a_finished_job_s_last_restart_is_history_not_its_failure() -> None:
     assert "failed rank: rank 0" in failed_page["failure"] and failed_page["lastRestart"] == ""
 
 
+def test_a_job_s_page_says_when_its_checkpoint_waits_for_s3() -> None:
+    behind = {"since": "2027-01-15T08:01:10Z", "step": 400, "error": "S3 endpoint unreachable"}
+    page = views.job_page(job({"phase": "Running", "checkpointsBehind": behind}), [], [])
+    assert page["status"]["checkpointsBehind"].startswith("step 400 waits for S3, unreachable since 2027-01-15T08:01:10Z")
+    assert views.job_page(job({"phase": "Running"}), [], [])["status"]["checkpointsBehind"] == ""
+
+
 def records(attempt: int, steps: range, start: float) -> list[dict[str, Any]]:
     return [{"step": s, "loss": 1.0 / (s + 1), "rank": 0, "attempt": attempt, "time": start + i} for i, s in enumerate(steps)]
 

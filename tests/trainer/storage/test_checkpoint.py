@@ -11,9 +11,11 @@ import torch
 
 from ddp_contract import envnames, layout
 from ddp_trainer.data.sampler import DistributedChunkedSampler
-from ddp_trainer.errors import ConfigError, CorruptDataError
+from ddp_trainer.errors import ConfigError, CorruptDataError, StorageUnavailableError
 from ddp_trainer.storage import checkpoint, s3
 from ddp_trainer.storage.checkpoint import MANIFEST, STATE, CheckpointManager, restore_training_state, training_state
+from linkproxy import LinkProxy
+from waiting import wait_until
 
 
 def _state(seed: int) -> dict:
@@ -297,3 +299,38 @@ def test_snapshots_that_do_not_fit_are_turned_off_with_the_reason_on_the_job(tmp
 def test_a_snapshot_interval_that_is_no_interval_is_refused(memory: dict) -> None:
     with pytest.raises(ConfigError, match="memory_every"):
         CheckpointManager(s3.S3Url("unused", "job"), rank=0, **memory)
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_checkpoints_wait_for_s3_through_an_outage_and_the_newest_is_committed(
+        bucket: str, s3_outage: LinkProxy, async_save: bool) -> None:
+    """S3 out at a save: it returns and training goes on, the job's status says a checkpoint is behind
+    since when, a later save replaces the waiting one, and once S3 answers the newest is committed and
+    the status cleared."""
+    status = StatusRecorder()
+    manager = CheckpointManager(s3.S3Url(bucket, "job"), rank=0, async_save=async_save, job_status=status)
+    manager.save(10, _state(10))
+    manager.wait()
+    s3_outage.down()
+    manager.save(20, _state(20))  # returns though S3 is out
+    wait_until(lambda: any(p.get("checkpointsBehind") for p in status.patches), timeout=20,
+               what="the status to say a checkpoint is behind")
+    manager.save(30, _state(30))  # replaces step 20
+    behind = [p["checkpointsBehind"] for p in status.patches if p.get("checkpointsBehind")]
+    assert behind[0]["since"].endswith("Z") and behind[0]["error"] and behind[0]["step"] in (20, 30)
+    s3_outage.refusing = False
+    manager.close()
+    assert manager.committed_steps() == [10, 30]
+    assert torch.equal(manager.load_latest().state["model"]["weight"], _state(30)["model"]["weight"])
+    assert status.patches[-1] == {"checkpointsBehind": None}  # once step 30 is the job's last checkpoint
+    assert status.patches[-2]["lastCheckpoint"]["step"] == 30
+
+
+def test_an_outage_longer_than_the_limit_fails_the_next_save(bucket: str, s3_outage: LinkProxy) -> None:
+    manager = CheckpointManager(s3.S3Url(bucket, "job"), rank=0, s3_outage_s=1.0)
+    s3_outage.down()
+    manager.save(1, _state(1))
+    with pytest.raises(StorageUnavailableError, match="unreachable for over 1 s"):
+        wait_until(lambda: manager.save(2, _state(2)) and False, timeout=20, what="the outage limit")
+    with pytest.raises(ConfigError, match="s3_outage_s=-1"):
+        CheckpointManager(s3.S3Url(bucket, "job"), rank=0, s3_outage_s=-1)

@@ -12,6 +12,7 @@ import torch
 from ddp_trainer.errors import ConfigError
 from ddp_trainer.storage import results, s3
 from ddp_trainer.storage.results import DaskResultsHandler, S3ResultsHandler, job_prefix, read_metrics
+from linkproxy import LinkProxy
 
 
 def test_results_go_under_the_job_prefix(bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -75,3 +76,16 @@ def test_dask_pytorch_ddp_s_handler_takes_its_key_and_writes_under_the_job(
     for handler in (DaskResultsHandler(key), DaskResultsHandler(pub_sub_key=key)):
         url = handler.submit_result(path="model.pkl", data=b"weights")
         assert url == s3.S3Url(bucket, "dask/ns/j/results/model.pkl") and s3.get_bytes(url) == b"weights"
+
+
+def test_metrics_logged_through_an_s3_outage_are_all_written_once_it_answers(
+        bucket: str, s3_outage: LinkProxy) -> None:
+    handler = S3ResultsHandler(f"s3://{bucket}/job", rank=0, flush_interval_s=0)  # each line flushed
+    handler.log_metrics(1, 0, 1.0)
+    s3_outage.down()
+    for step in range(2, 40):  # training goes on: no line raises, none is lost
+        handler.log_metrics(step, 0, 1.0 / step)
+    assert s3_outage.refused >= 1
+    s3_outage.refusing = False
+    handler.close()  # waits for the lines S3 did not take yet
+    assert [r["step"] for r in read_metrics(s3.S3Url(bucket, "job"))] == list(range(1, 40))

@@ -26,6 +26,7 @@ function summaryHtml(page) {
                `<span>${progressCell(row)}</span>`);
     if (row.samplesPerSecond) parts.push(`<span>${esc(Math.round(row.samplesPerSecond))} samples/s</span>`);
     if (status.lastCheckpoint) parts.push(`<span>checkpoint step ${esc(status.lastCheckpoint.step)} <span class="muted">${esc(status.lastCheckpoint.uri)}</span></span>`);
+    if (status.checkpointsBehind) parts.push(`<span class="failure" id="checkpoints-behind">checkpoint ${esc(status.checkpointsBehind)}</span>`);
     if (status.kept) parts.push(`<span>kept: ${esc(status.kept)}</span>`);
     if (status.recovery) parts.push(`<span id="recovery">${esc(status.recovery)}</span>`);
     if (status.snapshots) parts.push(`<span class="muted" id="snapshots">snapshots ${esc(status.snapshots)}</span>`);

@@ -27,17 +27,23 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
 
 from ddp_contract import layout, recoveries
-from ddp_contract.jobstatus import STATUS_LAST_CHECKPOINT, STATUS_MEMORY_SNAPSHOTS, STATUS_RECOVERY
+from ddp_contract.jobstatus import (
+    STATUS_CHECKPOINTS_BEHIND,
+    STATUS_LAST_CHECKPOINT,
+    STATUS_MEMORY_SNAPSHOTS,
+    STATUS_RECOVERY,
+)
+from ddp_contract.timestamps import rfc3339
 
 from .. import env
-from ..errors import ConfigError, CorruptDataError, ObjectNotFoundError, TrainerError
+from ..errors import ConfigError, CorruptDataError, ObjectNotFoundError, StorageUnavailableError, TrainerError
 from . import recovery, s3
+from .committer import Behind, Committer
 from .podsnapshots import PodSnapshots, SnapshotsDoNotFit, SnapshotTaker, crc32c_function
 from .statebytes import copied_to_cpu
 
@@ -183,6 +189,7 @@ class CheckpointManager:
         memory_every: int | None = None,
         memory_every_s: float | None = None,
         memory_dir: str | Path | None = None,
+        s3_outage_s: float | None = None,
     ) -> None:
         """job_status: where rank 0 records each committed checkpoint (a jobstatus.JobStatusSink);
         default: the job's own status when the rank runs under the operator, else nowhere.
@@ -190,7 +197,12 @@ class CheckpointManager:
         memory_every (steps) or memory_every_s (seconds): how often `snapshot()` keeps the state in the
         pod's memory, from which a restarted gang resumes when it is newer than the last checkpoint in S3
         (both None: no snapshots; `snapshot()` does nothing). memory_dir: where (default $DDP_SNAPSHOT_DIR,
-        else /dev/shm/ddp-snapshots)."""
+        else /dev/shm/ddp-snapshots).
+
+        s3_outage_s: how long S3 may stay unreachable while training goes on (default
+        $DDP_S3_OUTAGE_SECONDS, 600): a save that cannot reach S3 returns, its state is written in the
+        background once S3 answers (a later save replaces it), and status.checkpointsBehind says since
+        when; past it the next save(), wait() or close() raises StorageUnavailableError (exit 203)."""
         if keep < 1:
             raise ConfigError(f"CheckpointManager keep={keep} must be >= 1")
         if memory_every is not None and (not isinstance(memory_every, int) or memory_every < 1):
@@ -208,9 +220,12 @@ class CheckpointManager:
         self.async_save = async_save
         self.part_size = part_size
         self.rank = env.rank() if rank is None else rank
-        self._executor: ThreadPoolExecutor | None = None
-        self._pending: Future[s3.S3Url] | None = None
-        self._lock = threading.Lock()
+        outage_s = env.s3_outage_s() if s3_outage_s is None else s3_outage_s
+        if not outage_s >= 0:
+            raise ConfigError(f"CheckpointManager s3_outage_s={s3_outage_s!r} must be >= 0 seconds")
+        self._commits: Committer[tuple[int, Mapping[str, Any]], s3.S3Url] = Committer(
+            lambda saved: self._write(*saved), outage_s, "checkpoint", behind=self._behind,
+            describe=lambda saved: f"the checkpoint of step {saved[0]}")
         self._job_status = job_status
         self._honored: str | None = None  # the job's checkpoint request the last save answered
         self.memory = MemoryPolicy(memory_every, memory_every_s) if memory_every or memory_every_s else None
@@ -254,43 +269,47 @@ class CheckpointManager:
         Asynchronous mode copies tensors to CPU here, then serialises and uploads in a
         background thread; at most one save is in flight, so a second save waits for the first.
         Errors of a background save are raised by the next save(), wait() or close().
+        While S3 cannot be reached (up to s3_outage_s) a save copies the state and returns: it is
+        written once S3 answers, unless a later save replaces it first.
         """
         if self.rank != 0:
             return None
         if step < 0:
             raise ConfigError(f"checkpoint step {step} must be >= 0")
         self._honored = self._request()
-        if not self.async_save:
+        self._commits.room()
+        if self.async_save or self._commits.out:
+            self._commits.hand((step, copied_to_cpu(state)))
+            return self.step_url(step)
+        try:
             return self._write(step, state)
-        self.wait()
-        frozen = copied_to_cpu(state)
-        with self._lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ddp-checkpoint")
-            self._pending = self._executor.submit(self._write, step, frozen)
-        return self.step_url(step)
+        except StorageUnavailableError as error:
+            self._commits.hand((step, copied_to_cpu(state)), failed=error)
+            return self.step_url(step)
 
     def wait(self) -> s3.S3Url | None:
-        """Block until the in-flight asynchronous save (if any) is committed; re-raise its error."""
-        with self._lock:
-            pending, self._pending = self._pending, None
-        return pending.result() if pending is not None else None
+        """Block until the saves handed to the background (asynchronous, or waiting for S3) are committed;
+        re-raise the error of one that failed."""
+        return self._commits.wait()
 
     def close(self) -> None:
         try:
             self.wait()
+        finally:
             if self._taker is not None:
                 self._taker.wait()
-        finally:
-            if self._executor is not None:
-                self._executor.shutdown(wait=True)
-                self._executor = None
 
     def __enter__(self) -> CheckpointManager:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _behind(self, behind: Behind[tuple[int, Mapping[str, Any]]] | None) -> None:
+        """status.checkpointsBehind while a checkpoint waits for S3; cleared once one is committed."""
+        said = None if behind is None else {"since": rfc3339(behind.since), "step": behind.value[0],
+                                            "error": behind.error[:300]}
+        self._say({STATUS_CHECKPOINTS_BEHIND: said})
 
     def _write(self, step: int, state: Mapping[str, Any]) -> s3.S3Url:
         started = time.monotonic()
@@ -306,7 +325,10 @@ class CheckpointManager:
         s3.put_bytes(url.join(MANIFEST), json.dumps(manifest).encode(), content_type="application/json")
         log.info("checkpoint step %d committed to %s (%d bytes, %.2fs)", step, url, digest.size, time.monotonic() - started)
         self._record(step, url)
-        self._prune(step)
+        try:
+            self._prune(step)
+        except (TrainerError, OSError) as error:  # committed all the same: the next save prunes them
+            log.warning("checkpoints older than step %d were not pruned: %s", step, error)
         return url
 
     def _record(self, step: int, url: s3.S3Url) -> None:

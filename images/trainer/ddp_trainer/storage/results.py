@@ -10,6 +10,8 @@ The job prefix survives gang restarts (same name), which is what lets a restarte
 S3 cannot append, so each rank buffers its metrics and rewrites its own JSON-lines object at
 most every `flush_interval_s`; once that object holds PART_BYTES the next lines start a new part
 (`ppppp`), so a long job neither holds all its metrics in memory nor uploads them again and again.
+While S3 cannot be reached the lines stay in memory and the part is written in the background once it
+answers (storage/committer.py), so training goes on.
 `session` (start time + pid) keeps a restarted rank from overwriting the lines its previous
 incarnation wrote.
 """
@@ -28,9 +30,10 @@ from typing import Any
 from ddp_contract import envnames, layout
 
 from .. import env
-from ..errors import ConfigError, TrainerError
+from ..errors import ConfigError, StorageUnavailableError, TrainerError
 from ..values import to_number
 from . import s3
+from .committer import Committer
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +117,8 @@ class S3ResultsHandler:
         self._dirty = False
         self._last_flush = time.monotonic()
         self._lock = threading.Lock()
+        self._commits: Committer[tuple[s3.S3Url, bytes], None] = Committer(
+            self._put, env.s3_outage_s(), "metrics", describe=lambda part: f"metrics part {part[0]}")
 
     @property
     def metrics_url(self) -> s3.S3Url:
@@ -154,20 +159,37 @@ class S3ResultsHandler:
             self.flush()
 
     def flush(self) -> None:
+        """Writes this rank's lines of its current part; while S3 is out, hands them to the background
+        (raises StorageUnavailableError once it has been out longer than $DDP_S3_OUTAGE_SECONDS)."""
         with self._lock:
             if not self._dirty:
                 return
-            body = ("\n".join(self._lines) + "\n").encode()
-            url = self.metrics_url
+            count = len(self._lines)
+            part = (self.metrics_url, ("\n".join(self._lines) + "\n").encode())
             self._dirty = False
             self._last_flush = time.monotonic()
+        if not self._commits.idle():  # a part waits for S3: this newer one replaces it
+            self._commits.hand(part)
+            return
+        try:
+            self._put(part)
+        except StorageUnavailableError as error:
+            self._commits.hand(part, failed=error)
+            return
+        with self._lock:
             if self._bytes >= PART_BYTES:  # this part is complete once written
-                self._lines, self._bytes = [], 0
+                done, self._lines = self._lines[:count], self._lines[count:]
+                self._bytes -= sum(len(line) + 1 for line in done)
                 self._part += 1
-        s3.put_bytes(url, body, content_type="application/x-ndjson")
+
+    @staticmethod
+    def _put(part: tuple[s3.S3Url, bytes]) -> None:
+        s3.put_bytes(part[0], part[1], content_type="application/x-ndjson")
 
     def close(self) -> None:
+        """Flushes, and waits for the lines that wait for S3 (through an outage up to its limit)."""
         self.flush()
+        self._commits.wait()
 
     def __enter__(self) -> S3ResultsHandler:
         return self
