@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ddp_contract import labels, recoveries
+from ddp_contract import keptstatus, labels, recoveries
 from ddp_contract.jobstatus import (
     PHASE_FAILED,
     PHASE_PENDING,
@@ -148,14 +148,27 @@ def size_text(count: int) -> str:
 
 
 def kept_text(status: Mapping[str, Any]) -> str:
-    """`out: 12 files, 1.2 GB; runs: 3 files, 40.1 kB (at <time>)` from status.kept ('' before any)."""
+    """`out: 12 files, 1.2 GB, behind by 2 files since <time>; runs: 3 files, 40.1 kB (at <time>)` from
+    status.kept, each folder by its path as spec.keepFolders writes it ('' before any)."""
     kept = status.get(STATUS_KEPT) or {}
-    folders = kept.get("folders") or []
+    folders = kept.get(keptstatus.FOLDERS) or []
     if not folders:
         return ""
-    parts = [f"{f.get('path')}: {f.get('files', 0)} file{'' if f.get('files') == 1 else 's'}, "
-             f"{size_text(int(f.get('bytes') or 0))}" for f in folders]
-    return "; ".join(parts) + (f" (at {kept['time']})" if kept.get("time") else "")
+    parts = [kept_folder_text(folder) for folder in folders]
+    return "; ".join(parts) + (f" (at {kept[keptstatus.TIME]})" if kept.get(keptstatus.TIME) else "")
+
+
+def kept_folder_text(folder: Mapping[str, Any]) -> str:
+    text = (f"{folder.get(keptstatus.PATH)}: {files_text(int(folder.get(keptstatus.FILES) or 0))}, "
+            f"{size_text(int(folder.get(keptstatus.BYTES) or 0))}")
+    pending = int(folder.get(keptstatus.PENDING) or 0)
+    if pending and folder.get(keptstatus.BEHIND_SINCE):
+        text += f", behind by {files_text(pending)} since {folder[keptstatus.BEHIND_SINCE]}"
+    return text
+
+
+def files_text(count: int) -> str:
+    return f"{count} file{'' if count == 1 else 's'}"
 
 
 def behind_text(status: Mapping[str, Any]) -> str:

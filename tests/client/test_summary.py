@@ -103,6 +103,11 @@ def test_the_folders_a_job_keeps_are_said_with_their_files_and_size() -> None:
         {"path": "runs", "uri": "s3://b/r/ns/j/kept/runs", "files": 1, "bytes": 812}]}
     job = {"metadata": {"name": "j", "namespace": "ns"}, "spec": spec, "status": {"phase": "Running", "kept": kept}}
     assert "Kept:         out: 12 files, 1.2 GB; runs: 1 file, 812 B (at 2026-01-01T00:00:00Z)" in status_text(job, [])
+    kept["folders"][0].update({"pending": 2, "behindSince": "2025-12-31T23:59:30Z"})
+    kept["folders"][1].update({"pending": 1, "behindSince": "2025-12-31T23:58:00Z"})
+    assert ("Kept:         out: 12 files, 1.2 GB, behind by 2 files since 2025-12-31T23:59:30Z; "
+            "runs: 1 file, 812 B, behind by 1 file since 2025-12-31T23:58:00Z (at 2026-01-01T00:00:00Z)"
+            ) in status_text(job, [])
     job["status"] = {"phase": "Running"}
     assert "Kept:         nothing yet" in status_text(job, [])
     assert "Kept:" not in status_text({"metadata": {}, "spec": {"worldSize": 2}, "status": {}}, [])

@@ -4,14 +4,19 @@ later attempt that restore it (each pod a FolderKeeper of its own, on a folder o
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +24,7 @@ import pytest
 from trainerhelp import FakeClock, free_port, rank_env
 
 from ddp_contract import envnames
-from ddp_trainer.errors import ConfigError
+from ddp_trainer.errors import ConfigError, ObjectNotFoundError
 from ddp_trainer.runtime.folderkeeper import FolderKeeper, KeptFolder, folders_from_env, make_folder_keeper
 from ddp_trainer.storage import s3
 from ddp_trainer.storage.keptfolders import scan_one
@@ -227,10 +232,12 @@ RESUMING = """
                 return None
 
         deadline = time.monotonic() + 60
-        while kept() != str(done + 1).encode():  # until epochs.txt has settled (3 s) and is kept...
+        while kept() != str(done + 1).encode():  # until epochs.txt is kept...
             assert time.monotonic() < deadline, "epochs.txt was not kept within 60 s"
             time.sleep(0.1)
-        (out / "epochs.txt").write_text("half")  # ...then the next save is cut short
+        half = open(out / "epochs.txt", "w")  # ...then the next save is cut short, the file open
+        half.write("half")
+        half.flush()
         os.kill(os.getpid(), signal.SIGKILL)
 """
 
@@ -291,14 +298,24 @@ def test_what_is_kept_is_said_in_the_status_when_it_changes_at_most_every_30_s_a
     keeper = FolderKeeper([KeptFolder("out", str(local), KeptStore(prefix, "job-0"))], interval_s=3600, settle_s=10,
                           clock=clock, report=reports.append)
     write(local / "a.bin", b"12345")
-    settle(keeper, clock)
-    assert [r["folders"] for r in reports] == [[{"path": "out", "uri": str(prefix), "files": 1, "bytes": 5}]]
+    keeper.keep(ended_cleanly=False, final=False)  # seen, not kept yet (no ranks: once settled): behind
+    [said] = [r["folders"] for r in reports]
+    assert said == [{"path": "out", "uri": str(prefix), "files": 0, "bytes": 0, "pending": 1,
+                     "behindSince": said[0]["behindSince"]}]
+    assert said[0]["behindSince"].endswith("Z")
+    clock.now += 10
+    keeper.keep(ended_cleanly=False, final=False)  # kept, 10 s after the last report: not said yet
+    assert len(reports) == 1
+    clock.now += 20
+    keeper.keep(ended_cleanly=False, final=False)
+    assert reports[-1]["folders"] == [{"path": "out", "uri": str(prefix), "files": 1, "bytes": 5}]
     settle(keeper, clock)  # nothing new: nothing said
     write(local / "b.bin", b"123")
     settle(keeper, clock)  # 20 s after the last report: not yet
-    assert len(reports) == 1
+    assert len(reports) == 2
     keeper.finish(ended_cleanly=True, upload_s=30)
     assert reports[-1]["folders"][0]["files"] == 2 and reports[-1]["folders"][0]["bytes"] == 8
+    assert "pending" not in reports[-1]["folders"][0]
     assert reports[-1]["time"].endswith("Z")
 
 
@@ -432,4 +449,178 @@ def test_a_file_that_changes_while_it_goes_up_replaces_nothing(tmp_path: Path, p
     write(path, b"2" * (size // 2))  # rewritten: what is read no longer is the settled version
     assert not store.upload("snapshot.pt", str(path), first)
     assert s3.get_bytes(prefix.join("snapshot.pt")) == b"1" * size
+    second = scan_one(str(path))
+    assert second is not None  # unchanged while it is read, but the ranks ended meanwhile: not whole
+    assert not store.upload("snapshot.pt", str(path), second, still=lambda: False)
+    assert s3.get_bytes(prefix.join("snapshot.pt")) == b"1" * size
     assert store.kept("snapshot.pt") == Kept(first.mtime_ns, "job-0")  # the file's time, as metadata either way
+
+
+REWRITING = """
+import sys, time, torch
+path, count = sys.argv[1], 0
+base = torch.arange(1 << 20, dtype=torch.float32)  # 4 MB: each save takes a while
+while True:
+    count += 1
+    torch.save({"counter": count, "weights": base + count}, path)  # in place: truncated, then written
+    time.sleep(1)
+"""
+
+HOLDING = """
+import sys
+folder = sys.argv[1]
+events = open(folder + "/events.log", "ab")
+events.write(b"step 1\\n")
+events.flush()
+snapshot = open(folder + "/snapshot.pt", "wb")  # as torch.save starts: opened, truncated, nothing written yet
+print("holding", flush=True)
+for line in sys.stdin:
+    events.write(b"step 2\\n")
+    events.flush()
+    print("appended", flush=True)
+"""
+
+
+@pytest.fixture
+def rank() -> Iterator[subprocess.Popen[str]]:
+    """A process standing for the pod's rank process: running until the test ends."""
+    process = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, text=True)
+    yield process
+    process.kill()
+    process.wait()
+
+
+def kept_keeper(local: Path, prefix: s3.S3Url, clock: Callable[[], float], ranks: Callable[[], list[int]],
+                interval_s: float = 3600) -> FolderKeeper:
+    return FolderKeeper([KeptFolder("out", str(local), KeptStore(prefix, "job-0"))], interval_s=interval_s,
+                        settle_s=10, clock=clock, ranks=ranks)
+
+
+def loaded(prefix: s3.S3Url, name: str) -> dict[str, Any] | None:
+    """The kept torch.save file `name`, loaded; None while there is none."""
+    import torch
+
+    try:
+        data = s3.get_bytes(prefix.join(name))
+    except ObjectNotFoundError:
+        return None
+    return torch.load(io.BytesIO(data))
+
+
+def test_a_file_rewritten_every_second_is_kept_whole_version_after_version(
+        tmp_path: Path, prefix: s3.S3Url) -> None:
+    """pytorch/examples' snapshot.pt, saved each (short) epoch in place, never stays unchanged for the 10 s
+    settle time; it is kept between two saves, each version whole (it loads, its tensor is its own)."""
+    import torch
+
+    local = tmp_path / "out"
+    local.mkdir()
+    writer = subprocess.Popen([sys.executable, "-c", REWRITING, str(local / "snapshot.pt")])
+    keeper = kept_keeper(local, prefix, time.monotonic, lambda: [writer.pid], interval_s=0.5).start()
+    try:
+        versions = []
+        for _ in range(3):  # three kept versions, each newer than the one before
+            newest = versions[-1]["counter"] if versions else 0
+            version = wait_until(lambda n=newest: (v := loaded(prefix, "snapshot.pt")) and v["counter"] > n and v,
+                                 90, f"a version of snapshot.pt newer than save {newest}")
+            assert isinstance(version, dict)
+            assert torch.equal(version["weights"], torch.arange(1 << 20, dtype=torch.float32) + version["counter"])
+            versions.append(version)
+    finally:
+        writer.kill()
+        writer.wait()
+        keeper.finish(ended_cleanly=False, upload_s=30)
+    assert [v["counter"] for v in versions] == sorted({v["counter"] for v in versions})
+
+
+def test_a_file_held_open_for_writing_is_kept_once_settled_and_a_closed_one_at_once(
+        tmp_path: Path, prefix: s3.S3Url, clock: FakeClock, rank: subprocess.Popen[str]) -> None:
+    local = tmp_path / "out"
+    local.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", HOLDING, str(local)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdin is not None and holder.stdout is not None
+    keeper = kept_keeper(local, prefix, clock, lambda: [rank.pid])
+    try:
+        assert holder.stdout.readline() == "holding\n"
+        write(local / "config.json", b"{}")
+        keeper.keep(ended_cleanly=False, final=False)
+        assert listing(prefix) == {"config.json": 2}  # closed: at once; the held ones wait to settle
+        said = keeper.status()["folders"][0]
+        assert said["pending"] == 2 and said["behindSince"].endswith("Z")
+        holder.stdin.write("append\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline() == "appended\n"
+        clock.now += 5
+        keeper.keep(ended_cleanly=False, final=False)
+        assert sorted(listing(prefix)) == ["config.json"]
+        clock.now += 5  # the empty snapshot.pt unchanged for 10 s, events.log for 5 s
+        keeper.keep(ended_cleanly=False, final=False)
+        assert listing(prefix) == {"config.json": 2, "snapshot.pt": 0}
+        assert keeper.status()["folders"][0]["behindSince"] == said["behindSince"]  # events.log since then
+        clock.now += 5
+        keeper.keep(ended_cleanly=False, final=False)
+        assert s3.get_bytes(prefix.join("events.log")) == b"step 1\nstep 2\n"
+        assert "pending" not in keeper.status()["folders"][0]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_version_whose_writer_died_holding_it_is_not_taken_as_whole(
+        tmp_path: Path, prefix: s3.S3Url, clock: FakeClock, rank: subprocess.Popen[str]) -> None:
+    """A launcher's worker killed mid-save (the rank process, its launcher, goes on for a while): the file it
+    left is closed, but maybe cut short; only settling keeps it. A rank process that ended: the whole rule is
+    off until the next attempt's start."""
+    local = tmp_path / "out"
+    write(local / "snapshot.pt", b"epoch 1")
+    keeper = kept_keeper(local, prefix, clock, lambda: [rank.pid])
+    keeper.keep(ended_cleanly=False, final=False)
+    worker = subprocess.Popen([sys.executable, "-c", "import sys\nf = open(sys.argv[1], 'wb')\nf.write(b'epo')\n"
+                               "f.flush()\nprint('saving', flush=True)\nsys.stdin.read()", str(local / "snapshot.pt")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert worker.stdout is not None and worker.stdout.readline() == "saving\n"
+    keeper.keep(ended_cleanly=False, final=False)  # held open: not whole
+    worker.kill()
+    worker.wait()
+    keeper.keep(ended_cleanly=False, final=False)  # closed by its writer's death
+    assert s3.get_bytes(prefix.join("snapshot.pt")) == b"epoch 1"
+    write(local / "snapshot.pt", b"epoch 2")  # a whole save by a process that goes on
+    keeper.keep(ended_cleanly=False, final=False)
+    assert s3.get_bytes(prefix.join("snapshot.pt")) == b"epoch 2"
+    rank.kill()
+    rank.wait()
+    write(local / "snapshot.pt", b"epoch 3")
+    keeper.keep(ended_cleanly=False, final=False)
+    assert s3.get_bytes(prefix.join("snapshot.pt")) == b"epoch 2"
+    clock.now += 10
+    keeper.keep(ended_cleanly=False, final=False)
+    assert s3.get_bytes(prefix.join("snapshot.pt")) == b"epoch 3"
+
+
+def test_a_file_that_changed_while_it_went_up_goes_up_next_from_a_copy_made_aside(
+        tmp_path: Path, prefix: s3.S3Url, clock: FakeClock, rank: subprocess.Popen[str],
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    aside = tmp_path / "tmp"
+    aside.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(aside))
+    copied: list[str] = []
+    real_copyfile = shutil.copyfile
+    monkeypatch.setattr(shutil, "copyfile", lambda source, target: copied.append(source) or real_copyfile(source, target))
+    local = tmp_path / "out"
+    write(local / "model.pt", b"v" * (20 << 20), mtime_s=1_700_000_000)
+    write(local / "other.pt", b"w", mtime_s=1_700_000_000)
+    keeper = kept_keeper(local, prefix, clock, lambda: [rank.pid])
+    keeper.folders[0].rewritten.add("model.pt")  # as a direct upload that found it changed leaves it
+    keeper.keep(ended_cleanly=False, final=False)
+    assert copied == [str(local / "model.pt")]  # other.pt went up straight
+    assert s3.get_bytes(prefix.join("model.pt")) == b"v" * (20 << 20)
+    assert KeptStore(prefix, "reader").kept("model.pt") == Kept(1_700_000_000 * 10**9, "job-0")  # the file's time
+    assert list(aside.iterdir()) == []
+    # No room for a copy (here: no temporary folder): it goes up straight, and so do the next.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))
+    write(local / "model.pt", b"x" * 100)
+    with caplog.at_level(logging.WARNING):
+        keeper.keep(ended_cleanly=False, final=False)
+    assert f"no copy of out/model.pt could be made in {tmp_path / 'missing'}" in caplog.text
+    assert s3.get_bytes(prefix.join("model.pt")) == b"x" * 100

@@ -5,18 +5,23 @@ from __future__ import annotations
 from pathlib import Path
 
 from ddp_trainer.storage.keptfolders import (
+    Behind,
     FileState,
+    Rule,
     Settler,
+    Writers,
     dcp_data_files,
     folder_times,
     incomplete_checkpoints,
     parts_from_other_pods,
     rank_states,
+    ready,
     restorable,
     scan,
     scan_one,
     to_delete,
     to_upload,
+    unkept_beside,
 )
 
 
@@ -45,6 +50,56 @@ def test_a_file_settles_once_its_state_stays_the_same_for_the_settle_time() -> N
     assert settler.settled(21) == {"a": a2}
     settler.observe({}, now=22)  # removed: forgotten
     assert settler.settled(100) == {}
+
+
+def test_a_file_no_process_holds_open_for_writing_is_ready_at_once_one_held_once_it_settled() -> None:
+    files = {"snapshot.pt": FileState(9, 2), "events": FileState(5, 2), "log": FileState(7, 1)}
+    settled = {"log": FileState(7, 1)}
+    assert ready(files, settled, writing={"events", "log"}, ended_cleanly=False) == {
+        "snapshot.pt": Rule.WHOLE, "log": Rule.SETTLED}
+    # The ranks are not all running, or /proc cannot tell: settled files only.
+    assert ready(files, settled, writing=None, ended_cleanly=False) == {"log": Rule.SETTLED}
+    assert ready(files, {"log": FileState(6, 1)}, writing=None, ended_cleanly=False) == {}  # changed since
+    assert ready(files, {}, writing=None, ended_cleanly=True) == dict.fromkeys(files, Rule.ENDED)
+
+
+def test_a_version_left_by_a_writer_that_ended_holding_it_counts_as_being_written_until_it_changes() -> None:
+    writers, ended = Writers(), {7}
+    v1, v2 = FileState(3, 1), FileState(9, 2)
+    writers.observe({"a.pt": v1, "b.pt": v1, "c.pt": v1}, {"a.pt": frozenset({7}), "b.pt": frozenset({8})},
+                    ended.__contains__)
+    assert writers.writing() == {"a.pt", "b.pt"}
+    writers.observe({"a.pt": v1, "b.pt": v1, "c.pt": v1}, {}, ended.__contains__)  # both closed; 7 has ended
+    assert writers.writing() == {"a.pt"}  # b.pt's writer closed it and goes on: whole
+    writers.observe({"a.pt": v1, "b.pt": v1}, {}, ended.__contains__)
+    assert writers.writing() == {"a.pt"}
+    writers.observe({"a.pt": v2, "b.pt": v1}, {}, ended.__contains__)  # written again, and closed
+    assert writers.writing() == set()
+
+
+def test_a_folder_is_behind_since_the_oldest_change_not_kept_was_first_seen() -> None:
+    behind = Behind()
+    v1, v2 = FileState(1, 1), FileState(2, 2)
+    behind.observe({"a": v1, "b": v1}, {"a": v1, "b": v1}, now=100)
+    assert (behind.pending(), behind.since()) == (0, None)
+    behind.observe({"a": v2, "b": v1}, {"a": v1, "b": v1}, now=105)
+    behind.observe({"a": v1, "b": v2, "c": v1}, {"a": v1, "b": v1}, now=110)  # a kept at last; b and c new
+    assert (behind.pending(), behind.since()) == (2, 110)
+    behind.observe({"a": v1, "b": v1, "c": v2}, {"a": v1, "b": v1}, now=115)  # c rewritten: still since 110
+    assert (behind.pending(), behind.since()) == (1, 110)
+    behind.observe({"a": v1, "b": v1}, {"a": v1, "b": v1}, now=120)  # c removed
+    assert (behind.pending(), behind.since()) == (0, None)
+
+
+def test_a_checkpoint_s_marker_waits_until_the_other_files_of_its_folder_here_are_kept_as_they_are() -> None:
+    v1, v2 = FileState(1, 1), FileState(2, 2)
+    files = {"checkpoint-4/model.safetensors": v2, "checkpoint-4/optimizer.pt": v1, "checkpoint-4/sub/x": v1,
+             "checkpoint-4/trainer_state.json": v1, "checkpoint-40/model.safetensors": v1, "other": v2}
+    kept = {"checkpoint-4/model.safetensors": v1, "checkpoint-4/sub/x": v1}
+    assert unkept_beside("checkpoint-4/trainer_state.json", "checkpoint-4", files, kept) == [
+        "checkpoint-4/model.safetensors", "checkpoint-4/optimizer.pt"]
+    kept.update(files)
+    assert unkept_beside("checkpoint-4/trainer_state.json", "checkpoint-4", files, kept) == []
 
 
 def test_uploads_are_the_changed_files_with_the_tools_last_written_files_last() -> None:

@@ -319,6 +319,10 @@ class CommandProcess:
             print(self._outcome[1].splitlines()[-1], file=sys.stderr, flush=True)
         return stopping_since is not None
 
+    def pids(self) -> list[int]:
+        """The command's first process (a launcher's workers are its children)."""
+        return [self.process.pid] if self.process is not None else []
+
     def outcome(self) -> tuple[int, str]:
         """0 when the command succeeded; else the exit code the pod reports and its last words."""
         return self._outcome

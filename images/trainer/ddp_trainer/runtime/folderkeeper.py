@@ -4,24 +4,27 @@ the ranks run and when they end, and restored into the pod before each attempt's
 code which resumes from its own folder finds it after a gang restart, a replaced pod or a resize.
 
 The rules (which files are kept, which checkpoint folders are restored) are storage/keptfolders.py's;
-the bytes move through storage/keptstore.py. The keeper runs in the process that supervises the ranks,
-on a thread of its own, never in a training process.
+the bytes move through storage/keptstore.py, and which files are held open for writing is read from
+/proc (openfiles.py). The keeper runs in the process that supervises the ranks, on a thread of its
+own, never in a training process.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import shutil
 import socket
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddp_contract import envnames, layout
+from ddp_contract import envnames, keptstatus, layout
 from ddp_contract.exitcodes import ExitCode
 from ddp_contract.jobstatus import STATUS_KEPT
 from ddp_contract.timestamps import rfc3339
@@ -29,11 +32,14 @@ from ddp_contract.timestamps import rfc3339
 from .. import env, jobstatus
 from ..errors import ConfigError, TrainerError
 from ..storage import keptfolders
-from ..storage.keptfolders import FileState, Settler
+from ..storage.keptfolders import Behind, FileState, Rule, Settler, Writers
 from ..storage.keptstore import KeptPasses, KeptStore
+from . import openfiles
 from .rankprocesses import RankProcesses
 
 log = logging.getLogger(__name__)
+
+Held = Callable[[], Mapping[str, frozenset[int]] | None]  # what the pod's processes hold open for writing
 
 # Before it restores, how long a pod waits for the last passes of the earlier attempts' pods (one that
 # is gone without its last pass, killed or lost with its node, is waited for this long).
@@ -58,6 +64,7 @@ class KeptFolder:
     local: str
     store: KeptStore
     kept: dict[str, FileState] = field(default_factory=dict)  # what is in S3 as this pod knows it
+    rewritten: set[str] = field(default_factory=set)  # files that changed while they went up: copied first
 
 
 def folders_from_env(environ: Mapping[str, str]) -> list[str]:
@@ -79,9 +86,11 @@ def folders_from_env(environ: Mapping[str, str]) -> list[str]:
     return paths
 
 
-def make_folder_keeper(environ: Mapping[str, str], cwd: str | None = None) -> FolderKeeper | None:
-    """The keeper of the folders the job names, or None where it names none. Raises ConfigError where it
-    names some but has no results prefix to keep them under."""
+def make_folder_keeper(environ: Mapping[str, str], cwd: str | None = None,
+                       ranks: Callable[[], Sequence[int]] | None = None) -> FolderKeeper | None:
+    """The keeper of the folders the job names, or None where it names none (`ranks`: the ids of the
+    processes the pod started for the attempt). Raises ConfigError where it names some but has no
+    results prefix to keep them under."""
     from ..storage.results import job_prefix
 
     paths = folders_from_env(environ)
@@ -97,19 +106,23 @@ def make_folder_keeper(environ: Mapping[str, str], cwd: str | None = None) -> Fo
                           KeptStore(job.join(layout.KEPT, layout.kept_folder_key(path)), writer)) for path in paths]
     report = (lambda kept: jobstatus.record({STATUS_KEPT: kept})) if env.node_rank(environ) == 0 else None
     return FolderKeeper(folders, env.keep_interval_s(environ), env.keep_settle_s(environ), report=report,
-                        passes=KeptPasses(job.join(layout.KEPT_PASSES), writer))
+                        passes=KeptPasses(job.join(layout.KEPT_PASSES), writer), ranks=ranks)
 
 
 class FolderKeeper:
-    """Mirrors its folders every `interval_s` (files settled for `settle_s`) from `start` to `finish`."""
+    """Mirrors its folders every `interval_s` from `start` to `finish`: files no process holds open for
+    writing while the ranks run, and files settled for `settle_s`."""
 
     def __init__(self, folders: list[KeptFolder], interval_s: float = env.DEFAULT_KEEP_INTERVAL_SECONDS,
                  settle_s: float = env.DEFAULT_KEEP_SETTLE_SECONDS, clock: Callable[[], float] = time.monotonic,
                  report: Callable[[dict[str, Any]], object] | None = None, passes: KeptPasses | None = None,
-                 passes_wait_s: float = PASSES_WAIT_SECONDS, parts_wait_s: float = PARTS_WAIT_SECONDS) -> None:
+                 passes_wait_s: float = PASSES_WAIT_SECONDS, parts_wait_s: float = PARTS_WAIT_SECONDS,
+                 ranks: Callable[[], Sequence[int]] | None = None) -> None:
         """report: where status.kept goes (the job's status, from the pod of index 0); passes: where the
-        pods say when they keep, per attempt (none: a later attempt does not wait for anyone)."""
+        pods say when they keep, per attempt (none: a later attempt does not wait for anyone); ranks: the
+        ids of the processes the pod started for the attempt (none: files are kept once settled only)."""
         self.folders = folders
+        self.ranks = ranks or (lambda: ())
         self.passes = passes
         self.passes_wait_s = passes_wait_s
         self.parts_wait_s = parts_wait_s
@@ -122,6 +135,10 @@ class FolderKeeper:
         self._changed = False
         self._reported_at = float("-inf")
         self._settlers = {folder.path: Settler(settle_s) for folder in folders}
+        self._writers = {folder.path: Writers() for folder in folders}
+        self._behind = {folder.path: Behind() for folder in folders}
+        self._behind_said: list[tuple[int, float | None]] = [(0, None)] * len(folders)
+        self._copies = True  # copies aside are made until one finds no room
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one pass at a time: the thread's, or finish()'s
         self._thread: threading.Thread | None = None
@@ -201,29 +218,49 @@ class FolderKeeper:
             self.keep(ended_cleanly=False, final=False)
 
     def keep(self, ended_cleanly: bool, final: bool) -> None:
-        """One pass over every folder: upload what is ready (settled files; every file once the ranks
-        exited 0), remove what was kept and is gone. Errors are logged, not raised: the ranks go on."""
+        """One pass over every folder: upload what is ready (keptfolders.ready: every file once the ranks
+        exited 0; else files between two writes while the ranks run, and settled files), remove what was
+        kept and is gone. Errors are logged, not raised: the ranks go on."""
         with self._lock:
+            held = functools.cache(lambda: None if final or ended_cleanly else self._held_for_writing())
             for folder in self.folders:
                 try:
-                    self._keep(folder, ended_cleanly, final)
+                    self._keep(folder, ended_cleanly, final, held)
                 except (TrainerError, OSError) as error:
                     if final or not self._warned:
                         self._warned = True
                         log.warning("keeping %s in S3 failed%s: %s", folder.path,
                                     "" if final else " (tried again every interval)", error)
+            if self._behind_now() != self._behind_said:
+                self._changed = True
             due = final or self.clock() - self._reported_at >= STATUS_EVERY_SECONDS
             if self.report is not None and self._changed and due:
                 self._report_status()
 
+    def _ranks_running(self) -> bool:
+        """Whether the processes the pod started for the attempt all run: while they do, a file none
+        holds open for writing is whole (one that ended may have died halfway through a write)."""
+        pids = self.ranks()
+        return bool(pids) and all(openfiles.running(pid) for pid in pids)
+
+    def _held_for_writing(self) -> dict[str, frozenset[int]] | None:
+        """What the pod's processes hold open for writing below the folders; None: the whole rule is off."""
+        pids = self.ranks()
+        if not self._ranks_running():
+            return None
+        return openfiles.writers_below([os.path.realpath(folder.local) for folder in self.folders], pids)
+
+    def _behind_now(self) -> list[tuple[int, float | None]]:
+        return [(self._behind[f.path].pending(), self._behind[f.path].since()) for f in self.folders]
+
     def status(self) -> dict[str, Any]:
-        """status.kept: each folder's files and bytes in S3 now, and when."""
+        """status.kept: each folder's files and bytes in S3 now, and when; and how far behind it is."""
         folders = []
-        for folder in self.folders:
+        for folder, (pending, since) in zip(self.folders, self._behind_now(), strict=True):
             listing = folder.store.listing()
-            folders.append({"path": folder.path, "uri": str(folder.store.prefix), "files": len(listing),
-                            "bytes": sum(listing.values())})
-        return {"time": rfc3339(time.time()), "folders": folders}
+            folders.append(keptstatus.folder(folder.path, str(folder.store.prefix), len(listing), sum(listing.values()),
+                                             pending, since))
+        return {keptstatus.TIME: rfc3339(time.time()), keptstatus.FOLDERS: folders}
 
     def _report_status(self) -> None:
         assert self.report is not None
@@ -234,19 +271,24 @@ class FolderKeeper:
             return
         self._changed = False
         self._reported_at = self.clock()
+        self._behind_said = self._behind_now()
 
-    def _keep(self, folder: KeptFolder, ended_cleanly: bool, final: bool) -> None:
-        now = self.clock()
+    def _keep(self, folder: KeptFolder, ended_cleanly: bool, final: bool, held: Held) -> None:
+        """One pass over `folder`; `held()`: the files the pod's processes hold open for writing (absolute
+        paths), None where the whole rule is off."""
+        now, seen_at = self.clock(), time.time()
         files = keptfolders.scan(folder.local)
         settler = self._settlers[folder.path]
         settler.observe(files, now)
-        ready = files if ended_cleanly else settler.settled(now)
-        for name in keptfolders.to_upload(ready, folder.kept):
+        ready = keptfolders.ready(files, settler.settled(now), self._writing(folder, files, held), ended_cleanly)
+        for name in keptfolders.to_upload({name: files[name] for name in ready}, folder.kept):
             path = os.path.join(folder.local, name)
-            state = ready[name]
+            state = files[name]
             if keptfolders.scan_one(path) != state:
-                continue  # changed since the scan: not settled after all
+                continue  # changed since the scan: not ready after all
             checkpoint, parts = keptfolders.parts_from_other_pods(name, files, folder.local, self.world)
+            if checkpoint and keptfolders.unkept_beside(name, checkpoint, files, folder.kept):
+                continue  # a marker goes up after its folder's other files
             if parts and not self._parts_kept(folder, checkpoint, parts, final):
                 continue
             if name not in folder.kept:
@@ -254,8 +296,8 @@ class FolderKeeper:
                 if other is not None and other.writer and other.writer != folder.store.writer:
                     log.warning("%s/%s: pod %s replaces the copy pod %s kept (the last writer wins, as on a "
                                 "shared filesystem)", folder.path, name, folder.store.writer, other.writer)
-            if not folder.store.upload(name, path, state):
-                continue  # it changed while it went up: not settled after all, and S3 keeps what it had
+            if not self._upload(folder, name, state, ready[name]):
+                continue  # it changed while it went up: not whole after all, and S3 keeps what it had
             folder.kept[name] = state
             self._changed = True
         gone_folders, gone_files = keptfolders.to_delete(files, folder.kept)
@@ -264,6 +306,67 @@ class FolderKeeper:
             self._changed = True
             for name in [n for n in folder.kept if n in gone_files or keptfolders.within(n, gone_folders)]:
                 del folder.kept[name]
+        folder.rewritten.intersection_update(files)
+        self._behind[folder.path].observe(files, folder.kept, seen_at)
+
+    def _writing(self, folder: KeptFolder, files: Mapping[str, FileState], held: Held) -> set[str] | None:
+        """The files of `folder` (its scan, `files`) that are not whole by the whole rule, None where it
+        is off. /proc is read only where a file changed since it was kept."""
+        if all(folder.kept.get(name) == state for name, state in files.items()):
+            return set()
+        if (open_now := held()) is None:
+            return None
+        root = os.path.realpath(folder.local) + "/"
+        here = {path[len(root):]: pids for path, pids in open_now.items() if path.startswith(root)}
+        watch = self._writers[folder.path]
+        watch.observe(files, {name: pids for name, pids in here.items() if name in files},
+                      lambda pid: not openfiles.running(pid))
+        return watch.writing()
+
+    def _upload(self, folder: KeptFolder, name: str, state: FileState, rule: Rule) -> bool:
+        """Put the file's version `state` by `rule`; False where it changed, or (the whole rule) the
+        ranks stopped, while it was read. A file between two writes goes up straight from the folder,
+        and, once it changed while it went up, from a copy made aside (which is quicker to make)."""
+        path = os.path.join(folder.local, name)
+        if rule is not Rule.WHOLE:
+            return folder.store.upload(name, path, state)
+        if name in folder.rewritten and self._copies and (copied := self._upload_copy(folder, name, path, state)) \
+                is not None:
+            return copied
+        if folder.store.upload(name, path, state, still=self._ranks_running):
+            return True
+        if keptfolders.scan_one(path) != state:
+            folder.rewritten.add(name)
+        return False
+
+    def _upload_copy(self, folder: KeptFolder, name: str, path: str, state: FileState) -> bool | None:
+        """Copy the file into a private temporary file, check that it stayed `state` meanwhile, upload the
+        copy. None where no copy can be made (no room): files go up straight from the folder from then on."""
+        try:
+            handle, copy = tempfile.mkstemp(prefix="ddp-kept-")
+        except OSError as error:
+            self._no_copies(folder, name, error)
+            return None
+        os.close(handle)
+        try:
+            try:
+                shutil.copyfile(path, copy)
+            except FileNotFoundError:
+                return False  # removed meanwhile
+            except OSError as error:
+                self._no_copies(folder, name, error)
+                return None
+            if keptfolders.scan_one(path) != state or os.path.getsize(copy) != state.size or not self._ranks_running():
+                return False
+            os.utime(copy, ns=(state.mtime_ns, state.mtime_ns))
+            return folder.store.upload(name, copy, state)
+        finally:
+            os.unlink(copy)
+
+    def _no_copies(self, folder: KeptFolder, name: str, error: OSError) -> None:
+        self._copies = False
+        log.warning("no copy of %s/%s could be made in %s (%s): files rewritten while they go up are read "
+                    "straight from the folder from now on", folder.path, name, tempfile.gettempdir(), error)
 
     def _parts_kept(self, folder: KeptFolder, checkpoint: str, parts: list[str], final: bool) -> bool:
         """Whether the `parts` of `checkpoint` (its ranks' own files) are all in S3, kept by this pod or
@@ -324,6 +427,9 @@ class KeptRanks:
     def prepare_zygote(self, environ: Mapping[str, str]) -> None:
         self.ranks.prepare_zygote(environ)
 
+    def pids(self) -> list[int]:
+        return self.ranks.pids()
+
     def start(self, environ: Mapping[str, str]) -> None:
         attempt = env.JobInfo.from_env(environ).attempt
         log.info("%s", self.keeper.restore(attempt))
@@ -345,5 +451,5 @@ class KeptRanks:
 
 def kept_ranks(ranks: RankProcesses, environ: Mapping[str, str]) -> RankProcesses:
     """`ranks` keeping the folders the job names, or `ranks` itself where it names none."""
-    keeper = make_folder_keeper(environ)
+    keeper = make_folder_keeper(environ, ranks=ranks.pids)
     return ranks if keeper is None else KeptRanks(ranks, keeper)

@@ -181,6 +181,9 @@ class LocalRanks:
                 rank.process.kill()
                 rank.process.wait()
 
+    def pids(self) -> list[int]:
+        return [rank.process.pid for rank in self.ranks]
+
     def outcome(self) -> tuple[int, str]:
         """0 when every local rank succeeded; else the cause's code and last words (its termination
         message): the first rank to fail for a reason of its own, before one whose collective broke

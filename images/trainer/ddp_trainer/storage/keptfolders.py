@@ -1,15 +1,20 @@
 """Kept folders (spec.keepFolders): the rules for what of a local folder is kept in S3 and restored.
 
-A file is kept once it has settled: its size and modification time unchanged for `settle` seconds
-while its rank runs, or when the rank ends by exiting 0. A file still changing when its rank fails or
-is stopped is not kept: its last settled version stays. A checkpoint folder, which its tool writes
-file by file, is restored only whole, that is holding the file the tool writes last:
+A version of a file is kept when it is whole (Rule): while the pod's ranks run, once no process holds
+the file open for writing (it is between two writes, however often it is rewritten), or once its size
+and modification time stayed unchanged for `settle` seconds (files held open: logs, event files; and
+everywhere where /proc cannot tell); when the ranks end by exiting 0, every file. A version left by a
+writer that ended while it held the file open may be cut short: only settling keeps it. A file still
+changing when its rank fails or is stopped is not kept: its last kept version stays. A checkpoint
+folder, which its tool writes file by file, is restored only whole, that is holding the file the tool
+writes last:
 
     checkpoint-<step>/ (Hugging Face Trainer)                  trainer_state.json
     a folder of *.distcp files (torch.distributed.checkpoint)  .metadata
 
-Files are uploaded with those markers last, so a listing that shows a marker shows its folder's
-other files too. Some files of a checkpoint each rank writes, in its own pod: a Trainer checkpoint's
+Files are uploaded with those markers last, and a marker only once the other files of its folder here
+are kept as they are (unkept_beside), so a listing that shows a marker shows its folder's other files
+too. Some files of a checkpoint each rank writes, in its own pod: a Trainer checkpoint's
 rng_state_<rank>.pth, a torch.distributed.checkpoint's __<rank>_<n>.distcp. The marker is kept only
 once every rank's are (parts_from_other_pods), so that a checkpoint restored whole is the one the
 ranks wrote.
@@ -24,8 +29,9 @@ import os
 import posixpath
 import re
 import stat
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass
+from enum import Enum
 
 HF_CHECKPOINT = re.compile(r"^checkpoint-\d+$")
 HF_MARKER = "trainer_state.json"
@@ -95,6 +101,68 @@ class Settler:
         return {name: state for name, (state, since) in self._since.items() if now - since >= self.settle}
 
 
+class Rule(Enum):
+    """Why a file's version may be kept now."""
+
+    ENDED = "the ranks exited 0"
+    SETTLED = "unchanged for the settle time"
+    WHOLE = "held open for writing by no process: between two writes"
+
+
+def ready(files: Mapping[str, FileState], settled: Mapping[str, FileState], writing: Set[str] | None,
+          ended_cleanly: bool) -> dict[str, Rule]:
+    """Which files of a scan (`files`) may be kept now, and by which rule: every file once the ranks
+    exited 0; else those `settled` (unchanged since), and those not in `writing` (held open for writing,
+    or left by a writer that ended: Writers.writing()). `writing` None: the whole rule is off (the ranks
+    are not all running, or /proc cannot tell), only settled files are ready."""
+    if ended_cleanly:
+        return dict.fromkeys(files, Rule.ENDED)
+    found = {name: Rule.SETTLED for name, state in settled.items() if files.get(name) == state}
+    if writing is not None:
+        found.update({name: Rule.WHOLE for name in files if name not in writing and name not in found})
+    return found
+
+
+class Writers:
+    """The files of a folder that processes hold open for writing, look after look. A file that a
+    process held at the last look and none holds now, all those processes having ended since, may have
+    been cut short by its writer's death (a kill, an OOM): that version counts as still being written,
+    and only settling keeps it."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, frozenset[int]] = {}
+        self._left: dict[str, FileState] = {}
+
+    def observe(self, files: Mapping[str, FileState], held: Mapping[str, frozenset[int]],
+                ended: Callable[[int], bool]) -> None:
+        """One look: `held`, the files of `files` held open for writing and by which processes."""
+        for name, pids in self._held.items():
+            if name not in held and name in files and all(ended(pid) for pid in pids):
+                self._left[name] = files[name]
+        self._left = {name: state for name, state in self._left.items() if files.get(name) == state}
+        self._held = dict(held)
+
+    def writing(self) -> set[str]:
+        return set(self._held) | set(self._left)
+
+
+class Behind:
+    """The files here that S3 does not hold as they are, and since when (a POSIX time) each such
+    change was first seen, after pass after pass."""
+
+    def __init__(self) -> None:
+        self._since: dict[str, float] = {}
+
+    def observe(self, files: Mapping[str, FileState], kept: Mapping[str, FileState], now: float) -> None:
+        self._since = {name: self._since.get(name, now) for name, state in files.items() if kept.get(name) != state}
+
+    def pending(self) -> int:
+        return len(self._since)
+
+    def since(self) -> float | None:
+        return min(self._since.values(), default=None)
+
+
 def to_upload(ready: Mapping[str, FileState], kept: Mapping[str, FileState]) -> list[str]:
     """The files of `ready` whose state differs from what is kept, markers after every other file."""
     return sorted((name for name, state in ready.items() if kept.get(name) != state), key=upload_order)
@@ -117,6 +185,14 @@ def parts_from_other_pods(marker: str, local: Iterable[str], root: str, world: i
     if base == DCP_MARKER and folder:
         return folder, dcp_data_files(root, folder)
     return "", []
+
+
+def unkept_beside(marker: str, checkpoint: str, files: Mapping[str, FileState],
+                  kept: Mapping[str, FileState]) -> list[str]:
+    """The files of the checkpoint folder `checkpoint` here (`files`), other than its `marker`, whose
+    version is not kept: the marker waits for them, so that it never stands beside an older one."""
+    return sorted(name for name, state in files.items()
+                  if name != marker and within(name, [checkpoint]) and kept.get(name) != state)
 
 
 def rank_states(checkpoint: str, local: Iterable[str], world: int) -> list[str]:

@@ -5,7 +5,7 @@ modification time and the pod that kept it as user metadata."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO
 
@@ -63,14 +63,15 @@ class KeptStore:
         raw = metadata.get(MTIME, "")
         return Kept(int(raw) if raw.isdigit() else None, metadata.get(WRITER, ""))
 
-    def upload(self, name: str, path: str, state: FileState) -> bool:
-        """Put the file as it is in `state`; False, with nothing replaced, if it changed while it was read
-        (a multipart upload is abandoned before it completes, a single PUT is never sent)."""
+    def upload(self, name: str, path: str, state: FileState, still: Callable[[], bool] = lambda: True) -> bool:
+        """Put the file as it is in `state`; False, with nothing replaced, if it changed while it was read,
+        or `still()` says no once it is read (a multipart upload is abandoned before it completes, a single
+        PUT is never sent)."""
         def copy(out: IO[bytes]) -> None:
             with open(path, "rb") as source:
                 while chunk := source.read(CHUNK_BYTES):
                     out.write(chunk)
-                if scan_one(path) != state or source.tell() != state.size:
+                if scan_one(path) != state or source.tell() != state.size or not still():
                     raise FileChanged(path)
 
         try:
