@@ -149,13 +149,14 @@ def pod_uids(jobs: Jobs, name: str) -> dict[str, str]:
 
 def test_in_place_a_job_killed_three_ways_keeps_its_pods_and_resumes_to_the_uninterrupted_parameters(
         jobs: Jobs, kube_api, real_node, images_on_the_node: None, s3_on_the_bridge: str, kubectl) -> None:
-    """restartStrategy InPlace in containers: rank 1's process SIGKILLed, then OOM-killed, then its pod
-    deleted. The two process failures reschedule nothing; the deletion replaces that one pod."""
+    """restartStrategy InPlace in containers, with memory snapshots every step: rank 1's process SIGKILLed,
+    then OOM-killed, then its pod deleted. The two process failures reschedule nothing; the deletion
+    replaces that one pod, which gets the state from rank 0's pod over the pod network."""
     endpoint, ns = s3_on_the_bridge, jobs.namespace
     workloads_and_credentials(jobs)
     training_job(jobs, "steady", endpoint)
     training_job(jobs, "mended", endpoint, spec={"restartStrategy": "InPlace"},
-                 WL_OOM_ON_ATTEMPT="1", WL_OOM_AFTER_STEPS="3")
+                 WL_OOM_ON_ATTEMPT="1", WL_OOM_AFTER_STEPS="3", WL_MEMORY_EVERY="1")
     wait_until(lambda: running_attempt(jobs, "mended", 0), 300, "mended Running")
     first = pod_uids(jobs, "mended")
     assert len(first) == 2
@@ -187,7 +188,11 @@ def test_in_place_a_job_killed_three_ways_keeps_its_pods_and_resumes_to_the_unin
     said = kubectl("logs", "mended-0", "-n", ns).stdout
     marks = [said.find(f"attempt {a}: starting the rank process in place") for a in range(4)]
     assert -1 not in marks and marks == sorted(marks), said[-3000:]
-    assert len(re.findall(r"rank 0 resumed from step \d+", said)) == 3, said[-3000:]
+    assert len(re.findall(r"rank 0 resumed from step [1-9]\d*", said)) == 3, said[-3000:]
+    recovery = mended["recovery"]  # attempt 3's: the replaced pod's rank got the state from rank 0's pod
+    assert (recovery["attempt"], recovery["source"], recovery["pods"]) == (3, "Memory", ["mended-0"]), recovery
+    assert recovery["stepsLost"] <= 1 and recovery["step"] > before, recovery
+    assert f"rank 1 resumed from step {recovery['step']}" in kubectl("logs", "mended-1", "-n", ns).stdout
 
     assert_equal_params(final_params(endpoint, ns, "mended"), final_params(endpoint, ns, "steady"))
 
