@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import mmap
+import socket
 import threading
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -45,6 +46,8 @@ class SnapshotServer:
             except OSError:  # closed
                 return
             except Exception as error:  # noqa: BLE001 - a peer without the token: said, and the next one served
+                if self._closed.is_set():
+                    return  # close()'s own connection, which woke the accept
                 log.warning("a connection to the snapshot server was refused: %s", error)
                 continue
             threading.Thread(target=self._serve, args=(conn,), name="ddp-snapshot-send", daemon=True).start()
@@ -71,8 +74,12 @@ class SnapshotServer:
 
     def close(self) -> None:
         self._closed.set()
-        self._listener.close()
+        try:  # closing a socket does not wake a thread blocked in its accept(): a connection does
+            socket.create_connection(self._listener.address, timeout=1).close()
+        except OSError:
+            pass
         self._thread.join(timeout=5)
+        self._listener.close()
 
     def __enter__(self) -> SnapshotServer:
         return self
