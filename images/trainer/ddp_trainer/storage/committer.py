@@ -69,9 +69,11 @@ class Committer(Generic[T, R]):
 
     def __init__(self, write: Callable[[T], R], limit_s: float, name: str,
                  behind: Callable[[Behind[T] | None], object] = lambda behind: None,
-                 describe: Callable[[T], str] = str) -> None:
-        """behind: told what waits for S3 after each failed try, and None once S3 took it."""
+                 describe: Callable[[T], str] = str, merge: Callable[[T, T], T] | None = None) -> None:
+        """behind: told what waits for S3 after each failed try, and None once S3 took it. merge: what waits
+        when a value is handed while another waits (default: the new one; the older one is worth nothing)."""
         self._write = write
+        self._merge = merge
         self._behind = behind
         self._describe = describe
         self._name = name
@@ -108,7 +110,9 @@ class Committer(Generic[T, R]):
         behind = None
         with self._cond:
             self._raise()
-            if self._waiting is not None:
+            if self._waiting is not None and self._merge is not None:
+                value = self._merge(self._waiting, value)
+            elif self._waiting is not None:
                 log.warning("%s: %s is not written to S3, which is still out; %s replaces it", self._name,
                             self._describe(self._waiting), self._describe(value))
             if failed is not None:
@@ -172,6 +176,8 @@ class Committer(Generic[T, R]):
                         told = self._failed(value, error)
                         if self._waiting is None:
                             self._waiting = value
+                        elif self._merge is not None:  # handed while this one was being written
+                            self._waiting = self._merge(value, self._waiting)
                     except StorageUnavailableError as final:
                         self._error, self._waiting = final, None
                     self._writing = False

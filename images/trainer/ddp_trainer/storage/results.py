@@ -10,8 +10,8 @@ The job prefix survives gang restarts (same name), which is what lets a restarte
 S3 cannot append, so each rank buffers its metrics and rewrites its own JSON-lines object at
 most every `flush_interval_s`; once that object holds PART_BYTES the next lines start a new part
 (`ppppp`), so a long job neither holds all its metrics in memory nor uploads them again and again.
-While S3 cannot be reached the lines stay in memory and the part is written in the background once it
-answers (storage/committer.py), so training goes on.
+The parts are written on a thread (storage/committer.py), so a step that logs never waits for S3; while
+S3 cannot be reached they wait in memory and go up once it answers.
 `session` (start time + pid) keeps a restarted rank from overwriting the lines its previous
 incarnation wrote.
 """
@@ -30,7 +30,7 @@ from typing import Any
 from ddp_contract import envnames, layout
 
 from .. import env
-from ..errors import ConfigError, StorageUnavailableError, TrainerError
+from ..errors import ConfigError, TrainerError
 from ..values import to_number
 from . import s3
 from .committer import Committer
@@ -117,8 +117,9 @@ class S3ResultsHandler:
         self._dirty = False
         self._last_flush = time.monotonic()
         self._lock = threading.Lock()
-        self._commits: Committer[tuple[s3.S3Url, bytes], None] = Committer(
-            self._put, env.s3_outage_s(), "metrics", describe=lambda part: f"metrics part {part[0]}")
+        self._commits: Committer[dict[s3.S3Url, bytes], None] = Committer(
+            self._put, env.s3_outage_s(), "metrics", describe=lambda parts: f"metrics parts {', '.join(map(str, parts))}",
+            merge=lambda older, newer: {**older, **newer})  # a part's newer body replaces it; other parts stay
 
     @property
     def metrics_url(self) -> s3.S3Url:
@@ -156,40 +157,35 @@ class S3ResultsHandler:
             self._dirty = True
             due = time.monotonic() - self._last_flush >= self.flush_interval_s
         if due:
-            self.flush()
+            self._hand()
 
-    def flush(self) -> None:
-        """Writes this rank's lines of its current part; while S3 is out, hands them to the background
-        (raises StorageUnavailableError once it has been out longer than $DDP_S3_OUTAGE_SECONDS)."""
+    def _hand(self) -> None:
+        """Hands this rank's lines of its current part to the thread that writes them; a part complete
+        (PART_BYTES) goes with them and later lines start the next (raises StorageUnavailableError once S3
+        has been out longer than $DDP_S3_OUTAGE_SECONDS)."""
         with self._lock:
             if not self._dirty:
                 return
-            count = len(self._lines)
-            part = (self.metrics_url, ("\n".join(self._lines) + "\n").encode())
+            part = {self.metrics_url: ("\n".join(self._lines) + "\n").encode()}
             self._dirty = False
             self._last_flush = time.monotonic()
-        if not self._commits.idle():  # a part waits for S3: this newer one replaces it
-            self._commits.hand(part)
-            return
-        try:
-            self._put(part)
-        except StorageUnavailableError as error:
-            self._commits.hand(part, failed=error)
-            return
-        with self._lock:
-            if self._bytes >= PART_BYTES:  # this part is complete once written
-                done, self._lines = self._lines[:count], self._lines[count:]
-                self._bytes -= sum(len(line) + 1 for line in done)
+            if self._bytes >= PART_BYTES:
+                self._lines, self._bytes = [], 0
                 self._part += 1
+        self._commits.hand(part)
+
+    def flush(self) -> None:
+        """Writes this rank's lines, and waits for S3 to hold them (through an outage up to its limit)."""
+        self._hand()
+        self._commits.wait()
 
     @staticmethod
-    def _put(part: tuple[s3.S3Url, bytes]) -> None:
-        s3.put_bytes(part[0], part[1], content_type="application/x-ndjson")
+    def _put(parts: dict[s3.S3Url, bytes]) -> None:
+        for url, body in parts.items():
+            s3.put_bytes(url, body, content_type="application/x-ndjson")
 
     def close(self) -> None:
-        """Flushes, and waits for the lines that wait for S3 (through an outage up to its limit)."""
         self.flush()
-        self._commits.wait()
 
     def __enter__(self) -> S3ResultsHandler:
         return self
