@@ -10,6 +10,9 @@ it, in the same run, the stall of what a user would do instead, per snapshot: to
 of the same bytes into buffers already allocated.
 
 Snapshots go to a directory of their own under /dev/shm (--dir), removed at the end.
+
+Then (--faults; skip with --no-faults) what faults cost a job on the local cluster's real node, fault-free,
+with S3 checkpoints only, with memory snapshots, and through an S3 outage: benchmarks/goodput_faults.py.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / p) for p in ("contract", "images/trainer")]
+sys.path[:0] = [str(REPO / p) for p in ("contract", "images/trainer", "benchmarks")]
 
 
 @dataclass
@@ -143,6 +146,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dir", default="/dev/shm", help="where the snapshots go (a directory of their own in it)")
     parser.add_argument("--only", choices=("small", "1gb"), default=None)
+    parser.add_argument("--faults", action=argparse.BooleanOptionalAction, default=True,
+                        help="also the faulted runs on the real node (about 10 minutes a state size)")
+    parser.add_argument("--fault-states", default="small,1GB", help="state sizes of the faulted runs")
+    parser.add_argument("--fault-count", type=int, default=3, help="faults a faulted run")
+    parser.add_argument("--every", type=int, default=20, help="steps between S3 checkpoints in the faulted runs")
+    parser.add_argument("--pace", type=float, default=0.25, help="seconds a step of the small state sleeps")
+    parser.add_argument("--outage", default="20,20", help="the S3 outage: seconds in, seconds long")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds each wait of the faulted runs may take")
     args = parser.parse_args()
     import torch
 
@@ -166,6 +177,13 @@ def main() -> int:
             print(f"  ceiling: copy into buffers    {found['ceiling_copy_s'] * 1000:9.2f} ms")
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+    if args.faults:
+        import goodput_faults
+
+        at, length = (float(x) for x in args.outage.split(","))
+        found_faults = goodput_faults.measure(args.fault_states.split(","), args.fault_count, args.every, args.pace,
+                                              (at, length), args.timeout)
+        goodput_faults.print_table(found_faults)
     return 0
 
 

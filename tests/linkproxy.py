@@ -14,7 +14,9 @@ class LinkProxy:
     (`cut_open`), closes new ones at once while `refusing` (the server down), and counts the ranged
     GETs it forwards and the most connections delivering responses at once."""
 
-    def __init__(self, upstream: str, cuts: int = 0, cut_after: int = 0, rate: float = 0) -> None:
+    def __init__(self, upstream: str, cuts: int = 0, cut_after: int = 0, rate: float = 0,
+                 host: str = "127.0.0.1") -> None:
+        """host: where it listens (the pod bridge's address, for pods to reach it through)."""
         host, port = upstream.rsplit("//", 1)[1].rsplit(":", 1)
         self.upstream = (host, int(port))
         self.cuts, self.cut_after, self.rate = cuts, cut_after, rate
@@ -22,9 +24,9 @@ class LinkProxy:
         self.lock = threading.Lock()
         self.open: set[socket.socket] = set()
         self.refusing, self.refused = False, 0  # while refusing, each new connection is closed at once
-        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener = socket.create_server((host, 0))
         self.port = self.listener.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:

@@ -40,8 +40,12 @@ def dataset() -> TensorDataset:
 
 
 def model() -> nn.Module:
+    """FEATURES -> 16 -> 1; WL_WIDTH and WL_LAYERS (hidden layers of that width) make it larger, for
+    states of a size to measure (8192 and 2: about 0.5 GB of parameters, as much again of momentum)."""
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, 1))
+    width, layers = _int("WL_WIDTH", 16), _int("WL_LAYERS", 0)
+    hidden = [module for _ in range(layers) for module in (nn.Linear(width, width), nn.Tanh())]
+    return nn.Sequential(nn.Linear(FEATURES, width), nn.Tanh(), *hidden, nn.Linear(width, 1))
 
 
 def optimizer(net: nn.Module) -> torch.optim.Optimizer:
@@ -137,7 +141,7 @@ def train(ctx: RankContext) -> None:
         for x, y in loader:
             consumed += len(x)
             if record:  # before the step: a rank killed after the gang's all-reduce trained on its batch
-                print(json.dumps({"world": ctx.world_size, "epoch": epoch, "step": step + 1,
+                print(json.dumps({"world": ctx.world_size, "epoch": epoch, "step": step + 1, "time": time.time(),
                                   "indices": mine[consumed - len(x):consumed]}), file=record, flush=True)
             x, y = x.to(device), y.to(device)
             opt.zero_grad()
