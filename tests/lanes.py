@@ -25,28 +25,6 @@ RUN_DIR_ENV = "DDP_TEST_RUN_DIR"
 OWNER_PID_ENV = "DDP_TEST_OWNER_PID"
 # The mark of a test module that must have the cluster to itself: pytest.mark.alone("why").
 ALONE = "alone"
-# The lanes that take minutes (most others take seconds), started first and longest first: `make test`
-# passes --no-loadscope-reorder, without which pytest-xdist starts the lanes of most tests first, and a lane
-# of ten long tests on the real node started last would end the run long after the others. From `make test`'s
-# durations on the 2-core VM; the other lanes keep the order they are collected in.
-LONGEST_FIRST = (
-    "tests/localcluster/test_real_node_kept.py",
-    "podrunner",
-    "tests/localcluster/test_real_node_commands.py",
-    "tests/e2e/test_examples.py",
-    "tests/localcluster/test_real_node_training.py",
-    "tests/e2e/test_command_jobs.py",
-    "tests/e2e/test_elastic.py",
-    "tests/trainer/data/test_shardstream.py",
-    "tests/localcluster/test_real_node_client.py",
-    "tests/trainer/data/test_dataworkers.py",
-    "tests/localcluster/test_real_node_private_ca.py",
-)
-
-
-def longest_first(lane: str) -> int:
-    """The place of `lane` in the order lanes start in (LONGEST_FIRST, then every other)."""
-    return LONGEST_FIRST.index(lane) if lane in LONGEST_FIRST else len(LONGEST_FIRST)
 
 
 def begin_run() -> Path:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import lanes
-from kube import REPO, wait_until
+from kube import wait_until
 
 FORK = multiprocessing.get_context("fork")
 
@@ -97,8 +97,3 @@ def test_once_starts_a_thing_in_one_worker_and_lists_what_the_run_must_stop_in_o
     assert len(calls.read_text().split()) == 3  # one start of each, whichever worker came first
     assert lanes.started_in_run() == ["cluster", "kueue"]
 
-
-def test_the_longest_lanes_start_first_and_the_others_keep_their_order() -> None:
-    order = sorted(["tests/a.py", "podrunner", "tests/b.py", lanes.LONGEST_FIRST[0]], key=lanes.longest_first)
-    assert order == [lanes.LONGEST_FIRST[0], "podrunner", "tests/a.py", "tests/b.py"]
-    assert all((REPO / lane).is_file() for lane in lanes.LONGEST_FIRST if lane != "podrunner")  # none renamed away
