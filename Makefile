@@ -27,7 +27,7 @@ example:
 # build of the images, which imports them into the node, then finds them made).
 test:
 	@venv=$$(scripts/venv.sh) && scripts/build-for-tests.sh "$$venv" && \
-	  $$venv/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=30 $(PYTEST_ARGS)
+	  $$venv/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=30 $(PYTEST_ARGS)
 
 # ruff (lint, import order), mypy (types) and import-linter (the operator never imports the runtime).
 lint:

@@ -239,13 +239,15 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 # cluster share it.
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the lanes
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    lane_of: dict[str, str] = {}
     for item in items:
         # Every test that touches the cluster is marked, so `-m "not cluster"` runs the fast ones alone.
         if "cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
-        # The modules with a podrunner (e2e/conftest.py) share its node name and the ranks' loopback port.
-        lane = "podrunner" if "podrunner" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(lane))
+        lane_of[item.nodeid] = lanes.lane(item.nodeid.split("::")[0], getattr(item, "fixturenames", ()))
+        item.add_marker(pytest.mark.xdist_group(lane_of[item.nodeid]))
+    place = lanes.start_order(list(lane_of.values()))
+    items.sort(key=lambda item: place[lane_of[item.nodeid]])  # stable: each lane in its order
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's, on its controller

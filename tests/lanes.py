@@ -17,7 +17,8 @@ import fcntl
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -25,6 +26,35 @@ RUN_DIR_ENV = "DDP_TEST_RUN_DIR"
 OWNER_PID_ENV = "DDP_TEST_OWNER_PID"
 # The mark of a test module that must have the cluster to itself: pytest.mark.alone("why").
 ALONE = "alone"
+# The modules whose jobs train on the real node, each test several gangs of processes that keep both cores
+# busy: one lane, started first. Two or three of them at once made each several times slower (the Hugging
+# Face test 640 s against 170), past their timeouts on a slower machine, where one after another beside
+# the lanes that mostly wait on the cluster takes no longer than the longest of them.
+NODE_TRAINING = "node-training"
+NODE_TRAINING_MODULES = (
+    "tests/e2e/test_examples.py",
+    "tests/localcluster/test_real_node_commands.py",
+    "tests/localcluster/test_real_node_kept.py",
+    "tests/localcluster/test_real_node_training.py",
+)
+PODRUNNER = "podrunner"
+
+
+def lane(module: str, fixtures: Iterable[str]) -> str:
+    """The pytest-xdist lane (xdist_group) of a test of `module`: the modules with a podrunner
+    (e2e/conftest.py) share its node name and the ranks' loopback port; those that train on the real node
+    share its cores; every other module is a lane of its own."""
+    if module in NODE_TRAINING_MODULES:
+        return NODE_TRAINING
+    return PODRUNNER if PODRUNNER in fixtures else module
+
+
+def start_order(lanes_of_tests: list[str]) -> dict[str, int]:
+    """The place each lane starts in: the real node's training first, then the lanes of most tests (as
+    pytest-xdist orders them, which `make test`'s --no-loadscope-reorder turns off for the first)."""
+    counts = Counter(lanes_of_tests)
+    ordered = sorted(counts, key=lambda name: (name != NODE_TRAINING, -counts[name]))
+    return {name: place for place, name in enumerate(ordered)}
 
 
 def begin_run() -> Path:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import os
 import time
@@ -38,7 +39,8 @@ class MyTrainDataset(Dataset):
 
 class Trainer:
     def __init__(self, model: torch.nn.Module, train_data: DataLoader, optimizer: torch.optim.Optimizer,
-                 save_every: int, snapshot_path: str, step_seconds: float, pad_mb: int = 0) -> None:
+                 save_every: int, snapshot_path: str, step_seconds: float, pad_mb: int = 0,
+                 save_mb_per_second: float = 0.0) -> None:
         self.local_rank = int(os.environ["LOCAL_RANK"])
         self.global_rank = int(os.environ["RANK"])
         self.model = model
@@ -49,6 +51,7 @@ class Trainer:
         self.snapshot_path = snapshot_path
         self.step_seconds = step_seconds
         self.pad_mb = pad_mb
+        self.save_mb_per_second = save_mb_per_second
         if os.path.exists(snapshot_path):
             print("Loading snapshot")
             self._load_snapshot(snapshot_path)
@@ -84,7 +87,10 @@ class Trainer:
         if self.pad_mb:  # a larger model's snapshot
             snapshot["PADDING"] = torch.zeros(self.pad_mb * 1024 * 1024 // 4)
         os.makedirs(os.path.dirname(self.snapshot_path) or ".", exist_ok=True)
-        torch.save(snapshot, self.snapshot_path)
+        if self.save_mb_per_second:
+            save_slowly(snapshot, self.snapshot_path, self.save_mb_per_second)
+        else:
+            torch.save(snapshot, self.snapshot_path)
         print(f"Epoch {epoch} | Training snapshot saved at {self.snapshot_path}")
 
     def train(self, max_epochs: int) -> None:
@@ -92,6 +98,18 @@ class Trainer:
             self._run_epoch(epoch)
             if self.global_rank == 0 and epoch % self.save_every == 0:
                 self._save_snapshot(epoch)
+
+
+def save_slowly(snapshot: dict, path: str, mb_per_second: float) -> None:
+    """torch.save onto a slow disk: the file is written in 1 MB pieces at most `mb_per_second`."""
+    buffer = io.BytesIO()
+    torch.save(snapshot, buffer)
+    data, piece = buffer.getbuffer(), 1 << 20
+    with open(path, "wb") as out:
+        for start in range(0, len(data), piece):
+            out.write(data[start:start + piece])
+            out.flush()
+            time.sleep(piece / (mb_per_second * (1 << 20)))
 
 
 def main() -> None:
@@ -102,6 +120,7 @@ def main() -> None:
     parser.add_argument("--step-seconds", default=0.0, type=float, help="pace each step (to watch it run)")
     parser.add_argument("--snapshot-path", default="/tmp/snapshot.pt", help="where rank 0 saves the snapshot")
     parser.add_argument("--pad-mb", default=0, type=int, help="make each snapshot this many MB larger")
+    parser.add_argument("--save-mb-per-second", default=0.0, type=float, help="write snapshots this slowly (0: at once)")
     args = parser.parse_args()
     init_process_group(backend="gloo")
     torch.manual_seed(0)
@@ -109,7 +128,7 @@ def main() -> None:
     loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=False, sampler=DistributedSampler(dataset))
     model = torch.nn.Linear(20, 1)
     trainer = Trainer(model, loader, torch.optim.SGD(model.parameters(), lr=1e-3), args.save_every,
-                      args.snapshot_path, args.step_seconds, args.pad_mb)
+                      args.snapshot_path, args.step_seconds, args.pad_mb, args.save_mb_per_second)
     trainer.train(args.total_epochs)
     flat = torch.cat([p.detach().flatten() for p in model.parameters()]).numpy().tobytes()
     print(json.dumps({"event": "params", "rank": get_rank(), "world_size": get_world_size(),

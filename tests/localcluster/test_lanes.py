@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import lanes
-from kube import wait_until
+from kube import REPO, wait_until
 
 FORK = multiprocessing.get_context("fork")
 
@@ -97,3 +97,11 @@ def test_once_starts_a_thing_in_one_worker_and_lists_what_the_run_must_stop_in_o
     assert len(calls.read_text().split()) == 3  # one start of each, whichever worker came first
     assert lanes.started_in_run() == ["cluster", "kueue"]
 
+
+def test_the_real_node_s_training_modules_share_one_lane_that_starts_first() -> None:
+    assert {lanes.lane(module, ["cluster"]) for module in lanes.NODE_TRAINING_MODULES} == {lanes.NODE_TRAINING}
+    assert lanes.lane("tests/e2e/test_main_job.py", ["jobs", "podrunner"]) == lanes.PODRUNNER
+    assert lanes.lane("tests/trainer/test_gpu.py", ["tmp_path"]) == "tests/trainer/test_gpu.py"
+    order = lanes.start_order(["a.py", "b.py", "b.py", lanes.NODE_TRAINING, *[lanes.PODRUNNER] * 3])
+    assert order == {lanes.NODE_TRAINING: 0, lanes.PODRUNNER: 1, "b.py": 2, "a.py": 3}
+    assert all((REPO / module).is_file() for module in lanes.NODE_TRAINING_MODULES)  # none renamed away

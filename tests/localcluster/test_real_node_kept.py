@@ -29,7 +29,7 @@ from procs import command_pids
 
 pytestmark = [pytest.mark.node, pytest.mark.images, pytest.mark.timeout(900)]
 
-PAD_MB = 256  # the large snapshot's padding
+PAD_MB = 16  # the large snapshot's padding, written at 4 MB/s: 4 s in which rank 0's process is killed
 
 
 def test_hugging_face_jobs_restarted_resume_from_their_kept_checkpoint_and_end_as_an_uninterrupted_one(
@@ -128,17 +128,17 @@ def test_a_snapshot_script_whose_pod_is_deleted_resumes_every_rank_from_rank_0_s
     assert_resumed_together(jobs, "snap")
 
 
-def test_a_rank_killed_while_writing_a_large_snapshot_resumes_from_the_last_whole_one(
+def test_a_rank_killed_while_writing_a_snapshot_resumes_from_the_last_whole_one(
         jobs: Jobs, real_node, frameworks_image: str, commands_s3: str) -> None:
-    """Rank 0's process is SIGKILLed while torch.save writes the next 256 MB snapshot over the kept one: the torn
-    file is never kept (it was open for writing, and never settled while its rank ran), so the gang restarts from
-    the last whole one. Its size only has to make the write last long enough to be caught (about a second here;
-    polled every 20 ms); an epoch (13 s) outlasts a snapshot's upload, so one is kept before the next is written."""
+    """Rank 0's process is SIGKILLed while it writes the next snapshot over the kept one (16 MB at 4 MB/s, as
+    onto a slow disk: the write lasts long enough to be caught, polled every 20 ms): the torn file is never
+    kept (it was open for writing, and never settled while its rank ran), so the gang restarts from the last
+    whole one. An epoch (13 s) outlasts a snapshot's write and upload, so one is kept before the next."""
     endpoint, ns = commands_s3, jobs.namespace
     command_job(jobs, "big-snap", frameworks_image, endpoint,
                 ["torchrun", "torchrun_train.py", "3", "1", "--step-seconds", "0.4", "--snapshot-path",
-                 "/home/ddp/snap/snapshot.pt", "--pad-mb", str(PAD_MB)], keepFolders=["/home/ddp/snap"],
-                env=KEEP_FAST, backoffLimit=1)
+                 "/home/ddp/snap/snapshot.pt", "--pad-mb", str(PAD_MB), "--save-mb-per-second", "4"],
+                keepFolders=["/home/ddp/snap"], env=KEEP_FAST, backoffLimit=1)
     # A snapshot torch.save has opened but not written for the settle time is kept as it is (an empty file
     # under load): the whole one comes at the next pass after it is written.
     first = wait_until(lambda: (found := kept_object(endpoint, ns, "big-snap", "home/ddp/snap/snapshot.pt"))

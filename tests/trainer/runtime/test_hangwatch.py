@@ -91,7 +91,9 @@ def test_a_rank_that_stops_calling_the_collective_is_caught_and_every_rank_dumps
     assert time.monotonic() - started < 60
     hung = parse_line(results[1].stderr)
     assert hung is not None and hung.step == 3 and hung.exit_code == ExitCode.HUNG
-    assert re.match(r"no progress for [34]s since step 3 \(hang timeout 3s\)", hung.error), hung.error
+    # Seen at the first look after 3 s without progress: a second later here, more on a busy machine.
+    said = re.match(r"no progress for (\d+)s since step 3 \(hang timeout 3s\)", hung.error)
+    assert said and 3 <= int(said[1]) < 30, hung.error
     dumps = s3.S3Url(bucket, f"runs/team-a/stuck/{layout.HANGS}/attempt-2")
     assert f"stacks in s3://{bucket}/{dumps.key}/rank-1.txt" in hung.error
     stuck_in_sleep = s3.get_bytes(dumps.join("rank-1.txt")).decode()
