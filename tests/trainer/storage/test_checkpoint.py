@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections import defaultdict, namedtuple
 
@@ -308,9 +309,10 @@ def test_checkpoints_wait_for_s3_through_an_outage_and_the_newest_is_committed(
     since when, a later save replaces the waiting one, and once S3 answers the newest is committed and
     the status cleared."""
     status = StatusRecorder()
+    before = set(threading.enumerate())
     manager = CheckpointManager(s3.S3Url(bucket, "job"), rank=0, async_save=async_save, job_status=status)
     manager.save(10, _state(10))
-    manager.wait()
+    assert manager.wait() == manager.step_url(10)
     s3_outage.down()
     manager.save(20, _state(20))  # returns though S3 is out
     wait_until(lambda: any(p.get("checkpointsBehind") for p in status.patches), timeout=20,
@@ -324,6 +326,10 @@ def test_checkpoints_wait_for_s3_through_an_outage_and_the_newest_is_committed(
     assert torch.equal(manager.load_latest().state["model"]["weight"], _state(30)["model"]["weight"])
     assert status.patches[-1] == {"checkpointsBehind": None}  # once step 30 is the job's last checkpoint
     assert status.patches[-2]["lastCheckpoint"]["step"] == 30
+    assert not [t for t in set(threading.enumerate()) - before if t.name == "ddp-checkpoint"]  # close ended it
+    manager.save(40, _state(40))  # S3 answers: a synchronous save writes it itself
+    assert manager.wait() == manager.step_url(40)
+    manager.close()
 
 
 def test_an_outage_longer_than_the_limit_fails_the_next_save(bucket: str, s3_outage: LinkProxy) -> None:

@@ -95,3 +95,18 @@ def test_a_caller_s_own_failed_write_is_tried_again_in_the_background(bucket: st
     assert commits.wait() == "mine"  # S3 answers: written after the first retry delay
     with pytest.raises(StorageUnavailableError, match="DDP_S3_OUTAGE_SECONDS"):  # a limit of 0: fail at once
         _committer(bucket, 0, Told()).hand(("x", b""), failed=StorageUnavailableError("down"))
+
+
+def test_close_waits_for_the_write_and_ends_the_thread_and_a_later_value_starts_another(bucket: str) -> None:
+    before = set(threading.enumerate())
+    commits = _committer(bucket, 60, Told())
+
+    def writers() -> list[threading.Thread]:
+        return [thread for thread in set(threading.enumerate()) - before if thread.name == "ddp-test"]
+
+    commits.hand(("one", b"1"))
+    assert writers()
+    assert commits.close() == "one" and writers() == []
+    commits.hand(("two", b"2"))
+    assert commits.close() == "two" and writers() == []
+    assert s3.get_bytes(s3.S3Url(bucket, "two")) == b"2"

@@ -226,6 +226,7 @@ class CheckpointManager:
         self._commits: Committer[tuple[int, Mapping[str, Any]], s3.S3Url] = Committer(
             lambda saved: self._write(*saved), outage_s, "checkpoint", behind=self._behind,
             describe=lambda saved: f"the checkpoint of step {saved[0]}")
+        self._written: s3.S3Url | None = None  # the last save's, where it wrote itself rather than handed it
         self._job_status = job_status
         self._honored: str | None = None  # the job's checkpoint request the last save answered
         self.memory = MemoryPolicy(memory_every, memory_every_s) if memory_every or memory_every_s else None
@@ -278,23 +279,26 @@ class CheckpointManager:
             raise ConfigError(f"checkpoint step {step} must be >= 0")
         self._honored = self._request()
         self._commits.room()
+        self._written = None
         if self.async_save or self._commits.out:
             self._commits.hand((step, copied_to_cpu(state)))
             return self.step_url(step)
         try:
-            return self._write(step, state)
+            self._written = self._write(step, state)
+            return self._written
         except StorageUnavailableError as error:
             self._commits.hand((step, copied_to_cpu(state)), failed=error)
             return self.step_url(step)
 
     def wait(self) -> s3.S3Url | None:
         """Block until the saves handed to the background (asynchronous, or waiting for S3) are committed;
-        re-raise the error of one that failed."""
-        return self._commits.wait()
+        re-raise the error of one that failed. Returns the newest committed checkpoint's URL."""
+        committed = self._commits.wait()
+        return self._written or committed
 
     def close(self) -> None:
         try:
-            self.wait()
+            self._commits.close()
         finally:
             if self._taker is not None:
                 self._taker.wait()

@@ -85,6 +85,7 @@ class Committer(Generic[T, R]):
         self._error: BaseException | None = None
         self._last: R | None = None
         self._thread: threading.Thread | None = None
+        self._closing = False
 
     @property
     def out(self) -> bool:
@@ -133,6 +134,19 @@ class Committer(Generic[T, R]):
             self._raise()
             return self._last
 
+    def close(self) -> R | None:
+        """Waits as wait() does, then ends the thread (a value handed later starts another)."""
+        try:
+            return self.wait()
+        finally:
+            with self._cond:
+                thread, self._thread, self._closing = self._thread, None, True
+                self._cond.notify_all()
+            if thread is not None:
+                thread.join()
+            with self._cond:
+                self._closing = False
+
     def _raise(self) -> None:
         if self._error is not None:
             error, self._error = self._error, None
@@ -151,21 +165,23 @@ class Committer(Generic[T, R]):
         assert self.outage.since is not None
         return Behind(value, self.outage.since, str(error))
 
-    def _next(self) -> T:
+    def _next(self) -> list[T]:
+        """The value to write next, or none once the committer closes."""
         with self._cond:
-            while True:
+            while not self._closing:
                 if self._waiting is not None:
                     delay = self._retry_at - time.monotonic()
                     if delay <= 0:
                         value, self._waiting, self._writing = self._waiting, None, True
-                        return value
+                        return [value]
                     self._cond.wait(delay)
                 else:
                     self._cond.wait()
+            return []
 
     def _run(self) -> None:
-        while True:
-            value = self._next()
+        while next_value := self._next():
+            value = next_value[0]
             told: Behind[T] | None = None
             caught_up = False
             try:

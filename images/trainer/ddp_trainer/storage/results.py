@@ -185,7 +185,8 @@ class S3ResultsHandler:
             s3.put_bytes(url, body, content_type="application/x-ndjson")
 
     def close(self) -> None:
-        self.flush()
+        self._hand()
+        self._commits.close()
 
     def __enter__(self) -> S3ResultsHandler:
         return self
