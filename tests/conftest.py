@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -225,13 +226,30 @@ def on_cluster(item: pytest.Item) -> bool:
     return bool(item.get_closest_marker("cluster") or item.get_closest_marker("images"))
 
 
+ALONE_MODULE = lanes.AloneModule()
+
+
+def module_of(item: pytest.Item | None) -> str | None:
+    return None if item is None else item.nodeid.split("::")[0]
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[object]:
-    """A test on the cluster runs beside the other workers' ones, or alone if its module is marked so."""
-    if not on_cluster(item):
+    """A test on the cluster runs beside the other workers' ones, or alone with the rest of its module if
+    the module is marked so."""
+    started = time.time()
+    try:
+        if not on_cluster(item):
+            return (yield)
+        if item.get_closest_marker(lanes.ALONE) is None:
+            with lanes.on_the_cluster(alone=False):
+                return (yield)
+        ALONE_MODULE.enter(str(module_of(item)))
         return (yield)
-    with lanes.on_the_cluster(alone=item.get_closest_marker(lanes.ALONE) is not None):
-        return (yield)
+    finally:
+        if ALONE_MODULE.module is not None and module_of(nextitem) != ALONE_MODULE.module:
+            ALONE_MODULE.leave()
+        lanes.log_test(item.nodeid, started, time.time())
 
 
 # `make test` runs pytest-xdist workers (PYTEST_WORKERS) with --dist loadgroup: each module in one lane, in
@@ -246,7 +264,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.cluster)
         lane_of[item.nodeid] = lanes.lane(item.nodeid.split("::")[0], getattr(item, "fixturenames", ()))
         item.add_marker(pytest.mark.xdist_group(lane_of[item.nodeid]))
-    place = lanes.start_order(list(lane_of.values()))
+    alone = {lane_of[item.nodeid] for item in items if item.get_closest_marker(lanes.ALONE)}
+    place = lanes.start_order(list(lane_of.values()), alone)
     items.sort(key=lambda item: place[lane_of[item.nodeid]])  # stable: each lane in its order
 
 

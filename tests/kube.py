@@ -123,9 +123,7 @@ def install_crd(kube_api: Any) -> None:
     except ApiException as error:
         if error.status != 409:
             raise
-        current = crds.read_custom_resource_definition(api.CRD_NAME)
-        body["metadata"]["resourceVersion"] = current.metadata.resource_version
-        crds.replace_custom_resource_definition(api.CRD_NAME, body)
+        _replace_crd(crds, body)
 
     def established() -> bool:
         conditions = crds.read_custom_resource_definition(api.CRD_NAME).status.conditions or []
@@ -134,6 +132,20 @@ def install_crd(kube_api: Any) -> None:
     wait_until(established, 30, f"CRD {api.CRD_NAME} Established")
     custom = client.CustomObjectsApi(kube_api)
     wait_until(lambda: _served(custom), 30, f"{api.PLURAL} served")
+
+
+def _replace_crd(crds: Any, body: dict[str, Any], attempts: int = 5) -> None:
+    """Replaces the CRD with `body`, read again when the API server changed it meanwhile (its own
+    controllers write its status after a create, a chart install writes it too)."""
+    for attempt in range(attempts):
+        current = crds.read_custom_resource_definition(api.CRD_NAME)
+        body["metadata"]["resourceVersion"] = current.metadata.resource_version
+        try:
+            crds.replace_custom_resource_definition(api.CRD_NAME, body)
+            return
+        except ApiException as error:
+            if error.status != 409 or attempt == attempts - 1:
+                raise
 
 
 def _served(custom: Any) -> bool:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 RUN_DIR_ENV = "DDP_TEST_RUN_DIR"
 OWNER_PID_ENV = "DDP_TEST_OWNER_PID"
+TIMELINE_ENV = "DDP_TEST_TIMELINE"
 # The mark of a test module that must have the cluster to itself: pytest.mark.alone("why").
 ALONE = "alone"
 # The modules whose jobs train on the real node, each test several gangs of processes that keep both cores
@@ -49,11 +50,13 @@ def lane(module: str, fixtures: Iterable[str]) -> str:
     return PODRUNNER if PODRUNNER in fixtures else module
 
 
-def start_order(lanes_of_tests: list[str]) -> dict[str, int]:
-    """The place each lane starts in: the real node's training first, then the lanes of most tests (as
-    pytest-xdist orders them, which `make test`'s --no-loadscope-reorder turns off for the first)."""
+def start_order(lanes_of_tests: list[str], alone: set[str]) -> dict[str, int]:
+    """The place each lane starts in: the real node's training first; then the modules that take the cluster
+    alone, while it still starts (the others' tests on it would have to end first, minutes later); then
+    the lanes of most tests (as pytest-xdist orders them, which `make test`'s --no-loadscope-reorder turns
+    off for the first)."""
     counts = Counter(lanes_of_tests)
-    ordered = sorted(counts, key=lambda name: (name != NODE_TRAINING, -counts[name]))
+    ordered = sorted(counts, key=lambda name: (name != NODE_TRAINING, name not in alone, -counts[name]))
     return {name: place for place, name in enumerate(ordered)}
 
 
@@ -113,3 +116,31 @@ def on_the_cluster(alone: bool) -> Iterator[None]:
         with _flock("turnstile", fcntl.LOCK_EX):
             held.enter_context(_flock("cluster", fcntl.LOCK_EX if alone else fcntl.LOCK_SH))
         yield
+
+
+class AloneModule:
+    """A worker's hold of the cluster for itself, from the first test of a module marked `alone` to its last:
+    the other workers' tests on the cluster end once for the module, not once for each of its tests."""
+
+    def __init__(self) -> None:
+        self._held = ExitStack()
+        self.module: str | None = None
+
+    def enter(self, module: str) -> None:
+        if self.module != module:
+            self.leave()
+            self._held.enter_context(on_the_cluster(alone=True))
+            self.module = module
+
+    def leave(self) -> None:
+        self._held.close()
+        self.module = None
+
+
+def log_test(nodeid: str, started: float, ended: float) -> None:
+    """One line of the run's timeline ($DDP_TEST_TIMELINE, if set): worker, start, end (time.time()), test."""
+    timeline = os.environ.get(TIMELINE_ENV)
+    if timeline:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(timeline, "a") as out:
+            out.write(f"{worker} {started:.1f} {ended:.1f} {nodeid}\n")

@@ -76,6 +76,34 @@ def test_shared_tests_run_together_and_one_alone_waits_for_them_and_they_for_it(
     assert lines(log)[-4:] == ["alone in", "alone out", "late in", "late out"]
 
 
+def hold_module(log: Path, release: Event) -> None:
+    """An alone module's worker: holds the cluster from its first test to its last (two, here)."""
+    module = lanes.AloneModule()
+    for test in ("alone 1", "alone 2"):
+        module.enter("tests/a.py")
+        with log.open("a") as out:
+            out.write(f"{test} in\n")
+    release.wait(60)
+    with log.open("a") as out:
+        out.write("alone out\n")
+    module.leave()
+
+
+def test_an_alone_module_holds_the_cluster_from_its_first_test_to_its_last(run: Path) -> None:
+    log, release = run / "log", FORK.Event()
+    alone = FORK.Process(target=hold_module, args=(log, release))
+    alone.start()
+    wait_until(lambda: "alone 2 in" in lines(log), 30, "the module's second test to run")
+    waiting = blocked_locks()
+    shared = Worker(False, log, "shared")
+    wait_until(lambda: blocked_locks() > waiting, 30, "a shared test waiting for the module's end")
+    release.set()
+    alone.join(60)
+    wait_until(lambda: "shared in" in lines(log), 30, "the shared test to get the cluster")
+    shared.end()
+    assert lines(log) == ["alone 1 in", "alone 2 in", "alone out", "shared in", "shared out"]
+
+
 def start_once(name: str, started: bool, calls: Path) -> None:
     def start() -> bool:
         with calls.open("a") as out:
@@ -102,6 +130,6 @@ def test_the_real_node_s_training_modules_share_one_lane_that_starts_first() -> 
     assert {lanes.lane(module, ["cluster"]) for module in lanes.NODE_TRAINING_MODULES} == {lanes.NODE_TRAINING}
     assert lanes.lane("tests/e2e/test_main_job.py", ["jobs", "podrunner"]) == lanes.PODRUNNER
     assert lanes.lane("tests/trainer/test_gpu.py", ["tmp_path"]) == "tests/trainer/test_gpu.py"
-    order = lanes.start_order(["a.py", "b.py", "b.py", lanes.NODE_TRAINING, *[lanes.PODRUNNER] * 3])
-    assert order == {lanes.NODE_TRAINING: 0, lanes.PODRUNNER: 1, "b.py": 2, "a.py": 3}
+    order = lanes.start_order(["a.py", "b.py", "b.py", lanes.NODE_TRAINING, *[lanes.PODRUNNER] * 3], {"a.py"})
+    assert order == {lanes.NODE_TRAINING: 0, "a.py": 1, lanes.PODRUNNER: 2, "b.py": 3}
     assert all((REPO / module).is_file() for module in lanes.NODE_TRAINING_MODULES)  # none renamed away

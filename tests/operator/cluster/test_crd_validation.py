@@ -19,7 +19,7 @@ from ddp_operator.failures import RankFailure
 from ddp_operator.podsummary import summarize_pods
 from ddp_operator.spec import parse_spec
 from ddp_operator.statuspatch import compute_status
-from kube import REPO, install_crd
+from kube import REPO
 from specs import FULL_TEMPLATE, changed
 
 pytestmark = pytest.mark.cluster
@@ -30,10 +30,9 @@ VALID_SPEC: dict[str, Any] = {"worldSize": 2, "image": "trainer:1", "entrypoint"
 
 
 @pytest.fixture(scope="module")
-def custom(kube_api: Any) -> Any:
+def custom(kube_api: Any, crd: None) -> Any:
     from kubernetes import client
 
-    install_crd(kube_api)
     return client.CustomObjectsApi(kube_api)
 
 
