@@ -162,7 +162,7 @@ def figures(way: Way, found: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
 
 def run_way(cluster: Cluster, state: State, way_name: str, schedule: list[tuple[float, str]], s3: str,
             every: int, pace: float, outage: tuple[float, float], timeout: float) -> dict[str, Any]:
-    name = f"{state.name.lower()}-{way_name.replace(' ', '-').lower()}"
+    name = f"goodput-{state.name.lower()}-{way_name.replace(' ', '-').lower()}"  # a DNS-1035 label: a letter first
     indices = Path(tempfile.mkdtemp(prefix=f"ddp-goodput-{name}-"))
     os.chmod(indices, 0o777)  # the ranks run as a user of their own
     proxy = LinkProxy(s3, host=cluster.host) if way_name == "S3 outage" else None
