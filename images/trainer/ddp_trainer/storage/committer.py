@@ -84,8 +84,7 @@ class Committer(Generic[T, R]):
         self._retry_at = 0.0  # time.monotonic() before which the waiting value is not tried
         self._error: BaseException | None = None
         self._last: R | None = None
-        self._thread: threading.Thread | None = None
-        self._closing = False
+        self._thread: threading.Thread | None = None  # the writer; one no longer named here ends
 
     @property
     def out(self) -> bool:
@@ -140,12 +139,10 @@ class Committer(Generic[T, R]):
             return self.wait()
         finally:
             with self._cond:
-                thread, self._thread, self._closing = self._thread, None, True
+                thread, self._thread = self._thread, None
                 self._cond.notify_all()
             if thread is not None:
                 thread.join()
-            with self._cond:
-                self._closing = False
 
     def _raise(self) -> None:
         if self._error is not None:
@@ -166,9 +163,9 @@ class Committer(Generic[T, R]):
         return Behind(value, self.outage.since, str(error))
 
     def _next(self) -> list[T]:
-        """The value to write next, or none once the committer closes."""
+        """The value to write next, or none once this thread is no longer the writer (closed)."""
         with self._cond:
-            while not self._closing:
+            while self._thread is threading.current_thread():
                 if self._waiting is not None:
                     delay = self._retry_at - time.monotonic()
                     if delay <= 0:
