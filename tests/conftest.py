@@ -262,7 +262,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # Every test that touches the cluster is marked, so `-m "not cluster"` runs the fast ones alone.
         if "cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
-        lane_of[item.nodeid] = lanes.lane(item.nodeid.split("::")[0], getattr(item, "fixturenames", ()))
+        lane_of[item.nodeid] = lanes.lane(str(module_of(item)), getattr(item, "fixturenames", ()))
         item.add_marker(pytest.mark.xdist_group(lane_of[item.nodeid]))
     alone = {lane_of[item.nodeid] for item in items if item.get_closest_marker(lanes.ALONE)}
     place = lanes.start_order(list(lane_of.values()), alone)
