@@ -21,7 +21,6 @@ import json
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import urllib.error
@@ -36,6 +35,7 @@ from typing import Any
 import yaml
 
 from kube import REPO, wait_until
+from ports import free_port
 
 SCRIPT = REPO / "localcluster" / "prometheus.sh"
 START_SECONDS = 60.0
@@ -175,12 +175,6 @@ def binary() -> Path:
     return Path(result.stdout.strip().splitlines()[-1])
 
 
-def _free_loopback_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
@@ -260,7 +254,7 @@ def prometheus(configs: Sequence[Mapping[str, Any]]) -> Iterator[Prometheus]:
     process: subprocess.Popen[bytes] | None = None
     try:
         (folder / "prometheus.yml").write_text(yaml.safe_dump({"scrape_configs": list(configs)}, sort_keys=False))
-        url = f"http://127.0.0.1:{_free_loopback_port()}"
+        url = f"http://127.0.0.1:{free_port()}"
         args = [str(executable), f"--config.file={folder / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'data'}",
                 f"--web.listen-address={url.removeprefix('http://')}"]
         with open(folder / "prometheus.log", "wb") as log:

@@ -6,7 +6,6 @@ import io
 import os
 import pickle
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ from ddp_client.metricrecords import series
 from ddp_contract import labels
 from e2ehelp import BUCKET
 from kube import REPO, Cluster, Jobs, wait_until
+from ports import free_port
 
 sys.path.insert(0, str(REPO / "localcluster"))
 import demo
@@ -68,10 +68,7 @@ def local_spec(**spec: object) -> dict:
     """A template that puts the ranks on the pod runner's node (which runs them as local processes) and
     a free rendezvous port: every rank of every job on this machine listens on it."""
     template = demo.on_local_runner({"spec": {}})["spec"]["template"]
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    return {"template": template, "masterPort": port, **spec}
+    return {"template": template, "masterPort": free_port(), **spec}
 
 
 def client_s3(endpoint: str) -> ddp_client.S3:

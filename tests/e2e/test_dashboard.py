@@ -32,6 +32,7 @@ from ddp_client.web import RunningDashboard
 from ddp_contract import api, layout
 from e2ehelp import BUCKET as E2E_BUCKET
 from kube import REPO, Jobs, client_as, own_namespace_in
+from ports import free_port
 
 BUCKET = "ddp-dashboard"
 RESULTS = f"s3://{BUCKET}/results"
@@ -48,15 +49,6 @@ WAIT_MS = 30_000
 # on a busy 2-core machine that alone can take most of a minute.
 JOB_MS = 120_000
 IMAGE = "ddp-operator/trainer:0.1.0"
-
-
-def free_port() -> int:
-    """A rendezvous port of the job's own: the pod runner runs every rank on this machine."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

@@ -15,13 +15,14 @@ import ddp_workloads
 import pytest
 import torch
 from trainerhelp import describe as _describe
-from trainerhelp import free_port, launch, rank_env, workload_env
+from trainerhelp import launch, rank_env, workload_env
 
 from commandpods import command_job, run_pods
 from ddp_trainer.runtime.zygote import Zygote
 from ddp_trainer.storage import s3
 from ddp_trainer.storage.checkpoint import CheckpointManager
 from kube import REPO
+from ports import free_port
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -6,7 +6,6 @@ Plain functions imported by name; conftest.py keeps the fixtures.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -17,6 +16,7 @@ from PIL import Image
 
 import demo  # localcluster/demo.py
 from ddp_trainer.storage import s3
+from ports import free_port
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -35,12 +35,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

@@ -10,12 +10,13 @@ import torch
 from torch.utils.data import DataLoader
 from torchvision import transforms
 from torchvision.datasets import ImageFolder
-from trainerhelp import FILES, free_port, upload_tree, write_tree
+from trainerhelp import FILES, upload_tree, write_tree
 
 from ddp_trainer.data.imagefolder import S3ImageFolder
 from ddp_trainer.errors import ConfigError, CorruptDataError, ExitCode, ObjectNotFoundError, StorageError, StorageUnavailableError
 from ddp_trainer.runtime.rankexit import classify
 from ddp_trainer.storage import s3
+from ports import free_port
 
 
 @pytest.fixture

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
-from trainerhelp import free_port
 
 from ddp_trainer.data.partition import dataloader_worker, rank_and_world_size
+from ports import free_port
 
 
 def test_given_values_win_and_no_process_group_means_one_rank() -> None:

@@ -15,13 +15,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from trainerhelp import free_port, rank_env
+from trainerhelp import rank_env
 
 from ddp_contract import layout
 from ddp_contract.failureline import parse_line
 from ddp_trainer.runtime.command import code_name, last_error, launch_argv
 from ddp_trainer.storage import s3
 from ddp_trainer.storage.results import read_metrics
+from ports import free_port
 from waiting import wait_until
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trainerhelp import FakeClock, free_port, rank_env
+from trainerhelp import FakeClock, rank_env
 
 from ddp_contract import envnames
 from ddp_trainer.errors import ConfigError, ObjectNotFoundError
@@ -30,6 +30,7 @@ from ddp_trainer.storage import s3
 from ddp_trainer.storage.keptfolders import scan_one
 from ddp_trainer.storage.keptstore import Kept, KeptPasses, KeptStore
 from kube import wait_until
+from ports import free_port
 
 
 @pytest.fixture

@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from trainerhelp import ROOT, free_port, rank_env
+from trainerhelp import ROOT, rank_env
+
+from ports import free_port
 
 FRAMEWORKS = ROOT / "examples" / "frameworks"
 STEPS = 64

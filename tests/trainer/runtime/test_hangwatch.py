@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trainerhelp import ROOT, FakeClock, free_port, launch, rank_env
+from trainerhelp import ROOT, FakeClock, launch, rank_env
 from trainerhelp import describe as _describe
 
 from ddp_contract import layout
@@ -23,6 +23,7 @@ from ddp_trainer.errors import ExitCode, ObjectNotFoundError
 from ddp_trainer.runtime.hangwatch import STEP_FACTOR, Hang, HangWatch, hang_timeout
 from ddp_trainer.runtime.heartbeat import Heartbeat
 from ddp_trainer.storage import s3
+from ports import free_port
 
 WORLD = 2
 TOKEN = "the-jobs-data-token"

@@ -10,13 +10,14 @@ import threading
 import time
 from pathlib import Path
 
-from trainerhelp import ROOT, describe, free_port, launch, rank_env
+from trainerhelp import ROOT, describe, launch, rank_env
 
 from ddp_contract import layout
 from ddp_trainer.errors import ExitCode, ObjectNotFoundError
 from ddp_trainer.runtime import logkeeper
 from ddp_trainer.runtime.logkeeper import LogKeeper, Parts
 from ddp_trainer.storage import s3
+from ports import free_port
 from waiting import wait_until
 
 

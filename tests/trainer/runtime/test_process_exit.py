@@ -8,9 +8,10 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from trainerhelp import ROOT, free_port, launch, rank_env
+from trainerhelp import ROOT, launch, rank_env
 
 from ddp_trainer.errors import ExitCode
+from ports import free_port
 
 
 @pytest.mark.parametrize("how", ["python -m ddp_trainer", "ddp-trainer console script"])

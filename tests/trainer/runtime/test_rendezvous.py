@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 from trainerhelp import describe as _describe
-from trainerhelp import free_port, launch, rank_env
+from trainerhelp import launch, rank_env
 
 from ddp_contract.failureline import parse_line
 from ddp_trainer import env
 from ddp_trainer.errors import ExitCode, RendezvousError
 from ddp_trainer.runtime.rendezvous import ATTEMPT_KEY, gang_store
 from kube import wait_until
+from ports import free_port
 
 
 def test_master_that_never_resolves_is_retryable() -> None:

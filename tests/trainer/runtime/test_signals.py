@@ -9,10 +9,11 @@ import threading
 import time
 from pathlib import Path
 
-from trainerhelp import ROOT, free_port, rank_env
+from trainerhelp import ROOT, rank_env
 
 from ddp_contract.failureline import parse_line
 from ddp_trainer.errors import ExitCode
+from ports import free_port
 from waiting import poll_until
 
 

@@ -7,11 +7,12 @@ import sys
 from pathlib import Path
 
 import torch
-from trainerhelp import ROOT, free_port, launch, rank_env
+from trainerhelp import ROOT, launch, rank_env
 from trainerhelp import describe as _describe
 
 from ddp_contract.failureline import parse_line
 from ddp_trainer.errors import ExitCode
+from ports import free_port
 
 
 def launch_pods(target: str, pods: int, per_pod: int, extra_env: dict[str, str]) -> list[subprocess.CompletedProcess]:

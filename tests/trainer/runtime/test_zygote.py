@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainerhelp import describe, free_port, launch, rank_env
+from trainerhelp import describe, launch, rank_env
 
 from ddp_trainer.errors import ExitCode
 from ddp_trainer.runtime import zygote as zygote_module
 from ddp_trainer.runtime.supervisor import LocalRanks
 from ddp_trainer.runtime.zygote import ForkedProcess, Zygote
 from kube import wait_until
+from ports import free_port
 from procs import parent_of
 
 

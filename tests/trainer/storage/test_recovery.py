@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainerhelp import free_port, rank_env
+from trainerhelp import rank_env
 
 from ddp_trainer.storage import s3
 from ddp_trainer.storage.checkpoint import CheckpointManager, training_state
 from ddp_trainer.storage.podsnapshots import PodSnapshots, SnapshotTaker
 from ddp_trainer.storage.recovery import Offer, Source, newest_reached, plans
+from ports import free_port
 
 
 def offer(rank: int, pod: str, steps: tuple[int, ...], port: int | None = 1000, reached: int | None = None) -> Offer:
