@@ -13,8 +13,10 @@ BENCH_ARGS ?=
 
 # On a first run the control plane compiles while the virtualenv (one core, mostly downloads) is made;
 # the demo's own build step then waits for it (each component is built once at a time, gocache.sh).
+# The demo's ranks run on the real node: it neither builds nor starts kwok's fake nodes (DDP_NODES=0);
+# a later `make test` adds them to the cluster it left up.
 demo:
-	@logs=$${DDP_CACHE:-$$HOME/.cache/ddp-operator}/demo && mkdir -p $$logs && \
+	@export DDP_NODES=$${DDP_NODES:-0} && logs=$${DDP_CACHE:-$$HOME/.cache/ddp-operator}/demo && mkdir -p $$logs && \
 	  { bash $(CLUSTER) build >$$logs/cluster-build.log 2>&1 & } && \
 	  venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/demo.py
 

@@ -47,7 +47,7 @@ k8s_release() {
 }
 DDP_CACHE=${DDP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ddp-operator}
 DDP_CLUSTER_DIR=${DDP_CLUSTER_DIR:-$DDP_CACHE/cluster}
-# Node pool advertised by kwok.
+# Node pool advertised by kwok; 0 neither builds nor starts kwok (the demo runs on the real node only).
 DDP_NODES=${DDP_NODES:-4}
 DDP_GPUS_PER_NODE=${DDP_GPUS_PER_NODE:-8}
 # Ports, all on 127.0.0.1. Uncommon defaults so a real cluster on the same machine is left alone.
@@ -123,6 +123,7 @@ NODE_COMPONENTS=(containerd coredns kubelet)
 COMPONENTS=("${CONTROL_PLANE[@]}")
 
 node_enabled() { [ "$DDP_REAL_NODE" = 1 ]; }
+fake_nodes_enabled() { [ "$DDP_NODES" -gt 0 ]; }
 if node_enabled; then COMPONENTS+=("${NODE_COMPONENTS[@]}"); fi
 
 # --- build -----------------------------------------------------------------
@@ -264,7 +265,8 @@ cmd_build() {
   kv+=" -X k8s.io/component-base/version.gitTreeState=clean"
   kv+=" -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
   kv+=" -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$K8S_MINOR"
-  local outs=("$BIN_ETCD" "$BIN_K8S" "$BIN_KWOK" "$BIN_HELM") out
+  local outs=("$BIN_ETCD" "$BIN_K8S" "$BIN_HELM") out
+  if fake_nodes_enabled; then outs+=("$BIN_KWOK"); fi
   if node_enabled; then outs+=("$BIN_KUBELET" "$BIN_CONTAINERD" "$BIN_RUNC" "$BIN_CNI" "$BIN_COREDNS" "$BIN_PAUSE"); fi
   for out in "${outs[@]}"; do [ -d "$out" ] || STEP_TOTAL=$((STEP_TOTAL + 1)); done
   if [ "$STEP_TOTAL" -gt 0 ]; then
@@ -282,7 +284,7 @@ build_components() {
   step "kube-apiserver, kube-controller-manager, kube-scheduler, kubectl" "$BIN_K8S" go_build "$K8S_MODULE" "$BIN_K8S" "$kv" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
-  step kwok "$BIN_KWOK" build_kwok
+  if fake_nodes_enabled; then step kwok "$BIN_KWOK" build_kwok; fi
   local hv="-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" pkg
   for pkg in chartutil lint/rules; do
     hv+=" -X helm.sh/helm/v3/pkg/$pkg.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/$pkg.k8sVersionMinor=$HELM_KUBE_MINOR"
@@ -448,6 +450,10 @@ cmd_up() {
     if [ -n "$running" ] && [ "$running" != "$K8S_VERSION" ]; then
       die "a Kubernetes $running cluster is up in $DDP_CLUSTER_DIR; take it down (cluster.sh down) to start $K8S_VERSION"
     fi
+    if fake_nodes_enabled && ! alive kwok; then  # up before with DDP_NODES=0
+      cmd_build
+      fake_nodes_up
+    fi
     log "already up ($K8S_VERSION): $KUBECONFIG_FILE"
     return 0
   fi
@@ -512,6 +518,16 @@ cmd_up() {
     --bind-address "$BIND" --secure-port "$SCHED_PORT" \
     --leader-elect=false --profiling=false --v=1
 
+  if fake_nodes_enabled; then start_kwok; fi
+  if node_enabled; then node_up; fi
+  if fake_nodes_enabled; then wait_for "fake nodes" 60 nodes_ready; fi
+  wait_for "default service account" 60 kc -n default get serviceaccount default
+  echo "$(date +%s)" >"$DDP_CLUSTER_DIR/up"
+  log "Kubernetes $K8S_VERSION up in $((SECONDS - started)) s: $DDP_NODES nodes x $DDP_GPUS_PER_NODE nvidia.com/gpu; export KUBECONFIG=$KUBECONFIG_FILE"
+  if [ -n "${DDP_CLUSTER_OWNER_PID:-}" ]; then watchdog "$DDP_CLUSTER_OWNER_PID"; fi
+}
+
+start_kwok() {
   start kwok "$BIN_KWOK/kwok" \
     --kubeconfig "$DDP_CLUSTER_DIR/kwok.kubeconfig" \
     --manage-all-nodes=false \
@@ -519,14 +535,14 @@ cmd_up() {
     --node-ip 127.0.0.1 --cidr "$KWOK_CIDR" \
     --server-address "$BIND:$KWOK_PORT" \
     --node-lease-duration-seconds 40
-
   fake_nodes | kc apply -f - >/dev/null
-  if node_enabled; then node_up; fi
+}
+
+# fake_nodes_up: kwok and its nodes into a cluster that is up without them.
+fake_nodes_up() {
+  start_kwok
   wait_for "fake nodes" 60 nodes_ready
-  wait_for "default service account" 60 kc -n default get serviceaccount default
-  echo "$(date +%s)" >"$DDP_CLUSTER_DIR/up"
-  log "Kubernetes $K8S_VERSION up in $((SECONDS - started)) s: $DDP_NODES nodes x $DDP_GPUS_PER_NODE nvidia.com/gpu; export KUBECONFIG=$KUBECONFIG_FILE"
-  if [ -n "${DDP_CLUSTER_OWNER_PID:-}" ]; then watchdog "$DDP_CLUSTER_OWNER_PID"; fi
+  log "$DDP_NODES fake nodes x $DDP_GPUS_PER_NODE nvidia.com/gpu added"
 }
 
 nodes_ready() {
@@ -583,6 +599,8 @@ cmd_status() {
   for name in "${COMPONENTS[@]}"; do
     if alive "$name"; then
       printf '%-24s running (pid %s)\n' "$name" "$(cat "$PIDS/$name.pid")"
+    elif [ "$name" = kwok ] && [ ! -f "$PIDS/kwok.pid" ]; then
+      printf '%-24s not started (up with DDP_NODES=0: no fake nodes)\n' "$name"
     else
       printf '%-24s stopped\n' "$name"
       rc=1

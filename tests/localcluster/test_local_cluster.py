@@ -203,18 +203,22 @@ def test_local_cluster_listens_on_loopback_and_the_pod_bridge_only(cluster: Clus
 
 
 def test_second_cluster_up_is_idempotent_and_down_leaves_no_process(cluster: Cluster, tmp_path: Path) -> None:
+    """Up twice, the second time with fake nodes: the first with DDP_NODES=0 (as `make demo` starts it) runs no
+    kwok, and an up that wants fake nodes adds them to it, the rest of the control plane left running."""
     if not cluster.local:
         pytest.fail("this checks the local control plane; unset DDP_TEST_KUBECONFIG to run it")
     env = {**SECOND_CLUSTER, "DDP_CLUSTER_DIR": str(tmp_path / "second"), "DDP_REAL_NODE": "0"}
     try:
-        for _ in range(2):  # up after down works
-            cluster_script("up", env=env)
+        for first_env in ({**env, "DDP_NODES": "0"}, env):  # up after down works
+            cluster_script("up", env=first_env)
             kubeconfig = local_kubeconfig(env)
             first = cluster_pids(kubeconfig)
-            assert set(first) == set(CONTROL_PLANE) and all(alive(pid) for pid in first.values())
+            wanted = set(CONTROL_PLANE) - ({"kwok"} if first_env["DDP_NODES"] == "0" else set())
+            assert set(first) == wanted and all(alive(pid) for pid in first.values())
+            assert len(fake_nodes(kubeconfig)) == int(first_env["DDP_NODES"])
 
             started = time.monotonic()
-            again = cluster_script("up", env=env)
+            again = cluster_script("up", env=first_env)
             assert "already up" in again.stderr
             assert time.monotonic() - started < 5
             assert cluster_pids(kubeconfig) == first
@@ -227,12 +231,24 @@ def test_second_cluster_up_is_idempotent_and_down_leaves_no_process(cluster: Clu
             assert cluster_pids(kubeconfig) == first
 
             assert cluster_script("status", env=env, check=False).returncode == 0
+            if first_env is not env:
+                grown = cluster_script("up", env=env)
+                assert "fake nodes" in grown.stderr and "already up" in grown.stderr, grown.stderr
+                now = cluster_pids(kubeconfig)
+                assert set(now) == set(CONTROL_PLANE) and {name: now[name] for name in first} == first
+                assert len(fake_nodes(kubeconfig)) == int(env["DDP_NODES"])
+                first = now
             cluster_script("down", env=env)
             assert [name for name, pid in first.items() if alive(pid)] == []
             assert not (tmp_path / "second").exists()
             assert cluster_script("status", env=env, check=False).returncode != 0
     finally:
         cluster_script("down", env=env, check=False)
+
+
+def fake_nodes(kubeconfig: str) -> list[str]:
+    nodes = client.CoreV1Api(kubeclient.api_client(kubeconfig)).list_node(label_selector="type=kwok").items
+    return [node.metadata.name for node in nodes]
 
 
 # A second cluster's real node, apart from the session's: its own bridge, subnet, ports and containerd.
