@@ -262,6 +262,7 @@ def test_stopping_the_registry_leaves_nothing_behind(private_registry: Registry,
     left = {name: target for name, target in node_image_targets().items()
             if target in pushed.values() and names_before_pulls.get(name) != target}
     assert not left, left
-    listening = subprocess.run(["ss", "-Htln", f"sport = :{private_registry.address.rsplit(':', 1)[1]}"],
+    # Its address, not only its port: another test's server may have taken the port on another address since.
+    listening = subprocess.run(["ss", "-Htln", "src", private_registry.address],
                                capture_output=True, text=True, check=True).stdout
     assert not listening.strip(), listening
