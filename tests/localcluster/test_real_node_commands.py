@@ -7,11 +7,14 @@ Each job trains one model across its gang: every rank ends with the same paramet
 bytes: DDP keeps the replicas identical, its all-reduce giving every rank the same sums) and a world of
 the job's size. While they run, the job's status shows their epoch, step, loss and percent, read from what
 they print and what their trainers say, and once they succeeded their last step and 100%; their output is
-kept in S3. An elastic job's torchrun ranks see the smaller gang after a shrink. Folders a job keeps
-(keepFolders) come back into new pods, which resume from them, and under restartStrategy InPlace a killed
-rank process restarts the command in its pod: test_real_node_kept.py. Select with `pytest -m node`."""
+kept in S3. Under restartStrategy InPlace a killed rank process restarts the command in its pod; an elastic
+job's torchrun ranks see the smaller gang after a shrink. Folders a job keeps (keepFolders) come back into
+new pods, which resume from them: test_real_node_kept.py. Select with `pytest -m node`."""
 
 from __future__ import annotations
+
+import os
+import signal
 
 import pytest
 from kubernetes import client
@@ -27,6 +30,7 @@ from commandjobs import (
 )
 from ddp_operator import constants as c
 from kube import Jobs, wait_until
+from procs import command_pids
 from realnode import create_job
 
 pytestmark = [pytest.mark.node, pytest.mark.images, pytest.mark.timeout(900)]
@@ -82,6 +86,25 @@ def test_torchrun_and_torch_distributed_launch_scripts_form_the_job_s_world_one_
     assert_one_model(params(jobs, "tr-one", 2), 2)
     assert_one_model(params(jobs, "tr-two", 2), 4)
     assert_one_model(params(jobs, "launch", 2), 4)
+
+
+def test_in_place_a_command_whose_rank_process_is_killed_starts_again_in_its_pod(
+        jobs: Jobs, real_node, frameworks_image: str, commands_s3: str, kubectl) -> None:
+    endpoint, ns = commands_s3, jobs.namespace
+    command_job(jobs, "hf-inplace", frameworks_image, endpoint,
+                ["python", "hf_trainer.py", "--samples", "2048", "--epochs", "2"], restartStrategy="InPlace",
+                backoffLimit=1)
+    wait_until(lambda: (jobs.status("hf-inplace").get("progress") or {}).get("step"), 300, "hf-inplace training")
+    first = {p.metadata.name: p.metadata.uid for p in jobs.pods("hf-inplace")}
+    pids = wait_until(lambda: command_pids(ns, "hf-inplace", 1), 30, "rank 1's command process")
+    os.kill(pids[0], signal.SIGKILL)  # type: ignore[index]
+    done = jobs.wait_phase("hf-inplace", c.PHASE_SUCCEEDED, timeout=600)
+    assert (done["restarts"], done["failedRank"]["exitCode"], done["failedRank"]["attempt"]) == (1, 137, 0), done
+    assert {p.metadata.name: p.metadata.uid for p in jobs.pods("hf-inplace")} == first  # no pod was replaced
+    said = kubectl("logs", "hf-inplace-1", "-n", ns).stdout + kubectl("logs", "hf-inplace-1", "-n", ns).stderr
+    assert "attempt 1: starting the rank process in place" in said, said[-3000:]
+    assert_one_model(params(jobs, "hf-inplace", 2), 2)
+    assert_output_kept(endpoint, ns, "hf-inplace", "'loss'", attempt=1)
 
 
 def test_elastic_torchrun_ranks_see_the_smaller_gang_after_a_shrink(

@@ -17,7 +17,6 @@ from commandjobs import (
     KEEP_FAST,
     RESUME,
     assert_one_model,
-    assert_output_kept,
     command_job,
     kept_checkpoints,
     kept_object,
@@ -38,11 +37,10 @@ def test_hugging_face_jobs_restarted_resume_from_their_kept_checkpoint_and_end_a
         jobs: Jobs, real_node, frameworks_image: str, commands_s3: str) -> None:
     """Trainer checkpoints into out/ (keepFolders) every 16 steps and resumes from the newest one there, as its
     users write it. One job's rank 1 pod is deleted (the gang is made again: new pods, nothing local), another's
-    rank 1 process is killed (InPlace: the pods stay, the command starts again in its pod, its second attempt's
-    output kept too), each after its second checkpoint is kept; both go on from a checkpoint of theirs and end
-    with the parameters of a third job that ran through, to the bit: the same program on the same CPU (one
-    thread), the same data order (data_seed) and, from the checkpoint, the same model, optimizer, scheduler and
-    every rank's RNG state."""
+    rank 1 process is killed (InPlace: the pods stay), each after its second checkpoint is kept; both go on from a
+    checkpoint of theirs and end with the parameters of a third job that ran through, to the bit: the same
+    program on the same CPU (one thread), the same data order (data_seed) and, from the checkpoint, the same
+    model, optimizer, scheduler and every rank's RNG state."""
     endpoint, ns = commands_s3, jobs.namespace
     # 128 steps of at least 0.25 s: 24 s or more of training after the second checkpoint (step 32), so that
     # both interruptions land while the jobs still train (at 0.1 s a step, the in-place one, interrupted
@@ -59,7 +57,6 @@ def test_hugging_face_jobs_restarted_resume_from_their_kept_checkpoint_and_end_a
     jobs.core.delete_namespaced_pod("hf-recreated-1", ns)
     wait_until(lambda: max(kept_checkpoints(endpoint, ns, "hf-in-place"), default=0) >= 32, 600,
                "hf-in-place's checkpoint-32")
-    in_place_pods = {p.metadata.name: p.metadata.uid for p in jobs.pods("hf-in-place")}
     pids = wait_until(lambda: command_pids(ns, "hf-in-place", 1), 30, "hf-in-place's rank 1 process")
     os.kill(pids[0], signal.SIGKILL)  # type: ignore[index]
     through = jobs.wait_phase("hf-through", c.PHASE_SUCCEEDED, timeout=600)
@@ -79,12 +76,6 @@ def test_hugging_face_jobs_restarted_resume_from_their_kept_checkpoint_and_end_a
         rng_said = [line for log in logs for line in log.splitlines() if "RNG" in line or "rng" in line]
         assert {p["digest"] for p in found} == {p["digest"] for p in reference}, (name, resumed, rng_said)
         assert done["kept"]["folders"][0]["path"] == "/home/ddp/out" and done["kept"]["folders"][0]["files"] > 0, done
-    in_place = jobs.status("hf-in-place")
-    assert (in_place["failedRank"]["exitCode"], in_place["failedRank"]["attempt"]) == (137, 0), in_place
-    assert {p.metadata.name: p.metadata.uid for p in jobs.pods("hf-in-place")} == in_place_pods  # none replaced
-    said = jobs.log("hf-in-place-1", labels.CONTAINER_NAME)
-    assert "attempt 1: starting the rank process in place" in said, said[-3000:]
-    assert_output_kept(endpoint, ns, "hf-in-place", "'loss'", attempt=1)
 
 
 def test_a_lightning_job_whose_pod_is_deleted_resumes_from_its_kept_last_ckpt_and_ends_as_an_uninterrupted_one(
