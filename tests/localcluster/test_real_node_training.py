@@ -113,8 +113,11 @@ def test_a_job_killed_three_ways_resumes_to_the_parameters_of_an_uninterrupted_o
     wait_until(lambda: running_attempt(jobs, "bumpy", 1), 180, "bumpy Running again (attempt 1)")
     assert jobs.status("bumpy")["failedRank"]["exitCode"] == 137
 
-    # Attempt 1: after a checkpoint of its own, rank 0's pod is deleted.
-    wait_until(lambda: max(checkpoint_steps(endpoint, ns, "bumpy")) > killed_after, 120, "a checkpoint of attempt 1")
+    # Attempt 1: after a checkpoint of its own, rank 0's pod is deleted. The later attempts' pods are told
+    # to resume from the checkpoint the status names (DDP_RESUME_FROM), so it is awaited there: one committed
+    # in S3 whose pod is deleted before rank 0 says so would be passed over.
+    wait_until(lambda: (jobs.status("bumpy").get("lastCheckpoint") or {}).get("step", 0) > killed_after, 120,
+               "a checkpoint of attempt 1 on the status")
     jobs.core.delete_namespaced_pod("bumpy-0", ns)
     wait_until(lambda: running_attempt(jobs, "bumpy", 2), 180, "bumpy Running again (attempt 2)")
 
