@@ -212,3 +212,39 @@ def test_a_server_that_already_failed_gets_no_longer_than_a_stopped_rank_s_wait(
     keeper.finish(upload_s=60)
     assert time.monotonic() - started < 10 and failing.kept == []
     failing.release.set()
+
+
+class FirstUploadSlow:
+    """An S3 whose first upload takes until the test releases it; the later ones land at once."""
+
+    def __init__(self) -> None:
+        self.kept: list[bytes] = []
+        self.calls = 0
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def upload(self, part: int, data: bytes) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            self.started.set()
+            self.release.wait(60)
+        self.kept.append(data)
+
+
+def test_the_last_upload_waits_for_the_interval_s_in_flight_so_the_newest_copy_lands_last() -> None:
+    """Two uploads of one part at once would race, and the older copy landing second would be what S3
+    keeps: the rank's last lines lost though uploaded."""
+    slow = FirstUploadSlow()
+    keeper = LogKeeper(slow.upload, 0)
+    keeper.parts.add(b"one\n")
+    interval = threading.Thread(target=keeper.upload_changed)
+    interval.start()
+    assert slow.started.wait(30)
+    keeper.parts.add(b"two\n")
+    last = threading.Thread(target=keeper.upload_changed)
+    last.start()
+    last.join(1)
+    assert last.is_alive()  # waits for the upload in flight, not beside it
+    slow.release.set()
+    interval.join(30)
+    last.join(30)
+    assert slow.kept == [b"one\n", b"one\ntwo\n"]

@@ -119,6 +119,9 @@ class LogKeeper:
         self._finish_lock = threading.Lock()
         self._done = threading.Event()
         self._warned = False
+        # One upload at a time: the last one (at finish) waits for the interval's in flight, which would
+        # otherwise land after it and leave an older copy of the part in S3.
+        self._upload_lock = threading.Lock()
         self._reader = threading.Thread(target=self._read, name="ddp-log-tee", daemon=True)
         self._uploader = threading.Thread(target=self._upload_every_interval, name="ddp-log-upload", daemon=True)
 
@@ -210,15 +213,16 @@ class LogKeeper:
     def upload_changed(self) -> None:
         if self.upload is None:
             return
-        changed = self.parts.changed()
-        try:
-            for part, data in changed:
-                self.upload(part, data)
-        except (TrainerError, OSError) as error:
-            self.parts.unsent(changed)
-            if not self._warned:
-                self._warned = True
-                log.warning("keeping this rank's log in S3 failed (retried every interval): %s", error)
+        with self._upload_lock:
+            changed = self.parts.changed()
+            try:
+                for part, data in changed:
+                    self.upload(part, data)
+            except (TrainerError, OSError) as error:
+                self.parts.unsent(changed)
+                if not self._warned:
+                    self._warned = True
+                    log.warning("keeping this rank's log in S3 failed (retried every interval): %s", error)
 
     def finish(self, upload_s: float = FINAL_UPLOAD_SECONDS) -> None:
         """Put the original fds back, take in what is still in the pipes, upload the rest (waiting up
