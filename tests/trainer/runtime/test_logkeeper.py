@@ -153,17 +153,22 @@ def test_a_second_finish_waits_for_the_first_ones_upload(tmp_path: Path) -> None
 
 
 class SlowS3:
-    """An upload that takes until the test releases it (a slow or stuck S3 server); what it kept."""
+    """An upload that takes until the test releases it (a slow or stuck S3 server); what it kept.
+    only_first: the uploads after the first one land at once."""
 
-    def __init__(self, fail_first: bool = False) -> None:
+    def __init__(self, fail_first: bool = False, only_first: bool = False) -> None:
         self.kept: list[bytes] = []
         self.started, self.release = threading.Event(), threading.Event()
         self.fail_first = fail_first
+        self.only_first = only_first
 
     def upload(self, part: int, data: bytes) -> None:
         if self.fail_first:
             self.fail_first = False
             raise OSError("connection refused")
+        if self.only_first and self.started.is_set():
+            self.kept.append(data)
+            return
         self.started.set()
         self.release.wait(60)
         self.kept.append(data)
@@ -214,26 +219,10 @@ def test_a_server_that_already_failed_gets_no_longer_than_a_stopped_rank_s_wait(
     failing.release.set()
 
 
-class FirstUploadSlow:
-    """An S3 whose first upload takes until the test releases it; the later ones land at once."""
-
-    def __init__(self) -> None:
-        self.kept: list[bytes] = []
-        self.calls = 0
-        self.started, self.release = threading.Event(), threading.Event()
-
-    def upload(self, part: int, data: bytes) -> None:
-        self.calls += 1
-        if self.calls == 1:
-            self.started.set()
-            self.release.wait(60)
-        self.kept.append(data)
-
-
 def test_the_last_upload_waits_for_the_interval_s_in_flight_so_the_newest_copy_lands_last() -> None:
     """Two uploads of one part at once would race, and the older copy landing second would be what S3
     keeps: the rank's last lines lost though uploaded."""
-    slow = FirstUploadSlow()
+    slow = SlowS3(only_first=True)
     keeper = LogKeeper(slow.upload, 0)
     keeper.parts.add(b"one\n")
     interval = threading.Thread(target=keeper.upload_changed)
