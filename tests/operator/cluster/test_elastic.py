@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+import lanes
 from ddp_contract import api
 from ddp_contract.jobstatus import STATUS_CHECKPOINT_REQUESTED, STATUS_MEMBERS, STATUS_WORLD_SIZE
 from ddp_contract.timestamps import rfc3339
@@ -16,7 +17,7 @@ from ddp_operator import constants as c
 from kube import Jobs, PodLives, wait_until
 from testnodes import NodeMaker
 
-pytestmark = pytest.mark.alone("its own kwok nodes take any fake-node pod, and it deletes them")
+pytestmark = pytest.mark.alone("its own kwok nodes take any fake-node pod, and it deletes them", on=lanes.FAKE_NODES)
 
 WORLD, MINIMUM, GPUS_PER_NODE, LOST_NODES = 256, 128, 8, 4
 
