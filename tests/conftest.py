@@ -241,12 +241,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     try:
         if not on_cluster(item):
             return (yield)
-        alone = item.get_closest_marker(lanes.ALONE)
-        hold = lanes.hold_of(str(module_of(item)), alone.kwargs.get("on") if alone else None, alone=alone is not None)
-        if alone is None:
-            with lanes.on_the_cluster(hold):
+        if item.get_closest_marker(lanes.ALONE) is None:
+            with lanes.on_the_cluster(alone=False):
                 return (yield)
-        ALONE_MODULE.enter(str(module_of(item)), hold)
+        ALONE_MODULE.enter(str(module_of(item)))
         return (yield)
     finally:
         if ALONE_MODULE.module is not None and module_of(nextitem) != ALONE_MODULE.module:

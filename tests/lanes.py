@@ -2,12 +2,9 @@
 
 Each worker has its own operator and namespaces (`t-<session>-*`), so most tests on the cluster run beside
 each other; a test module marked `alone` (tests that take the cluster or its node down, replace cluster-wide
-objects or start an operator for every namespace) runs with no other test on the cluster, and one marked
-`alone(..., on=FAKE_NODES)` (tests whose own kwok nodes take any fake-node pod) with no other test that may
-put pods on kwok's fake nodes: the real node's training lane, whose pods never tolerate them, goes on beside
-it. The locks are readers-writer locks on files of the test run's own folder (the cluster's, the fake
-nodes'), taken in that order, each through a turnstile of its own, so that a waiting `alone` test is not
-starved by the others taking turns.
+objects, start an operator for every namespace, or need the shared nodes' capacity to themselves) runs with
+no other test on the cluster. The lock is a readers-writer lock on a file of the test run's own folder,
+with a turnstile so that a waiting `alone` test is not starved by the others taking turns.
 
 What the whole run shares (the cluster, Kueue, the images on the node) is started once, by whichever worker
 needs it first, under a lock of its own; the process that ran `pytest` stops what was started in its run, at
@@ -23,7 +20,6 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
-from enum import Enum
 from pathlib import Path
 
 RUN_DIR_ENV = "DDP_TEST_RUN_DIR"
@@ -31,8 +27,6 @@ OWNER_PID_ENV = "DDP_TEST_OWNER_PID"
 TIMELINE_ENV = "DDP_TEST_TIMELINE"
 # The mark of a test module that must have the cluster to itself: pytest.mark.alone("why").
 ALONE = "alone"
-# What an `alone` mark may name (on=...) to have less than the whole cluster to itself.
-FAKE_NODES = "fake-nodes"
 # The modules whose jobs train on the real node, each test several gangs of processes that keep both cores
 # busy: one lane, started first. Two or three of them at once made each several times slower (the Hugging
 # Face test 640 s against 170), past their timeouts on a slower machine, where one after another beside
@@ -115,31 +109,12 @@ def once(name: str, start: Callable[[], bool | None]) -> None:
         done.touch()
 
 
-class Hold(Enum):
-    """What a test on the cluster holds while it runs: (lock, mode) pairs, taken in this order."""
-
-    SHARED = (("cluster", fcntl.LOCK_SH), ("fake-nodes", fcntl.LOCK_SH))  # beside any test but the alone ones
-    REAL_NODE = (("cluster", fcntl.LOCK_SH),)  # pods on the real node only: beside the fake nodes' alone tests too
-    FAKE_NODES_ALONE = (("cluster", fcntl.LOCK_SH), ("fake-nodes", fcntl.LOCK_EX))  # kwok's fake nodes to itself
-    ALONE = (("cluster", fcntl.LOCK_EX),)  # the whole cluster to itself
-
-
-def hold_of(module: str, alone_on: str | None, *, alone: bool) -> Hold:
-    """The hold of a test of `module`, marked `alone` (on=`alone_on`, None: the whole cluster) or not."""
-    if alone:
-        return Hold.FAKE_NODES_ALONE if alone_on == FAKE_NODES else Hold.ALONE
-    return Hold.REAL_NODE if module in NODE_TRAINING_MODULES else Hold.SHARED
-
-
 @contextmanager
-def on_the_cluster(hold: Hold) -> Iterator[None]:
-    """Held while a test on the cluster runs: the locks `hold` names, in one order (so no two tests wait for
-    each other), each through a turnstile of its own: a test waiting for the fake nodes holds up no test
-    that only needs the cluster."""
+def on_the_cluster(alone: bool) -> Iterator[None]:
+    """Held while a test on the cluster runs: shared with the others, or the cluster to itself."""
     with ExitStack() as held:
-        for lock, mode in hold.value:
-            with _flock(f"turnstile-{lock}", fcntl.LOCK_EX):
-                held.enter_context(_flock(lock, mode))
+        with _flock("turnstile", fcntl.LOCK_EX):
+            held.enter_context(_flock("cluster", fcntl.LOCK_EX if alone else fcntl.LOCK_SH))
         yield
 
 
@@ -151,10 +126,10 @@ class AloneModule:
         self._held = ExitStack()
         self.module: str | None = None
 
-    def enter(self, module: str, hold: Hold = Hold.ALONE) -> None:
+    def enter(self, module: str) -> None:
         if self.module != module:
             self.leave()
-            self._held.enter_context(on_the_cluster(hold))
+            self._held.enter_context(on_the_cluster(alone=True))
             self.module = module
 
     def leave(self) -> None:

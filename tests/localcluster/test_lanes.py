@@ -14,7 +14,6 @@ import lanes
 from kube import REPO, wait_until
 
 FORK = multiprocessing.get_context("fork")
-SHARED = lanes.Hold.SHARED
 
 
 @pytest.fixture
@@ -27,9 +26,9 @@ def run(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     assert not folder.exists()
 
 
-def hold(kind: lanes.Hold, log: Path, name: str, release: Event) -> None:
+def hold(alone: bool, log: Path, name: str, release: Event) -> None:
     """A worker's test: logs when it got the cluster, holds it until `release`, logs its end."""
-    with lanes.on_the_cluster(kind):
+    with lanes.on_the_cluster(alone):
         with log.open("a") as out:
             out.write(f"{name} in\n")
         release.wait(60)
@@ -43,9 +42,9 @@ def blocked_locks() -> int:
 
 
 class Worker:
-    def __init__(self, kind: lanes.Hold, log: Path, name: str) -> None:
+    def __init__(self, alone: bool, log: Path, name: str) -> None:
         self.release = FORK.Event()
-        self.process = FORK.Process(target=hold, args=(kind, log, name, self.release))
+        self.process = FORK.Process(target=hold, args=(alone, log, name, self.release))
         self.process.start()
 
     def end(self) -> None:
@@ -60,13 +59,13 @@ def lines(log: Path) -> list[str]:
 
 def test_shared_tests_run_together_and_one_alone_waits_for_them_and_they_for_it(run: Path) -> None:
     log = run / "log"
-    first, second = Worker(SHARED, log, "first"), Worker(SHARED, log, "second")
+    first, second = Worker(False, log, "first"), Worker(False, log, "second")
     wait_until(lambda: {"first in", "second in"} <= set(lines(log)), 30, "both shared tests on the cluster at once")
     waiting = blocked_locks()
-    alone = Worker(lanes.Hold.ALONE, log, "alone")
+    alone = Worker(True, log, "alone")
     wait_until(lambda: blocked_locks() > waiting, 30, "the alone test waiting for the cluster")
     # A shared test asking after it waits too: the turnstile keeps the alone one from being starved.
-    late = Worker(SHARED, log, "late")
+    late = Worker(False, log, "late")
     wait_until(lambda: blocked_locks() > waiting + 1, 30, "the late shared test waiting behind it")
     first.end()
     second.end()
@@ -75,44 +74,6 @@ def test_shared_tests_run_together_and_one_alone_waits_for_them_and_they_for_it(
     alone.end()
     late.end()
     assert lines(log)[-4:] == ["alone in", "alone out", "late in", "late out"]
-
-
-def test_a_module_alone_on_the_fake_nodes_runs_beside_the_real_node_s_training_but_not_beside_the_others(
-        run: Path) -> None:
-    log = run / "log"
-    shared = Worker(SHARED, log, "shared")
-    wait_until(lambda: "shared in" in lines(log), 30, "a shared test on the cluster")
-    waiting = blocked_locks()
-    fake = Worker(lanes.Hold.FAKE_NODES_ALONE, log, "fake")
-    wait_until(lambda: blocked_locks() > waiting, 30, "the fake nodes' alone test waiting for the shared one")
-    shared.end()
-    wait_until(lambda: "fake in" in lines(log), 30, "the fake nodes' alone test to get them")
-    waiting = blocked_locks()
-    late = Worker(SHARED, log, "late")
-    wait_until(lambda: blocked_locks() > waiting, 30, "a shared test waiting for the fake nodes")
-    # The shared test waits at the fake nodes' turnstile, not the cluster's: the training lane goes on.
-    training = Worker(lanes.Hold.REAL_NODE, log, "training")
-    wait_until(lambda: "training in" in lines(log), 30, "the training test beside the fake nodes' alone one")
-    waiting = blocked_locks()
-    alone = Worker(lanes.Hold.ALONE, log, "alone")
-    wait_until(lambda: blocked_locks() > waiting, 30, "the alone test waiting for the cluster")
-    training.end()
-    fake.end()
-    wait_until(lambda: "late in" in lines(log), 30, "the shared test to get the fake nodes")
-    assert "alone in" not in lines(log)
-    late.end()
-    wait_until(lambda: "alone in" in lines(log), 30, "the alone test to get the cluster")
-    alone.end()
-    assert lines(log) == ["shared in", "shared out", "fake in", "training in", "training out", "fake out",
-                          "late in", "late out", "alone in", "alone out"]
-
-
-def test_a_test_s_hold_follows_its_module_and_its_alone_mark() -> None:
-    training = lanes.NODE_TRAINING_MODULES[0]
-    assert lanes.hold_of(training, None, alone=False) == lanes.Hold.REAL_NODE
-    assert lanes.hold_of("tests/e2e/test_main_job.py", None, alone=False) == SHARED
-    assert lanes.hold_of("tests/operator/cluster/test_nodes.py", lanes.FAKE_NODES, alone=True) == lanes.Hold.FAKE_NODES_ALONE
-    assert lanes.hold_of("tests/chart/test_chart.py", None, alone=True) == lanes.Hold.ALONE
 
 
 def hold_module(log: Path, release: Event) -> None:
@@ -134,7 +95,7 @@ def test_an_alone_module_holds_the_cluster_from_its_first_test_to_its_last(run: 
     alone.start()
     wait_until(lambda: "alone 2 in" in lines(log), 30, "the module's second test to run")
     waiting = blocked_locks()
-    shared = Worker(SHARED, log, "shared")
+    shared = Worker(False, log, "shared")
     wait_until(lambda: blocked_locks() > waiting, 30, "a shared test waiting for the module's end")
     release.set()
     alone.join(60)

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-import lanes
 from ddp_contract import api
 from ddp_contract.jobstatus import STATUS_CHECKPOINT_REQUESTED, STATUS_MEMBERS, STATUS_WORLD_SIZE
 from ddp_contract.timestamps import rfc3339
@@ -17,7 +16,7 @@ from ddp_operator import constants as c
 from kube import Jobs, PodLives, wait_until
 from testnodes import NodeMaker
 
-pytestmark = pytest.mark.alone("its own kwok nodes take any fake-node pod, and it deletes them", on=lanes.FAKE_NODES)
+pytestmark = pytest.mark.alone("its own kwok nodes take any fake-node pod, and it deletes them")
 
 WORLD, MINIMUM, GPUS_PER_NODE, LOST_NODES = 256, 128, 8, 4
 

@@ -11,13 +11,12 @@ from typing import Any
 
 import pytest
 
-import lanes
 from ddp_operator import constants as c
 from ddp_operator.kubelet import NODE_LOST_TAINTS
 from kube import Jobs, wait_until
 from testnodes import NodeMaker
 
-pytestmark = pytest.mark.alone("its own kwok nodes take any fake-node pod, and it kills and deletes them", on=lanes.FAKE_NODES)
+pytestmark = pytest.mark.alone("its own kwok nodes take any fake-node pod, and it kills and deletes them")
 
 GRACE = 5  # nodeLostGraceSeconds: past the node lifecycle controller's 5 s tick, which taints the node
 
