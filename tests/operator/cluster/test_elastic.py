@@ -16,7 +16,7 @@ from ddp_operator import constants as c
 from kube import Jobs, PodLives, wait_until
 from testnodes import NodeMaker
 
-pytestmark = pytest.mark.alone("its own kwok nodes take any fake-node pod, and it deletes them")
+pytestmark = pytest.mark.alone("its own kwok nodes, untainted, take any pod (the real node's too), and it deletes them")
 
 WORLD, MINIMUM, GPUS_PER_NODE, LOST_NODES = 256, 128, 8, 4
 

@@ -16,7 +16,8 @@ from ddp_operator.kubelet import NODE_LOST_TAINTS
 from kube import Jobs, wait_until
 from testnodes import NodeMaker
 
-pytestmark = pytest.mark.alone("its own kwok nodes take any fake-node pod, and it kills and deletes them")
+pytestmark = pytest.mark.alone("its own kwok nodes, untainted, take any pod (the real node's too), and it kills and deletes "
+                               "them")
 
 GRACE = 5  # nodeLostGraceSeconds: past the node lifecycle controller's 5 s tick, which taints the node
 
