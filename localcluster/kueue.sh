@@ -15,7 +15,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CLUSTER=$HERE/cluster.sh
 
 # Must match the go.mod of go/kueue.
-KUEUE_VERSION=v0.15.2
+KUEUE_VERSION=v0.19.2
 KUEUE_MODULE=sigs.k8s.io/kueue
 
 DDP_CACHE=${DDP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ddp-operator}
@@ -44,8 +44,8 @@ LOG=$STATE/kueue.log
 PIDFILE=$STATE/kueue.pid
 WATCHDOG_PIDFILE=$STATE/watchdog.pid
 WEBHOOK_CONFIG=ddp-local-kueue
-# The CRDs Kueue converts between v1beta1 (stored) and v1beta2 (what its controllers use).
-CONVERTED_CRDS=(workloads clusterqueues localqueues cohorts multikueueclusters)
+# The CRDs Kueue converts between v1beta2 (stored, what its controllers use) and v1beta1 (deprecated).
+CONVERTED_CRDS=(workloads clusterqueues localqueues cohorts multikueueclusters resourceflavors)
 
 exec 3>&2
 log() { printf '[kueue] %s\n' "$*" >&3; }
@@ -188,7 +188,7 @@ wait_for() {
   done
 }
 
-converts() { kc get workloads.v1beta2.kueue.x-k8s.io -A --request-timeout 5s; }
+converts() { kc get workloads.v1beta1.kueue.x-k8s.io -A --request-timeout 5s; }
 
 cmd_up() {
   "$CLUSTER" status >/dev/null 2>&1 || die "the local cluster is not up (localcluster/cluster.sh up)"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubernetes import client
@@ -53,16 +53,19 @@ class Queues:
         self.flavor = f"rf-{self.suffix}"
         self._cluster_scoped: list[tuple[str, str]] = []
 
-    def create(self, cpu: str, preemption: str = "Never") -> str:
-        """A LocalQueue backed by a ClusterQueue with `cpu` of quota, for this namespace only; its name."""
-        self._create_cluster("resourceflavors", {"metadata": {"name": self.flavor}, "spec": {}})
+    def create(self, cpu: str, preemption: str = "Never", flavors: Sequence[Mapping[str, Any]] = ({},)) -> str:
+        """A LocalQueue backed by a ClusterQueue for this namespace only, with `cpu` of quota in each of
+        `flavors` (ResourceFlavor specs, named flavor_name(i), which Kueue tries in order); its name."""
+        for i, flavor in enumerate(flavors):
+            self._create_cluster("resourceflavors", {"metadata": {"name": self.flavor_name(i)}, "spec": dict(flavor)})
         self._create_cluster("clusterqueues", {
             "metadata": {"name": self.cluster_queue},
             "spec": {
                 "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": self.namespace}},
                 "preemption": {"withinClusterQueue": preemption},
                 "resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
-                    {"name": self.flavor, "resources": [{"name": "cpu", "nominalQuota": cpu}]}]}],
+                    {"name": self.flavor_name(i), "resources": [{"name": "cpu", "nominalQuota": cpu}]}
+                    for i in range(len(flavors))]}],
             },
         })
         self.custom.create_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, self.namespace, "localqueues", {
@@ -70,6 +73,9 @@ class Queues:
             "metadata": {"name": LOCAL_QUEUE}, "spec": {"clusterQueue": self.cluster_queue}})
         wait_until(self._active, 30, f"ClusterQueue {self.cluster_queue} to be active")
         return LOCAL_QUEUE
+
+    def flavor_name(self, i: int) -> str:
+        return self.flavor if i == 0 else f"{self.flavor}-{i}"
 
     def set_quota(self, cpu: str) -> None:
         queue = self.custom.get_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", self.cluster_queue)

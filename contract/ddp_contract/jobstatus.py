@@ -140,6 +140,9 @@ REASON_QUOTA_NEEDS_RESOURCES: Final = "QuotaRequiresResources"
 REASON_LIMIT_RANGE: Final = "LimitRange"
 REASON_ADMISSION_DENIED: Final = "AdmissionDenied"
 REASON_FORBIDDEN: Final = "Forbidden"
+# What Kueue's admission asks of the pods (a flavor's node labels, an admission check's update)
+# contradicts their template: as Kueue does for its own job kinds, the job does not start.
+REASON_PLACEMENT_CONFLICT: Final = "PlacementConflict"
 # The kubelet will not start a root image in a pod that asks for a non-root user (podsecurity.py).
 REASON_IMAGE_RUNS_AS_ROOT: Final = "ImageRunsAsRoot"
 

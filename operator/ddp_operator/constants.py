@@ -139,6 +139,9 @@ from ddp_contract.jobstatus import (
     REASON_PERMANENT as REASON_PERMANENT,
 )
 from ddp_contract.jobstatus import (
+    REASON_PLACEMENT_CONFLICT as REASON_PLACEMENT_CONFLICT,
+)
+from ddp_contract.jobstatus import (
     REASON_POD_SECURITY as REASON_POD_SECURITY,
 )
 from ddp_contract.jobstatus import (
@@ -198,7 +201,7 @@ TRAINER_COMMAND: Final = ("python", "-m", "ddp_trainer", "run", "--")
 # Ranks held up for one of these fail the job at once: waiting cannot help.
 FAIL_AT_ONCE_REASONS: Final = frozenset({
     REASON_POD_SECURITY, REASON_QUOTA_NEEDS_RESOURCES, REASON_LIMIT_RANGE, REASON_ADMISSION_DENIED, REASON_FORBIDDEN,
-    REASON_INVALID_SPEC, REASON_IMAGE_RUNS_AS_ROOT,
+    REASON_INVALID_SPEC, REASON_IMAGE_RUNS_AS_ROOT, REASON_PLACEMENT_CONFLICT,
 })
 
 # A rank that exited through the runtime with one of its own codes: the failure's reason, in place

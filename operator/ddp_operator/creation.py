@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from kubernetes.client.rest import ApiException
@@ -26,6 +26,7 @@ from ddp_operator.capacity import InTheWay
 from ddp_operator.dataworkers import DataWorkerSummary
 from ddp_operator.jobmemory import JobMemory
 from ddp_operator.kubeapi import KubeApi, adopt, api_message, is_controlled_by, is_going_away
+from ddp_operator.kueue.placement import ANYWHERE, FlavorMissing, GangPlacement, PlacementConflict, place
 from ddp_operator.kueue.rules import queue_name
 from ddp_operator.manifests import (
     build_data_worker_pod,
@@ -40,15 +41,20 @@ from ddp_operator.quota import gang_shortfall, pods_that_fit
 log = logging.getLogger(__name__)
 
 
+Placer = Callable[[dict[str, Any], JobSpec], Awaitable[GangPlacement]]
+
+
 class Creation:
-    """Creates a job's children; what it could not is noted in the job's memory, and a status pass asked for."""
+    """Creates a job's children; what it could not is noted in the job's memory, and a status pass asked for.
+    placer: where Kueue's admission puts a queued job's pods (KueueGate.placement)."""
 
     def __init__(self, kube: KubeApi, memory: Callable[[JobKey], JobMemory], ask_status_pass: Callable[[JobKey], None],
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], placer: Placer | None = None) -> None:
         self.kube = kube
         self.memory = memory
         self.ask_status_pass = ask_status_pass
         self.clock = clock
+        self.placer = placer
         self._unreadable_quotas: set[str] = set()  # namespaces whose ResourceQuotas we may not list (said once)
 
     async def gang(self, job: dict[str, Any], spec: JobSpec, ranks: tuple[int, ...], attempt: int, *,
@@ -101,8 +107,15 @@ class Creation:
                     objects.append(f"{child['kind']} {child['metadata']['name']}")
             pods: tuple[tuple[int, str], ...] = ()
             if not objects:  # without its Service (or its identity) no rank could start as it should
-                created = await self._pods(job, spec, ranks=ranks, attempt=attempt, limits=limits, live=live, leaving=leaving,
-                                           least=least)
+                try:
+                    placement = await self._placement(job, spec)
+                    built = [adopt(place(build_pod(job, spec, index, attempt), placement.ranks, index,
+                                         placement.topology_annotation), job) for index in ranks]
+                except (PlacementConflict, FlavorMissing) as error:
+                    self._note_refused(key, attempt=attempt, ranks=ranks, refusal=_placement_refusal(error))
+                    return
+                created = await self._pods(job, spec, built, ranks=ranks, attempt=attempt, limits=limits, live=live,
+                                           leaving=leaving, least=least)
                 if created is None:
                     return
                 pods = created
@@ -131,6 +144,10 @@ class Creation:
             log.info("%s/%s: data workers refused (%s): %s", *key, refusal.reason, refusal.message)
             self.ask_status_pass(key)
             return
+        except (PlacementConflict, FlavorMissing) as error:
+            memory.data_refused = _placement_refusal(error)
+            self.ask_status_pass(key)
+            return
         except Exception as error:
             if is_transient(error):
                 raise
@@ -142,24 +159,23 @@ class Creation:
             self.ask_status_pass(key)
 
     async def _data_workers(self, job: dict[str, Any], spec: JobSpec, workers: DataWorkerSummary) -> None:
+        placement = (await self._placement(job, spec)).data_workers
+        built = [adopt(place(build_data_worker_pod(job, spec, i), placement, i), job) for i in workers.missing]
         await self.kube.ensure(adopt(build_service(job, spec), job))
         await self.kube.create_secret(adopt(build_token_secret(job, secrets.token_hex(32)), job))
-        results = await asyncio.gather(
-            *(self.kube.ensure(adopt(build_data_worker_pod(job, spec, i), job)) for i in workers.missing),
-            return_exceptions=True)
+        results = await asyncio.gather(*(self.kube.ensure(pod) for pod in built), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
 
 
-    async def _pods(self, job: dict[str, Any], spec: JobSpec, *, ranks: tuple[int, ...], attempt: int,
-                    limits: asyncio.Future[tuple[list[dict[str, Any]], list[dict[str, Any]]] | None] | None,
+    async def _pods(self, job: dict[str, Any], spec: JobSpec, built: list[dict[str, Any]], *, ranks: tuple[int, ...],
+                    attempt: int, limits: asyncio.Future[tuple[list[dict[str, Any]], list[dict[str, Any]]] | None] | None,
                     live: int, leaving: int, least: int | None) -> tuple[tuple[int, str], ...] | None:
-        """The ranks' pods, after the quotas (`limits`, being read) were judged for them; the ranks whose
-        names strangers hold, or None when something was refused (noted). least: the fewest of the gang's
-        pods that may be created without the rest (Mode.least_created)."""
+        """The ranks' pods (`built`, one for each of `ranks`), after the quotas (`limits`, being read) were
+        judged for them; the ranks whose names strangers hold, or None when something was refused (noted).
+        least: the fewest of the gang's pods that may be created without the rest (Mode.least_created)."""
         key = job_key(job)
-        built = [adopt(build_pod(job, spec, index, attempt), job) for index in ranks]
         read = await limits if limits is not None else None
         if read is not None and built:  # every rank's pod asks for what rank 0's does
             quotas, limit_ranges = read
@@ -198,6 +214,9 @@ class Creation:
             return None
         return tuple((rank, pod["metadata"]["name"]) for rank, pod, holder in zip(ranks, built, results, strict=True)
                      if holder is not None and not is_controlled_by(holder, job))  # type: ignore[arg-type]
+
+    async def _placement(self, job: dict[str, Any], spec: JobSpec) -> GangPlacement:
+        return await self.placer(job, spec) if self.placer is not None and queue_name(job) else ANYWHERE
 
     def _failed(self, key: JobKey, error: Exception) -> Refusal:
         """A creation that raised for a cause of the job's own, as a refusal the status pass says
@@ -250,3 +269,11 @@ class Creation:
             return
         memory.in_the_way = found
         self.ask_status_pass(key)  # the status pass says so (or stops saying so)
+
+
+def _placement_refusal(error: PlacementConflict | FlavorMissing) -> Refusal:
+    """A conflict waits for a change of the spec (Kueue would mark the Workload failed to start); a
+    ResourceFlavor that cannot be read is tried again with growing pauses."""
+    if isinstance(error, PlacementConflict):
+        return Refusal(c.REASON_PLACEMENT_CONFLICT, f"the pods cannot be placed where Kueue admitted them: {error}")
+    return Refusal(c.REASON_RECONCILE_ERROR, str(error))

@@ -141,7 +141,8 @@ class Reconciler:
         self._deleting: dict[tuple[str, bool], float] = {}  # (uid, forced) -> monotonic time its delete was issued
         self.queue = WorkQueue(self.reconcile, workers=workers, name=STATUS_QUEUE)
         self.creations = WorkQueue(self.create_children, workers=workers, name=CREATION_QUEUE)
-        self.create = Creation(kube, self._of, self.add, lambda: self.clock())
+        self.create = Creation(kube, self._of, self.add, lambda: self.clock(),
+                               placer=self.kueue.placement if self.kueue is not None else None)
 
     def start(self) -> None:
         self.queue.start()

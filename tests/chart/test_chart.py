@@ -257,6 +257,7 @@ def test_install_grants_the_operator_what_it_needs_and_uninstall_removes_it(
             assert can_i(kube_api, account, *verb_and_resource, *elsewhere), verb_and_resource
         assert can_i(kube_api, account, "watch", "customresourcedefinitions.apiextensions.k8s.io")
         assert can_i(kube_api, account, "get", f"workloadpriorityclasses.{KUEUE_GROUP}")
+        assert can_i(kube_api, account, "get", f"resourceflavors.{KUEUE_GROUP}")
         for verb in ("get", "create", "update"):  # the Lease, in the release's namespace only
             assert can_i(kube_api, account, verb, "leases.coordination.k8s.io", "-n", namespace), verb
             assert not can_i(kube_api, account, verb, "leases.coordination.k8s.io", *elsewhere), verb
@@ -324,10 +325,11 @@ def test_watch_namespaces_narrow_rbac_to_roles_in_each(helm) -> None:
     docs = render_all(helm, "--set", "watchNamespaces={team-a,team-b}")
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     assert env_of(deployment["spec"]["template"]["spec"]["containers"][0])[ENV_NAMESPACES] == "team-a,team-b"
-    # Cluster-wide, only what is not namespaced: nodes (read), Kueue's priority classes (read) and CRDs (for kopf).
+    # Cluster-wide, only what is not namespaced: nodes (read), Kueue's priority classes and flavors (read)
+    # and CRDs (for kopf).
     cluster_role = next(d for d in docs if d["kind"] == "ClusterRole")
     assert [rule["resources"] for rule in cluster_role["rules"]] == [
-        ["nodes"], ["workloadpriorityclasses"], ["customresourcedefinitions"]]
+        ["nodes"], ["workloadpriorityclasses", "resourceflavors"], ["customresourcedefinitions"]]
     # Each namespace gets the rest of the cluster-wide rules, bound to the operator's account.
     roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role" and "leader" not in d["metadata"]["name"]}
     bindings = {d["metadata"]["namespace"]: d for d in docs

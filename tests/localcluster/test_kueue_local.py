@@ -45,9 +45,9 @@ def test_kueues_webhooks_are_called_by_the_api_server(kube_api, kueue: None) -> 
             custom.create_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", bad)
         message = json.loads(refused.value.body)["message"]
         assert message.startswith('admission webhook "vclusterqueue.kb.io" denied') and "nominalQuota" in message
-        # v1beta2, what Kueue itself reads, is converted from the stored v1beta1 by its conversion webhook.
-        converted = custom.get_cluster_custom_object(KUEUE_GROUP, "v1beta2", "clusterqueues", name)
-        assert converted["apiVersion"] == f"{KUEUE_GROUP}/v1beta2"
+        # v1beta1, deprecated but still served, is converted from the stored v1beta2 by its conversion webhook.
+        converted = custom.get_cluster_custom_object(KUEUE_GROUP, "v1beta1", "clusterqueues", name)
+        assert converted["apiVersion"] == f"{KUEUE_GROUP}/v1beta1"
     finally:
         custom.delete_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", name)
     wait_until(lambda: not custom.list_cluster_custom_object(

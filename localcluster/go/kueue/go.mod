@@ -1,5 +1,5 @@
 module ddp-operator/localcluster/kueue
 
-go 1.25.0
+go 1.26.0
 
-require sigs.k8s.io/kueue v0.15.2 // indirect
+require sigs.k8s.io/kueue v0.19.2 // indirect

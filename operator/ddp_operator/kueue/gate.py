@@ -19,11 +19,15 @@ from ddp_contract.jobstatus import STATUS_MESSAGE, STATUS_PHASE, STATUS_START_TI
 from ddp_contract.resource import JobStatus, job_key
 from ddp_operator import constants as c
 from ddp_operator.kubeapi import KubeApi, adopt, api_message
+from ddp_operator.kueue.placement import ANYWHERE, FlavorMissing, GangPlacement, assigned_flavors, placement_of
 from ddp_operator.kueue.rules import (
+    DATA_WORKER_POD_SET,
     KUEUE_GROUP,
     KUEUE_VERSION,
+    POD_SET,
     PRIORITY_CLASS_LABEL,
     PRIORITY_CLASSES,
+    RESOURCE_FLAVORS,
     UNKNOWN,
     WORKLOADS,
     QueueState,
@@ -127,6 +131,26 @@ class KueueGate:
         await self.kube.ensure(adopt(workload, job),
                                calls=(functools.partial(_create_workload, custom), functools.partial(_read_workload, custom)))
         self._problems.pop(key, None)
+
+    async def placement(self, job: Mapping[str, Any], spec: JobSpec) -> GangPlacement:
+        """Where the admission of the job's Workload puts its pods (placement.py); ANYWHERE for a job in no
+        queue or not admitted. Raises FlavorMissing when an assigned ResourceFlavor cannot be read, and
+        PlacementConflict when what admission asks contradicts the pods' own template."""
+        workload = self._workload(job) if queue_name(job) is not None else None
+        if workload is None:
+            return ANYWHERE
+        flavors = {}
+        for name in assigned_flavors(workload):
+            try:
+                flavors[name] = await self.kube.call(self.kube.custom.get_cluster_custom_object, KUEUE_GROUP,
+                                                     KUEUE_VERSION, RESOURCE_FLAVORS, name)
+            except ApiException as error:
+                if error.status not in (403, 404):
+                    raise
+                raise FlavorMissing(f"the ResourceFlavor {name} that Kueue assigned to the job cannot be read: "
+                                    f"{api_message(error)}") from None
+        return GangPlacement(ranks=placement_of(workload, POD_SET, flavors, spec.pods),
+                             data_workers=placement_of(workload, DATA_WORKER_POD_SET, flavors, spec.data_worker_replicas))
 
     async def _priority(self, name: str) -> int | None:
         """The value of the WorkloadPriorityClass `name`; None if there is none."""

@@ -30,12 +30,11 @@ from ddp_operator.manifests import job_labels
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
 KUEUE_GROUP = "kueue.x-k8s.io"
-# v1beta1: the version Kueue stores, served by every Kueue release since 0.3, and read without
-# Kueue's conversion webhook.
-KUEUE_VERSION = "v1beta1"
+# v1beta2: the version Kueue stores from 0.16 on (read without its conversion webhook), served from 0.15.
+KUEUE_VERSION = "v1beta2"
 WORKLOADS = "workloads"
 PRIORITY_CLASSES = "workloadpriorityclasses"
-PRIORITY_CLASS_SOURCE = "kueue.x-k8s.io/workloadpriorityclass"
+RESOURCE_FLAVORS = "resourceflavors"
 POD_SET = "ranks"
 DATA_WORKER_POD_SET = "data-workers"
 # Workload condition types and reasons, as Kueue writes them.
@@ -104,7 +103,8 @@ def build_workload(job: Mapping[str, Any], spec: JobSpec, *, pod_spec: Mapping[s
     }
     name = priority_class(job)
     if name:
-        workload_spec.update(priorityClassName=name, priorityClassSource=PRIORITY_CLASS_SOURCE, priority=priority or 0)
+        workload_spec.update(priority=priority or 0, priorityClassRef={
+            "group": KUEUE_GROUP, "kind": "WorkloadPriorityClass", "name": name})
     return {
         "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
         "kind": "Workload",

@@ -22,14 +22,23 @@ from ddp_operator.listwatch import JobKey, JobObjects, OnChange
 
 
 def slim_workload(workload: dict[str, Any]) -> dict[str, Any]:
-    """What the operator reads of a Workload: identity, owner, whether it is active, and status."""
+    """What the operator reads of a Workload: identity, owner, whether it is active, and status: its
+    conditions, and the admission with its admission checks' podSetUpdates (where the pods go)."""
     meta = workload.get("metadata") or {}
+    status = workload.get("status") or {}
+    slim_status: dict[str, Any] = {"conditions": status.get("conditions") or []}
+    if status.get("admission"):
+        slim_status["admission"] = status["admission"]
+    checks = [{"name": check.get("name"), "podSetUpdates": check["podSetUpdates"]}
+              for check in status.get("admissionChecks") or [] if check.get("podSetUpdates")]
+    if checks:
+        slim_status["admissionChecks"] = checks
     return {
         "metadata": {key: meta.get(key) for key in
                      ("name", "namespace", "uid", "resourceVersion", "generation", "labels", "ownerReferences",
                       "deletionTimestamp")},
         "spec": {"active": (workload.get("spec") or {}).get("active", True)},
-        "status": {"conditions": (workload.get("status") or {}).get("conditions") or []},
+        "status": slim_status,
     }
 
 

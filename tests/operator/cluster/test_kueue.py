@@ -17,6 +17,7 @@ from ddp_operator import constants as c
 from ddp_operator.kueue.rules import PRIORITY_CLASS_LABEL, QUEUE_LABEL
 from ddp_operator.manifests import progress_service_account
 from ddp_trainer.jobstatus import JobStatusSink, last_checkpoint
+from fakenodes import on_fake_nodes
 from helmchart import CHART, ON_FAKE_NODES, helm_for, installed, operator_settings
 from kube import Cluster, Jobs, OperatorProcess, PodLives, client_as, env_of, kubeconfig_of, wait_until
 from kueue import Queues
@@ -96,6 +97,35 @@ def test_a_second_job_waits_for_the_quota_the_first_holds_and_starts_when_it_fin
     # The event is written after the status that says Running: wait for it rather than read it at once.
     wait_until(lambda: {e.reason for e in jobs.events("second")} >= {c.REASON_QUEUED, c.REASON_ALL_READY}, 30,
                "second's Queued and AllRanksReady events")
+
+
+def test_each_job_runs_on_the_nodes_of_the_flavor_kueue_admitted_it_to(jobs, queues: Queues) -> None:
+    """Two flavors of one queue, pinned to two fake nodes: the first job fills the first flavor, the
+    second is admitted to the second, and its ranks' and data workers' pods carry that flavor's node
+    labels and tolerations and run on its node."""
+    reserved = {"key": "ddp-test/reserved", "operator": "Exists", "effect": "NoSchedule"}
+    queue = queues.create(cpu="3", flavors=[{"nodeLabels": {"kubernetes.io/hostname": "gpu-node-0"}},
+                                            {"nodeLabels": {"kubernetes.io/hostname": "gpu-node-1"},
+                                             "tolerations": [reserved]}])
+    workers = {"replicas": 1, "resources": ONE_CPU, "template": {"spec": on_fake_nodes({})}}
+    queued(jobs, "first", queue, dataWorkers=workers)
+    jobs.wait_phase("first", c.PHASE_RUNNING)
+    queued(jobs, "second", queue, dataWorkers=workers)
+    jobs.wait_phase("second", c.PHASE_RUNNING)
+    for name, i in (("first", 0), ("second", 1)):
+        admission = queues.workload_of(name)["status"]["admission"]  # type: ignore[index]
+        assert {a["name"]: a["flavors"]["cpu"] for a in admission["podSetAssignments"]} == {
+            "ranks": queues.flavor_name(i), "data-workers": queues.flavor_name(i)}
+        def bound(job: str = name) -> list[client.V1Pod] | None:
+            pods = jobs.pods(job)
+            return pods if len(pods) == 3 and all(p.spec.node_name for p in pods) else None
+
+        pods = wait_until(bound, 30, f"{name}'s two ranks and data worker to be bound")
+        for pod in pods:
+            assert pod.spec.node_selector["kubernetes.io/hostname"] == f"gpu-node-{i}", pod.metadata.name
+            assert pod.spec.node_name == f"gpu-node-{i}", pod.metadata.name
+            tolerations = {t.key for t in pod.spec.tolerations or []}
+            assert ("ddp-test/reserved" in tolerations) == (i == 1), pod.metadata.name
 
 
 def test_a_preempted_job_comes_back_and_resumes_from_its_checkpoint(jobs, queues: Queues, kube_api) -> None:

@@ -74,7 +74,7 @@ def test_the_workload_asks_for_every_pod_of_the_gang_with_a_rank_pods_spec() -> 
     assert pod_set["count"] == 2  # 8 ranks, 4 per pod
     trainer = pod_set["template"]["spec"]["containers"][0]
     assert trainer["resources"]["requests"] == {"cpu": "2", c.GPU_RESOURCE: 8}
-    assert "priorityClassName" not in built["spec"]
+    assert "priorityClassRef" not in built["spec"]
     assert owning_job_key(built) == ("ns", JOB)
 
 
@@ -93,8 +93,9 @@ def test_a_job_with_data_workers_asks_kueue_for_them_as_a_second_pod_set() -> No
 def test_the_workload_carries_the_priority_class_and_its_value() -> None:
     job = queued_job(priority="urgent")
     built = build_workload(job, job_spec(), pod_spec={}, priority=1000)
-    assert built["spec"]["priorityClassName"] == "urgent" and built["spec"]["priority"] == 1000
-    assert built["spec"]["priorityClassSource"] == "kueue.x-k8s.io/workloadpriorityclass"
+    assert built["spec"]["priority"] == 1000
+    assert built["spec"]["priorityClassRef"] == {"group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass",
+                                                 "name": "urgent"}
 
 
 def test_a_workload_belongs_to_the_job_with_its_controller_uid() -> None:

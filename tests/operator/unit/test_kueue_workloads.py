@@ -32,7 +32,17 @@ def test_workloads_are_kept_slim_by_job() -> None:
     assert kept == slim_workload(api_workload("ddpjob-mnist-w1"))
     assert kept["spec"] == {"active": True} and "managedFields" not in kept["metadata"]
     assert kept["status"]["conditions"] == [{"type": "Admitted", "status": "True"}]
+    assert kept["status"]["admission"] == {"clusterQueue": "cq"}  # where the pods go
     assert seen == [("ns", "mnist")]
+
+
+def test_the_slim_workload_keeps_the_admission_checks_updates_only() -> None:
+    workload = api_workload("ddpjob-mnist-w1")
+    update = {"name": "ranks", "nodeSelector": {"zone": "a"}}
+    workload["status"]["admissionChecks"] = [
+        {"name": "prov", "state": "Ready", "message": "ok", "podSetUpdates": [update]},
+        {"name": "plain", "state": "Ready", "message": "ok"}]
+    assert slim_workload(workload)["status"]["admissionChecks"] == [{"name": "prov", "podSetUpdates": [update]}]
 
 
 def test_a_deleted_workload_is_forgotten_and_its_job_told() -> None:
