@@ -27,6 +27,7 @@ from kube import (
     wait_until,
 )
 from kueue import Queues, start_kueue, stop_kueue
+from racks import racks
 from realnode import IMAGE as BUSYBOX_IMAGE
 from realnode import import_busybox, the_real_node
 from registry import Registry, start_registry, stop_registry
@@ -196,6 +197,13 @@ def kueue(cluster: Cluster) -> None:
     if not cluster.local:
         pytest.skip("Kueue is started on the local control plane only")
     lanes.once("kueue", lambda: start_kueue(lanes.owner_pid()))
+
+
+@pytest.fixture
+def rack(jobs: Jobs) -> Iterator[str]:
+    """kwok's fake nodes labelled into two racks of two by a label of the test's own (tests/racks.py): its key."""
+    with racks(jobs) as key:
+        yield key
 
 
 @pytest.fixture

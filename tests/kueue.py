@@ -83,6 +83,14 @@ class Queues:
         self.custom.replace_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", self.cluster_queue,
                                                   queue)
 
+    def topology(self, *levels: str) -> str:
+        """A Kueue Topology of these node labels, highest level first (cluster-scoped: named with this test's
+        suffix); its name, for a flavor's topologyName."""
+        name = f"topology-{self.suffix}"
+        self._create_cluster("topologies", {"metadata": {"name": name},
+                                            "spec": {"levels": [{"nodeLabel": level} for level in levels]}})
+        return name
+
     def priority_class(self, name: str, value: int) -> str:
         """A WorkloadPriorityClass (cluster-scoped: named with this test's suffix); its name."""
         full = f"{name}-{self.suffix}"
@@ -111,7 +119,7 @@ class Queues:
             wait_until(lambda p=plural, n=name: not self._exists(p, n), 60, f"{plural} {name} to be deleted")
 
     def _create_cluster(self, plural: str, body: Mapping[str, Any]) -> None:
-        kind = {"resourceflavors": "ResourceFlavor", "clusterqueues": "ClusterQueue",
+        kind = {"resourceflavors": "ResourceFlavor", "clusterqueues": "ClusterQueue", "topologies": "Topology",
                 PRIORITY_CLASSES: "WorkloadPriorityClass"}[plural]
         self.custom.create_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, plural, {
             "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}", "kind": kind, **body})

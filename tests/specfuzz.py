@@ -82,7 +82,8 @@ def runnable_template() -> dict[str, Any]:
 
 def base_specs() -> list[dict[str, Any]]:
     """Valid specs, one of each kind of job: an entrypoint, a command with a full template, S3 and env, an
-    elastic job restarted in place, data workers with kept folders, a pod of several ranks with deadlines."""
+    elastic job restarted in place, data workers with kept folders and a topology, a pod of several ranks
+    with deadlines."""
     return [
         {"worldSize": 2, "image": "trainer:test", "entrypoint": "train.main:run", "gpusPerRank": 0},
         {"worldSize": 2, "image": "trainer:test", "command": ["python", "train.py"], "args": ["--epochs", "1"],
@@ -99,7 +100,8 @@ def base_specs() -> list[dict[str, Any]]:
         {"worldSize": 2, "image": "trainer:test", "entrypoint": "train.main:run", "gpusPerRank": 0,
          "dataWorkers": {"replicas": 2, "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
                          "template": {"metadata": {"labels": {"pool": "cpu"}}, "spec": {"priorityClassName": "low"}}},
-         "s3": {"results": "s3://r/x"}, "keepFolders": ["out", "lightning_logs"], "metricsFromOutput": False},
+         "s3": {"results": "s3://r/x"}, "keepFolders": ["out", "lightning_logs"], "metricsFromOutput": False,
+         "topology": {"preferred": "topology.kubernetes.io/zone"}},
         {"worldSize": 4, "ranksPerPod": 2, "image": "trainer:test", "command": ["python", "spawn.py"],
          "launcher": "Command", "trainerRuntime": "Off", "gpusPerRank": 0, "masterPort": 23456, "backend": "gloo",
          "activeDeadlineSeconds": 3600, "startupDeadlineSeconds": 300, "ttlSecondsAfterFinished": 600,

@@ -102,6 +102,15 @@ class Templated:
 
 
 @dataclass(frozen=True)
+class TopologySpec:
+    """spec.topology: the ranks' pods within one domain of a node label (a rack, a block, a zone); required,
+    or preferred (as many as fit there, the rest in the next domains, ranks in order)."""
+
+    key: str
+    required: bool = True
+
+
+@dataclass(frozen=True)
 class DataWorkersSpec(Templated):
     """spec.dataWorkers: pods that run the ranks' DataLoader workers (`<job>-data-<i>`)."""
 
@@ -146,6 +155,7 @@ class JobSpec(Templated):
     metrics_from_output: bool = True
     data_workers: DataWorkersSpec | None = None
     keep_folders: tuple[str, ...] = ()  # as written; kept under <results>/<ns>/<job>/kept/<layout.kept_folder_key>
+    topology: TopologySpec | None = None
 
     @property
     def data_worker_replicas(self) -> int:

@@ -143,6 +143,8 @@ REASON_FORBIDDEN: Final = "Forbidden"
 # What Kueue's admission asks of the pods (a flavor's node labels, an admission check's update)
 # contradicts their template: as Kueue does for its own job kinds, the job does not start.
 REASON_PLACEMENT_CONFLICT: Final = "PlacementConflict"
+# spec.topology required, and no domain has room for the whole gang now: it waits, tried again.
+REASON_NO_TOPOLOGY_DOMAIN: Final = "NoTopologyDomain"
 # The kubelet will not start a root image in a pod that asks for a non-root user (podsecurity.py).
 REASON_IMAGE_RUNS_AS_ROOT: Final = "ImageRunsAsRoot"
 

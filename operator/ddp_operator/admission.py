@@ -35,9 +35,9 @@ class Refusal:
 
     @property
     def waits(self) -> bool:
-        """A quota may free up, and a creation pass that raised (ReconcileError) is tried again too, with the
-        same growing pauses; nothing else passes without someone changing the cluster or the spec."""
-        return self.reason in (c.REASON_QUOTA_EXCEEDED, c.REASON_RECONCILE_ERROR)
+        """A quota may free up, and so may a topology domain; a creation pass that raised (ReconcileError) is
+        tried again too, with the same growing pauses; nothing else passes without someone changing the cluster or the spec."""
+        return self.reason in (c.REASON_QUOTA_EXCEEDED, c.REASON_RECONCILE_ERROR, c.REASON_NO_TOPOLOGY_DOMAIN)
 
     def said_of(self, kind: str) -> str:
         """The message with what was refused in front: "the API server refused the pod: ..."."""

@@ -130,6 +130,9 @@ from ddp_contract.jobstatus import (
     REASON_NAME_IN_USE as REASON_NAME_IN_USE,
 )
 from ddp_contract.jobstatus import (
+    REASON_NO_TOPOLOGY_DOMAIN as REASON_NO_TOPOLOGY_DOMAIN,
+)
+from ddp_contract.jobstatus import (
     REASON_NODE_LOST as REASON_NODE_LOST,
 )
 from ddp_contract.jobstatus import (

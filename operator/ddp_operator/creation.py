@@ -26,7 +26,7 @@ from ddp_operator.capacity import InTheWay
 from ddp_operator.dataworkers import DataWorkerSummary
 from ddp_operator.jobmemory import JobMemory
 from ddp_operator.kubeapi import KubeApi, adopt, api_message, is_controlled_by, is_going_away
-from ddp_operator.kueue.placement import ANYWHERE, FlavorMissing, GangPlacement, PlacementConflict, place
+from ddp_operator.kueue.flavors import FlavorMissing
 from ddp_operator.kueue.rules import queue_name
 from ddp_operator.manifests import (
     build_data_worker_pod,
@@ -36,7 +36,9 @@ from ddp_operator.manifests import (
     build_token_secret,
 )
 from ddp_operator.passerrors import failed_pass_message, is_transient
+from ddp_operator.placement import ANYWHERE, NOWHERE, GangPlacement, PlacementConflict, place
 from ddp_operator.quota import gang_shortfall, pods_that_fit
+from ddp_operator.topology import NoDomain
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +48,7 @@ Placer = Callable[[dict[str, Any], JobSpec], Awaitable[GangPlacement]]
 
 class Creation:
     """Creates a job's children; what it could not is noted in the job's memory, and a status pass asked for.
-    placer: where Kueue's admission puts a queued job's pods (KueueGate.placement)."""
+    placer: where a gang's pods go (Kueue's admission, spec.topology: Reconciler._placement)."""
 
     def __init__(self, kube: KubeApi, memory: Callable[[JobKey], JobMemory], ask_status_pass: Callable[[JobKey], None],
                  clock: Callable[[], float], placer: Placer | None = None) -> None:
@@ -109,9 +111,9 @@ class Creation:
             if not objects:  # without its Service (or its identity) no rank could start as it should
                 try:
                     placement = await self._placement(job, spec)
-                    built = [adopt(place(build_pod(job, spec, index, attempt), placement.ranks, index,
-                                         placement.topology_annotation), job) for index in ranks]
-                except (PlacementConflict, FlavorMissing) as error:
+                    built = [adopt(place(build_pod(job, spec, index, attempt), placement.ranks, index), job)
+                             for index in ranks]
+                except (PlacementConflict, FlavorMissing, NoDomain) as error:
                     self._note_refused(key, attempt=attempt, ranks=ranks, refusal=_placement_refusal(error))
                     return
                 created = await self._pods(job, spec, built, ranks=ranks, attempt=attempt, limits=limits, live=live,
@@ -144,7 +146,7 @@ class Creation:
             log.info("%s/%s: data workers refused (%s): %s", *key, refusal.reason, refusal.message)
             self.ask_status_pass(key)
             return
-        except (PlacementConflict, FlavorMissing) as error:
+        except (PlacementConflict, FlavorMissing, NoDomain) as error:
             memory.data_refused = _placement_refusal(error)
             self.ask_status_pass(key)
             return
@@ -159,7 +161,8 @@ class Creation:
             self.ask_status_pass(key)
 
     async def _data_workers(self, job: dict[str, Any], spec: JobSpec, workers: DataWorkerSummary) -> None:
-        placement = (await self._placement(job, spec)).data_workers
+        # Kueue's admission places them; spec.topology places the ranks only.
+        placement = (await self._placement(job, spec)).data_workers if queue_name(job) else NOWHERE
         built = [adopt(place(build_data_worker_pod(job, spec, i), placement, i), job) for i in workers.missing]
         await self.kube.ensure(adopt(build_service(job, spec), job))
         await self.kube.create_secret(adopt(build_token_secret(job, secrets.token_hex(32)), job))
@@ -216,7 +219,7 @@ class Creation:
                      if holder is not None and not is_controlled_by(holder, job))  # type: ignore[arg-type]
 
     async def _placement(self, job: dict[str, Any], spec: JobSpec) -> GangPlacement:
-        return await self.placer(job, spec) if self.placer is not None and queue_name(job) else ANYWHERE
+        return await self.placer(job, spec) if self.placer is not None else ANYWHERE
 
     def _failed(self, key: JobKey, error: Exception) -> Refusal:
         """A creation that raised for a cause of the job's own, as a refusal the status pass says
@@ -271,9 +274,11 @@ class Creation:
         self.ask_status_pass(key)  # the status pass says so (or stops saying so)
 
 
-def _placement_refusal(error: PlacementConflict | FlavorMissing) -> Refusal:
-    """A conflict waits for a change of the spec (Kueue would mark the Workload failed to start); a
-    ResourceFlavor that cannot be read is tried again with growing pauses."""
+def _placement_refusal(error: PlacementConflict | FlavorMissing | NoDomain) -> Refusal:
+    """A conflict fails the job (Kueue marks its own kinds' Workloads failed to start); a gang that no
+    topology domain holds now, and a ResourceFlavor that cannot be read, are tried again with growing pauses."""
     if isinstance(error, PlacementConflict):
-        return Refusal(c.REASON_PLACEMENT_CONFLICT, f"the pods cannot be placed where Kueue admitted them: {error}")
+        return Refusal(c.REASON_PLACEMENT_CONFLICT, f"the pods cannot be placed where they were admitted: {error}")
+    if isinstance(error, NoDomain):
+        return Refusal(c.REASON_NO_TOPOLOGY_DOMAIN, str(error))
     return Refusal(c.REASON_RECONCILE_ERROR, str(error))

@@ -180,6 +180,11 @@ class JobObjects(ABC):
         with self._lock:
             return list(self._by_job.get(key, {}).values())
 
+    def every_object(self) -> list[dict]:
+        """Every job's objects."""
+        with self._lock:
+            return [obj for objs in self._by_job.values() for obj in objs.values()]
+
     def jobs_with(self, wanted: Callable[[dict], bool]) -> set[JobKey]:
         """The jobs that have an object for which wanted(obj) is true."""
         with self._lock:

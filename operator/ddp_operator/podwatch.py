@@ -32,8 +32,11 @@ def slim_pod(pod: dict) -> dict:
                                 for ref in meta.get("ownerReferences") or [] if ref.get("controller")],
         },
         # imagePullSecrets: a failed pull names what it was tried with (podsummary.pull_secrets_note).
+        # containers' resources: what the job's pods hold on their nodes (topology.used_by_node).
         "spec": {"nodeName": pod.get("spec", {}).get("nodeName"),
-                 "imagePullSecrets": pod.get("spec", {}).get("imagePullSecrets") or []},
+                 "imagePullSecrets": pod.get("spec", {}).get("imagePullSecrets") or [],
+                 "containers": [{"resources": x["resources"]} for x in pod.get("spec", {}).get("containers") or []
+                                if x.get("resources")]},
         "status": {
             "phase": status.get("phase"),
             "reason": status.get("reason"),

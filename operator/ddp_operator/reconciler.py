@@ -58,10 +58,12 @@ from ddp_operator.jobmemory import JobMemory
 from ddp_operator.jobpods import read_pods
 from ddp_operator.kubeapi import KubeApi, api_message, is_controlled_by, is_going_away
 from ddp_operator.kueue.gate import KueueGate
-from ddp_operator.kueue.rules import Gate, QueueState
+from ddp_operator.kueue.rules import Gate, QueueState, queue_name
 from ddp_operator.kueue.workloads import WorkloadCache
+from ddp_operator.listwatch import owning_job_key
 from ddp_operator.nodes import Nodes
 from ddp_operator.passerrors import RetryLater, describe_error, failed_pass_message, is_transient
+from ddp_operator.placement import ANYWHERE, GangPlacement
 from ddp_operator.podsummary import PodSummary
 from ddp_operator.podwatch import PodCache
 from ddp_operator.spec import InvalidSpec, parse_spec, validate_job_name
@@ -74,6 +76,7 @@ from ddp_operator.statuspatch import (
     next_phase,
 )
 from ddp_operator.timers import WORKLOADS_UNSYNCED_RECHECK, Found, counts_wait, look_again, quota_wait
+from ddp_operator.topology import NoDomain, choose_domains, room_by_domain, running_domains, used_by_node
 from ddp_operator.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -141,8 +144,7 @@ class Reconciler:
         self._deleting: dict[tuple[str, bool], float] = {}  # (uid, forced) -> monotonic time its delete was issued
         self.queue = WorkQueue(self.reconcile, workers=workers, name=STATUS_QUEUE)
         self.creations = WorkQueue(self.create_children, workers=workers, name=CREATION_QUEUE)
-        self.create = Creation(kube, self._of, self.add, lambda: self.clock(),
-                               placer=self.kueue.placement if self.kueue is not None else None)
+        self.create = Creation(kube, self._of, self.add, lambda: self.clock(), placer=self._placement)
 
     def start(self) -> None:
         self.queue.start()
@@ -319,6 +321,23 @@ class Reconciler:
             decided=decision.recheck_after, counts_held=held, quota_held=quota_held, in_the_way=bool(memory.in_the_way),
             data_workers_refused=keep_workers and memory.data_refused is not None,
             workload_retry=self.kueue.recheck_after(key) if self.kueue is not None else None))
+
+    async def _placement(self, job: dict[str, Any], spec: JobSpec) -> GangPlacement:
+        """Where the gang's pods go: where Kueue admitted a queued job, else into spec.topology's domains
+        (topology.py; raises NoDomain when a required one has no room, or the nodes are not listed yet)."""
+        if self.kueue is not None and queue_name(job) is not None:
+            return await self.kueue.placement(job, spec)
+        if spec.topology is None:
+            return ANYWHERE
+        nodes = self.nodes()
+        if not nodes.synced:
+            raise NoDomain("the operator has not listed the nodes yet")
+        key = job_key(job)
+        attempt = JobStatus.of(job.get("status") or {}).attempt
+        running = running_domains(self._rank_pods(job), attempt, nodes, spec.topology.key)
+        used = used_by_node(pod for pod in self.pods.every_object() if owning_job_key(pod) != key)
+        room = room_by_domain(spec, spec.topology, nodes.known.values(), used)
+        return GangPlacement(ranks=choose_domains(spec, room, running))
 
     def _queue(self, job: Mapping[str, Any], spec: JobSpec, status: Mapping[str, Any]) -> QueueState | None:
         """For a job in a Kueue queue, what its Workload allows (KueueGate.state); None for any other."""

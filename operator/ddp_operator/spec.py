@@ -32,6 +32,7 @@ from ddp_contract.jobspec import (
     DataWorkersSpec,
     JobSpec,
     S3Spec,
+    TopologySpec,
 )
 from ddp_contract.targets import ENTRYPOINT_RE
 from ddp_operator import constants as c
@@ -153,9 +154,31 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
         metrics_from_output=_bool(spec, "metricsFromOutput", True),
         data_workers=data_workers,
         keep_folders=_keep_folders(spec.get("keepFolders") or [], s3),
+        topology=_topology(spec.get("topology")),
     )
     _check_keep_folders_runtime(parsed)
     return parsed
+
+
+# A qualified label key: an optional DNS subdomain prefix and '/', then a name of at most 63 characters.
+LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                       r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def _topology(value: Any) -> TopologySpec | None:
+    """spec.topology: exactly one of required and preferred, a node label key."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidSpec("topology", "must be an object with required or preferred")
+    given = [name for name in ("required", "preferred") if value.get(name)]
+    if len(given) != 1:
+        raise InvalidSpec("topology", "set exactly one of required and preferred: a node label naming the domain")
+    key = _string(value[given[0]], f"topology.{given[0]}")
+    if len(key) > 317 or not LABEL_KEY.match(key):
+        raise InvalidSpec(f"topology.{given[0]}", f"{key!r} is not a node label key (such as "
+                          "topology.kubernetes.io/zone)")
+    return TopologySpec(key=key, required=given[0] == "required")
 
 
 def _keep_folders(value: Any, s3: S3Spec | None) -> tuple[str, ...]:

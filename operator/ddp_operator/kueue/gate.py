@@ -19,7 +19,13 @@ from ddp_contract.jobstatus import STATUS_MESSAGE, STATUS_PHASE, STATUS_START_TI
 from ddp_contract.resource import JobStatus, job_key
 from ddp_operator import constants as c
 from ddp_operator.kubeapi import KubeApi, adopt, api_message
-from ddp_operator.kueue.placement import ANYWHERE, FlavorMissing, GangPlacement, assigned_flavors, placement_of
+from ddp_operator.kueue.flavors import (
+    PREFERRED_TOPOLOGY_ANNOTATION,
+    REQUIRED_TOPOLOGY_ANNOTATION,
+    FlavorMissing,
+    assigned_flavors,
+    placement_of,
+)
 from ddp_operator.kueue.rules import (
     DATA_WORKER_POD_SET,
     KUEUE_GROUP,
@@ -44,6 +50,7 @@ from ddp_operator.kueue.rules import (
 from ddp_operator.kueue.workloads import WorkloadCache
 from ddp_operator.listwatch import JobKey
 from ddp_operator.manifests import build_data_worker_pod, build_pod
+from ddp_operator.placement import ANYWHERE, GangPlacement
 
 # Seconds between tries to create a Workload the API refused (a missing WorkloadPriorityClass).
 WORKLOAD_RETRY = 10.0
@@ -149,7 +156,11 @@ class KueueGate:
                     raise
                 raise FlavorMissing(f"the ResourceFlavor {name} that Kueue assigned to the job cannot be read: "
                                     f"{api_message(error)}") from None
-        return GangPlacement(ranks=placement_of(workload, POD_SET, flavors, spec.pods),
+        request = None
+        if spec.topology is not None:
+            annotation = REQUIRED_TOPOLOGY_ANNOTATION if spec.topology.required else PREFERRED_TOPOLOGY_ANNOTATION
+            request = (annotation, spec.topology.key)
+        return GangPlacement(ranks=placement_of(workload, POD_SET, flavors, spec.pods, request),
                              data_workers=placement_of(workload, DATA_WORKER_POD_SET, flavors, spec.data_worker_replicas))
 
     async def _priority(self, name: str) -> int | None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from ddp_contract import labels
 from ddp_contract.jobspec import JobSpec
 from ddp_operator import constants as c
 from ddp_operator.conditions import get_condition, set_condition
@@ -92,7 +93,11 @@ def build_workload(job: Mapping[str, Any], spec: JobSpec, *, pod_spec: Mapping[s
     ownerReferences are added by the caller; the Workload goes with its job.
     """
     meta = job["metadata"]
-    pod_sets = [{"name": POD_SET, "count": spec.pods, "template": {"spec": dict(pod_spec)}}]
+    pod_sets: list[dict[str, Any]] = [{"name": POD_SET, "count": spec.pods, "template": {"spec": dict(pod_spec)}}]
+    if spec.topology is not None:
+        # Kueue's topology-aware scheduling: pod i's place in the assignment is its index.
+        pod_sets[0]["topologyRequest"] = {"required" if spec.topology.required else "preferred": spec.topology.key,
+                                          "podIndexLabel": labels.LABEL_RANK}
     if spec.data_worker_replicas and data_worker_pod_spec is not None:
         pod_sets.append({"name": DATA_WORKER_POD_SET, "count": spec.data_worker_replicas,
                          "template": {"spec": dict(data_worker_pod_spec)}})

@@ -14,6 +14,7 @@ from kubernetes import client
 
 from ddp_contract import envnames
 from ddp_operator import constants as c
+from ddp_operator.kueue.flavors import REQUIRED_TOPOLOGY_ANNOTATION
 from ddp_operator.kueue.rules import PRIORITY_CLASS_LABEL, QUEUE_LABEL
 from ddp_operator.manifests import progress_service_account
 from ddp_trainer.jobstatus import JobStatusSink, last_checkpoint
@@ -21,6 +22,7 @@ from fakenodes import on_fake_nodes
 from helmchart import CHART, ON_FAKE_NODES, helm_for, installed, operator_settings
 from kube import Cluster, Jobs, OperatorProcess, PodLives, client_as, env_of, kubeconfig_of, wait_until
 from kueue import Queues
+from racks import BIG_POD, bound_racks
 
 pytestmark = pytest.mark.alone("installs the chart for every namespace and restarts the session's operator to serve them all")
 
@@ -29,7 +31,7 @@ ONE_CPU = {"requests": {"cpu": "1"}}
 
 def queued(jobs: Jobs, name: str, queue: str, priority: str | None = None, **spec: Any) -> None:
     job_labels = {QUEUE_LABEL: queue, **({PRIORITY_CLASS_LABEL: priority} if priority else {})}
-    jobs.create(name, job_labels=job_labels, worldSize=2, resources=ONE_CPU, **spec)
+    jobs.create(name, job_labels=job_labels, **{"worldSize": 2, "resources": ONE_CPU, **spec})
 
 
 def waiting(jobs: Jobs, name: str, words: str) -> dict[str, Any]:
@@ -126,6 +128,28 @@ def test_each_job_runs_on_the_nodes_of_the_flavor_kueue_admitted_it_to(jobs, que
             assert pod.spec.node_name == f"gpu-node-{i}", pod.metadata.name
             tolerations = {t.key for t in pod.spec.tolerations or []}
             assert ("ddp-test/reserved" in tolerations) == (i == 1), pod.metadata.name
+
+
+def test_kueues_topology_assignment_puts_a_gang_in_one_rack_with_its_ranks_in_order(jobs, queues: Queues,
+                                                                                     rack: str) -> None:
+    """Kueue's topology-aware scheduling over two racks of two fake nodes: a gang of two 40-cpu pods is
+    admitted into one rack and its pods pinned there; a gang of three fits in no rack and waits in its
+    queue, saying so in Kueue's words."""
+    topology = queues.topology(rack, "kubernetes.io/hostname")
+    queue = queues.create(cpu="400", flavors=[{"nodeLabels": {"type": "kwok"}, "topologyName": topology}])
+    queued(jobs, "near", queue, gpusPerRank=0, resources=BIG_POD, topology={"required": rack})
+    jobs.wait_phase("near", c.PHASE_RUNNING)
+    # Kueue names the lowest level only (a node's name says its rack): each pod is pinned to its node.
+    assignment = queues.workload_of("near")["status"]["admission"]["podSetAssignments"][0]  # type: ignore[index]
+    assert assignment["topologyAssignment"]["levels"] == ["kubernetes.io/hostname"]
+    assert len(set(bound_racks(jobs, "near", 2))) == 1
+    for pod in jobs.pods("near"):
+        assert pod.spec.node_selector["kubernetes.io/hostname"] == pod.spec.node_name
+        assert pod.metadata.annotations[REQUIRED_TOPOLOGY_ANNOTATION] == rack
+
+    queued(jobs, "wide", queue, worldSize=3, gpusPerRank=0, resources=BIG_POD, topology={"required": rack})
+    waiting(jobs, "wide", "topology")
+    assert jobs.pods("wide") == []
 
 
 def test_a_preempted_job_comes_back_and_resumes_from_its_checkpoint(jobs, queues: Queues, kube_api) -> None:

@@ -235,3 +235,12 @@ def test_a_finished_gang_succeeds_even_if_evicted_at_the_end() -> None:
     decision = decide(job_spec(), status={"phase": "Running"}, summary=summary_of(pod(0, "succeeded"), pod(1, "succeeded")),
                       now=NOW, queue=evicted)
     assert decision.action == Action.SUCCEED
+
+
+def test_a_job_with_a_topology_asks_kueue_for_it_with_the_pod_index_as_the_place() -> None:
+    job = queued_job(topology={"preferred": "example.com/rack"})
+    spec = job_spec(topology={"preferred": "example.com/rack"})
+    (pod_set,) = build_workload(job, spec, pod_spec={})["spec"]["podSets"]
+    assert pod_set["topologyRequest"] == {"preferred": "example.com/rack", "podIndexLabel": labels.LABEL_RANK}
+    (plain,) = build_workload(job, job_spec(), pod_spec={})["spec"]["podSets"]
+    assert "topologyRequest" not in plain

@@ -62,9 +62,13 @@ def test_the_cache_keeps_what_a_held_up_rank_is_said_with() -> None:
     pods, _ = cache("team-a")
     raw = pod(0, "pending", waiting="ErrImagePull", waiting_message="401 Unauthorized")
     raw["metadata"]["namespace"] = "team-a"
-    raw["spec"] = {"nodeName": "n1", "imagePullSecrets": [{"name": "regcred"}], "containers": [{"name": "trainer"}]}
+    resources = {"requests": {"cpu": "2"}}
+    raw["spec"] = {"nodeName": "n1", "imagePullSecrets": [{"name": "regcred"}],
+                   "containers": [{"name": "trainer", "image": "x", "resources": resources}, {"name": "sidecar"}]}
     pods.replace("team-a", [raw])
     kept = pods.pods(("team-a", JOB))[0]
-    assert kept["spec"] == {"nodeName": "n1", "imagePullSecrets": [{"name": "regcred"}]}
+    # The containers' resources: what the pod holds on its node (spec.topology's room).
+    assert kept["spec"] == {"nodeName": "n1", "imagePullSecrets": [{"name": "regcred"}],
+                            "containers": [{"resources": resources}]}
     problem = rank_problem(kept, 0)
     assert problem is not None and problem.message.startswith("401 Unauthorized (imagePullSecrets: regcred;")

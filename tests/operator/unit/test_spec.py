@@ -302,3 +302,24 @@ def test_ranks_per_pod_must_divide_the_world() -> None:
     assert parse_spec({**MINIMAL, "worldSize": 8, "ranksPerPod": 4}).pods == 2
     with pytest.raises(InvalidSpec, match="ranksPerPod.*worldSize 6 is not a multiple of ranksPerPod 4"):
         parse_spec({**MINIMAL, "worldSize": 6, "ranksPerPod": 4})
+
+
+def test_a_topology_is_required_or_preferred_by_a_node_label() -> None:
+    assert parse_spec(MINIMAL).topology is None
+    required = parse_spec(with_(topology={"required": "topology.kubernetes.io/zone"})).topology
+    assert required is not None and (required.key, required.required) == ("topology.kubernetes.io/zone", True)
+    preferred = parse_spec(with_(topology={"preferred": "rack"})).topology
+    assert preferred is not None and (preferred.key, preferred.required) == ("rack", False)
+
+
+@pytest.mark.parametrize(("topology", "field", "needle"), [
+    ({}, "topology", "exactly one of required and preferred"),
+    ({"required": "rack", "preferred": "zone"}, "topology", "exactly one of required and preferred"),
+    ({"required": "no spaces"}, "topology.required", "'no spaces' is not a node label key"),
+    ({"preferred": "Upper.Case/rack"}, "topology.preferred", "not a node label key"),
+    ("rack", "topology", "must be an object"),
+])
+def test_a_bad_topology_is_refused_naming_the_field(topology: Any, field: str, needle: str) -> None:
+    with pytest.raises(InvalidSpec, match=needle) as caught:
+        parse_spec(with_(topology=topology))
+    assert caught.value.field == field

@@ -7,17 +7,14 @@ from typing import Any
 
 import pytest
 
-from ddp_operator.kueue.placement import (
-    NOWHERE,
+from ddp_operator.kueue.flavors import (
     PREFERRED_TOPOLOGY_ANNOTATION,
     UNCONSTRAINED_TOPOLOGY_ANNOTATION,
-    Placement,
-    PlacementConflict,
     assigned_flavors,
-    place,
     placement_of,
     topology_domains,
 )
+from ddp_operator.placement import NOWHERE, PlacementConflict, place
 
 A100_TAINT = {"key": "nvidia.com/gpu", "operator": "Equal", "value": "a100", "effect": "NoSchedule"}
 FLAVORS = {
@@ -91,14 +88,13 @@ def test_admission_checks_updates_are_applied_and_two_that_disagree_are_a_confli
         placement_of(workload, "ranks", FLAVORS, 1)
 
 
+def test_nothing_admitted_adds_nothing() -> None:
+    assert placement_of({"status": {}}, "ranks", FLAVORS, 2) == NOWHERE
+
+
 def test_a_flavor_not_read_is_named() -> None:
     with pytest.raises(KeyError, match="gone"):
         placement_of(admitted({"name": "ranks", "flavors": {"cpu": "gone"}}), "ranks", FLAVORS, 1)
-
-
-def test_nothing_admitted_leaves_the_pod_as_it_is() -> None:
-    assert placement_of({"status": {}}, "ranks", FLAVORS, 2) == NOWHERE
-    assert place(pod(), NOWHERE, 0) == pod()
 
 
 def test_a_topology_assignment_puts_the_first_ranks_in_the_first_domain() -> None:
@@ -120,17 +116,13 @@ def test_a_pod_placed_by_topology_gets_its_domain_and_says_what_topology_it_aske
     topology = {"levels": ["rack"], "slices": [{"domainCount": 2, "podCounts": {"universal": 1},
                                                  "valuesPerLevel": [{"individual": {"roots": ["r1", "r2"]}}]}]}
     workload = admitted({"name": "ranks", "flavors": {"cpu": "cpu-pool"}, "topologyAssignment": topology})
-    placement = placement_of(workload, "ranks", FLAVORS, 2)
-    second = place(pod("job-1"), placement, 1, (PREFERRED_TOPOLOGY_ANNOTATION, "rack"))
+    placement = placement_of(workload, "ranks", FLAVORS, 2, (PREFERRED_TOPOLOGY_ANNOTATION, "rack"))
+    second = place(pod("job-1"), placement, 1)
     assert second["spec"]["nodeSelector"] == {"pool": "train", "rack": "r2"}
     assert second["metadata"]["annotations"] == {PREFERRED_TOPOLOGY_ANNOTATION: "rack"}
     # Without a topology request of its own it is marked unconstrained, as Kueue marks such pods: else
     # Kueue would count its resources again, as a pod it does not place.
-    first = place(pod("job-0"), placement, 0)
+    first = place(pod("job-0"), placement_of(workload, "ranks", FLAVORS, 2), 0)
     assert first["metadata"]["annotations"] == {UNCONSTRAINED_TOPOLOGY_ANNOTATION: "true"}
     with pytest.raises(PlacementConflict, match="rack=r1.*job-0"):
         place(pod("job-0", nodeSelector={"rack": "r9"}), placement, 0)
-
-
-def test_placements_compare_by_value() -> None:
-    assert Placement() == NOWHERE and Placement(node_selector={"a": "b"}) != NOWHERE

@@ -1,5 +1,5 @@
-"""Where Kueue's admission puts an admitted gang's pods, applied as Kueue's own job integrations apply
-it (its podset package: FromAssignment, FromUpdate, Merge) to the pods the operator creates:
+"""Where Kueue's admission puts an admitted gang's pods, read as Kueue's own job integrations read it
+(its podset package: FromAssignment, FromUpdate, Merge):
 
 - the node labels (as nodeSelector) and tolerations of each ResourceFlavor assigned to the pod set,
   so a queue with an A100 flavor and an H100 flavor puts the job on the GPUs it was admitted for;
@@ -9,57 +9,24 @@ it (its podset package: FromAssignment, FromUpdate, Merge) to the pods the opera
   share a domain, and an annotation that marks the pod as placed by topology, without which Kueue
   would count its resources a second time as those of a pod it does not manage.
 
-Pure: the caller reads the Workload and the ResourceFlavors it names.
+Pure: the caller reads the Workload and the ResourceFlavors it names; placement.py applies the result.
 """
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from ddp_operator.placement import NOWHERE, Placement, PlacementConflict, merge_labels, with_tolerations
 
 # Kueue's pod annotations for a pod set placed by topology (apis/kueue/v1beta2/topology_types.go).
 REQUIRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
 PREFERRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-preferred-topology"
 UNCONSTRAINED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-unconstrained-topology"
-TOPOLOGY_ANNOTATIONS = (REQUIRED_TOPOLOGY_ANNOTATION, PREFERRED_TOPOLOGY_ANNOTATION, UNCONSTRAINED_TOPOLOGY_ANNOTATION)
-
-
-class PlacementConflict(ValueError):
-    """What Kueue's admission asks of a pod contradicts what the pod asks itself (or another update)."""
 
 
 class FlavorMissing(Exception):
     """A ResourceFlavor the admission assigned cannot be read (deleted since, or not readable)."""
-
-
-@dataclass(frozen=True)
-class Placement:
-    """What admission adds to each pod of one pod set. domains: the nodeSelector of each pod's topology
-    domain, by pod index (empty when Kueue did not place the pod set by topology)."""
-
-    node_selector: Mapping[str, str] = field(default_factory=dict)
-    tolerations: tuple[Mapping[str, Any], ...] = ()
-    labels: Mapping[str, str] = field(default_factory=dict)
-    annotations: Mapping[str, str] = field(default_factory=dict)
-    domains: tuple[Mapping[str, str], ...] = ()
-
-
-NOWHERE = Placement()
-
-
-@dataclass(frozen=True)
-class GangPlacement:
-    """Where admission puts the ranks' pods and the data workers' pods, and the annotation that says what
-    topology the ranks asked for (key, node label), if any."""
-
-    ranks: Placement = NOWHERE
-    data_workers: Placement = NOWHERE
-    topology_annotation: tuple[str, str] | None = None
-
-
-ANYWHERE = GangPlacement()
 
 
 def assignment_of(workload: Mapping[str, Any], pod_set: str) -> Mapping[str, Any] | None:
@@ -83,9 +50,11 @@ def _flavors(assignment: Mapping[str, Any]) -> list[str]:
 
 
 def placement_of(workload: Mapping[str, Any], pod_set: str, flavors: Mapping[str, Mapping[str, Any]],
-                 count: int) -> Placement:
+                 count: int, topology_request: tuple[str, str] | None = None) -> Placement:
     """What Kueue's admission adds to each of the `count` pods of `pod_set`; NOWHERE when the Workload
     says nothing of it. flavors: the ResourceFlavors by name (every one assigned_flavors names).
+    topology_request: the pod set's (annotation, node label) when it asked for a topology; a pod set
+    placed by topology without one is marked unconstrained, as Kueue marks it.
 
     Raises PlacementConflict when two admission checks ask for different values of one key, and
     KeyError naming a flavor missing from `flavors`."""
@@ -97,7 +66,7 @@ def placement_of(workload: Mapping[str, Any], pod_set: str, flavors: Mapping[str
     for name in _flavors(assignment):
         spec = flavors[name].get("spec") or {}
         node_selector.update(spec.get("nodeLabels") or {})  # as Kueue: a later flavor's label wins
-        tolerations = _with_tolerations(tolerations, spec.get("tolerations") or [])
+        tolerations = with_tolerations(tolerations, spec.get("tolerations") or [])
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
     for check in (workload.get("status") or {}).get("admissionChecks") or []:
@@ -105,12 +74,15 @@ def placement_of(workload: Mapping[str, Any], pod_set: str, flavors: Mapping[str
             if update.get("name") != pod_set:
                 continue
             where = f"admission check {check.get('name')}"
-            _merge(node_selector, update.get("nodeSelector") or {}, "nodeSelector", where)
-            _merge(labels, update.get("labels") or {}, "label", where)
-            _merge(annotations, update.get("annotations") or {}, "annotation", where)
-            tolerations = _with_tolerations(tolerations, update.get("tolerations") or [])
+            merge_labels(node_selector, update.get("nodeSelector") or {}, "nodeSelector", where)
+            merge_labels(labels, update.get("labels") or {}, "label", where)
+            merge_labels(annotations, update.get("annotations") or {}, "annotation", where)
+            tolerations = with_tolerations(tolerations, update.get("tolerations") or [])
     topology = assignment.get("topologyAssignment")
     domains = topology_domains(topology, count) if topology else ()
+    if domains:
+        key, value = topology_request or (UNCONSTRAINED_TOPOLOGY_ANNOTATION, "true")
+        merge_labels(annotations, {key: value}, "annotation", "the topology assignment")
     return Placement(node_selector, tuple(tolerations), labels, annotations, domains)
 
 
@@ -139,59 +111,3 @@ def _level_values(level: Mapping[str, Any], domains: int) -> list[str]:
     individual = level.get("individual") or {}
     prefix, suffix = individual.get("prefix") or "", individual.get("suffix") or ""
     return [f"{prefix}{root}{suffix}" for root in individual.get("roots") or []]
-
-
-def _merge(into: dict[str, str], more: Mapping[str, str], what: str, where: str) -> None:
-    for key, value in more.items():
-        if key in into and into[key] != value:
-            raise PlacementConflict(f"{where} asks for {what} {key}={value}, where {into[key]} is asked for already")
-        into[key] = value
-
-
-def _with_tolerations(tolerations: Iterable[Mapping[str, Any]], more: Iterable[Mapping[str, Any]]
-                      ) -> list[Mapping[str, Any]]:
-    out = list(tolerations)
-    for toleration in more:
-        if not any(_same_toleration(toleration, t) for t in out):
-            out.append(toleration)
-    return out
-
-
-def _same_toleration(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    keys = ("key", "operator", "value", "effect", "tolerationSeconds")
-    defaults = {"operator": "Equal"}
-    return all((a.get(k) or defaults.get(k)) == (b.get(k) or defaults.get(k)) for k in keys)
-
-
-def place(pod: Mapping[str, Any], placement: Placement, index: int, topology_annotation: tuple[str, str] | None = None
-          ) -> dict[str, Any]:
-    """`pod` (pod `index` of its pod set) with what admission adds; the pod's own nodeSelector, labels
-    and annotations are kept, and a different value asked for one of their keys raises PlacementConflict.
-    topology_annotation: the annotation of the topology the pod set asked for, (key, node label), for
-    a pod placed by topology; without one such a pod is marked unconstrained, as Kueue marks it."""
-    if placement == NOWHERE:
-        return dict(pod)
-    placed = copy.deepcopy(dict(pod))
-    meta, spec = placed.setdefault("metadata", {}), placed.setdefault("spec", {})
-    name = meta.get("name", f"pod {index}")
-    selector = dict(placement.node_selector)
-    if placement.domains:
-        _merge(selector, placement.domains[index], "topology domain label", "the topology assignment")
-    for what, key, wanted in (("nodeSelector", "nodeSelector", selector), ("label", "labels", placement.labels),
-                              ("annotation", "annotations", placement.annotations)):
-        own = dict((spec if key == "nodeSelector" else meta).get(key) or {})
-        try:
-            _merge(own, wanted, what, "Kueue's admission")
-        except PlacementConflict as conflict:
-            raise PlacementConflict(f"{conflict} by {name}'s template") from None
-        if own:
-            (spec if key == "nodeSelector" else meta)[key] = own
-    tolerations = _with_tolerations(spec.get("tolerations") or [], placement.tolerations)
-    if tolerations:
-        spec["tolerations"] = tolerations
-    if placement.domains:
-        annotations = meta.setdefault("annotations", {})
-        if not any(a in annotations for a in TOPOLOGY_ANNOTATIONS):
-            key, value = topology_annotation or (UNCONSTRAINED_TOPOLOGY_ANNOTATION, "true")
-            annotations[key] = value
-    return placed
