@@ -9,7 +9,7 @@ PYTEST_WORKERS ?= 3
 
 BENCH_ARGS ?=
 
-.PHONY: demo example images bench-data bench-checkpoint bench-goodput bench-kept bench-dashboard bench-learning bench-printscan bench-command bench-dataworkers bench-train bench-operator bench-real-node bench-elastic chart-check crds lint test test-unit test-k8s-versions cluster-build cluster-up cluster-down cluster-status cluster-env venv
+.PHONY: demo example images bench-data bench-checkpoint bench-goodput bench-kept bench-dashboard bench-learning bench-printscan bench-command bench-dataworkers bench-train bench-operator bench-statuspass bench-real-node bench-elastic chart-check crds lint test test-unit test-k8s-versions cluster-build cluster-up cluster-down cluster-status cluster-env venv
 
 # On a first run the control plane compiles while the virtualenv (one core, mostly downloads) is made;
 # the demo's own build step then waits for it (each component is built once at a time, gocache.sh).
@@ -84,6 +84,9 @@ bench-train:
 
 bench-operator:
 	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $$venv/bin/python benchmarks/bench_operator.py $(BENCH_ARGS)
+
+bench-statuspass:
+	@venv=$$(scripts/venv.sh) && $$venv/bin/python benchmarks/bench_statuspass.py $(BENCH_ARGS)
 
 bench-dataworkers:
 	@venv=$$(scripts/venv.sh) && $(CLUSTER) build && $$venv/bin/python benchmarks/bench_dataworkers.py $(BENCH_ARGS)
