@@ -382,8 +382,20 @@ def run_baseline(core, tracker: Tracker, count: int, timeout: float) -> dict:
         return {"scenario": f"baseline{count}", "jobs": 0, "ranks_per_job": 0, "pods": count,
                 "create_calls_s": round(returned - called, 3), **figures(tracker, {}, called, False)}
     finally:
-        core.delete_collection_namespaced_pod(NAMESPACE, label_selector=BASELINE_LABEL, grace_period_seconds=0)
+        delete_pods(core, BASELINE_LABEL)
         wait_pods_gone(tracker, timeout)
+
+
+def delete_pods(core, selector: str | None = None) -> None:
+    """Deletes the labelled pods (every pod of the namespace) at once; asked again while the API server
+    answers 504 (its minute for one call runs out at about 10,000 pods), each call deleting more of them."""
+    while True:
+        try:
+            core.delete_collection_namespaced_pod(NAMESPACE, label_selector=selector, grace_period_seconds=0)
+            return
+        except ApiException as error:
+            if error.status != 504:
+                raise
 
 
 def run_restarts(core, custom, tracker: Tracker, ranks: int, repeats: int, timeout: float) -> dict:
@@ -595,7 +607,7 @@ def run_baseline_restart(core, tracker: Tracker, count: int, repeats: int, timeo
                 wait(lambda: ready_pods() >= count, timeout, f"{count} bare pods Ready again")
                 times.append(time.monotonic() - t0)
         finally:
-            core.delete_collection_namespaced_pod(NAMESPACE, label_selector=BASELINE_LABEL, grace_period_seconds=0)
+            delete_pods(core, BASELINE_LABEL)
             wait_pods_gone(tracker, timeout)
     return {"scenario": f"bare-restart{count}", "jobs": 0, "ranks_per_job": 0, "pods": count,
             "restart_settle_s": [round(x, 3) for x in times], "restart_settle_max_s": round(max(times), 3)}
@@ -919,7 +931,7 @@ def cleanup_shared(kubeconfig: str, bench_nodes: list[str]) -> None:
     try:
         for job in custom.list_namespaced_custom_object(api.GROUP, api.VERSION, NAMESPACE, api.PLURAL)["items"]:
             delete_jobs(custom, [job["metadata"]["name"]], 0)
-        core.delete_collection_namespaced_pod(NAMESPACE, grace_period_seconds=0)
+        delete_pods(core)
         core.delete_namespace(NAMESPACE)
     except ApiException as error:
         if error.status != 404:

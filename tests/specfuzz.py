@@ -232,7 +232,7 @@ def _cap_pods(spec: dict[str, Any], most: int) -> None:
     if isinstance(gpus, int) and not isinstance(gpus, bool) and 1 < gpus <= 16:
         spec["gpusPerRank"] = 1  # the fake nodes' GPUs are shared with the other tests on the cluster
     world = spec.get("worldSize")
-    if isinstance(world, int) and not isinstance(world, bool) and most < world <= 4096:
+    if isinstance(world, int) and not isinstance(world, bool) and most < world <= 65536:
         spec["worldSize"] = most
         minimum = spec.get("minWorldSize")
         if isinstance(minimum, int) and not isinstance(minimum, bool) and minimum > most:

@@ -24,6 +24,8 @@ class Fit(NamedTuple):
 @dataclass
 class JobMemory:
     patched_at: float = float("-inf")  # monotonic time of the job's last status patch
+    # monotonic time of its last status patch that changed more than rank counts (None: not seen yet)
+    changed_at: float | None = None
     in_the_way: InTheWay = InTheWay()  # what the last creation pass found holding the job's names
     fit: Fit | None = None  # whether the gang can fit the nodes at all, judged last
     refused: Refused | None = None  # what the API server (or a quota) refused the last creation pass

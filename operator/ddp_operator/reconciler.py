@@ -6,7 +6,7 @@ A status pass (`reconcile`), run for a job whenever it or one of its pods change
       + ranks held up by names in the way, refusals, a gang too large)   capacity.py
     decision = decide(spec, status, summary, now)                        decision.py
     patch status with compute_status(...) first                          statuspatch.py
-      (a count-only patch may wait up to COUNTS_INTERVAL)                timers.py
+      (a count-only patch may wait: COUNTS_INTERVAL, growing to 30 s)    timers.py
     delete decision.delete_pods, each by the uid the summary saw
     force-delete summary.lost_pods (Terminating on a lost node: no kubelet will finish them)
     hand the job to the creation queue when the decision is Create
@@ -74,6 +74,7 @@ from ddp_operator.statuspatch import (
     failed_pass_status,
     invalid_spec_status,
     next_phase,
+    only_counts_changed,
 )
 from ddp_operator.timers import WORKLOADS_UNSYNCED_RECHECK, Found, counts_wait, look_again, quota_wait
 from ddp_operator.topology import NoDomain, choose_domains, room_by_domain, running_domains, used_by_node
@@ -298,7 +299,10 @@ class Reconciler:
                                             refused=(refused.reason, refused.message) if refused else None,
                                             conditions=patch[STATUS_CONDITIONS], now=now,
                                             generation=job["metadata"].get("generation")))
-        held = counts_wait(status, patch, self.clock() - self._of(key).patched_at)
+        memory = self._of(key)
+        clock = self.clock()
+        held = counts_wait(status, patch, clock - memory.patched_at,
+                           clock - memory.changed_at if memory.changed_at is not None else 0.0)
         if held is None:
             await self._record(job, patch)
         await self._delete(job, decision.delete_pods, summary.uids)
@@ -401,7 +405,10 @@ class Reconciler:
         if not changed_fields(status, patch):
             return
         meta = job["metadata"]
-        self._of((meta["namespace"], meta["name"])).patched_at = self.clock()
+        memory = self._of((meta["namespace"], meta["name"]))
+        memory.patched_at = self.clock()
+        if memory.changed_at is None or not only_counts_changed(status, patch):
+            memory.changed_at = memory.patched_at
         updated = await self.kube.patch_job_status(meta["namespace"], meta["name"], patch)
         self.jobs.put(updated)
         metrics.status_recorded(job, status, patch, datetime.now(UTC))

@@ -39,11 +39,11 @@ from ddp_operator import constants as c
 
 # --- the spec's limits (the CRD's own: tests/operator/unit/test_crd_schema.py holds them and ddp_contract.jobspec's
 # defaults equal) ---
-MAX_WORLD_SIZE: Final = 4096
+MAX_WORLD_SIZE: Final = 65536
 MAX_GPUS_PER_RANK: Final = 16
 MAX_RANKS_PER_POD: Final = 64
 # worldSize * gpusPerRank above this is almost certainly a typo, not a job.
-MAX_TOTAL_GPUS: Final = 16384
+MAX_TOTAL_GPUS: Final = 262144
 MAX_DATA_WORKERS: Final = 256
 # Every *Seconds field's ceiling (about 68 years): the bound Kubernetes gives a pod's activeDeadlineSeconds
 # (math.MaxInt32) so that it times as a duration. It keeps a deadline inside the calendar (Python's dates

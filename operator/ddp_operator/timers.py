@@ -17,9 +17,13 @@ from ddp_operator.deadlines import requeue_after
 from ddp_operator.nodes import Nodes, seconds_until_lost
 from ddp_operator.statuspatch import only_counts_changed
 
-# A job's status is patched at most this often for rank counts alone (readyRanks 3/8 -> 4/8), so a
-# gang coming up writes a few times, not once per pod, and a phase change never queues behind them.
+# A job's status is patched for rank counts alone (readyRanks 3/8 -> 4/8) at most once a second at
+# first, then the less often the longer the counts keep moving without a phase change: a quarter of
+# that time, at most 30 s. A gang of 8 coming up writes a few times, one of 10,000 pods coming up over
+# minutes some twenty times, not hundreds; a phase change never queues behind them.
 COUNTS_INTERVAL = 1.0
+COUNTS_INTERVAL_MAX = 30.0
+COUNTS_SLOWDOWN = 4.0
 # Seconds between looks at objects holding a job's names, which no watch of ours reports.
 IN_THE_WAY_RECHECK = 5.0
 # Seconds between tries to create data workers the API server (or a quota) refused.
@@ -28,12 +32,21 @@ DATA_WORKERS_REFUSED_RECHECK = 10.0
 WORKLOADS_UNSYNCED_RECHECK = 1.0
 
 
-def counts_wait(status: Mapping[str, Any], patch: Mapping[str, Any], since_patched: float) -> float | None:
+def counts_interval(counting_for: float) -> float:
+    """The seconds between count-only patches, the counts having moved for `counting_for` seconds since
+    the job's status last changed more than its counts."""
+    return min(COUNTS_INTERVAL_MAX, max(COUNTS_INTERVAL, counting_for / COUNTS_SLOWDOWN))
+
+
+def counts_wait(status: Mapping[str, Any], patch: Mapping[str, Any], since_patched: float,
+                counting_for: float = 0.0) -> float | None:
     """Seconds to hold back `patch` where it only moves rank counts, the job's status having last been
-    patched `since_patched` seconds ago; None to patch now."""
+    patched `since_patched` seconds ago and last changed more than its counts `counting_for` seconds ago;
+    None to patch now."""
     if not only_counts_changed(status, patch):
         return None
-    return COUNTS_INTERVAL - since_patched if since_patched < COUNTS_INTERVAL else None
+    interval = counts_interval(counting_for)
+    return interval - since_patched if since_patched < interval else None
 
 
 def quota_wait(refused: Refused | None, attempt: int, clock: float) -> float | None:

@@ -125,14 +125,14 @@ def rule_refusal(field: str, message: str) -> re.Pattern[str]:
 INVALID: list[tuple[str, dict[str, Any], str | re.Pattern[str]]] = [
     ("worldSize missing", spec_with(worldSize=None), "spec.worldSize: Required value"),
     ("worldSize 0", spec_with(worldSize=0), "spec.worldSize: Invalid value"),
-    ("worldSize too large", spec_with(worldSize=4097), "spec.worldSize: Invalid value"),
+    ("worldSize too large", spec_with(worldSize=65537), "spec.worldSize: Invalid value"),
     ("image missing", spec_with(image=None), "spec.image: Required value"),
     ("no program", spec_with(entrypoint=None), "spec.entrypoint: Invalid value"),
     ("entrypoint and command", spec_with(command=["python"]), "exactly one of spec.entrypoint"),
     ("entrypoint form", spec_with(entrypoint="train.py"), "spec.entrypoint must look like package.module:function"),
     ("empty command", spec_with(entrypoint=None, command=[]), "spec.command: Invalid value"),
     ("negative gpus", spec_with(gpusPerRank=-1), "spec.gpusPerRank: Invalid value"),
-    ("too many gpus", spec_with(worldSize=4096, gpusPerRank=8), "worldSize * gpusPerRank must not exceed"),
+    ("too many gpus", spec_with(worldSize=65536, gpusPerRank=8), "worldSize * gpusPerRank must not exceed"),
     ("unknown backend", spec_with(backend="mpi"), 'spec.backend: Unsupported value: "mpi"'),
     (
         "nccl on cpu",

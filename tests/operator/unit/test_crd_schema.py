@@ -177,7 +177,7 @@ def test_every_integer_of_the_spec_is_bounded_within_int32(crd: dict[str, Any]) 
 # What each bounded field needs beside it for its maximum to be valid (ranksPerPod divides worldSize, ...).
 AT_MAXIMUM: dict[str, dict[str, Any]] = {
     "ranksPerPod": {"worldSize": 64},
-    "minWorldSize": {"worldSize": 4096},
+    "minWorldSize": {"worldSize": 65536},
 }
 
 

@@ -91,7 +91,7 @@ def test_valid_shm_sizes(shm: Any) -> None:
     [
         ({"worldSize": None}, "worldSize"),
         ({"worldSize": 0}, "worldSize"),
-        ({"worldSize": 4097}, "worldSize"),
+        ({"worldSize": 65537}, "worldSize"),
         ({"worldSize": "2"}, "worldSize"),
         ({"worldSize": True}, "worldSize"),
         ({"image": None}, "image"),
@@ -105,7 +105,7 @@ def test_valid_shm_sizes(shm: Any) -> None:
         ({"args": [1, 2]}, "args"),
         ({"gpusPerRank": -1}, "gpusPerRank"),
         ({"gpusPerRank": 17}, "gpusPerRank"),
-        ({"worldSize": 4096, "gpusPerRank": 8}, "gpusPerRank"),
+        ({"worldSize": 65536, "gpusPerRank": 8}, "gpusPerRank"),
         ({"backend": "mpi"}, "backend"),
         ({"backend": "nccl", "gpusPerRank": 0}, "backend"),
         ({"masterPort": 0}, "masterPort"),
@@ -260,7 +260,7 @@ def test_a_trainer_container_in_the_template_may_add_fields() -> None:
 
 @pytest.mark.parametrize(
     ("name", "world_size"),
-    [("job", 1), ("a" * 61, 10), ("my-job-2", 4096)],
+    [("job", 1), ("a" * 61, 10), ("my-job-2", 65536)],
 )
 def test_valid_job_names(name: str, world_size: int) -> None:
     validate_job_name(name, world_size)  # accepted: and every name the job then uses is a valid DNS label

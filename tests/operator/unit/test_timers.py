@@ -64,6 +64,23 @@ def test_a_patch_of_rank_counts_alone_is_held_back_for_the_rest_of_the_interval(
     assert counts_wait(starting, {**counts, "phase": c.PHASE_RUNNING}, 0.25) is None, "a new phase never waits"
 
 
+def test_counts_that_keep_moving_are_patched_less_and_less_often_up_to_half_a_minute_apart() -> None:
+    starting = {"phase": c.PHASE_STARTING, "readyRanks": 1, "ready": "1/9999", "message": "1/9999 ranks ready"}
+    counts = {**starting, "readyRanks": 2, "ready": "2/9999", "message": "2/9999 ranks ready"}
+    assert timers.counts_interval(0) == timers.counts_interval(3) == timers.COUNTS_INTERVAL
+    assert timers.counts_interval(40) == pytest.approx(10)
+    assert timers.counts_interval(600) == timers.COUNTS_INTERVAL_MAX
+    assert counts_wait(starting, counts, 2.0, counting_for=40) == pytest.approx(8)
+    assert counts_wait(starting, counts, 10.0, counting_for=40) is None
+    # A gang of 10,000 pods coming up evenly over 260 s: some twenty count-only patches, not 260.
+    patches, last, t = 0, 0.0, 0.0
+    while t < 260:
+        t += 0.1
+        if counts_wait(starting, counts, t - last, counting_for=t) is None:
+            patches, last = patches + 1, t
+    assert 10 <= patches <= 30, patches
+
+
 def test_a_gang_a_quota_refused_is_tried_again_at_its_retry_time_for_its_attempt_only() -> None:
     said = refused(1, (0, 1), refusal=QUOTA, now=100.0)
     assert quota_wait(said, 1, 101.0) == pytest.approx(said.retry_at - 101.0)
