@@ -64,7 +64,9 @@ def test_the_charts_crd_is_the_one_in_crds() -> None:
 
 def test_sync_check_names_a_copy_that_drifted_and_sync_repairs_it(repo_copy: Path) -> None:
     drifted = repo_copy / CHART_CRD
-    drifted.write_text(drifted.read_text().replace("maximum: 4096", "maximum: 8192"))
+    source = drifted.read_text()
+    drifted.write_text(source.replace("maximum: 65536", "maximum: 8192", 1))
+    assert drifted.read_text() != source, "the copy must differ for the check to find it"
     result = sync(repo_copy, "--check")
     assert result.returncode == 1 and f"{CHART_CRD} differs" in result.stderr
 
