@@ -110,6 +110,9 @@ class FakePods:
     def pods(self, key: JobKey) -> list[dict[str, Any]]:
         return self.by_job.get(key, [])
 
+    def every_object(self) -> list[dict[str, Any]]:
+        return [pod for pods in self.by_job.values() for pod in pods]
+
     def set(self, job: Mapping[str, Any], pods: Iterable[dict[str, Any]]) -> None:
         """The job's pods, each made the job's own (its controller owner reference)."""
         owned = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import pytest
@@ -16,6 +17,7 @@ from ddp_operator import creation as creation_module
 from ddp_operator import reconciler as reconciler_module
 from ddp_operator import timers
 from ddp_operator.admission import RETRY_FIRST
+from ddp_operator.nodes import NodeInfo, Nodes
 from ddp_operator.passerrors import RetryLater
 from fakekube import KEY, ddpjob, rank_of, reconciler_for, refusal
 from podfixtures import pod
@@ -264,3 +266,26 @@ def test_a_creation_pass_that_raises_holds_the_ranks_up_said_by_the_status_pass_
     assert blocked["status"] == "True" and blocked["reason"] == c.REASON_RECONCILE_ERROR
     assert handed == [KEY] and wait == pytest.approx(RETRY_FIRST, abs=0.5), "the next try waits, as after a quota's refusal"
     assert [e["reason"] for e in kube.events if e["type"] == "Warning"] == [c.REASON_RECONCILE_ERROR]
+
+
+def test_a_topology_job_s_pods_go_to_one_rack_and_wait_saying_so_while_the_nodes_are_not_listed() -> None:
+    rack = "example.com/rack"
+    job = ddpjob(topology={"required": rack}, resources={"requests": {"cpu": "4"}})
+    reconciler, kube, _ = reconciler_for(job)
+    racks = {"a1": "a", "b1": "b", "b2": "b"}
+    nodes = Nodes({name: NodeInfo(name, ready="True", labels={rack: value}, allocatable={"cpu": "4", "pods": "10"})
+                   for name, value in racks.items()}, synced=False)
+    reconciler.nodes = lambda: nodes
+    run(reconciler.reconcile(KEY))
+    run(reconciler.create_children(KEY))
+    assert kube.created("Pod") == []  # where the gang fits is not known yet
+    reconciler.jobs.put({**job, "status": kube.status_patches[-1]})
+    run(reconciler.reconcile(KEY))
+    assert kube.status_patches[-1]["reason"] == c.REASON_NO_TOPOLOGY_DOMAIN
+    assert "has not listed the nodes yet" in kube.status_patches[-1]["message"]
+
+    nodes = replace(nodes, synced=True)
+    run(reconciler.create_children(KEY))
+    assert kube.created("Pod") == ["mnist-0", "mnist-1"]  # rack a holds one 4-cpu pod, rack b two
+    assert {kube.objects[("Pod", f"mnist-{r}")]["spec"]["nodeSelector"][rack] for r in (0, 1)} == {"b"}
+
