@@ -116,7 +116,7 @@ def main() -> None:
     running = [slim_pod(api_pod(i, f"node-{i // GPUS_PER_NODE}", "running")) for i in range(ranks)]
 
     def topology_choice() -> None:
-        room = room_by_domain(placed, placed.topology, nodes.known.values(), used_by_node(running))  # type: ignore[arg-type]
+        room = room_by_domain(placed, nodes.known.values(), used_by_node(running))
         choose_domains(placed, room)
 
     median, slowest = timed(topology_choice, args.repeats)

@@ -54,8 +54,13 @@ def rank_requests(spec: JobSpec) -> dict[str, Decimal]:
     """What the scheduler reserves for one rank's pod, of the resources judged: the trainer's requests
     (its limits where it sets no request, as the API server defaults them) plus the sidecars'."""
     trainer = {**dict(spec.resources), "limits": {**(spec.resources.get("limits") or {}), c.GPU_RESOURCE: spec.gpus_per_pod}}
-    containers = [trainer, *(x.get("resources") or {} for x in spec.pod_spec.get("containers") or []
-                             if x.get("name") != labels.CONTAINER_NAME)]
+    return requests_of([trainer, *(x.get("resources") or {} for x in spec.pod_spec.get("containers") or []
+                                   if x.get("name") != labels.CONTAINER_NAME)])
+
+
+def requests_of(containers: Iterable[Mapping[str, Any]]) -> dict[str, Decimal]:
+    """What the scheduler reserves for containers with these `resources`, of the resources judged: their
+    requests, their limits where they set no request (as the API server defaults them), summed."""
     total: dict[str, Decimal] = {}
     for resources in containers:
         wanted = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
@@ -65,12 +70,19 @@ def rank_requests(spec: JobSpec) -> dict[str, Decimal]:
     return {name: amount for name, amount in total.items() if amount > 0}
 
 
+def usable_nodes(spec: JobSpec, nodes: Iterable[NodeInfo]) -> list[NodeInfo]:
+    """The nodes a rank's pod could be scheduled on, resources aside (nodes.schedulable_for): its template's
+    nodeSelector and tolerations, with the ones the operator adds."""
+    selector: Mapping[str, str] = spec.pod_spec.get("nodeSelector") or {}
+    tolerations = [*(spec.pod_spec.get("tolerations") or []), *node_lost_tolerations(spec)]
+    return [node for node in nodes if schedulable_for(node, selector, tolerations)]
+
+
 def gang_too_large(spec: JobSpec, nodes: Iterable[NodeInfo]) -> str | None:
     """Why the gang cannot fit on the nodes its ranks could use, in words for the job's status; None if
     it could (or if no node could take a rank at all: the scheduler's own message says why better)."""
     selector: Mapping[str, str] = spec.pod_spec.get("nodeSelector") or {}
-    tolerations = [*(spec.pod_spec.get("tolerations") or []), *node_lost_tolerations(spec)]
-    usable = [node for node in nodes if schedulable_for(node, selector, tolerations)]
+    usable = usable_nodes(spec, nodes)
     if not usable:
         return None
     counted = f"{len(usable)} schedulable node{'s' if len(usable) > 1 else ''}"

@@ -340,7 +340,7 @@ class Reconciler:
         attempt = JobStatus.of(job.get("status") or {}).attempt
         running = running_domains(self._rank_pods(job), attempt, nodes, spec.topology.key)
         used = used_by_node(pod for pod in self.pods.every_object() if owning_job_key(pod) != key)
-        room = room_by_domain(spec, spec.topology, nodes.known.values(), used)
+        room = room_by_domain(spec, nodes.known.values(), used)
         return GangPlacement(ranks=choose_domains(spec, room, running))
 
     def _queue(self, job: Mapping[str, Any], spec: JobSpec, status: Mapping[str, Any]) -> QueueState | None:

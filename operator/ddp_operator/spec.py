@@ -63,6 +63,9 @@ DNS1035_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS_LABEL_MAX = 63
 # A Secret's name (a DNS-1123 subdomain).
 SECRET_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+# A qualified label key: an optional DNS subdomain prefix and '/', then a name of at most 63 characters.
+LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                       r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 SECRET_NAME_MAX = 253
 S3_SCHEME = "s3://"
 
@@ -158,11 +161,6 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
     )
     _check_keep_folders_runtime(parsed)
     return parsed
-
-
-# A qualified label key: an optional DNS subdomain prefix and '/', then a name of at most 63 characters.
-LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-                       r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
 
 def _topology(value: Any) -> TopologySpec | None:

@@ -22,10 +22,8 @@ from typing import Any
 
 from ddp_contract import labels
 from ddp_contract.jobspec import JobSpec, TopologySpec
-from ddp_operator import constants as c
-from ddp_operator.capacity import parse_quantity, rank_requests
-from ddp_operator.manifests import node_lost_tolerations
-from ddp_operator.nodes import NodeInfo, Nodes, schedulable_for
+from ddp_operator.capacity import parse_quantity, rank_requests, requests_of, usable_nodes
+from ddp_operator.nodes import NodeInfo, Nodes
 from ddp_operator.placement import Placement
 
 PODS = "pods"  # the node's pod slots, one for each pod
@@ -44,14 +42,9 @@ def used_by_node(pods: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Decim
         if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
         held = used.setdefault(node, {})
-        held[PODS] = held.get(PODS, Decimal(0)) + 1
-        for container in (pod.get("spec") or {}).get("containers") or []:
-            resources = container.get("resources") or {}
-            wanted = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
-            for name in c.CAPACITY_RESOURCES:
-                amount = parse_quantity(wanted.get(name, 0)) or Decimal(0)
-                if amount:
-                    held[name] = held.get(name, Decimal(0)) + amount
+        containers = (x.get("resources") or {} for x in (pod.get("spec") or {}).get("containers") or [])
+        for name, amount in {**requests_of(containers), PODS: Decimal(1)}.items():
+            held[name] = held.get(name, Decimal(0)) + amount
     return used
 
 
@@ -69,16 +62,15 @@ def running_domains(pods: Iterable[Mapping[str, Any]], attempt: int, nodes: Node
     return found
 
 
-def room_by_domain(spec: JobSpec, topology: TopologySpec, nodes: Iterable[NodeInfo],
-                   used: Mapping[str, Mapping[str, Decimal]]) -> dict[str, int]:
-    """How many of the gang's pods each domain (a value of the label) can take now."""
-    selector: Mapping[str, str] = spec.pod_spec.get("nodeSelector") or {}
-    tolerations = [*(spec.pod_spec.get("tolerations") or []), *node_lost_tolerations(spec)]
+def room_by_domain(spec: JobSpec, nodes: Iterable[NodeInfo], used: Mapping[str, Mapping[str, Decimal]]) -> dict[str, int]:
+    """How many of the gang's pods each domain (a value of spec.topology's label) can take now."""
+    topology = spec.topology
+    assert topology is not None
     per_pod = {**rank_requests(spec), PODS: Decimal(1)}
     room: dict[str, int] = {}
-    for node in nodes:
+    for node in usable_nodes(spec, nodes):
         domain = node.labels.get(topology.key)
-        if domain is None or not schedulable_for(node, selector, tolerations):
+        if domain is None:
             continue
         held = used.get(node.name, {})
         fits = min(int(max(Decimal(0), (parse_quantity(node.allocatable.get(name, 0)) or Decimal(0))

@@ -42,16 +42,16 @@ def test_what_running_pods_hold_is_counted_by_node_and_ended_pods_hold_nothing()
 
 def test_room_counts_whole_pods_on_the_nodes_the_pods_could_use() -> None:
     spec = topology_job()
-    assert room_by_domain(spec, spec.topology, NODES, {}) == {"a": 4, "b": 6}
+    assert room_by_domain(spec, NODES, {}) == {"a": 4, "b": 6}
     used = used_by_node([bound("a1", cpu="5")])  # 3 cpu left on a1: no room for a 4-cpu pod
-    assert room_by_domain(spec, spec.topology, NODES, used) == {"a": 2, "b": 6}
+    assert room_by_domain(spec, NODES, used) == {"a": 2, "b": 6}
     tainted = [*NODES[:4], node("b3", "b", taints=(Taint("gpu", "x", "NoSchedule"),))]
-    assert room_by_domain(spec, spec.topology, tainted, {})["b"] == 4
+    assert room_by_domain(spec, tainted, {})["b"] == 4
     cordoned = [*NODES[:4], node("b3", "b", unschedulable=True)]
-    assert room_by_domain(spec, spec.topology, cordoned, {})["b"] == 4
+    assert room_by_domain(spec, cordoned, {})["b"] == 4
     pinned = topology_job(template={"spec": {"nodeSelector": {"pool": "x"}}})
     pooled = [node("a1", "a", labels={"pool": "x"}), node("b1", "b")]
-    assert room_by_domain(pinned, pinned.topology, pooled, {}) == {"a": 2}
+    assert room_by_domain(pinned, pooled, {}) == {"a": 2}
 
 
 def test_the_gang_goes_to_the_smallest_domain_that_holds_it_all() -> None:
