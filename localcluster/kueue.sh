@@ -26,8 +26,9 @@ HEALTH_PORT=${DDP_KUEUE_HEALTH_PORT:-20981}
 METRICS_PORT=${DDP_KUEUE_METRICS_PORT:-20983}
 BIND=127.0.0.1
 NAMESPACE=kueue-system
-# The controller name Kueue is told to leave alone (integrations.externalFrameworks): our operator
-# creates the Workloads of DDPJobs itself.
+# The kind Kueue is told to leave alone (integrations.externalFrameworks): our operator creates the
+# Workloads of DDPJobs itself. MultiKueue's generic adapter dispatches it too (multiKueue.externalFrameworks),
+# for a DDPJob with spec.managedBy kueue.x-k8s.io/multikueue on a manager cluster.
 EXTERNAL_FRAMEWORK=DDPJob.v1alpha1.ddpoperator.io
 
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod
@@ -102,6 +103,9 @@ featureGates:
 integrations:
   frameworks: ["batch/job"]
   externalFrameworks: ["$EXTERNAL_FRAMEWORK"]
+multiKueue:
+  externalFrameworks:
+  - name: $EXTERNAL_FRAMEWORK
 EOF
 }
 

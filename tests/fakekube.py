@@ -54,6 +54,12 @@ class FakeKube:
         self.status_patches: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.core = SimpleNamespace(create_namespaced_event=lambda namespace, event: self.events.append(event))
+        self.workload_patches: list[tuple[str, dict[str, Any], bool]] = []  # (name, patch, of its status)
+        self.custom = SimpleNamespace(
+            patch_namespaced_custom_object=lambda group, version, namespace, plural, name, body:
+                self.workload_patches.append((name, body, False)),
+            patch_namespaced_custom_object_status=lambda group, version, namespace, plural, name, body:
+                self.workload_patches.append((name, body, True)))
 
     def created(self, kind: str) -> list[str]:
         return [call[2] for call in self.calls if call[:2] == ("create", kind)]
@@ -124,6 +130,29 @@ class FakePods:
         self.by_job[KEY] = owned
 
 
+class FakeWorkloads:
+    """The Workload watch's view (kueue.workloads.WorkloadCache) of the job's namespace: listed, holding
+    what the test sets."""
+
+    def __init__(self) -> None:
+        self.by_job: dict[JobKey, list[dict[str, Any]]] = {}
+
+    def ensure_started(self) -> None:
+        pass
+
+    def workloads(self, key: JobKey) -> list[dict[str, Any]]:
+        return self.by_job.get(key, [])
+
+    def synced_in(self, namespace: str) -> bool:
+        return True
+
+    def unavailable(self, namespace: str) -> str | None:
+        return None
+
+    def error_in(self, namespace: str) -> None:
+        return None
+
+
 def ddpjob(status: Mapping[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
     return {"apiVersion": "ddpoperator.io/v1alpha1", "kind": "DDPJob",
             "metadata": {"name": JOB, "namespace": NAMESPACE, "uid": "job-uid", "generation": 1, "resourceVersion": "1",
@@ -132,12 +161,15 @@ def ddpjob(status: Mapping[str, Any] | None = None, **spec: Any) -> dict[str, An
             "status": dict(status or {})}
 
 
-def reconciler_for(job: Mapping[str, Any]) -> tuple[Reconciler, FakeKube, FakePods]:
-    """A reconciler whose store holds `job`, on a fake API, fake pods and synced nodes (none)."""
+def reconciler_for(job: Mapping[str, Any], workloads: FakeWorkloads | None = None
+                   ) -> tuple[Reconciler, FakeKube, FakePods]:
+    """A reconciler whose store holds `job`, on a fake API, fake pods and synced nodes (none); with
+    `workloads`, Kueue's Workloads as they say."""
     store = JobStore()
     store.put(job)
     kube, pods = FakeKube(store), FakePods()
-    reconciler = Reconciler(kube, jobs=store, pods=pods, nodes=lambda: Nodes(synced=True), workers=1)  # type: ignore[arg-type]
+    reconciler = Reconciler(kube, jobs=store, pods=pods, nodes=lambda: Nodes(synced=True), workers=1,  # type: ignore[arg-type]
+                            workloads=workloads)  # type: ignore[arg-type]
     return reconciler, kube, pods
 
 

@@ -53,9 +53,11 @@ class Queues:
         self.flavor = f"rf-{self.suffix}"
         self._cluster_scoped: list[tuple[str, str]] = []
 
-    def create(self, cpu: str, preemption: str = "Never", flavors: Sequence[Mapping[str, Any]] = ({},)) -> str:
+    def create(self, cpu: str, preemption: str = "Never", flavors: Sequence[Mapping[str, Any]] = ({},),
+               admission_checks: Sequence[str] = ()) -> str:
         """A LocalQueue backed by a ClusterQueue for this namespace only, with `cpu` of quota in each of
-        `flavors` (ResourceFlavor specs, named flavor_name(i), which Kueue tries in order); its name."""
+        `flavors` (ResourceFlavor specs, named flavor_name(i), which Kueue tries in order) and the named
+        AdmissionChecks; its name."""
         for i, flavor in enumerate(flavors):
             self._create_cluster("resourceflavors", {"metadata": {"name": self.flavor_name(i)}, "spec": dict(flavor)})
         self._create_cluster("clusterqueues", {
@@ -66,6 +68,8 @@ class Queues:
                 "resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
                     {"name": self.flavor_name(i), "resources": [{"name": "cpu", "nominalQuota": cpu}]}
                     for i in range(len(flavors))]}],
+                **({"admissionChecksStrategy": {"admissionChecks": [{"name": name} for name in admission_checks]}}
+                   if admission_checks else {}),
             },
         })
         self.custom.create_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, self.namespace, "localqueues", {
@@ -89,6 +93,19 @@ class Queues:
         name = f"topology-{self.suffix}"
         self._create_cluster("topologies", {"metadata": {"name": name},
                                             "spec": {"levels": [{"nodeLabel": level} for level in levels]}})
+        return name
+
+    def multikueue_check(self, kubeconfig_secret: str) -> str:
+        """A MultiKueue AdmissionCheck that dispatches to one worker cluster, reached with the kubeconfig in
+        the Secret `kubeconfig_secret` of Kueue's namespace (cluster-scoped objects named with this test's
+        suffix); its name, for create(admission_checks=...)."""
+        name = f"multikueue-{self.suffix}"
+        self._create_cluster("multikueueclusters", {"metadata": {"name": name}, "spec": {"clusterSource": {
+            "kubeConfig": {"locationType": "Secret", "location": kubeconfig_secret}}}})
+        self._create_cluster("multikueueconfigs", {"metadata": {"name": name}, "spec": {"clusters": [name]}})
+        self._create_cluster("admissionchecks", {"metadata": {"name": name}, "spec": {
+            "controllerName": "kueue.x-k8s.io/multikueue",
+            "parameters": {"apiGroup": KUEUE_GROUP, "kind": "MultiKueueConfig", "name": name}}})
         return name
 
     def priority_class(self, name: str, value: int) -> str:
@@ -120,7 +137,8 @@ class Queues:
 
     def _create_cluster(self, plural: str, body: Mapping[str, Any]) -> None:
         kind = {"resourceflavors": "ResourceFlavor", "clusterqueues": "ClusterQueue", "topologies": "Topology",
-                PRIORITY_CLASSES: "WorkloadPriorityClass"}[plural]
+                PRIORITY_CLASSES: "WorkloadPriorityClass", "multikueueclusters": "MultiKueueCluster",
+                "multikueueconfigs": "MultiKueueConfig", "admissionchecks": "AdmissionCheck"}[plural]
         self.custom.create_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, plural, {
             "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}", "kind": kind, **body})
         self._cluster_scoped.append((plural, body["metadata"]["name"]))

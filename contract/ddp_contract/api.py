@@ -33,6 +33,14 @@ LAUNCHER_AUTO: Final = "Auto"
 LAUNCHER_COMMAND: Final = "Command"
 LAUNCHERS: Final = (LAUNCHER_AUTO, LAUNCHER_COMMAND)
 
+# spec.managedBy: the controller that runs the job, set at creation and never changed (as a batch Job's).
+# Unset or MANAGED_BY_OPERATOR: this operator. MANAGED_BY_MULTIKUEUE: Kueue's MultiKueue runs a copy on a
+# worker cluster and copies its status back; the operator here only creates the job's Workload. Any other
+# value: another controller, and the operator leaves the job alone.
+MANAGED_BY_OPERATOR: Final = "ddpoperator.io/operator"
+MANAGED_BY_MULTIKUEUE: Final = "kueue.x-k8s.io/multikueue"
+MAX_MANAGED_BY: Final = 63
+
 def members_of(value: object) -> tuple[int, ...] | None:
     """status.members as pod indices in rank order; None where it is absent or not a list of distinct
     non-negative integers."""

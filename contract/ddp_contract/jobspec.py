@@ -156,6 +156,7 @@ class JobSpec(Templated):
     data_workers: DataWorkersSpec | None = None
     keep_folders: tuple[str, ...] = ()  # as written; kept under <results>/<ns>/<job>/kept/<layout.kept_folder_key>
     topology: TopologySpec | None = None
+    managed_by: str = api.MANAGED_BY_OPERATOR
 
     @property
     def data_worker_replicas(self) -> int:

@@ -37,6 +37,7 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
+from ddp_contract import api
 from ddp_contract.jobspec import JobSpec
 from ddp_contract.jobstatus import STATUS_CONDITIONS, STATUS_PHASE
 from ddp_contract.resource import JobKey, JobStatus, job_key
@@ -58,6 +59,7 @@ from ddp_operator.jobmemory import JobMemory
 from ddp_operator.jobpods import read_pods
 from ddp_operator.kubeapi import KubeApi, api_message, is_controlled_by, is_going_away
 from ddp_operator.kueue.gate import KueueGate
+from ddp_operator.kueue.multikueue import Role, role
 from ddp_operator.kueue.rules import Gate, QueueState, queue_name
 from ddp_operator.kueue.workloads import WorkloadCache
 from ddp_operator.listwatch import owning_job_key
@@ -215,6 +217,8 @@ class Reconciler:
         if current is None:
             return
         job, spec, status, now = current
+        if spec.managed_by != api.MANAGED_BY_OPERATOR:  # its pods, if any, are made on another cluster
+            return
         queue = self._queue(job, spec, status)
         if queue is not None and queue.gate == Gate.UNKNOWN:
             return
@@ -283,6 +287,13 @@ class Reconciler:
         queue = self._queue(job, spec, status)
         if queue is not None and queue.gate == Gate.UNKNOWN:  # nothing is done until Kueue's word is known
             return WORKLOADS_UNSYNCED_RECHECK
+        doing = role(spec.managed_by, queue, status.get(STATUS_PHASE))
+        if doing == Role.ELSEWHERE:
+            return None
+        if doing == Role.DISPATCHED:
+            if self.kueue is not None:
+                await self.kueue.sync(job, spec, status=status, now=now, has_pods=False)
+            return None
         summary = self._summary(job, status, spec, now)
         decision = decide(spec, status=status, summary=summary, now=now, queue=queue)
         log.debug("%s/%s: %s", job["metadata"]["namespace"], name, decision)

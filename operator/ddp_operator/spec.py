@@ -67,6 +67,8 @@ SECRET_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                        r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 SECRET_NAME_MAX = 253
+# spec.managedBy: a domain-prefixed path, as a batch Job's.
+MANAGED_BY = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[-A-Za-z0-9_./~]+$")
 S3_SCHEME = "s3://"
 
 # Fields of the generated trainer container that come from the DDPJob spec, not the template.
@@ -158,6 +160,7 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
         data_workers=data_workers,
         keep_folders=_keep_folders(spec.get("keepFolders") or [], s3),
         topology=_topology(spec.get("topology")),
+        managed_by=_managed_by(spec.get("managedBy")),
     )
     _check_keep_folders_runtime(parsed)
     return parsed
@@ -177,6 +180,16 @@ def _topology(value: Any) -> TopologySpec | None:
         raise InvalidSpec(f"topology.{given[0]}", f"{key!r} is not a node label key (such as "
                           "topology.kubernetes.io/zone)")
     return TopologySpec(key=key, required=given[0] == "required")
+
+
+def _managed_by(value: Any) -> str:
+    if value is None:
+        return api.MANAGED_BY_OPERATOR
+    name = _string(value, "managedBy")
+    if len(name) > api.MAX_MANAGED_BY or not MANAGED_BY.match(name):
+        raise InvalidSpec("managedBy", f"{name!r} is not a controller's name: a domain-prefixed path of at most "
+                          f"{api.MAX_MANAGED_BY} characters, such as {api.MANAGED_BY_MULTIKUEUE}")
+    return name
 
 
 def _keep_folders(value: Any, s3: S3Spec | None) -> tuple[str, ...]:

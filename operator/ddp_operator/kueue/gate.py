@@ -14,11 +14,12 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from ddp_contract import api
 from ddp_contract.jobspec import JobSpec
 from ddp_contract.jobstatus import STATUS_MESSAGE, STATUS_PHASE, STATUS_START_TIME
 from ddp_contract.resource import JobStatus, job_key
 from ddp_operator import constants as c
-from ddp_operator.kubeapi import KubeApi, adopt, api_message
+from ddp_operator.kubeapi import KubeApi, adopt, api_message, owner_reference
 from ddp_operator.kueue.flavors import (
     PREFERRED_TOPOLOGY_ANNOTATION,
     REQUIRED_TOPOLOGY_ANNOTATION,
@@ -26,6 +27,7 @@ from ddp_operator.kueue.flavors import (
     assigned_flavors,
     placement_of,
 )
+from ddp_operator.kueue.multikueue import NEEDS_A_QUEUE
 from ddp_operator.kueue.rules import (
     DATA_WORKER_POD_SET,
     KUEUE_GROUP,
@@ -38,10 +40,12 @@ from ddp_operator.kueue.rules import (
     WORKLOADS,
     QueueState,
     activation_patch,
+    adoption_patch,
     belongs_to,
     build_workload,
     can_judge,
     finish_patch,
+    prebuilt_workload,
     priority_class,
     queue_name,
     queue_state,
@@ -70,7 +74,8 @@ class KueueGate:
         the Workload watch has not listed the job's namespace, so that a running gang is not judged (and
         stopped) on a view that is merely empty."""
         if queue_name(job) is None:
-            return None
+            multikueue = spec.managed_by == api.MANAGED_BY_MULTIKUEUE
+            return NEEDS_A_QUEUE if multikueue and status.get(STATUS_PHASE) not in c.TERMINAL_PHASES else None
         self.workloads.ensure_started()  # a finished job's Workload is still to be marked Finished
         if status.get(STATUS_PHASE) in c.TERMINAL_PHASES:
             return None
@@ -95,11 +100,16 @@ class KueueGate:
         workload = self._workload(job)
         phase = status.get(STATUS_PHASE)
         try:
+            adoption = adoption_patch(workload, owner_reference(job)) if workload and prebuilt_workload(job) else None
+            if workload and adoption:
+                await self.kube.send(self.kube.custom.patch_namespaced_custom_object, KUEUE_GROUP, KUEUE_VERSION,
+                                     key[0], WORKLOADS, workload["metadata"]["name"], adoption)
             if phase in c.TERMINAL_PHASES:
                 patch = workload and finish_patch(workload, phase == c.PHASE_SUCCEEDED, str(status.get(STATUS_MESSAGE, "")),
                                                   now)
             elif workload is None:
-                await self._create(job, spec, JobStatus.of(status).attempt)
+                if not prebuilt_workload(job):  # a prebuilt one is made by whoever named it
+                    await self._create(job, spec, JobStatus.of(status).attempt)
                 return
             else:
                 active = activation_patch(workload, spec)

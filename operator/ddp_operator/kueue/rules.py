@@ -10,6 +10,11 @@ gang is created afresh and resumes from status.lastCheckpoint. A finished job ma
 Finished, which frees the quota. A suspended job's Workload is deactivated (spec.active false), so
 Kueue evicts it if admitted and admits it no more until the job is resumed.
 
+MultiKueue (multikueue.py says what the operator does on either side): on the worker cluster, the job
+MultiKueue creates names its Workload, made beforehand, in the label kueue.x-k8s.io/prebuilt-workload-name;
+the operator adopts that Workload (makes the job its controlling owner, as Kueue's integrations do) and
+never creates one of its own for such a job.
+
 Everything here is pure: what the Workload looks like, what its status means for the job, and the
 status patches the operator writes to it; gate.py carries it out, workloads.py watches the Workloads.
 """
@@ -30,6 +35,8 @@ from ddp_operator.manifests import job_labels
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
+# An annotation from Kueue 0.18 on (its WorkloadIdentifierAnnotations gate), a label before.
+PREBUILT_WORKLOAD_KEY = "kueue.x-k8s.io/prebuilt-workload-name"
 KUEUE_GROUP = "kueue.x-k8s.io"
 # v1beta2: the version Kueue stores from 0.16 on (read without its conversion webhook), served from 0.15.
 KUEUE_VERSION = "v1beta2"
@@ -77,8 +84,20 @@ def priority_class(job: Mapping[str, Any]) -> str | None:
     return str(value) if value else None
 
 
+def prebuilt_workload(job: Mapping[str, Any]) -> str | None:
+    """The Workload made for the job beforehand (by MultiKueue, on a worker cluster), if the job names one:
+    its annotation first, then its label, as Kueue reads them."""
+    meta = job.get("metadata") or {}
+    value = (meta.get("annotations") or {}).get(PREBUILT_WORKLOAD_KEY) or (meta.get("labels") or {}).get(PREBUILT_WORKLOAD_KEY)
+    return str(value) if value else None
+
+
 def workload_name(job: Mapping[str, Any]) -> str:
-    """'ddpjob-<job>-<uid prefix>': a job deleted and created again under its name gets a new Workload."""
+    """The prebuilt Workload's name, else 'ddpjob-<job>-<uid prefix>': a job deleted and created again
+    under its name gets a new Workload."""
+    prebuilt = prebuilt_workload(job)
+    if prebuilt:
+        return prebuilt
     meta = job["metadata"]
     return f"ddpjob-{meta['name']}-{str(meta.get('uid', ''))[:5]}"
 
@@ -119,10 +138,25 @@ def build_workload(job: Mapping[str, Any], spec: JobSpec, *, pod_spec: Mapping[s
 
 
 def belongs_to(workload: Mapping[str, Any], job: Mapping[str, Any]) -> bool:
-    """Whether the job (this uid) controls the Workload."""
+    """Whether the Workload is the job's: the job (this uid) controls it, or it is the job's prebuilt
+    Workload and nothing controls it yet (adoption_patch makes the job its controller)."""
     uid = job["metadata"].get("uid")
-    refs = (workload.get("metadata") or {}).get("ownerReferences") or []
-    return any(ref.get("controller") and ref.get("uid") == uid for ref in refs)
+    meta = workload.get("metadata") or {}
+    refs = meta.get("ownerReferences") or []
+    if any(ref.get("controller") and ref.get("uid") == uid for ref in refs):
+        return True
+    prebuilt = prebuilt_workload(job)
+    return prebuilt is not None and meta.get("name") == prebuilt and not any(ref.get("controller") for ref in refs)
+
+
+def adoption_patch(workload: Mapping[str, Any], owner: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The metadata patch that makes `owner` (the job's owner reference) the controller of its prebuilt
+    Workload, so that the Workload goes with the job; None once it is."""
+    refs = list((workload.get("metadata") or {}).get("ownerReferences") or [])
+    if any(ref.get("controller") and ref.get("uid") == owner["uid"] for ref in refs):
+        return None
+    return {"metadata": {"ownerReferences": [*refs, dict(owner)],
+                         "resourceVersion": (workload.get("metadata") or {}).get("resourceVersion")}}
 
 
 def _true(conditions: Iterable[Mapping[str, Any]], type_: str) -> Mapping[str, Any] | None:
@@ -141,6 +175,10 @@ def queue_state(job: Mapping[str, Any], spec: JobSpec, workload: Mapping[str, An
     if unavailable:
         return QueueState(Gate.QUEUED, c.REASON_QUEUED, f"{waiting}; {unavailable}")
     if workload is None:
+        if prebuilt_workload(job):
+            return QueueState(Gate.QUEUED, c.REASON_QUEUED,
+                              f"{waiting}; waiting for its Workload {workload_name(job)}, made beforehand ("
+                              f"{PREBUILT_WORKLOAD_KEY}), to be listed")
         return QueueState(Gate.QUEUED, c.REASON_QUEUED, f"{waiting}; creating its Workload {workload_name(job)}")
     conditions = (workload.get("status") or {}).get("conditions") or []
     evicted = _true(conditions, COND_EVICTED)

@@ -251,6 +251,7 @@ INVALID: list[tuple[str, dict[str, Any], str | re.Pattern[str]]] = [
     ),
     ("an entrypoint without the runtime", spec_with(trainerRuntime="Off"), "spec.trainerRuntime Off is for a command"),
     ("an entrypoint that starts ranks", spec_with(launcher="Command"), "spec.launcher Command is for a command"),
+    ("a managedBy that is no controller name", spec_with(managedBy="multikueue"), "spec.managedBy: Invalid value"),
     ("unknown launcher", spec_with(launcher="mpirun"), 'spec.launcher: Unsupported value: "mpirun"'),
     ("torchrun's settings", spec_with(env=[{"name": "PET_NNODES", "value": "1"}]), "spec.env must not set MASTER_ADDR"),
     (
@@ -284,6 +285,19 @@ def test_job_name_must_fit_the_pod_hostnames(
 
 def test_longest_name_that_fits_is_accepted(custom: Any, namespace: str) -> None:
     assert create(custom, namespace, ddpjob(spec_with(worldSize=10), name="a" * 61))["metadata"]["name"] == "a" * 61
+
+
+def test_managed_by_is_set_at_creation_and_never_changed(custom: Any, namespace: str) -> None:
+    from kubernetes.client.rest import ApiException
+
+    # Suspended: the session's operator, which may serve this namespace, makes no pods for them.
+    create(custom, namespace, ddpjob(spec_with(suspend=True, managedBy=api.MANAGED_BY_MULTIKUEUE), "managed"), False)
+    create(custom, namespace, ddpjob(spec_with(suspend=True), "unmanaged"), False)
+    for name, value in [("managed", "example.com/other"), ("managed", None), ("unmanaged", api.MANAGED_BY_MULTIKUEUE)]:
+        with pytest.raises(ApiException) as caught:
+            custom.patch_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name,
+                                                  {"spec": {"managedBy": value}})
+        assert caught.value.status == 422 and "spec.managedBy is immutable" in caught.value.body, (name, value)
 
 
 def test_status_written_by_the_operator_survives_pruning(custom: Any, namespace: str) -> None:

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from ddp_contract import labels
+from ddp_contract import api, labels
 from ddp_contract.jobspec import DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT, JobSpec, S3Spec
 from ddp_operator import constants as c
 from ddp_operator.manifests import pod_name, service_name
@@ -323,3 +323,17 @@ def test_a_bad_topology_is_refused_naming_the_field(topology: Any, field: str, n
     with pytest.raises(InvalidSpec, match=needle) as caught:
         parse_spec(with_(topology=topology))
     assert caught.value.field == field
+
+
+def test_managed_by_names_a_controller_and_defaults_to_the_operator() -> None:
+    assert parse_spec(MINIMAL).managed_by == api.MANAGED_BY_OPERATOR
+    assert parse_spec(with_(managedBy=api.MANAGED_BY_MULTIKUEUE)).managed_by == api.MANAGED_BY_MULTIKUEUE
+    assert parse_spec(with_(managedBy="example.com/my-scheduler")).managed_by == "example.com/my-scheduler"
+
+
+@pytest.mark.parametrize("value", ["multikueue", "Kueue.x-k8s.io/multikueue", "example.com/", "/path",
+                                   "example.com/" + "x" * 52, 7])
+def test_a_managed_by_that_is_no_controller_name_is_refused(value: Any) -> None:
+    with pytest.raises(InvalidSpec) as caught:
+        parse_spec(with_(managedBy=value))
+    assert caught.value.field == "managedBy"
