@@ -342,6 +342,21 @@ def test_watch_namespaces_narrow_rbac_to_roles_in_each(helm) -> None:
     assert bindings["team-b"]["subjects"] == [{"kind": "ServiceAccount", "name": "rel-ddp-operator", "namespace": "ops"}]
 
 
+def test_multikueue_service_accounts_get_what_dispatching_ddpjobs_takes(helm) -> None:
+    assert not any("multikueue" in d["metadata"]["name"] for d in render_all(helm))
+    docs = render_all(helm, "--set", "multiKueue.serviceAccounts={kueue-system/kueue-controller-manager,mk/worker}")
+    role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-multikueue"))
+    binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding" and d["metadata"]["name"] == role["metadata"]["name"])
+    assert {r["resources"][0]: set(r["verbs"]) for r in role["rules"]} == {
+        "ddpjobs": {"get", "list", "watch", "create", "delete"}, "ddpjobs/status": {"get", "patch", "update"}}
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "namespace": "kueue-system", "name": "kueue-controller-manager"},
+        {"kind": "ServiceAccount", "namespace": "mk", "name": "worker"}]
+    refused = helm("template", "rel", str(CHART), "--set", "multiKueue.serviceAccounts={kueue-controller-manager}",
+                   check=False)
+    assert refused.returncode != 0 and "multiKueue/serviceAccounts" in refused.stderr, refused.stderr
+
+
 def test_replicas_need_leader_election_and_election_can_be_off(helm) -> None:
     two = render(helm, "--set", "replicaCount=2")["Deployment"]
     assert two["spec"]["replicas"] == 2
