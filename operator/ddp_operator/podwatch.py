@@ -15,13 +15,14 @@ from kubernetes import client
 
 from ddp_contract.labels import LABEL_JOB_NAME
 from ddp_operator.listwatch import JobKey, JobObjects, OnChange
+from ddp_operator.podstate import CachedPod
 
 
-def slim_pod(pod: dict) -> dict:
-    """The fields the status computation reads, in the pod's own shape."""
+def slim_pod(pod: dict) -> CachedPod:
+    """The fields the status computation reads, in the pod's own shape; its reading kept with it."""
     meta = pod.get("metadata", {})
     status = pod.get("status", {})
-    return {
+    return CachedPod({
         "metadata": {
             "name": meta.get("name"),
             "namespace": meta.get("namespace"),
@@ -52,7 +53,7 @@ def slim_pod(pod: dict) -> dict:
                 for c in status.get("containerStatuses", [])
             ],
         },
-    }
+    })
 
 
 class PodCache(JobObjects):

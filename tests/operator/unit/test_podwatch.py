@@ -7,7 +7,7 @@ from typing import Any
 from kubernetes import client
 
 from ddp_operator.listwatch import watch_scopes
-from ddp_operator.podstate import rank_problem
+from ddp_operator.podstate import PodView, rank_problem
 from ddp_operator.podwatch import PodCache
 from podfixtures import JOB, pod
 
@@ -72,3 +72,23 @@ def test_the_cache_keeps_what_a_held_up_rank_is_said_with() -> None:
                             "containers": [{"resources": resources}]}
     problem = rank_problem(kept, 0)
     assert problem is not None and problem.message.startswith("401 Unauthorized (imagePullSecrets: regcred;")
+
+
+def test_a_pods_reading_is_kept_until_the_pod_changes() -> None:
+    pods, _ = cache("team-a")
+    pods.replace("team-a", [in_namespace("team-a", 0), in_namespace("team-a", 1)])
+    first = {p["metadata"]["name"]: PodView.of(p) for p in pods.pods(("team-a", JOB))}
+    again = {p["metadata"]["name"]: PodView.of(p) for p in pods.pods(("team-a", JOB))}
+    assert len(first) == 2 and all(again[name] is view for name, view in first.items())
+
+    failed = pod(1, "failed", exit_code=1)
+    failed["metadata"]["namespace"] = "team-a"
+    pods.apply("MODIFIED", failed)
+    views = {p["metadata"]["name"]: PodView.of(p) for p in pods.pods(("team-a", JOB))}
+    assert views[f"{JOB}-0"] is first[f"{JOB}-0"]
+    assert views[f"{JOB}-1"] is not first[f"{JOB}-1"] and views[f"{JOB}-1"].state == "failed"
+
+
+def test_a_pod_that_is_not_the_caches_is_read_every_time() -> None:
+    plain = pod(0)
+    assert PodView.of(plain) is not PodView.of(plain)
