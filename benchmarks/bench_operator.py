@@ -11,7 +11,8 @@ small jobs measures, with local monotonic clocks, from the create call *returnin
   phase     status.phase Running seen by a watch
   lag       phase - last pod Running of that job: how long the job took to say so (target < 1 s)
 
-and the operator's RSS (sampled VmRSS and VmHWM). A baseline scenario creates the same number of
+and the operator's RSS (sampled VmRSS and VmHWM; and once each scenario's jobs and pods are deleted, after
+SETTLE_S seconds). A baseline scenario creates the same number of
 bare pods straight from this script with as many calls in flight as the operator uses, so the
 control plane's own limits (API server, scheduler, kwok) read apart from the operator's.
 
@@ -86,6 +87,7 @@ BENCH_NODE_PREFIX = "bench-node-"
 BENCH_NODE_PODS = 512
 FAULT_POOL_LABEL = "ddp-bench/pool"  # the fault scenario's own nodes
 OPERATOR: subprocess.Popen | None = None  # checked by every wait: a dead operator fails fast
+SETTLE_S = 15.0  # after a scenario's pods are gone, before the operator's RSS is read again
 TARGETS = {"created_64_s": 2.0, "created_1024_s": 20.0, "lag_s": 1.0, "rss_many_mb": 250.0, "restart_vs_bare": 2.0,
            "why_s": 2.0}
 
@@ -253,6 +255,12 @@ class RssSampler(threading.Thread):
         """Peak MB since the last call."""
         peak, self.window_peak_kb = self.window_peak_kb, 0
         return round(peak / 1024, 1)
+
+    def settled(self, seconds: float = SETTLE_S) -> float:
+        """MB held once the operator has had `seconds` to let go of what it no longer needs (its jobs and pods
+        deleted): a memory that stays up after a large job is a cost every later job pays."""
+        time.sleep(seconds)
+        return round(status_kb(self.pid, "VmRSS") / 1024, 1)
 
 
 def status_kb(pid: int, field_name: str) -> int:
@@ -769,7 +777,8 @@ def print_table(results: list[dict], peak: dict, checks: list) -> None:
             ("created", "created_s", 8, ".2f"), ("bound", "bound_s", 7, ".2f"),
             ("running", "pods_running_s", 8, ".2f"), ("phase", "phase_running_s", 7, ".2f"),
             ("lag max", "lag_max_s", 8, ".3f"), ("job crt max", "job_created_max_s", 11, ".2f"),
-            ("status upd", "status_updates_total", 10, "d"), ("RSS MB", "rss_peak_mb", 7, ".1f")]
+            ("status upd", "status_updates_total", 10, "d"), ("RSS MB", "rss_peak_mb", 7, ".1f"),
+            ("RSS after", "rss_after_delete_mb", 9, ".1f")]
     restarts = [r for r in results if "restart_settle_s" in r]
     faults = [r for r in results if "faults" in r]
     results = [r for r in results if "restart_settle_s" not in r and "faults" not in r]
@@ -870,6 +879,7 @@ def main() -> int:
         for label, jobs, ranks in scenarios:
             result = run_jobs(custom, tracker, label, jobs, ranks, args.timeout)
             result["rss_peak_mb"] = sampler.window()
+            result["rss_after_delete_mb"] = sampler.settled()
             results.append(result)
             print(json.dumps(result), flush=True)
         if baseline:
