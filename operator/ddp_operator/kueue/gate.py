@@ -19,7 +19,7 @@ from ddp_contract.jobspec import JobSpec
 from ddp_contract.jobstatus import STATUS_MESSAGE, STATUS_PHASE, STATUS_START_TIME
 from ddp_contract.resource import JobStatus, job_key
 from ddp_operator import constants as c
-from ddp_operator.kubeapi import KubeApi, adopt, api_message, owner_reference
+from ddp_operator.kubeapi import KubeApi, adopt, api_message
 from ddp_operator.kueue.flavors import (
     PREFERRED_TOPOLOGY_ANNOTATION,
     REQUIRED_TOPOLOGY_ANNOTATION,
@@ -100,8 +100,7 @@ class KueueGate:
         workload = self._workload(job)
         phase = status.get(STATUS_PHASE)
         try:
-            adoption = adoption_patch(workload, owner_reference(job)) if workload and prebuilt_workload(job) else None
-            if workload and adoption:
+            if workload and prebuilt_workload(job) and (adoption := adoption_patch(workload, job)):
                 await self.kube.send(self.kube.custom.patch_namespaced_custom_object, KUEUE_GROUP, KUEUE_VERSION,
                                      key[0], WORKLOADS, workload["metadata"]["name"], adoption)
             if phase in c.TERMINAL_PHASES:

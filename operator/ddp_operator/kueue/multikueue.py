@@ -4,7 +4,7 @@ Kueue's MultiKueue (its generic adapter for custom kinds) spreads jobs over clus
 cluster a job says spec.managedBy: kueue.x-k8s.io/multikueue and names a LocalQueue. The operator there
 creates the job's Workload, as for any queued job, and says on the job that it waits in its queue; once the
 manager's Kueue admits the Workload, MultiKueue has created a copy of the job on the worker cluster it
-picked (without managedBy, with the Workload it made there beforehand named in a label: rules.py) and
+picked (without managedBy, with the Workload it made there beforehand named in an annotation: rules.py) and
 copies that copy's whole status to the job here, so the operator here writes no more status and makes no
 pods. It still keeps the Workload: deactivated while the job is suspended, its quota handed back when
 Kueue evicts it (there are no pods to wait for). On the worker the operator runs the copy like any job.

@@ -11,7 +11,8 @@ Finished, which frees the quota. A suspended job's Workload is deactivated (spec
 Kueue evicts it if admitted and admits it no more until the job is resumed.
 
 MultiKueue (multikueue.py says what the operator does on either side): on the worker cluster, the job
-MultiKueue creates names its Workload, made beforehand, in the label kueue.x-k8s.io/prebuilt-workload-name;
+MultiKueue creates names its Workload, made beforehand, in the annotation (before Kueue 0.18, the label)
+kueue.x-k8s.io/prebuilt-workload-name;
 the operator adopts that Workload (makes the job its controlling owner, as Kueue's integrations do) and
 never creates one of its own for such a job.
 
@@ -31,6 +32,7 @@ from ddp_contract import labels
 from ddp_contract.jobspec import JobSpec
 from ddp_operator import constants as c
 from ddp_operator.conditions import get_condition, set_condition
+from ddp_operator.kubeapi import is_controlled_by, owner_reference
 from ddp_operator.manifests import job_labels
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -140,23 +142,22 @@ def build_workload(job: Mapping[str, Any], spec: JobSpec, *, pod_spec: Mapping[s
 def belongs_to(workload: Mapping[str, Any], job: Mapping[str, Any]) -> bool:
     """Whether the Workload is the job's: the job (this uid) controls it, or it is the job's prebuilt
     Workload and nothing controls it yet (adoption_patch makes the job its controller)."""
-    uid = job["metadata"].get("uid")
     meta = workload.get("metadata") or {}
-    refs = meta.get("ownerReferences") or []
-    if any(ref.get("controller") and ref.get("uid") == uid for ref in refs):
+    if is_controlled_by(meta, job):
         return True
     prebuilt = prebuilt_workload(job)
+    refs = meta.get("ownerReferences") or []
     return prebuilt is not None and meta.get("name") == prebuilt and not any(ref.get("controller") for ref in refs)
 
 
-def adoption_patch(workload: Mapping[str, Any], owner: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The metadata patch that makes `owner` (the job's owner reference) the controller of its prebuilt
-    Workload, so that the Workload goes with the job; None once it is."""
-    refs = list((workload.get("metadata") or {}).get("ownerReferences") or [])
-    if any(ref.get("controller") and ref.get("uid") == owner["uid"] for ref in refs):
+def adoption_patch(workload: Mapping[str, Any], job: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The metadata patch that makes the job the controller of its prebuilt Workload, so that the
+    Workload goes with the job; None once it is."""
+    meta = workload.get("metadata") or {}
+    if is_controlled_by(meta, job):
         return None
-    return {"metadata": {"ownerReferences": [*refs, dict(owner)],
-                         "resourceVersion": (workload.get("metadata") or {}).get("resourceVersion")}}
+    return {"metadata": {"ownerReferences": [*(meta.get("ownerReferences") or []), owner_reference(job)],
+                         "resourceVersion": meta.get("resourceVersion")}}
 
 
 def _true(conditions: Iterable[Mapping[str, Any]], type_: str) -> Mapping[str, Any] | None:

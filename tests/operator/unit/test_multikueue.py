@@ -140,6 +140,5 @@ def test_a_prebuilt_workload_is_the_jobs_only_while_nothing_else_controls_it(by_
     assert belongs_to(admitted_workload("wl-from-manager"), job)
     assert not belongs_to(admitted_workload("wl-from-manager", owner="someone-else"), job)
     assert not belongs_to(admitted_workload("another", owner=None), job)
-    owner = {"uid": "job-uid", "controller": True}
-    assert adoption_patch(admitted_workload("wl-from-manager"), owner) is None
+    assert adoption_patch(admitted_workload("wl-from-manager"), job) is None
     assert "listed" in queue_state(job, job_spec(), None).message
