@@ -814,7 +814,8 @@ def print_table(results: list[dict], peak: dict, checks: list) -> None:
                 print(f"  {r['pods']:>5} ranks  {fault:<14} why {times['why_s']:6.2f}"
                       f"{'' if again is None else f'   Running again {again:6.2f}'}")
     print()
-    print(f"operator RSS: peak sampled {peak['rss_peak_sampled_mb']} MB, VmHWM {peak['vm_hwm_mb']} MB")
+    print(f"operator RSS: started, no job {peak['rss_idle_mb']} MB; peak sampled {peak['rss_peak_sampled_mb']} MB, "
+          f"VmHWM {peak['vm_hwm_mb']} MB")
     print()
     for what, value, ok in checks:
         print(f"  [{'PASS' if ok else 'FAIL'}] {what}: {value}")
@@ -852,7 +853,7 @@ def main() -> int:
     tracker, stop = Tracker(), threading.Event()
     results: list[dict] = []
     strategies: list[dict] = []
-    peak = {"rss_peak_sampled_mb": None, "vm_hwm_mb": None}
+    peak = {"rss_peak_sampled_mb": None, "vm_hwm_mb": None, "rss_idle_mb": None}
     try:
         kubeconfig = args.kubeconfig or start_cluster(BENCH_CLUSTER)
         api = kubeclient.api_client(kubeconfig, pool_size=CONCURRENCY + 4)
@@ -872,6 +873,7 @@ def main() -> int:
             threading.Thread(target=target, args=(api_obj, tracker, stop), daemon=True).start()
         time.sleep(1)
         sampler.window()
+        idle = round(status_kb(operator.pid, "VmRSS") / 1024, 1)  # started, no job yet: what RSS after compares to
         scenarios = [(f"w{size}", 1, size) for size in sizes]
         if args.concurrent_jobs:
             scenarios.append((f"many{args.concurrent_jobs}x{args.ranks_per_concurrent_job}", args.concurrent_jobs,
@@ -900,7 +902,7 @@ def main() -> int:
                 strategies.append(run_strategy_restarts(core, custom, tracker, size, args.restart_repeats,
                                                         args.timeout, strategy))
         peak = {"rss_peak_sampled_mb": round(sampler.peak_kb / 1024, 1),
-                "vm_hwm_mb": round(status_kb(operator.pid, "VmHWM") / 1024, 1)}
+                "vm_hwm_mb": round(status_kb(operator.pid, "VmHWM") / 1024, 1), "rss_idle_mb": idle}
     finally:
         stop.set()
         OPERATOR = None

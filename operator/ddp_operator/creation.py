@@ -25,7 +25,7 @@ from ddp_operator.admission import Refusal, classify, refused
 from ddp_operator.capacity import InTheWay
 from ddp_operator.dataworkers import DataWorkerSummary
 from ddp_operator.jobmemory import JobMemory
-from ddp_operator.kubeapi import KubeApi, adopt, api_message, is_controlled_by, is_going_away
+from ddp_operator.kubeapi import KubeApi, adopt, api_message, ensure_each, is_controlled_by, is_going_away
 from ddp_operator.kueue.flavors import FlavorMissing
 from ddp_operator.kueue.rules import queue_name
 from ddp_operator.manifests import (
@@ -34,9 +34,10 @@ from ddp_operator.manifests import (
     build_progress_access,
     build_service,
     build_token_secret,
+    pod_name,
 )
 from ddp_operator.passerrors import failed_pass_message, is_transient
-from ddp_operator.placement import ANYWHERE, NOWHERE, GangPlacement, PlacementConflict, place
+from ddp_operator.placement import ANYWHERE, NOWHERE, GangPlacement, PlacementConflict, first_of_each_domain, place
 from ddp_operator.quota import gang_shortfall, pods_that_fit
 from ddp_operator.topology import NoDomain
 
@@ -111,12 +112,19 @@ class Creation:
             if not objects:  # without its Service (or its identity) no rank could start as it should
                 try:
                     placement = await self._placement(job, spec)
-                    built = [adopt(place(build_pod(job, spec, index, attempt), placement.ranks, index), job)
-                             for index in ranks]
+
+                    def build(index: int) -> dict[str, Any]:
+                        return adopt(place(build_pod(job, spec, index, attempt), placement.ranks, index), job)
+
+                    # Each pod is built when its call is about to go (a gang's 10,000 manifests are never all
+                    # in memory at once); what the placement could refuse is found first, with one pod for
+                    # each topology domain (place's conflicts depend on the domain alone).
+                    for index in first_of_each_domain(placement.ranks, ranks):
+                        build(index)
                 except (PlacementConflict, FlavorMissing, NoDomain) as error:
                     self._note_refused(key, attempt=attempt, ranks=ranks, refusal=_placement_refusal(error))
                     return
-                created = await self._pods(job, spec, built, ranks=ranks, attempt=attempt, limits=limits, live=live,
+                created = await self._pods(job, spec, build, ranks=ranks, attempt=attempt, limits=limits, live=live,
                                            leaving=leaving, least=least)
                 if created is None:
                     return
@@ -172,38 +180,40 @@ class Creation:
                 raise result
 
 
-    async def _pods(self, job: dict[str, Any], spec: JobSpec, built: list[dict[str, Any]], *, ranks: tuple[int, ...],
-                    attempt: int, limits: asyncio.Future[tuple[list[dict[str, Any]], list[dict[str, Any]]] | None] | None,
+    async def _pods(self, job: dict[str, Any], spec: JobSpec, build: Callable[[int], dict[str, Any]], *,
+                    ranks: tuple[int, ...], attempt: int,
+                    limits: asyncio.Future[tuple[list[dict[str, Any]], list[dict[str, Any]]] | None] | None,
                     live: int, leaving: int, least: int | None) -> tuple[tuple[int, str], ...] | None:
-        """The ranks' pods (`built`, one for each of `ranks`), after the quotas (`limits`, being read) were
-        judged for them; the ranks whose names strangers hold, or None when something was refused (noted).
+        """The ranks' pods (`build(rank)` makes each), after the quotas (`limits`, being read) were judged
+        for them; the ranks whose names strangers hold, or None when something was refused (noted).
         least: the fewest of the gang's pods that may be created without the rest (Mode.least_created)."""
         key = job_key(job)
         read = await limits if limits is not None else None
-        if read is not None and built:  # every rank's pod asks for what rank 0's does
+        if read is not None and ranks:  # every rank's pod asks for what the first one's does
+            model = build(ranks[0])
             quotas, limit_ranges = read
             if live:
                 # An elastic job's ranks left out: those that fit now join the live ones (judged here so
                 # that the job keeps saying which quota holds them, not the API server's refusal).
-                fits = pods_that_fit(built[0], quotas, most=len(ranks), least=1, limit_ranges=limit_ranges)
+                fits = pods_that_fit(model, quotas, most=len(ranks), least=1, limit_ranges=limit_ranges)
                 shortfall = None if fits == len(ranks) else gang_shortfall(
-                    [built[0]] * len(ranks), quotas, limit_ranges=limit_ranges, created=live + fits, rest=True)
+                    [model] * len(ranks), quotas, limit_ranges=limit_ranges, created=live + fits, rest=True)
                 left_out = len(ranks) - fits
             else:
                 # An elastic job's ranks that fit are created (they start without the rest once
                 # elasticSettleSeconds pass); any other gang is created whole or not at all.
-                fits = pods_that_fit(built[0], quotas, most=spec.pods, least=least,
-                                     limit_ranges=limit_ranges, leaving=[built[0]] * leaving) if least is not None else 0
-                shortfall = gang_shortfall([built[0]] * spec.pods, quotas, limit_ranges=limit_ranges,
-                                           leaving=[built[0]] * leaving, created=fits)
+                fits = pods_that_fit(model, quotas, most=spec.pods, least=least,
+                                     limit_ranges=limit_ranges, leaving=[model] * leaving) if least is not None else 0
+                shortfall = gang_shortfall([model] * spec.pods, quotas, limit_ranges=limit_ranges,
+                                           leaving=[model] * leaving, created=fits)
                 left_out = spec.pods - fits if fits else len(ranks)
             if shortfall is not None:
                 self._note_refused(key, attempt=attempt, ranks=ranks[-left_out:],
                                    refusal=Refusal(shortfall.reason, shortfall.message))
                 if left_out >= len(ranks):
                     return None
-                ranks, built = ranks[:-left_out], built[:-left_out]
-        results = await asyncio.gather(*(self.kube.ensure(pod) for pod in built), return_exceptions=True)
+                ranks = ranks[:-left_out]
+        results = await ensure_each(self.kube.ensure, ranks, build)
         refusals: dict[int, Refusal] = {}
         for rank, result in zip(ranks, results, strict=True):
             if isinstance(result, ApiException):
@@ -215,7 +225,7 @@ class Creation:
             self._note_refused(key, attempt=attempt, ranks=[r for r, said in refusals.items() if said == first], refusal=first,
                                kind="pod")
             return None
-        return tuple((rank, pod["metadata"]["name"]) for rank, pod, holder in zip(ranks, built, results, strict=True)
+        return tuple((rank, pod_name(key[1], rank)) for rank, holder in zip(ranks, results, strict=True)
                      if holder is not None and not is_controlled_by(holder, job))  # type: ignore[arg-type]
 
     async def _placement(self, job: dict[str, Any], spec: JobSpec) -> GangPlacement:

@@ -22,6 +22,7 @@ from ddp_operator.config import OperatorConfig, exact, served
 from ddp_operator.kubeapi import KubeApi, make_api_client
 from ddp_operator.kueue.workloads import WorkloadCache
 from ddp_operator.leader import LeaderElector
+from ddp_operator.listwatch import watch_scopes
 from ddp_operator.nodewatch import NodeCache
 from ddp_operator.podwatch import PodCache
 from ddp_operator.reconciler import JobStore, Reconciler
@@ -36,7 +37,9 @@ class OperatorParts:
         """namespaces: the ones watched (empty: all); the nodes are watched cluster-wide either way."""
         self.namespaces = namespaces
         self.jobs = JobStore()
-        self.kube = KubeApi(make_api_client(os.environ.get("KUBECONFIG")))
+        scopes = len(watch_scopes(namespaces)[0])
+        # Each scope's pod and Workload watches, and the nodes'.
+        self.kube = KubeApi(make_api_client(os.environ.get("KUBECONFIG"), watches=2 * scopes + 1))
         self.loop = asyncio.get_running_loop()
         self.pods = PodCache(self.kube.api, self._job_changed, namespaces=namespaces)
         self.nodes = NodeCache(self.kube.api, self._nodes_changed)

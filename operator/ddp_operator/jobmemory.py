@@ -32,6 +32,7 @@ class JobMemory:
     data_refused: Refusal | None = None  # what it refused of the job's data workers, last time
     failures_said: set[str] = field(default_factory=set)  # why its passes raised, as logged (passerrors.py)
     nodes_seen: dict[str, str] = field(default_factory=dict)  # pod name -> the node it was last seen bound to
+    read_seconds: float = 0.0  # how long its last status pass took to read its pods and decide (Reconciler's pace)
 
     def saw_nodes(self, pods: Iterable[Mapping[str, Any]]) -> None:
         """Keeps where each pod is bound, so that a pod that vanishes can still be placed (RankMissing)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -25,10 +25,11 @@ CONCURRENCY = 32  # calls in flight for children (pods, services, ...)
 STATUS_CONCURRENCY = 32  # and, apart, for status patches and Events
 
 
-def make_api_client(kubeconfig: str | None = None) -> client.ApiClient:
+def make_api_client(kubeconfig: str | None = None, watches: int = 0) -> client.ApiClient:
     """The operator's client: in the cluster its service account, else the kubeconfig; a connection per call in
-    flight; every request counted (metrics.API_REQUESTS), the watches' and the lease's included."""
-    return measured(kubeclient.api_client(kubeconfig, pool_size=CONCURRENCY + STATUS_CONCURRENCY))
+    flight and per watch it holds open (a pool too small closes connections that the next calls open again, with
+    a TLS handshake each); every request counted (metrics.API_REQUESTS), the watches' and the lease's included."""
+    return measured(kubeclient.api_client(kubeconfig, pool_size=CONCURRENCY + STATUS_CONCURRENCY + watches))
 
 
 def measured(api_client: client.ApiClient) -> client.ApiClient:
@@ -189,11 +190,33 @@ class KubeApi:
         self.api.close()
 
 
+async def ensure_each(ensure: Callable[[dict[str, Any]], Awaitable[Mapping[str, Any] | None]], indices: Sequence[int],
+                      build: Callable[[int], dict[str, Any]]) -> list[Mapping[str, Any] | None | BaseException]:
+    """`ensure(build(i))` (KubeApi.ensure) for each of `indices`, CONCURRENCY at a time, each object built only
+    when its call is about to go: the manifests of a 10,000-pod gang are never all in memory, nor 10,000 calls
+    queued. The answers in the order of `indices`, an error in the place of its object's answer."""
+    results: list[Mapping[str, Any] | None | BaseException] = [None] * len(indices)
+    todo = iter(enumerate(indices))
+
+    async def worker() -> None:
+        for at, index in todo:  # one iterator for every worker: each takes the next index
+            try:
+                results[at] = await ensure(build(index))
+            except Exception as error:  # noqa: BLE001  (the caller judges each answer)
+                results[at] = error
+
+    await asyncio.gather(*(worker() for _ in range(min(CONCURRENCY, len(indices)))))
+    return results
+
+
 def is_controlled_by(meta: Mapping[str, Any], job: Mapping[str, Any]) -> bool:
     """Whether the object's controlling owner is this job (this uid: a job deleted and created again
     under the same name does not own its predecessor's objects)."""
     uid = job["metadata"]["uid"]
-    return any(ref.get("controller") and ref.get("uid") == uid for ref in meta.get("ownerReferences") or [])
+    for ref in meta.get("ownerReferences") or ():  # a loop, not any(): read for every pod of a gang each pass
+        if ref.get("controller") and ref.get("uid") == uid:
+            return True
+    return False
 
 
 def discard_answer(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:

@@ -21,6 +21,7 @@ from kubernetes.watch.watch import iter_resp_lines
 from ddp_contract.labels import LABEL_JOB_NAME
 from ddp_contract.resource import JobKey
 from ddp_operator.config import exact, served
+from ddp_operator.heap import Shrinkage, release_memory
 
 OnChange = Callable[[JobKey], None]
 
@@ -133,6 +134,8 @@ class JobObjects(ABC):
         self._on_change = on_change
         self._lock = threading.Lock()
         self._by_job: dict[JobKey, dict[str, dict]] = {}
+        self._count = 0  # objects held, every job's
+        self._shrinkage = Shrinkage()
         scopes, self._patterns = watch_scopes(namespaces)
         self._watches = [ScopeListWatch(self, what, namespace, watch_timeout) for namespace in scopes]
 
@@ -201,7 +204,9 @@ class JobObjects(ABC):
             kept = {key: objs for key, objs in self._by_job.items() if namespace is not None and key[0] != namespace}
             changed = (set(self._by_job) - set(kept)) | set(fresh)
             self._by_job = {**kept, **fresh}
+            self._count = sum(len(objs) for objs in self._by_job.values())
         self._notify(changed)
+        self._release_if_shrunk()
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
         key = owning_job_key(obj)
@@ -211,12 +216,20 @@ class JobObjects(ABC):
         with self._lock:
             objs = self._by_job.setdefault(key, {})
             if kind == "DELETED":
-                objs.pop(name, None)
+                self._count -= objs.pop(name, None) is not None
                 if not objs:
                     del self._by_job[key]
             else:
+                self._count += name not in objs
                 objs[name] = self._slim(obj)
         self._notify([key])
+        self._release_if_shrunk()
+
+    def _release_if_shrunk(self) -> None:
+        """Hands memory back once the cache has lost half its objects, and at least heap.RELEASE_AFTER
+        (a large gang deleted); on the watch's thread, where a pause holds up no pass."""
+        if self._shrinkage.saw(self._count):
+            release_memory()
 
     def _notify(self, keys: Iterable[JobKey]) -> None:
         for key in keys:

@@ -7,7 +7,7 @@ own topology placement (topology.py); applied by `place` to the pods the operato
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,3 +96,16 @@ def place(pod: Mapping[str, Any], placement: Placement, index: int) -> dict[str,
         preferred.append({"weight": 100, "preference": {"matchExpressions": [
             {"key": k, "operator": "In", "values": [v]} for k, v in domain.items()]}})
     return placed
+
+
+def first_of_each_domain(placement: Placement, indices: Sequence[int]) -> list[int]:
+    """Of the pod `indices`, the first placed in each topology domain (and the first without one): what
+    `place` refuses depends on the pod set and the pod's domain, the same for every pod of a domain."""
+    seen: set[frozenset[tuple[str, str]]] = set()
+    first: list[int] = []
+    for index in indices:
+        domain = frozenset((placement.domains[index] if index < len(placement.domains) else {}).items())
+        if domain not in seen:
+            seen.add(domain)
+            first.append(index)
+    return first

@@ -1,8 +1,8 @@
 """A keyed work queue for asyncio, in the manner of controller-runtime's.
 
 A key (namespace, job name) is reconciled by at most one worker at a time; keys added while
-their reconcile runs are coalesced into one more run afterwards; a reconcile can ask to run
-again after a delay (deadlines, TTLs, backoff). A reconcile that raises is tried again with backoff:
+their reconcile runs are coalesced into one more run afterwards, once the key's pace allows; a
+reconcile can ask to run again after a delay (deadlines, TTLs, backoff). A reconcile that raises is tried again with backoff:
 RetryLater (it said why itself) is logged in a line, anything else with its traceback.
 """
 
@@ -24,14 +24,18 @@ K = TypeVar("K", bound=Hashable)
 
 class WorkQueue(Generic[K]):
     def __init__(self, reconcile: Callable[[K], Awaitable[float | None]], *, workers: int = 16, error_backoff: float = 0.5,
-                 max_backoff: float = 60.0, name: str = "default") -> None:
-        """name: the queue's label in the metrics (depth, pass latency, errors)."""
+                 max_backoff: float = 60.0, name: str = "default", pace: Callable[[K], float] | None = None) -> None:
+        """name: the queue's label in the metrics (depth, pass latency, errors).
+        pace: seconds the key's next reconcile waits after one ends, however often the key is added meanwhile."""
         self._reconcile = reconcile
         self.name = name
         self._queue: asyncio.Queue[K] = asyncio.Queue()
         self._queued: set[K] = set()
         self._running: set[K] = set()
         self._dirty: set[K] = set()
+        self._pace = pace
+        self._not_before: dict[K, float] = {}  # monotonic time before which a paced key is not reconciled
+        self._paced: set[K] = set()  # added, waiting out their pace
         self._timers: dict[K, asyncio.TimerHandle] = {}
         self._workers = workers
         self._error_backoff = error_backoff
@@ -44,9 +48,15 @@ class WorkQueue(Generic[K]):
         metrics.RECONCILE_ERRORS.labels(name)  # at 0 from the start: a counter born at 1 hides its first error from rate()
 
     def add(self, key: K) -> None:
-        """Schedules a reconcile of key now (coalesced with any pending one)."""
+        """Schedules a reconcile of key now, or once its pace allows (coalesced with any pending one)."""
         if key in self._running:
             self._dirty.add(key)
+        elif key in self._paced:
+            return
+        elif (wait := self._not_before.get(key, 0.0) - time.monotonic()) > 0:
+            self._paced.add(key)
+            self._idle.clear()
+            self.add_after(key, wait)
         elif key not in self._queued:
             self._queued.add(key)
             self._idle.clear()
@@ -57,7 +67,8 @@ class WorkQueue(Generic[K]):
         return frozenset(self._queued)
 
     async def join(self) -> None:
-        """Returns once no key waits for a worker or is being reconciled (those waiting out a delay aside)."""
+        """Returns once no key waits for a worker, its pace or is being reconciled (those waiting out a
+        delay they asked for aside)."""
         await self._idle.wait()
 
     def add_after(self, key: K, delay: float) -> None:
@@ -79,6 +90,9 @@ class WorkQueue(Generic[K]):
         if timer is not None:
             timer.cancel()
         self._failures.pop(key, None)
+        self._not_before.pop(key, None)
+        self._paced.discard(key)
+        self._set_idle_if_done()
 
     def backoff(self, key: K) -> float:
         """Doubles with each failure in a row, so a persistent error (a quota, say) is not a hot loop."""
@@ -88,7 +102,13 @@ class WorkQueue(Generic[K]):
 
     def _fire(self, key: K) -> None:
         self._timers.pop(key, None)
+        self._paced.discard(key)
         self.add(key)
+        self._set_idle_if_done()
+
+    def _set_idle_if_done(self) -> None:
+        if not self._queued and not self._running and not self._paced:
+            self._idle.set()
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._work(), name=f"reconcile-worker-{i}") for i in range(self._workers)]
@@ -122,11 +142,13 @@ class WorkQueue(Generic[K]):
                 log.exception("reconcile of %s failed; retrying in %.1fs", key, requeue_after)
             finally:
                 self._running.discard(key)
-                metrics.RECONCILE_SECONDS.labels(self.name).observe(time.monotonic() - started)
+                ended = time.monotonic()
+                metrics.RECONCILE_SECONDS.labels(self.name).observe(ended - started)
+                if self._pace is not None:
+                    self._not_before[key] = ended + self._pace(key)
             if key in self._dirty:
                 self._dirty.discard(key)
                 self.add(key)
             elif requeue_after is not None:
                 self.add_after(key, requeue_after)
-            if not self._queued and not self._running:
-                self._idle.set()
+            self._set_idle_if_done()

@@ -79,3 +79,34 @@ def test_every_request_of_a_measured_client_is_counted_by_verb_resource_and_code
     with pytest.raises(ConnectionResetError):
         api_client.request("POST", url)
     assert {code: count(code) - before[code] for code in before} == {"201": 1, "409": 1, "0": 1}
+
+
+def test_ensure_each_builds_each_object_as_its_call_goes_keeps_the_order_and_the_errors() -> None:
+    import asyncio
+
+    from ddp_operator.kubeapi import CONCURRENCY, ensure_each
+
+    built: list[int] = []
+    in_flight, most = 0, 0
+
+    async def ensure(obj: dict[str, Any]) -> dict[str, Any] | None:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.001 * (obj["index"] % 3))  # answers come back out of order
+        in_flight -= 1
+        if obj["index"] == 7:
+            raise api_error(403, "Forbidden", "exceeded quota")
+        return {"name": "held"} if obj["index"] == 9 else None
+
+    def build(index: int) -> dict[str, Any]:
+        built.append(index)
+        return {"index": index}
+
+    indices = list(range(10, 10 + 4 * CONCURRENCY))
+    results = asyncio.run(ensure_each(ensure, indices, build))
+    assert sorted(built) == indices, "each object built once"
+    assert most == CONCURRENCY, f"{most} calls in flight at once"
+    assert [type(r).__name__ for r in results] == ["NoneType"] * len(indices)
+    small = asyncio.run(ensure_each(ensure, [5, 7, 9], build))
+    assert small[0] is None and isinstance(small[1], ApiException) and small[2] == {"name": "held"}

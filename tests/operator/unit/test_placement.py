@@ -39,3 +39,14 @@ def test_a_pod_past_the_domains_has_no_preference() -> None:
 def test_a_domain_the_template_contradicts_is_a_conflict() -> None:
     with pytest.raises(PlacementConflict, match="rack=r1.*job-0's template"):
         place(pod(nodeSelector={"rack": "r7"}), Placement(domains=({"rack": "r1"},)), 0)
+
+
+def test_the_first_pod_of_each_domain_stands_for_its_domain() -> None:
+    from ddp_operator.placement import first_of_each_domain
+
+    domains = ({"rack": "r1"}, {"rack": "r1"}, {"rack": "r2"}, {"rack": "r1"}, {"rack": "r2"})
+    assert first_of_each_domain(Placement(domains=domains), [1, 2, 3, 4, 5, 6]) == [1, 2, 5]  # 5, 6: no domain
+    assert first_of_each_domain(NOWHERE, list(range(10_000))) == [0]
+    conflicting = Placement(domains=domains)
+    with pytest.raises(PlacementConflict):  # what a domain's first pod is refused, all of its pods are
+        place(pod(nodeSelector={"rack": "r1"}), conflicting, 2)

@@ -6,6 +6,7 @@ from typing import Any
 
 from kubernetes import client
 
+from ddp_operator.heap import RELEASE_AFTER
 from ddp_operator.listwatch import watch_scopes
 from ddp_operator.podstate import PodView, rank_problem
 from ddp_operator.podwatch import PodCache
@@ -92,3 +93,19 @@ def test_a_pods_reading_is_kept_until_the_pod_changes() -> None:
 def test_a_pod_that_is_not_the_caches_is_read_every_time() -> None:
     plain = pod(0)
     assert PodView.of(plain) is not PodView.of(plain)
+
+
+def test_the_cache_counts_its_pods_and_releases_memory_once_a_big_gang_is_gone() -> None:
+    pods, _ = cache()
+    gang = [in_namespace("team-a", rank) for rank in range(2 * RELEASE_AFTER)]
+    pods.replace(None, gang[:10])
+    for made in gang:
+        pods.apply("ADDED", made)  # the first ten again: counted once
+    assert pods._count == len(gang)
+    for made in gang[:RELEASE_AFTER - 1]:
+        pods.apply("DELETED", made)
+    assert pods._shrinkage.peak == len(gang), "not yet half gone"
+    pods.apply("DELETED", gang[RELEASE_AFTER - 1])
+    pods.apply("DELETED", gang[RELEASE_AFTER - 1])  # a second word of the same deletion
+    assert pods._count == RELEASE_AFTER
+    assert pods._shrinkage.peak == RELEASE_AFTER, "released at half, and judged from there on"

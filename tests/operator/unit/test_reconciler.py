@@ -289,3 +289,15 @@ def test_a_topology_job_s_pods_go_to_one_rack_and_wait_saying_so_while_the_nodes
     assert kube.created("Pod") == ["mnist-0", "mnist-1"]  # rack a holds one 4-cpu pod, rack b two
     assert {kube.objects[("Pod", f"mnist-{r}")]["spec"]["nodeSelector"][rack] for r in (0, 1)} == {"b"}
 
+
+
+def test_a_jobs_next_status_pass_waits_twice_what_its_last_took_to_read_the_pods() -> None:
+    reconciler, _, pods = reconciler_for(ddpjob({"phase": "Running", "attempt": 0}))
+    assert reconciler._pace(KEY) == 0.0, "a job never passed waits for nothing"
+    pods.set(ddpjob(), [pod(0, "running"), pod(1, "running")])
+    run(reconciler.reconcile(KEY))
+    took = reconciler._of(KEY).read_seconds
+    assert 0 < took < 1
+    assert reconciler._pace(KEY) == reconciler_module.PASS_PACE * took
+    reconciler.forget(KEY)
+    assert reconciler._pace(KEY) == 0.0

@@ -145,3 +145,62 @@ def test_a_failed_pass_is_tried_again_with_backoff_and_only_an_unsaid_one_logs_i
         assert run(scenario()) == 3
     failed = [record for record in caplog.records if "failed" in record.getMessage()]
     assert len(failed) == 2 and all((record.exc_info is not None) is traceback for record in failed)
+
+
+def test_a_key_added_during_its_pass_waits_its_pace_and_join_waits_for_it() -> None:
+    pace_s = 0.3
+
+    async def scenario() -> list[float]:
+        starts: list[float] = []
+        started, gate = asyncio.Event(), asyncio.Event()
+
+        async def reconcile(key):
+            starts.append(time.monotonic())
+            if len(starts) == 1:
+                started.set()
+                await gate.wait()
+            return None
+
+        queue = WorkQueue(reconcile, workers=2, pace=lambda key: pace_s if key == "big" else 0.0)
+        queue.start()
+        queue.add("big")
+        await within(started.wait())
+        queue.add("big")  # news while the pass runs
+        gate.set()
+        await within(queue.join())  # returns only after the paced pass ran
+        ended = len(starts)
+        queue.add("small")
+        await within(queue.join())
+        await queue.stop()
+        assert ended == 2, "join() returned before the paced pass"
+        return starts
+
+    first, second, small = run(scenario())
+    assert second - first >= pace_s, "the key's second pass came before its pace allowed"
+    assert small >= second
+
+
+def test_a_paced_key_added_again_and_again_runs_once_and_forgetting_it_drops_the_wait() -> None:
+    async def scenario() -> tuple[int, bool]:
+        calls = 0
+
+        async def reconcile(key):
+            nonlocal calls
+            calls += 1
+            return None
+
+        queue = WorkQueue(reconcile, workers=2, pace=lambda key: 60.0)
+        queue.start()
+        queue.add("a")
+        await within(queue.join())
+        for _ in range(5):
+            queue.add("a")  # within its pace: one paced pass, later
+        waiting = not queue._idle.is_set()
+        queue.forget("a")  # the job is gone: nothing is left to wait for
+        await within(queue.join())
+        await queue.stop()
+        return calls, waiting
+
+    calls, waiting = run(scenario())
+    assert waiting, "the paced key did not count as work to do"
+    assert calls == 1
