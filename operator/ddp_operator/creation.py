@@ -225,6 +225,9 @@ class Creation:
             self._note_refused(key, attempt=attempt, ranks=[r for r, said in refusals.items() if said == first], refusal=first,
                                kind="pod")
             return None
+        now = self.clock()
+        self.memory(key).unseen.update(((pod_name(key[1], rank), attempt), now)
+                                       for rank, holder in zip(ranks, results, strict=True) if holder is None)
         return tuple((rank, pod_name(key[1], rank)) for rank, holder in zip(ranks, results, strict=True)
                      if holder is not None and not is_controlled_by(holder, job))  # type: ignore[arg-type]
 

@@ -4,7 +4,7 @@ pass says it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -21,6 +21,11 @@ class Fit(NamedTuple):
     verdict: str | None
 
 
+# How long a pod the creation pass made may be missing from the pod cache before the next pass stops
+# waiting for it (deleted before its watch saw it, or the watch listing again).
+UNSEEN_WAIT = 30.0
+
+
 @dataclass
 class JobMemory:
     patched_at: float = float("-inf")  # monotonic time of the job's last status patch
@@ -32,7 +37,17 @@ class JobMemory:
     data_refused: Refusal | None = None  # what it refused of the job's data workers, last time
     failures_said: set[str] = field(default_factory=set)  # why its passes raised, as logged (passerrors.py)
     nodes_seen: dict[str, str] = field(default_factory=dict)  # pod name -> the node it was last seen bound to
+    # (pod name, attempt) -> monotonic time the creation pass made it, until the pod cache has it
+    unseen: dict[tuple[str, int], float] = field(default_factory=dict)
     read_seconds: float = 0.0  # how long its last status pass took to read its pods and decide (Reconciler's pace)
+
+    def awaited(self, cached: Collection[tuple[str, int | None]], now: float) -> float | None:
+        """Seconds to wait for the pods the creation pass made that the pod cache does not hold yet (`cached`:
+        the (name, attempt) of the pods it holds), each waited for UNSEEN_WAIT at most; None: nothing to wait
+        for. A pass that read the cache before its watch brought them would count their ranks as missing: it
+        would create them again (refused as taken, then read) and judge a quota with them left out."""
+        self.unseen = {made: at for made, at in self.unseen.items() if made not in cached and now - at < UNSEEN_WAIT}
+        return min(self.unseen.values()) + UNSEEN_WAIT - now if self.unseen else None
 
     def saw_nodes(self, pods: Iterable[Mapping[str, Any]]) -> None:
         """Keeps where each pod is bound, so that a pod that vanishes can still be placed (RankMissing)."""

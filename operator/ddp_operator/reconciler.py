@@ -66,6 +66,7 @@ from ddp_operator.listwatch import owning_job_key
 from ddp_operator.nodes import Nodes
 from ddp_operator.passerrors import RetryLater, describe_error, failed_pass_message, is_transient
 from ddp_operator.placement import ANYWHERE, GangPlacement
+from ddp_operator.podstate import PodView
 from ddp_operator.podsummary import PodSummary
 from ddp_operator.podwatch import PodCache
 from ddp_operator.spec import InvalidSpec, parse_spec, validate_job_name
@@ -232,6 +233,11 @@ class Reconciler:
         if queue is not None and queue.gate == Gate.UNKNOWN:
             return
         own = self._own_pods(job)
+        cached = {(pod["metadata"]["name"], PodView.of(pod).attempt) for pod in own[0]}
+        made = self._of(key).awaited(cached, self.clock())
+        if made is not None:  # the watch has not brought all of the last pass's pods yet
+            self.creations.add_after(key, made)
+            return
         summary = self._summary(job, status, spec, now, own[0])
         decision = decide(spec, status=status, summary=summary, now=now, queue=queue)
         # Status first: until the status pass has recorded this attempt, it is not ours to create.

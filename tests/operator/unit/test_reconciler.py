@@ -17,6 +17,7 @@ from ddp_operator import creation as creation_module
 from ddp_operator import reconciler as reconciler_module
 from ddp_operator import timers
 from ddp_operator.admission import RETRY_FIRST
+from ddp_operator.jobmemory import UNSEEN_WAIT
 from ddp_operator.nodes import NodeInfo, Nodes
 from ddp_operator.passerrors import RetryLater
 from fakekube import KEY, ddpjob, rank_of, reconciler_for, refusal
@@ -301,3 +302,35 @@ def test_a_jobs_next_status_pass_waits_twice_what_its_last_took_to_read_the_pods
     assert reconciler._pace(KEY) == reconciler_module.PASS_PACE * took
     reconciler.forget(KEY)
     assert reconciler._pace(KEY) == 0.0
+
+
+def test_a_creation_pass_waits_for_the_watch_to_bring_the_pods_the_last_one_made() -> None:
+    job = ddpjob({"phase": "Pending", "attempt": 0})
+    reconciler, kube, pods = reconciler_for(job)
+    reconciler.clock = clock = Clock()
+    run(reconciler.create_children(KEY))
+    assert kube.created("Pod") == ["mnist-0", "mnist-1"]
+    calls = len(kube.calls)
+
+    pods.set(job, [pod(0, "pending")])  # the watch has brought one of the two
+    run(reconciler.create_children(KEY))
+    assert len(kube.calls) == calls, "a pass on a cache without its own pods acted: it would count rank 1 missing"
+
+    pods.set(job, [pod(0, "pending"), pod(1, "pending")])
+    assert reconciler._of(KEY).awaited({("mnist-0", 0), ("mnist-1", 0)}, clock()) is None
+    pods.set(job, [pod(0, "pending")])  # rank 1's pod deleted since it was seen: the next pass makes it again
+    del kube.objects[("Pod", "mnist-1")]
+    run(reconciler.create_children(KEY))
+    assert kube.calls[calls:] == [("create", "Pod", "mnist-1")]
+
+
+def test_a_pod_made_and_never_seen_is_waited_for_a_while_only() -> None:
+    job = ddpjob({"phase": "Pending", "attempt": 0})
+    reconciler, kube, pods = reconciler_for(job)
+    reconciler.clock = clock = Clock()
+    run(reconciler.create_children(KEY))
+    memory = reconciler._of(KEY)
+    assert memory.awaited(set(), clock()) == UNSEEN_WAIT
+    assert memory.awaited({("mnist-0", 0)}, clock() + 10) == UNSEEN_WAIT - 10
+    assert memory.awaited({("mnist-0", 1)}, clock() + 10) == UNSEEN_WAIT - 10, "a pod of another attempt is not it"
+    assert memory.awaited(set(), clock() + UNSEEN_WAIT) is None, "deleted before its watch saw it, or a relist"
