@@ -23,7 +23,7 @@ class Fit(NamedTuple):
 
 # How long a pod the creation pass made may be missing from the pod cache before the next pass stops
 # waiting for it (deleted before its watch saw it, or the watch listing again).
-UNSEEN_WAIT = 30.0
+UNSEEN_WAIT = 10.0
 
 
 @dataclass
@@ -41,12 +41,14 @@ class JobMemory:
     unseen: dict[tuple[str, int], float] = field(default_factory=dict)
     read_seconds: float = 0.0  # how long its last status pass took to read its pods and decide (Reconciler's pace)
 
-    def awaited(self, cached: Collection[tuple[str, int | None]], now: float) -> float | None:
-        """Seconds to wait for the pods the creation pass made that the pod cache does not hold yet (`cached`:
-        the (name, attempt) of the pods it holds), each waited for UNSEEN_WAIT at most; None: nothing to wait
-        for. A pass that read the cache before its watch brought them would count their ranks as missing: it
-        would create them again (refused as taken, then read) and judge a quota with them left out."""
-        self.unseen = {made: at for made, at in self.unseen.items() if made not in cached and now - at < UNSEEN_WAIT}
+    def awaited(self, cached: Collection[tuple[str, int | None]], now: float, attempt: int) -> float | None:
+        """Seconds to wait for the pods of `attempt` that the creation pass made and the pod cache does not hold
+        yet (`cached`: the (name, attempt) of the pods it holds), each waited for UNSEEN_WAIT at most; None:
+        nothing to wait for. A pass that read the cache before its watch brought them would count their ranks
+        as missing: it would create them again (refused as taken, then read) and judge a quota with them left
+        out. Pods of other attempts are forgotten: a gang restart deletes them, seen or not."""
+        self.unseen = {made: at for made, at in self.unseen.items()
+                       if made[1] == attempt and made not in cached and now - at < UNSEEN_WAIT}
         return min(self.unseen.values()) + UNSEEN_WAIT - now if self.unseen else None
 
     def saw_nodes(self, pods: Iterable[Mapping[str, Any]]) -> None:

@@ -233,8 +233,7 @@ class Reconciler:
         if queue is not None and queue.gate == Gate.UNKNOWN:
             return
         own = self._own_pods(job)
-        cached = {(pod["metadata"]["name"], PodView.of(pod).attempt) for pod in own[0]}
-        made = self._of(key).awaited(cached, self.clock())
+        made = self._awaited(key, own[0], JobStatus.of(status).attempt)
         if made is not None:  # the watch has not brought all of the last pass's pods yet
             self.creations.add_after(key, made)
             return
@@ -278,6 +277,14 @@ class Reconciler:
             return None
         return job, spec, status, now
 
+    def _awaited(self, key: JobKey, rank_pods: list[dict[str, Any]], attempt: int) -> float | None:
+        """JobMemory.awaited, on the pods the cache holds now (read only while the creation pass made some)."""
+        memory = self._of(key)
+        if not memory.unseen:
+            return None
+        cached = {(pod["metadata"]["name"], PodView.of(pod).attempt) for pod in rank_pods}
+        return memory.awaited(cached, self.clock(), attempt)
+
     def _rank_pods(self, job: Mapping[str, Any]) -> list[dict[str, Any]]:
         return self._own_pods(job)[0]
 
@@ -318,6 +325,7 @@ class Reconciler:
             return None
         reading = time.perf_counter()
         own = self._own_pods(job)
+        self._awaited((job["metadata"]["namespace"], name), own[0], JobStatus.of(status).attempt)  # forgets those seen
         summary = self._summary(job, status, spec, now, own[0])
         decision = decide(spec, status=status, summary=summary, now=now, queue=queue)
         log.debug("%s/%s: %s", job["metadata"]["namespace"], name, decision)

@@ -307,7 +307,7 @@ def test_a_jobs_next_status_pass_waits_twice_what_its_last_took_to_read_the_pods
 def test_a_creation_pass_waits_for_the_watch_to_bring_the_pods_the_last_one_made() -> None:
     job = ddpjob({"phase": "Pending", "attempt": 0})
     reconciler, kube, pods = reconciler_for(job)
-    reconciler.clock = clock = Clock()
+    reconciler.clock = Clock()
     run(reconciler.create_children(KEY))
     assert kube.created("Pod") == ["mnist-0", "mnist-1"]
     calls = len(kube.calls)
@@ -317,7 +317,8 @@ def test_a_creation_pass_waits_for_the_watch_to_bring_the_pods_the_last_one_made
     assert len(kube.calls) == calls, "a pass on a cache without its own pods acted: it would count rank 1 missing"
 
     pods.set(job, [pod(0, "pending"), pod(1, "pending")])
-    assert reconciler._of(KEY).awaited({("mnist-0", 0), ("mnist-1", 0)}, clock()) is None
+    run(reconciler.reconcile(KEY))  # the status pass the watch's news starts forgets the pods seen
+    assert reconciler._of(KEY).unseen == {}
     pods.set(job, [pod(0, "pending")])  # rank 1's pod deleted since it was seen: the next pass makes it again
     del kube.objects[("Pod", "mnist-1")]
     run(reconciler.create_children(KEY))
@@ -330,7 +331,21 @@ def test_a_pod_made_and_never_seen_is_waited_for_a_while_only() -> None:
     reconciler.clock = clock = Clock()
     run(reconciler.create_children(KEY))
     memory = reconciler._of(KEY)
-    assert memory.awaited(set(), clock()) == UNSEEN_WAIT
-    assert memory.awaited({("mnist-0", 0)}, clock() + 10) == UNSEEN_WAIT - 10
-    assert memory.awaited({("mnist-0", 1)}, clock() + 10) == UNSEEN_WAIT - 10, "a pod of another attempt is not it"
-    assert memory.awaited(set(), clock() + UNSEEN_WAIT) is None, "deleted before its watch saw it, or a relist"
+    assert memory.awaited(set(), clock(), 0) == UNSEEN_WAIT
+    assert memory.awaited({("mnist-0", 0)}, clock() + 4, 0) == UNSEEN_WAIT - 4
+    assert memory.awaited({("mnist-0", 1)}, clock() + 4, 0) == UNSEEN_WAIT - 4, "a pod of another attempt is not it"
+    assert memory.awaited(set(), clock() + UNSEEN_WAIT, 0) is None, "deleted before its watch saw it, or a relist"
+
+
+def test_a_restarts_creation_pass_does_not_wait_for_the_old_attempts_pods_never_seen() -> None:
+    job = ddpjob({"phase": "Pending", "attempt": 0})
+    reconciler, kube, pods = reconciler_for(job)
+    reconciler.clock = Clock()
+    run(reconciler.create_children(KEY))  # attempt 0's pods, never seen: deleted by the restart meanwhile
+    restarted = ddpjob({"phase": "Restarting", "attempt": 1})
+    reconciler.jobs.put(restarted)
+    for name in ("mnist-0", "mnist-1"):
+        del kube.objects[("Pod", name)]
+    run(reconciler.create_children(KEY))
+    assert kube.created("Pod")[-2:] == ["mnist-0", "mnist-1"], "attempt 1's pods waited for attempt 0's"
+    assert {attempt for _, attempt in reconciler._of(KEY).unseen} == {1}
