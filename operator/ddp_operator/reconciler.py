@@ -255,7 +255,7 @@ class Reconciler:
             # or a decision to wait) would let a data worker take the room a quota keeps for the gang.
             if creates_data_workers(next_phase(status, summary, decision, spec), decision.action == Action.QUEUE,
                                     gang_waits=(creating and not recorded) or summary.total == 0):
-                await self.create.data_workers(job, spec, self._data_workers(job, spec, own))
+                await self.create.data_workers(job, spec, self._data_workers(spec, own))
         except ApiException as error:
             if not is_going_away(error):
                 raise
@@ -288,9 +288,9 @@ class Reconciler:
     def _rank_pods(self, job: Mapping[str, Any]) -> list[dict[str, Any]]:
         return self._own_pods(job)[0]
 
-    def _data_workers(self, job: Mapping[str, Any], spec: JobSpec,
-                      own: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None) -> DataWorkerSummary:
-        return summarize_data_workers((own or self._own_pods(job))[1], spec.data_worker_replicas)
+    @staticmethod
+    def _data_workers(spec: JobSpec, own: tuple[list[dict[str, Any]], list[dict[str, Any]]]) -> DataWorkerSummary:
+        return summarize_data_workers(own[1], spec.data_worker_replicas)
 
     def _own_pods(self, job: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The job's pods by owner, not by label alone, as (ranks' pods, data workers' pods): a pod with
@@ -323,9 +323,10 @@ class Reconciler:
             if self.kueue is not None:
                 await self.kueue.sync(job, spec, status=status, now=now, has_pods=False)
             return None
+        key = (job["metadata"]["namespace"], name)
         reading = time.perf_counter()
         own = self._own_pods(job)
-        self._awaited((job["metadata"]["namespace"], name), own[0], JobStatus.of(status).attempt)  # forgets those seen
+        self._awaited(key, own[0], JobStatus.of(status).attempt)  # forgets the pods made that the cache holds now
         summary = self._summary(job, status, spec, now, own[0])
         decision = decide(spec, status=status, summary=summary, now=now, queue=queue)
         log.debug("%s/%s: %s", job["metadata"]["namespace"], name, decision)
@@ -333,8 +334,7 @@ class Reconciler:
         # attempt instead of counting the same restart twice.
         patch = compute_status(spec, status=status, summary=summary, decision=decision, now=now,
                                generation=job["metadata"].get("generation"))
-        key = (job["metadata"]["namespace"], name)
-        workers = self._data_workers(job, spec, own)
+        workers = self._data_workers(spec, own)
         keep_workers = keeps_data_workers(patch[STATUS_PHASE], decision.action == Action.QUEUE)
         if spec.data_workers is not None:
             refused = self._of(key).data_refused

@@ -2,8 +2,9 @@
 
 A key (namespace, job name) is reconciled by at most one worker at a time; keys added while
 their reconcile runs are coalesced into one more run afterwards, once the key's pace allows; a
-reconcile can ask to run again after a delay (deadlines, TTLs, backoff). A reconcile that raises is tried again with backoff:
-RetryLater (it said why itself) is logged in a line, anything else with its traceback.
+reconcile can ask to run again after a delay (deadlines, TTLs, backoff). A reconcile that raises is
+tried again with backoff: RetryLater (it said why itself) is logged in a line, anything else with its
+traceback.
 """
 
 from __future__ import annotations
