@@ -17,6 +17,7 @@ import fcntl
 import os
 import shutil
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -109,12 +110,19 @@ def once(name: str, start: Callable[[], bool | None]) -> None:
         done.touch()
 
 
+# Seconds this worker's current test waited for the cluster (on_the_cluster), for the timeline.
+_waited = 0.0
+
+
 @contextmanager
 def on_the_cluster(alone: bool) -> Iterator[None]:
     """Held while a test on the cluster runs: shared with the others, or the cluster to itself."""
+    global _waited
     with ExitStack() as held:
+        asked = time.monotonic()
         with _flock("turnstile", fcntl.LOCK_EX):
             held.enter_context(_flock("cluster", fcntl.LOCK_EX if alone else fcntl.LOCK_SH))
+        _waited += time.monotonic() - asked
         yield
 
 
@@ -138,9 +146,13 @@ class AloneModule:
 
 
 def log_test(nodeid: str, started: float, ended: float) -> None:
-    """One line of the run's timeline ($DDP_TEST_TIMELINE, if set): worker, start, end (time.time()), test."""
+    """One line of the run's timeline ($DDP_TEST_TIMELINE, if set): worker, start, end (time.time()), the
+    seconds it waited for the cluster (other workers' tests alone on it, or its own alone test for theirs to
+    end), test."""
+    global _waited
+    waited, _waited = _waited, 0.0
     timeline = os.environ.get(TIMELINE_ENV)
     if timeline:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(timeline, "a") as out:
-            out.write(f"{worker} {started:.1f} {ended:.1f} {nodeid}\n")
+            out.write(f"{worker} {started:.1f} {ended:.1f} {waited:.1f} {nodeid}\n")

@@ -1,5 +1,8 @@
 """Nodes a test makes for itself, to lose or to count, so the cluster's shared nodes are never touched.
 
+They carry a taint (`OWN_NODE_TAINT`) that only the test's own pods tolerate (`pinned`), so the other tests'
+pods running beside it (the real node's training among them) never land there.
+
 kwok plays the kubelet of the nodes it manages and cannot be told to let one go silent (it keeps
 posting a node's status even after losing the node's Lease), so a node that must go NotReady is one
 whose kubelet the test plays itself (`HandPlayedNode`) and then stops.
@@ -24,6 +27,13 @@ KWOK_ANNOTATION = {"kwok.x-k8s.io/node": "fake"}
 LEASE_NAMESPACE = "kube-node-lease"
 HEARTBEAT = 1.0  # seconds between a hand-played kubelet's rounds
 LEASE_SECONDS = 40
+OWN_NODE_TAINT = "ddp-operator-test/own-node"
+
+
+def pinned(labels: dict[str, str]) -> dict[str, Any]:
+    """A pod template's spec that lands its pods on the test's own nodes with these labels, and nowhere else."""
+    return {"nodeSelector": labels,
+            "tolerations": [{"key": OWN_NODE_TAINT, "operator": "Exists", "effect": "NoSchedule"}]}
 
 
 def node_body(name: str, labels: dict[str, str], gpus: int, annotations: dict[str, str] | None = None) -> dict[str, Any]:
@@ -32,6 +42,7 @@ def node_body(name: str, labels: dict[str, str], gpus: int, annotations: dict[st
     return {
         "metadata": {"name": name, "annotations": {"node.alpha.kubernetes.io/ttl": "0", **(annotations or {})},
                      "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "type": "kwok", **labels}},
+        "spec": {"taints": [{"key": OWN_NODE_TAINT, "value": "true", "effect": "NoSchedule"}]},
         "status": {
             "capacity": resources, "allocatable": resources,
             "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
+import time
 from collections.abc import Iterator
 from multiprocessing.synchronize import Event
 from pathlib import Path
@@ -74,6 +76,31 @@ def test_shared_tests_run_together_and_one_alone_waits_for_them_and_they_for_it(
     alone.end()
     late.end()
     assert lines(log)[-4:] == ["alone in", "alone out", "late in", "late out"]
+
+
+def take_and_leave() -> None:
+    with lanes.on_the_cluster(alone=False):
+        pass
+
+
+def test_the_timeline_says_how_long_a_test_waited_for_the_cluster(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    timeline, log = run / "timeline", run / "log"
+    monkeypatch.setenv(lanes.TIMELINE_ENV, str(timeline))
+    alone = Worker(True, log, "alone")
+    wait_until(lambda: "alone in" in lines(log), 30, "the alone test on the cluster")
+    waiting = blocked_locks()
+    asked = time.time()
+    shared = threading.Thread(target=take_and_leave)
+    shared.start()
+    wait_until(lambda: blocked_locks() > waiting, 30, "the shared test waiting for the cluster")
+    time.sleep(0.5)  # the alone test's run, which the shared one waits out
+    alone.end()
+    shared.join(30)
+    lanes.log_test("tests/t.py::test_shared", asked, time.time())
+    lanes.log_test("tests/t.py::test_next", time.time(), time.time())
+    (_, started, ended, waited, test), (*_, waited_next, _) = [line.split() for line in lines(timeline)]
+    assert 0.5 <= float(waited) <= float(ended) - float(started) + 0.1 and test == "tests/t.py::test_shared"
+    assert waited_next == "0.0", "each test's own wait"
 
 
 def hold_module(log: Path, release: Event) -> None:

@@ -7,16 +7,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-import pytest
-
 from ddp_contract import api
 from ddp_contract.jobstatus import STATUS_CHECKPOINT_REQUESTED, STATUS_MEMBERS, STATUS_WORLD_SIZE
 from ddp_contract.timestamps import rfc3339
 from ddp_operator import constants as c
 from kube import Jobs, PodLives, wait_until
-from testnodes import NodeMaker
-
-pytestmark = pytest.mark.alone("its own kwok nodes, untainted, take any pod (the real node's too), and it deletes them")
+from testnodes import NodeMaker, pinned
 
 WORLD, MINIMUM, GPUS_PER_NODE, LOST_NODES = 256, 128, 8, 4
 
@@ -44,7 +40,7 @@ def test_a_256_rank_job_shrinks_and_grows_replacing_only_the_lost_ranks_pods(job
     nodes = own_nodes.kwok_many(pool, WORLD // GPUS_PER_NODE, GPUS_PER_NODE)
     with PodLives(jobs, "wide") as lives:
         jobs.create("wide", worldSize=WORLD, minWorldSize=MINIMUM, gpusPerRank=1, entrypoint="train:main",
-                    restartStrategy=api.RESTART_IN_PLACE, template={"spec": {"nodeSelector": pool}})
+                    restartStrategy=api.RESTART_IN_PLACE, template={"spec": pinned(pool)})
         formed(jobs, "wide", 0, timeout=240)
         lost = set(nodes[:LOST_NODES])
         lost_pods = {p.metadata.name for p in jobs.pods("wide") if p.spec.node_name in lost}
@@ -89,7 +85,7 @@ def test_a_job_starts_with_the_ranks_that_fit_once_the_settle_time_has_passed(jo
     with PodLives(jobs, "eager") as lives:
         jobs.create("eager", worldSize=4, minWorldSize=2, gpusPerRank=1, entrypoint="train:main",
                     restartStrategy=api.RESTART_IN_PLACE, elasticSettleSeconds=3,
-                    template={"spec": {"nodeSelector": pool}})
+                    template={"spec": pinned(pool)})
         shrunk = jobs.wait_condition("eager", c.COND_SHRUNK, "True", timeout=60)
         started = datetime.fromisoformat(shrunk["startTime"].replace("Z", "+00:00"))
         resized = next(x for x in shrunk["conditions"] if x["type"] == c.COND_SHRUNK)["lastTransitionTime"]
@@ -109,7 +105,7 @@ def test_a_job_a_quota_holds_in_part_starts_with_what_fits_and_grows_when_the_qu
     with PodLives(jobs, "quoted") as lives:
         jobs.create("quoted", worldSize=4, minWorldSize=2, gpusPerRank=1, entrypoint="train:main",
                     restartStrategy=api.RESTART_IN_PLACE, elasticSettleSeconds=3,
-                    template={"spec": {"nodeSelector": pool}})
+                    template={"spec": pinned(pool)})
         shrunk = jobs.wait_condition("quoted", c.COND_SHRUNK, "True", timeout=60)
         assert shrunk[STATUS_MEMBERS] == [0, 1] and shrunk[STATUS_WORLD_SIZE] == 2, shrunk
         assert "quoted-2: ResourceQuota gpus cannot hold the whole gang, so only 2 of its pods are created " \

@@ -1,7 +1,7 @@
 """Nodes against a real control plane: a node gone NotReady or deleted under a rank, and a gang too large.
 
-Each test makes its own nodes (gpu-node-test-<id>) with a label only its job selects, so the
-cluster's shared nodes are never touched and other tests' jobs are not affected.
+Each test makes its own nodes (gpu-node-test-<id>) with a label only its job selects and a taint only its job
+tolerates, so the cluster's shared nodes are never touched and other tests' pods never land on its nodes.
 """
 
 from __future__ import annotations
@@ -9,15 +9,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import pytest
-
 from ddp_operator import constants as c
 from ddp_operator.kubelet import NODE_LOST_TAINTS
 from kube import Jobs, wait_until
-from testnodes import NodeMaker
-
-pytestmark = pytest.mark.alone("its own kwok nodes, untainted, take any pod (the real node's too), and it kills and deletes "
-                               "them")
+from testnodes import NodeMaker, pinned
 
 GRACE = 5  # nodeLostGraceSeconds: past the node lifecycle controller's 5 s tick, which taints the node
 
@@ -27,8 +22,8 @@ def pool(jobs: Jobs) -> dict[str, str]:
     return {"ddp-operator-test/pool": jobs.namespace}
 
 
-def pinned(jobs: Jobs, **spec: Any) -> dict[str, Any]:
-    return {"gpusPerRank": 8, **spec, "template": {"spec": {"nodeSelector": pool(jobs)}}}
+def on_own_nodes(jobs: Jobs, **spec: Any) -> dict[str, Any]:
+    return {"gpusPerRank": 8, **spec, "template": {"spec": pinned(pool(jobs))}}
 
 
 def node_of(jobs: Jobs, job: str) -> dict[str, str]:
@@ -50,7 +45,7 @@ def test_ranks_on_a_node_gone_not_ready_are_lost_forced_off_it_and_restarted_els
                                                                                        own_nodes: NodeMaker) -> None:
     doomed = own_nodes.hand_played(pool(jobs))
     healthy = own_nodes.kwok(pool(jobs))
-    jobs.create("lossy", worldSize=2, nodeLostGraceSeconds=GRACE, **pinned(jobs))
+    jobs.create("lossy", worldSize=2, nodeLostGraceSeconds=GRACE, **on_own_nodes(jobs))
     jobs.wait_phase("lossy", c.PHASE_RUNNING)
     before = {p.metadata.name: p for p in jobs.pods("lossy")}
     lost = next(name for name, p in before.items() if p.spec.node_name == doomed.name)  # 8 GPUs a node: one rank each
@@ -79,7 +74,7 @@ def test_ranks_on_a_node_gone_not_ready_are_lost_forced_off_it_and_restarted_els
 def test_ranks_on_a_deleted_node_restart_elsewhere_before_the_pod_gc_would_act(jobs: Jobs, own_nodes: NodeMaker) -> None:
     gone = own_nodes.kwok(pool(jobs))
     own_nodes.kwok(pool(jobs))
-    jobs.create("uprooted", worldSize=2, **pinned(jobs))
+    jobs.create("uprooted", worldSize=2, **on_own_nodes(jobs))
     jobs.wait_phase("uprooted", c.PHASE_RUNNING)
     lost = next(name for name, node in node_of(jobs, "uprooted").items() if node == gone)
     own_nodes.kwok(pool(jobs))
@@ -96,7 +91,7 @@ def test_ranks_on_a_deleted_node_restart_elsewhere_before_the_pod_gc_would_act(j
 
 def test_a_gang_larger_than_its_nodes_says_so_and_runs_once_nodes_are_added(jobs: Jobs, own_nodes: NodeMaker) -> None:
     own_nodes.kwok(pool(jobs))
-    jobs.create("roomy", worldSize=2, **pinned(jobs))
+    jobs.create("roomy", worldSize=2, **on_own_nodes(jobs))
 
     def says_so() -> dict[str, Any] | None:
         status = jobs.status("roomy")
@@ -119,9 +114,9 @@ def test_a_gang_larger_than_its_nodes_says_so_and_runs_once_nodes_are_added(jobs
 
 def test_a_gang_that_fits_but_finds_its_nodes_full_is_unschedulable_not_too_large(jobs: Jobs, own_nodes: NodeMaker) -> None:
     own_nodes.kwok(pool(jobs))
-    jobs.create("first", worldSize=1, **pinned(jobs))
+    jobs.create("first", worldSize=1, **on_own_nodes(jobs))
     jobs.wait_phase("first", c.PHASE_RUNNING)
-    jobs.create("second", worldSize=1, **pinned(jobs))
+    jobs.create("second", worldSize=1, **on_own_nodes(jobs))
 
     def held() -> dict[str, Any] | None:
         status = jobs.status("second")
