@@ -1,4 +1,6 @@
-"""The control plane the other tests rely on is a real one: versions, scheduling, GC, RBAC."""
+"""The control plane the other tests rely on is a real one: versions, scheduling, GC, RBAC. A second cluster
+and real node, on ports, a bridge and folders of their own (beside the session's, whose tests go on), come up
+and go down leaving nothing behind."""
 
 from __future__ import annotations
 
@@ -20,8 +22,6 @@ from ddp_contract import kubeclient
 from fakenodes import on_fake_nodes
 from kube import CLUSTER_SCRIPT, Cluster, cluster_script, k8s_version, local_kubeconfig, script_setting, wait_until
 from procs import alive, ip_of, is_loopback, listening_addresses
-
-pytestmark = pytest.mark.alone("starts a second control plane and real node, and looks for their processes")
 
 
 def gpu_pod(name: str, gpus: int) -> dict:
