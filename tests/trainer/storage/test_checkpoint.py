@@ -340,3 +340,25 @@ def test_an_outage_longer_than_the_limit_fails_the_next_save(bucket: str, s3_out
         wait_until(lambda: manager.save(2, _state(2)) and False, timeout=20, what="the outage limit")
     with pytest.raises(ConfigError, match="s3_outage_s=-1"):
         CheckpointManager(s3.S3Url(bucket, "job"), rank=0, s3_outage_s=-1)
+
+
+def test_a_save_behind_a_write_the_s3_client_still_retries_returns_once_s3_is_out(
+        bucket: str, s3_outage: LinkProxy, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The S3 client retries the write in flight for minutes (30 attempts): the next save asks S3 itself,
+    finds it out, and returns with its state waiting, instead of stalling training until those retries
+    end; the status says from then on that a checkpoint is behind."""
+    monkeypatch.setenv("DDP_S3_MAX_ATTEMPTS", "30")
+    s3.reset_clients()
+    status = StatusRecorder()
+    manager = CheckpointManager(s3.S3Url(bucket, "job"), rank=0, async_save=True, job_status=status)
+    s3_outage.down()
+    manager.save(20, _state(20))
+    saved = threading.Event()
+    threading.Thread(target=lambda: (manager.save(30, _state(30)), saved.set()), daemon=True).start()
+    wait_until(saved.is_set, timeout=30, what="the save behind the retried write to return")
+    assert status.patches[0]["checkpointsBehind"]["step"] == 20
+    s3_outage.refusing = False
+    manager.close()
+    assert manager.committed_steps()[-1] == 30
+    assert status.patches[-1]["lastCheckpoint"]["step"] == 30
+    assert {"checkpointsBehind": None} in status.patches  # caught up once the retried write went through

@@ -110,3 +110,40 @@ def test_close_waits_for_the_write_and_ends_the_thread_and_a_later_value_starts_
     commits.hand(("two", b"2"))
     assert commits.close() == "two" and writers() == []
     assert s3.get_bytes(s3.S3Url(bucket, "two")) == b"2"
+
+
+def test_room_stops_waiting_for_a_write_still_tried_once_the_probe_finds_s3_out() -> None:
+    """The S3 client can retry a write for longer than an outage lasts: room() asks the probe while it
+    waits, keeps waiting while S3 answers, and once S3 does not, counts the write in flight as a failed
+    try (the outage begins, said with that value) and returns."""
+    release, told = threading.Event(), Told()
+    answer: list[StorageUnavailableError | None] = [None]
+    probed = threading.Semaphore(0)
+
+    def probe() -> StorageUnavailableError | None:
+        probed.release()
+        return answer[0]
+
+    commits: Committer[tuple[str, bytes], str] = Committer(
+        lambda item: release.wait() and item[0], 60, "test", behind=told, describe=lambda item: item[0], probe=probe)
+    commits.hand(("a", b"1"))
+    returned = threading.Event()
+    threading.Thread(target=lambda: (commits.room(), returned.set()), daemon=True).start()
+    assert probed.acquire(timeout=20) and probed.acquire(timeout=20)  # S3 answers: still waiting
+    assert not returned.is_set() and not commits.out
+    answer[0] = StorageUnavailableError("S3 endpoint unreachable")
+    assert returned.wait(timeout=20)
+    assert commits.out and told.said[0] is not None and told.said[0].value == ("a", b"1")
+    commits.hand(("b", b"2"))  # waits behind the write in flight
+    release.set()
+    assert commits.wait() == "b"
+    assert not commits.out and told.said[-1] is None
+    commits.close()
+
+
+def test_the_probe_says_whether_s3_answers(bucket: str, s3_outage: LinkProxy) -> None:
+    assert s3.unreachable(bucket) is None
+    assert s3.unreachable("no-such-bucket-here") is None  # an answer, though a refusal
+    s3_outage.down()
+    error = s3.unreachable(bucket)
+    assert isinstance(error, StorageUnavailableError) and "unreachable" in str(error)

@@ -225,7 +225,8 @@ class CheckpointManager:
             raise ConfigError(f"CheckpointManager s3_outage_s={s3_outage_s!r} must be >= 0 seconds")
         self._commits: Committer[tuple[int, Mapping[str, Any]], s3.S3Url] = Committer(
             lambda saved: self._write(*saved), outage_s, "checkpoint", behind=self._behind,
-            describe=lambda saved: f"the checkpoint of step {saved[0]}")
+            describe=lambda saved: f"the checkpoint of step {saved[0]}",
+            probe=lambda: s3.unreachable(self.prefix.bucket))
         self._written: s3.S3Url | None = None  # the last save's, where it wrote itself rather than handed it
         self._job_status = job_status
         self._honored: str | None = None  # the job's checkpoint request the last save answered
@@ -271,7 +272,9 @@ class CheckpointManager:
         background thread; at most one save is in flight, so a second save waits for the first.
         Errors of a background save are raised by the next save(), wait() or close().
         While S3 cannot be reached (up to s3_outage_s) a save copies the state and returns: it is
-        written once S3 answers, unless a later save replaces it first.
+        written once S3 answers, unless a later save replaces it first. A save that waits for the one
+        in flight asks S3 every few seconds whether it answers, and stops waiting once it does not
+        (the S3 client's own retries of that write can take longer than the outage).
         """
         if self.rank != 0:
             return None

@@ -24,6 +24,7 @@ R = TypeVar("R")
 
 FIRST_RETRY_SECONDS = 1.0
 MAX_RETRY_SECONDS = 30.0
+PROBE_EVERY_SECONDS = 2.0  # while room() waits for a write, how often it asks whether S3 answers
 
 
 def retry_delay(failures: int) -> float:
@@ -69,9 +70,12 @@ class Committer(Generic[T, R]):
 
     def __init__(self, write: Callable[[T], R], limit_s: float, name: str,
                  behind: Callable[[Behind[T] | None], object] = lambda behind: None,
-                 describe: Callable[[T], str] = str, merge: Callable[[T, T], T] | None = None) -> None:
+                 describe: Callable[[T], str] = str, merge: Callable[[T, T], T] | None = None,
+                 probe: Callable[[], StorageUnavailableError | None] | None = None) -> None:
         """behind: told what waits for S3 after each failed try, and None once S3 took it. merge: what waits
-        when a value is handed while another waits (default: the new one; the older one is worth nothing)."""
+        when a value is handed while another waits (default: the new one; the older one is worth nothing).
+        probe: why S3 does not answer now, else None; room() asks it while a write keeps it waiting, since
+        the S3 client's own retries of that write can outlast an outage."""
         self._write = write
         self._merge = merge
         self._behind = behind
@@ -81,6 +85,8 @@ class Committer(Generic[T, R]):
         self._cond = threading.Condition()
         self._waiting: T | None = None
         self._writing = False
+        self._in_flight: T | None = None  # the value being written
+        self._probe = probe
         self._retry_at = 0.0  # time.monotonic() before which the waiting value is not tried
         self._error: BaseException | None = None
         self._last: R | None = None
@@ -98,11 +104,26 @@ class Committer(Generic[T, R]):
 
     def room(self) -> None:
         """Waits until nothing is being written, or S3 is out (a new value then replaces the waiting one);
-        raises the error of a write that failed for good."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._error is not None or self.outage.ongoing
-                                or (not self._writing and self._waiting is None))
-            self._raise()
+        raises the error of a write that failed for good. With a probe, a write that keeps it waiting while
+        S3 does not answer counts as a failed try: the outage begins, and room() returns."""
+        while True:
+            with self._cond:
+                if self._cond.wait_for(self._roomy, timeout=None if self._probe is None else PROBE_EVERY_SECONDS):
+                    self._raise()
+                    return
+                value = self._in_flight
+            assert self._probe is not None
+            error = self._probe()
+            if error is None or value is None:
+                continue
+            with self._cond:
+                if self._in_flight is not value or self.outage.ongoing:
+                    continue
+                behind = self._failed(value, error)
+            self._say(behind)
+
+    def _roomy(self) -> bool:
+        return self._error is not None or self.outage.ongoing or (not self._writing and self._waiting is None)
 
     def hand(self, value: T, failed: StorageUnavailableError | None = None) -> None:
         """Writes `value` on the thread, in place of one that waits. failed: the error of a write of it the
@@ -170,6 +191,7 @@ class Committer(Generic[T, R]):
                     delay = self._retry_at - time.monotonic()
                     if delay <= 0:
                         value, self._waiting, self._writing = self._waiting, None, True
+                        self._in_flight = value
                         return [value]
                     self._cond.wait(delay)
                 else:
@@ -193,11 +215,11 @@ class Committer(Generic[T, R]):
                             self._waiting = self._merge(value, self._waiting)
                     except StorageUnavailableError as final:
                         self._error, self._waiting = final, None
-                    self._writing = False
+                    self._writing, self._in_flight = False, None
                     self._cond.notify_all()
             except BaseException as error:  # noqa: BLE001 - raised to whoever hands or waits next
                 with self._cond:
-                    self._error, self._writing = error, False
+                    self._error, self._writing, self._in_flight = error, False, None
                     self._cond.notify_all()
             else:
                 with self._cond:
@@ -205,7 +227,8 @@ class Committer(Generic[T, R]):
                     if caught_up:
                         log.warning("%s: S3 answers again; %s is written", self._name, self._describe(value))
                     self.outage.ended()
-                    self._last, self._writing = result, False
+                    self._retry_at = 0.0
+                    self._last, self._writing, self._in_flight = result, False, None
                     self._cond.notify_all()
             if told is not None:
                 self._say(told)

@@ -28,6 +28,8 @@ from ..errors import (
 
 T = TypeVar("T")
 
+QUICK_TIMEOUT_S = 3  # connecting and reading, for `unreachable`
+
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
 _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "InvalidToken", "ExpiredToken"}
 _THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "ServiceUnavailable", "503", "500"}
@@ -59,9 +61,10 @@ def join_key(*parts: str) -> str:
     return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
 
 
-def make_client(settings: env.S3Settings | None = None, unsigned: bool = False) -> Any:
+def make_client(settings: env.S3Settings | None = None, unsigned: bool = False, quick: bool = False) -> Any:
     """A new boto3 S3 client with adaptive retries (backoff on throttling, 5xx and connection errors);
-    `unsigned`: anonymous requests, for public buckets (no credentials looked for or sent)."""
+    `unsigned`: anonymous requests, for public buckets (no credentials looked for or sent); `quick`: one
+    try with short timeouts, to ask whether S3 answers now (`unreachable`)."""
     import boto3
     from botocore import UNSIGNED
     from botocore.config import Config
@@ -69,9 +72,9 @@ def make_client(settings: env.S3Settings | None = None, unsigned: bool = False) 
     settings = settings or env.S3Settings.from_env()
     config = Config(
         region_name=settings.region,
-        retries={"max_attempts": settings.max_attempts, "mode": "adaptive"},
-        connect_timeout=10,
-        read_timeout=60,
+        retries={"max_attempts": 1 if quick else settings.max_attempts, "mode": "adaptive"},
+        connect_timeout=QUICK_TIMEOUT_S if quick else 10,
+        read_timeout=QUICK_TIMEOUT_S if quick else 60,
         max_pool_connections=32,
         **settings.options.config_kwargs(),
         **({"signature_version": UNSIGNED} if unsigned else {}),
@@ -109,13 +112,14 @@ def _botocore_session() -> Any:
     return core
 
 
-_clients: dict[tuple[int, bool], Any] = {}
+_clients: dict[tuple[int, bool, bool], Any] = {}
 _clients_lock = threading.Lock()
 
 
-def client(unsigned: bool = False) -> Any:
-    """This process's shared client (an anonymous one if `unsigned`), created on first use after fork/spawn."""
-    key = (os.getpid(), unsigned)
+def client(unsigned: bool = False, quick: bool = False) -> Any:
+    """This process's shared client (an anonymous one if `unsigned`, a `quick` one: see make_client),
+    created on first use after fork/spawn."""
+    key = (os.getpid(), unsigned, quick)
     existing = _clients.get(key)
     if existing is not None:
         return existing
@@ -123,7 +127,7 @@ def client(unsigned: bool = False) -> Any:
         if key not in _clients:
             for stale in [k for k in _clients if k[0] != key[0]]:
                 del _clients[stale]  # entries inherited through fork belong to the parent
-            _clients[key] = make_client(unsigned=unsigned)
+            _clients[key] = make_client(unsigned=unsigned, quick=quick)
         return _clients[key]
 
 
@@ -290,6 +294,20 @@ def _crt_uploader(s3: Any) -> Any:
     return crtupload.uploader(s3._get_credentials())
 
 
+def unreachable(bucket: str) -> StorageUnavailableError | None:
+    """Why S3 does not answer now, asked once (HEAD of the bucket, no retries, short timeouts), else None:
+    a write's own retries can outlast an outage, and the code waiting for it would not know. Any answer
+    (a refusal or no such bucket among them) counts as S3 answering."""
+    s3 = client(quick=True)
+    try:
+        call("reaching", S3Url(bucket, ""), lambda: s3.head_bucket(Bucket=bucket), s3)
+    except StorageUnavailableError as error:
+        return error
+    except TrainerError:
+        return None
+    return None
+
+
 def head(url: S3Url, s3: Any = None) -> dict[str, Any]:
     s3 = s3 or client()
     return call("checking", url, lambda: s3.head_object(Bucket=url.bucket, Key=url.key), s3)
@@ -339,6 +357,7 @@ __all__ = [
     "upload_fileobj",
     "put_large",
     "put_written",
+    "unreachable",
     "head",
     "list_objects",
     "delete_keys",
