@@ -222,23 +222,23 @@ def test_each_commit_is_recorded_as_the_jobs_last_checkpoint(bucket: str) -> Non
     assert recorded[1]["uri"] == f"s3://{bucket}/job/{layout.CHECKPOINTS}/step-000000000020" and recorded[1]["time"].endswith("Z")
 
 
-def test_resume_loads_the_checkpoint_the_operator_names_else_the_newest(bucket: str, monkeypatch) -> None:
+def test_resume_loads_the_newest_committed_checkpoint_or_the_one_the_operator_names(bucket: str, monkeypatch) -> None:
     manager = CheckpointManager(s3.S3Url(bucket, "job"), keep=5, rank=0)
     for step in (10, 20, 30):
         manager.save(step, _state(step))
     model = torch.nn.Linear(4, 3)
     assert manager.resume(model) == 30
-    # status.lastCheckpoint said 20 when this attempt's pods were made (30 was committed by a rank
-    # of the failing attempt after the operator recorded the failure): resume from 20.
+    # status.lastCheckpoint said 20 when this attempt's pods were made (rank 0 committed 30 and was lost
+    # before the job's status said so): 30 all the same, no work lost.
     monkeypatch.setenv("DDP_RESUME_FROM", str(manager.step_url(20)))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    assert manager.resume(model, opt) == 20
-    assert torch.equal(model.weight, _state(20)["model"]["weight"])
-    # A named checkpoint that no longer verifies: the newest that does.
-    s3.put_bytes(manager.step_url(20).join(STATE), b"truncated")
-    assert manager.resume(model) == 30
+    assert manager.resume(model, opt) == 30
+    assert torch.equal(model.weight, _state(30)["model"]["weight"])
+    # The newest no longer verifies: the next newest that does.
+    s3.put_bytes(manager.step_url(30).join(STATE), b"truncated")
+    assert manager.resume(model) == 20
     monkeypatch.setenv("DDP_RESUME_FROM", f"s3://{bucket}/elsewhere/step-000000000010")
-    assert manager.resume(model) == 30
+    assert manager.resume(model) == 20
     assert CheckpointManager(s3.S3Url(bucket, "fresh"), rank=0).resume(model) == 0
 
 

@@ -417,21 +417,19 @@ class CheckpointManager:
                                                  "directory": str(self.pod_snapshots.directory)}})
         return True
 
-    def _from_memory(self) -> tuple[recovery.Recovered | None, int | None]:
-        """The newest state the gang holds in memory, if it is no older than the job's S3 checkpoint; and
-        the newest step any of its pods got to before the restart."""
+    def _from_memory(self) -> tuple[recovery.Recovered | None, int | None, int | None]:
+        """The newest state the gang holds in memory, if it is no older than the job's S3 checkpoint; the
+        newest step any of its pods got to before the restart; and rank 0's newest S3 checkpoint, which
+        every rank then loads (listing S3 each, they might not agree)."""
         me = recovery.Peer(rank=self.rank, pod=env.pod_name(), host=env.pod_ip(), token=env.job_token(),
                            serves=env.local_rank() == 0)
         found, offers = recovery.from_gang_memory(self.pod_snapshots, me, recovery.Gang.of_process_group(),
                                                   s3_step=self._s3_step() if self.rank == 0 else None)
-        return found, recovery.newest_reached(offers)
+        return found, recovery.newest_reached(offers), recovery.job_s3_step(offers)
 
     def _s3_step(self) -> int | None:
-        named = self.resume_step()
-        if named is not None:
-            return named
         try:
-            return max(self.committed_steps(), default=None)
+            return max(self._candidates(), default=None)
         except (TrainerError, OSError) as error:  # S3 unreachable: the gang's memory is all there is
             log.warning("the job's checkpoints in S3 cannot be listed: %s", error)
             return None
@@ -486,12 +484,12 @@ class CheckpointManager:
         snapshots the newest one a pod of the gang holds, when it is no older than the job's last
         checkpoint in S3 (every rank must call it then, at once), else that checkpoint; returns its step,
         0 when there is none (start from scratch). Not calling it opts out."""
-        found, reached = self._from_memory() if self.memory is not None else (None, None)
+        found, reached, agreed = self._from_memory() if self.memory is not None else (None, None, None)
         if found is not None:
             restore_training_state(found.state, model, optimizer, sampler)
             self._resumed(found.step, recoveries.SOURCE_MEMORY, pods=found.pods, reached=reached)
             return found.step
-        latest = self.load_latest(map_location=map_location)
+        latest = self._load_newest(agreed, map_location=map_location)
         if latest is None:
             self._resumed(0, recoveries.SOURCE_NONE, reached=reached)
             return 0
@@ -516,15 +514,28 @@ class CheckpointManager:
         return int(match.group(1))
 
     def load_latest(self, map_location: Any = "cpu", weights_only: bool = True) -> Checkpoint | None:
-        """The job's last checkpoint: the one the operator names (status.lastCheckpoint) if it
-        verifies, else the newest committed one that does; None when there is none."""
+        """The job's newest checkpoint that verifies: the newest committed in S3, or the one the operator
+        names (status.lastCheckpoint, $DDP_RESUME_FROM) where S3's listing does not show it; None when
+        there is none."""
+        return self._load_newest(None, map_location=map_location, weights_only=weights_only)
+
+    def _candidates(self) -> set[int]:
+        """The steps of the job's committed checkpoints, and the one the operator names."""
         named = self.resume_step()
-        if named is not None:
-            try:
-                return self.load(named, map_location=map_location, weights_only=weights_only)
-            except (CorruptDataError, ObjectNotFoundError) as exc:
-                log.warning("the job's last checkpoint (step %d) cannot be loaded: %s; trying the others", named, exc)
-        for step in reversed(self.committed_steps()):
+        try:
+            steps = set(self.committed_steps())
+        except (TrainerError, OSError) as error:
+            if named is None:
+                raise
+            log.warning("the job's checkpoints in S3 cannot be listed (%s); trying the one it names", error)
+            steps = set()
+        return steps if named is None else steps | {named}
+
+    def _load_newest(self, first: int | None, map_location: Any = "cpu",
+                     weights_only: bool = True) -> Checkpoint | None:
+        """Checkpoint `first` if it verifies, else the newest of the others that does."""
+        steps = sorted(self._candidates() - {first}, reverse=True)
+        for step in steps if first is None else [first, *steps]:
             try:
                 return self.load(step, map_location=map_location, weights_only=weights_only)
             except (CorruptDataError, ObjectNotFoundError) as exc:

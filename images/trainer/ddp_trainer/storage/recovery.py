@@ -81,6 +81,11 @@ def newest_reached(offers: Sequence[Offer]) -> int | None:
     return max((o.reached for o in offers if o.reached is not None), default=None)
 
 
+def job_s3_step(offers: Sequence[Offer]) -> int | None:
+    """Rank 0's step of the job's newest S3 checkpoint: the one the whole gang loads."""
+    return next((o.s3_step for o in offers if o.rank == 0), None)
+
+
 @dataclass(frozen=True)
 class Recovered:
     step: int
@@ -142,8 +147,7 @@ def from_gang_memory(snapshots: PodSnapshots, me: Peer, gang: Gang,
     try:
         offers = gang.gather(Offer(rank=me.rank, pod=me.pod, host=me.host, port=server.port if server else None,
                                    steps=tuple(h.step for h in held), reached=snapshots.reached(), s3_step=s3_step))
-        job_s3_step = next((o.s3_step for o in offers if o.rank == 0), None)
-        for plan in plans(offers, job_s3_step):
+        for plan in plans(offers, job_s3_step(offers)):
             state = _state(snapshots, held, me, plan)
             if gang.all_true(state is not None):
                 assert state is not None
