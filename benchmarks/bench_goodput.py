@@ -154,6 +154,8 @@ def main() -> int:
     parser.add_argument("--pace", type=float, default=0.25, help="seconds a step of the small state sleeps")
     parser.add_argument("--outage", default="20,20", help="the S3 outage: seconds in, seconds long")
     parser.add_argument("--timeout", type=float, default=600, help="seconds each wait of the faulted runs may take")
+    parser.add_argument("--logs", type=Path, default=None,
+                        help="keep each faulted run's pod logs (with times) and the operator's log in this folder")
     args = parser.parse_args()
     import torch
 
@@ -182,7 +184,7 @@ def main() -> int:
 
         at, length = (float(x) for x in args.outage.split(","))
         found_faults = goodput_faults.measure(args.fault_states.split(","), args.fault_count, args.every, args.pace,
-                                              (at, length), args.timeout)
+                                              (at, length), args.timeout, args.logs)
         goodput_faults.print_table(found_faults)
     return 0
 

@@ -43,7 +43,7 @@ sys.path[:0] = [str(REPO / p) for p in ("benchmarks", "tests", "contract", "loca
 import demo  # noqa: E402
 from bench_elastic import wait  # noqa: E402
 from bench_operator import run, start_operator, stop_operator  # noqa: E402
-from ddp_contract import api, kubeclient  # noqa: E402
+from ddp_contract import api, kubeclient, labels  # noqa: E402
 from linkproxy import LinkProxy  # noqa: E402
 from procs import rank_pid  # noqa: E402
 from realnode import WORKLOADS, WORKLOADS_TEMPLATE, trainer_image  # noqa: E402
@@ -130,6 +130,16 @@ class Cluster:
                    "results": f"s3://{BUCKET}/results"}}}
         self.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, self.namespace, api.PLURAL, body)
 
+    def keep_logs(self, name: str, into: Path) -> None:
+        """The job's pods' output (every attempt of an InPlace job's container, with the kubelet's times)
+        and the operator's log so far, into `into`."""
+        into.mkdir(parents=True, exist_ok=True)
+        for pod in self.core.list_namespaced_pod(self.namespace, label_selector=f"{labels.LABEL_JOB_NAME}={name}").items:
+            response = self.core.read_namespaced_pod_log(pod.metadata.name, self.namespace, timestamps=True,
+                                                         _preload_content=False)
+            (into / f"{pod.metadata.name}.log").write_bytes(response.data)
+        shutil.copy(self.folder / "operator.log", into / "operator.log")
+
     def fault(self, name: str, kind: str) -> None:
         if kind == "process":
             pid = wait(lambda: rank_pid(self.namespace, name, 1, supervised=True), 60, "rank 1's process")
@@ -161,7 +171,8 @@ def figures(way: Way, found: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 def run_way(cluster: Cluster, state: State, way_name: str, schedule: list[tuple[float, str]], s3: str,
-            every: int, pace: float, outage: tuple[float, float], timeout: float) -> dict[str, Any]:
+            every: int, pace: float, outage: tuple[float, float], timeout: float,
+            logs: Path | None = None) -> dict[str, Any]:
     name = f"goodput-{state.name.lower()}-{way_name.replace(' ', '-').lower()}"  # a DNS-1035 label: a letter first
     indices = Path(tempfile.mkdtemp(prefix=f"ddp-goodput-{name}-"))
     os.chmod(indices, 0o777)  # the ranks run as a user of their own
@@ -199,6 +210,8 @@ def run_way(cluster: Cluster, state: State, way_name: str, schedule: list[tuple[
         done = wait(lambda: cluster.status(name).get("phase") in ("Succeeded", "Failed") and cluster.status(name),
                     timeout * 4, f"{name} to end")
         watching.set()
+        if logs is not None:
+            cluster.keep_logs(name, logs / name)
         way.restarts = int(done.get("restarts") or 0)
         if done["phase"] != "Succeeded":
             raise RuntimeError(f"{name} ended {done['phase']}: {done.get('reason')} {done.get('message')}")
@@ -216,7 +229,7 @@ def schedule_of(seed: int, count: int, low: float, high: float) -> list[tuple[fl
 
 
 def measure(states: list[str], faults: int, every: int, pace: float, outage: tuple[float, float],
-            timeout: float) -> dict[str, dict[str, Any]]:
+            timeout: float, logs: Path | None = None) -> dict[str, dict[str, Any]]:
     folder = Path(tempfile.mkdtemp(prefix="ddp-goodput-"))
     namespace = f"goodput-{os.getpid()}"
     cluster = Cluster(namespace, folder)
@@ -229,7 +242,7 @@ def measure(states: list[str], faults: int, every: int, pace: float, outage: tup
                 out[state_name] = {}
                 for way in WAYS:
                     out[state_name][way] = run_way(cluster, state, way, schedule, s3, every, pace if state_name == "small"
-                                                   else 0.0, outage, timeout)
+                                                   else 0.0, outage, timeout, logs)
                     print(f"{state_name} {way}: {out[state_name][way]}", flush=True)
     finally:
         cluster.close()

@@ -234,6 +234,22 @@ def assert_matches_reference(params: dict[str, torch.Tensor], world_size: int, b
             f"rounding drift ({drift:.3g})")
 
 
+def imports_of_a_first_step(ctx: RankContext) -> None:
+    """Writes to WL_OUT the modules a first training step imports: a model, SGD and Adam made, a forward,
+    a backward and each optimizer's step."""
+    import sys
+
+    before = set(sys.modules)
+    net = model()
+    optimizers = [torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM), torch.optim.Adam(net.parameters())]
+    x, y = dataset().tensors
+    nn.MSELoss()(net(x), y).backward()
+    for opt in optimizers:
+        opt.step()
+    with open(os.environ["WL_OUT"], "w") as out:
+        json.dump(sorted(set(sys.modules) - before), out)
+
+
 def fail(ctx: RankContext) -> Any:
     raise ValueError(f"user code failed in rank {ctx.rank}")
 

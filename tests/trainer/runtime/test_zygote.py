@@ -3,6 +3,7 @@ runtime already, in real processes (gloo DDP, signals, exit codes)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -56,6 +57,16 @@ def test_forked_local_ranks_train_as_ranks_started_anew(tmp_path: Path) -> None:
     # thread a rank (rank_env), so only how the processes started differs.
     expected, got = torch.load(fresh), torch.load(forked)
     assert expected.keys() == got.keys() and all(torch.equal(expected[k], got[k]) for k in expected)
+
+
+def test_a_forked_rank_makes_its_optimizers_and_trains_a_step_without_importing_a_module(
+        zygote: Zygote, tmp_path: Path) -> None:
+    """What a first step imports would be paid by every restarted rank: torch._dynamo, which making an
+    optimizer imports, took 1.1-2 s of it on 2 cores."""
+    env = rank_env({"WL_OUT": str(tmp_path / "imported.json")}, 0, 1, free_port())
+    forked = zygote.fork("ddp_workloads:imports_of_a_first_step", [], env)
+    assert forked is not None and forked.wait(60) == 0
+    assert json.loads((tmp_path / "imported.json").read_text()) == []
 
 
 def test_a_forked_rank_ends_with_its_own_code_and_its_signal_handling(zygote: Zygote, tmp_path: Path) -> None:
