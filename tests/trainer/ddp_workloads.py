@@ -236,10 +236,17 @@ def assert_matches_reference(params: dict[str, torch.Tensor], world_size: int, b
 
 def imports_of_a_first_step(ctx: RankContext) -> None:
     """Writes to WL_OUT the modules a first training step imports: a model, SGD and Adam made, a forward,
-    a backward and each optimizer's step."""
+    a backward and each optimizer's step, an S3 client and a Kubernetes API client made."""
     import sys
 
+    from ddp_trainer.storage import s3
+
     before = set(sys.modules)
+    s3.client()
+    from kubernetes import client, config  # what rank 0's status writes make (ddp_contract.kubeclient)
+
+    assert config is not None
+    client.ApiClient(client.Configuration())
     net = model()
     optimizers = [torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM), torch.optim.Adam(net.parameters())]
     x, y = dataset().tensors

@@ -29,10 +29,11 @@ from ddp_contract import envnames as names
 
 # What the zygote imports before it says it is ready: what every rank imports before it trains. torch
 # imports torch._dynamo when the first optimizer is made (torch._compile's wrapper of add_param_group):
-# 1.1-2 s of a restarted rank's time to training on 2 cores, for a module that starts no thread.
-IMPORTS = ("torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data", "torch._dynamo",
-           "ddp_trainer.runtime.entrypoint", "ddp_trainer.storage.checkpoint", "ddp_trainer.storage.results",
-           "ddp_trainer.data.sampler")
+# 1.1-2 s of a restarted rank's time to training on 2 cores; the Kubernetes client (rank 0's status
+# writes) 0.7 s, boto3 0.2 s. None of them starts a thread.
+IMPORTS = ("torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data", "torch._dynamo", "boto3",
+           "kubernetes.client", "ddp_trainer.runtime.entrypoint", "ddp_trainer.storage.checkpoint",
+           "ddp_trainer.storage.results", "ddp_trainer.data.sampler")
 READY_WAIT_S = 30.0  # how long a fork request waits for the zygote's imports before the rank is started anew
 ANSWER_WAIT_S = 5.0  # how long it waits for the child's pid
 POLL_S = 0.05
@@ -180,6 +181,7 @@ def serve(answer_fd: int, run: Callable[[str | None, list[str]], int]) -> int:
             importlib.import_module(module)
         except ImportError:
             pass
+    _warm()
     answers = os.fdopen(answer_fd, "wb", buffering=0)
 
     def say(answer: Mapping[str, Any]) -> None:
@@ -202,6 +204,17 @@ def serve(answer_fd: int, run: Callable[[str | None, list[str]], int]) -> int:
                     _child(request["target"], request["args"], request["env"], answer_fd, run)
                 say({"pid": pid})
         _reap(say)
+
+
+def _warm() -> None:
+    """Parses the S3 client's service model, which the ranks forked from here then share (0.1 s each):
+    a client itself does not cross fork (s3.client() makes each process its own)."""
+    try:
+        from ..storage import s3
+
+        s3.client()
+    except Exception:  # noqa: BLE001 - a rank that uses S3 says itself what is wrong with its settings
+        pass
 
 
 def _reap(say: Any) -> None:
