@@ -107,10 +107,18 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+NO_LIST = "-no-list"  # the access key's suffix of the identity that may read and write but not list
+
+
 def s3_config(access_key: str, secret_key: str) -> dict[str, object]:
-    """SeaweedFS's identities file: one admin identity with the given key pair."""
-    return {"identities": [{"name": "ddp", "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
-                            "actions": ["Admin", "Read", "List", "Tagging", "Write"]}]}
+    """SeaweedFS's identities file: an admin identity with the given key pair, and one (the access key
+    with NO_LIST after it) that may read and write objects but not list them, as a bucket policy
+    without s3:ListBucket allows."""
+    return {"identities": [
+        {"name": "ddp", "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+         "actions": ["Admin", "Read", "List", "Tagging", "Write"]},
+        {"name": "ddp-no-list", "credentials": [{"accessKey": access_key + NO_LIST, "secretKey": secret_key}],
+         "actions": ["Read", "Write"]}]}
 
 
 @contextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections import defaultdict, namedtuple
@@ -10,9 +11,10 @@ from collections import defaultdict, namedtuple
 import pytest
 import torch
 
+import s3server  # localcluster/s3server.py: its identity without the right to list
 from ddp_contract import envnames, layout
 from ddp_trainer.data.sampler import DistributedChunkedSampler
-from ddp_trainer.errors import ConfigError, CorruptDataError, StorageUnavailableError
+from ddp_trainer.errors import ConfigError, CorruptDataError, StorageError, StorageUnavailableError
 from ddp_trainer.storage import checkpoint, s3
 from ddp_trainer.storage.checkpoint import MANIFEST, STATE, CheckpointManager, restore_training_state, training_state
 from linkproxy import LinkProxy
@@ -240,6 +242,30 @@ def test_resume_loads_the_newest_committed_checkpoint_or_the_one_the_operator_na
     monkeypatch.setenv("DDP_RESUME_FROM", f"s3://{bucket}/elsewhere/step-000000000010")
     assert manager.resume(model) == 20
     assert CheckpointManager(s3.S3Url(bucket, "fresh"), rank=0).resume(model) == 0
+
+
+def test_without_the_right_to_list_resume_loads_the_checkpoint_the_operator_names(
+        bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    manager = CheckpointManager(s3.S3Url(bucket, "job"), keep=5, rank=0)
+    for step in (10, 20):
+        manager.save(step, _state(step))
+    key = os.environ["AWS_ACCESS_KEY_ID"]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key + s3server.NO_LIST)  # may read and write, not list
+    s3.reset_clients()
+    try:
+        reader = CheckpointManager(s3.S3Url(bucket, "job"), keep=5, rank=0)
+        with pytest.raises(StorageError, match="access denied"):
+            reader.committed_steps()
+        monkeypatch.setenv("DDP_RESUME_FROM", str(reader.step_url(10)))
+        model = torch.nn.Linear(4, 3)
+        assert reader.resume(model) == 10
+        assert torch.equal(model.weight, _state(10)["model"]["weight"])
+        monkeypatch.delenv("DDP_RESUME_FROM")
+        with pytest.raises(StorageError, match="access denied"):  # nothing named: nothing to go by but a listing
+            reader.resume(model)
+    finally:
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", key)
+        s3.reset_clients()
 
 
 def test_a_checkpoint_the_job_asks_for_is_requested_of_rank_0_until_one_is_saved(
