@@ -34,7 +34,13 @@ def test_killing_the_operator_pod_mid_job_creates_no_duplicate_pods(
 
     def in_every_rank(*command: str) -> None:
         for rank in range(3):
-            kubectl("exec", f"steadfast-{rank}", "-n", ns, "--", *command)
+            try:
+                kubectl("exec", f"steadfast-{rank}", "-n", ns, "--", *command)
+            except subprocess.CalledProcessError as error:
+                # The rank's loop can see the file and end its container before the exec reports, which is
+                # then killed (137); the job's end, asserted below, says whether the rank got it.
+                if error.returncode != 137:
+                    raise
 
     jobs = Jobs(kube_api, ns)
     helm(f"{install} -n {ns} --set 'watchNamespaces={{{ns}}}'")
