@@ -26,7 +26,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
@@ -519,6 +519,11 @@ class CheckpointManager:
         there is none."""
         return self._load_newest(None, map_location=map_location, weights_only=weights_only)
 
+    def _newest_first(self, first: int | None) -> Iterator[int]:
+        if first is not None:
+            yield first
+        yield from sorted(self._candidates() - {first}, reverse=True)
+
     def _candidates(self) -> set[int]:
         """The steps of the job's committed checkpoints, and the one the operator names."""
         named = self.resume_step()
@@ -533,9 +538,8 @@ class CheckpointManager:
 
     def _load_newest(self, first: int | None, map_location: Any = "cpu",
                      weights_only: bool = True) -> Checkpoint | None:
-        """Checkpoint `first` if it verifies, else the newest of the others that does."""
-        steps = sorted(self._candidates() - {first}, reverse=True)
-        for step in steps if first is None else [first, *steps]:
+        """Checkpoint `first` if it verifies (S3 is listed only if not), else the newest of the others that does."""
+        for step in self._newest_first(first):
             try:
                 return self.load(step, map_location=map_location, weights_only=weights_only)
             except (CorruptDataError, ObjectNotFoundError) as exc:
