@@ -88,6 +88,7 @@ BENCH_NODE_PODS = 512
 FAULT_POOL_LABEL = "ddp-bench/pool"  # the fault scenario's own nodes
 OPERATOR: subprocess.Popen | None = None  # checked by every wait: a dead operator fails fast
 SETTLE_S = 15.0  # after a scenario's pods are gone, before the operator's RSS is read again
+POLL_SHARE = 10  # a wait sleeps at least this many times as long as its predicate took
 TARGETS = {"created_64_s": 2.0, "created_1024_s": 20.0, "lag_s": 1.0, "rss_many_mb": 250.0, "restart_vs_bare": 2.0,
            "why_s": 2.0}
 
@@ -124,11 +125,15 @@ class Tracker:
     job_states: dict[str, tuple[str | None, int, float]] = field(default_factory=dict)  # phase, attempt, since
     # (reason, attempt, failedRank.attempt, first seen) per job, each time the reason or attempt changed
     job_reasons: dict[str, list[tuple[str, int, int | None, float]]] = field(default_factory=dict)
+    # pods with a time for each PodTimes field, kept as the watch sets them: the waits read these many
+    # times a second, and a walk over 10,000 pods there holds the GIL from the watches' threads
+    reached: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reset(self) -> None:
         with self.lock:
             self.pods.clear()
+            self.reached.clear()
             self.jobs_running.clear()
             self.job_updates.clear()
             self.lives.clear()
@@ -136,8 +141,13 @@ class Tracker:
             self.job_reasons.clear()
 
     def count(self, attr: str) -> int:
-        with self.lock:
-            return sum(1 for t in self.pods.values() if getattr(t, attr) is not None)
+        return self.reached.get(attr, 0)
+
+    def saw(self, times: PodTimes, attr: str, now: float) -> None:
+        """Sets `attr` of a pod's times to `now` unless set; counts it."""
+        if getattr(times, attr) is None:
+            setattr(times, attr, now)
+            self.reached[attr] = self.reached.get(attr, 0) + 1
 
 
 def stream(list_fn, stop: threading.Event, *args, **kwargs):
@@ -194,14 +204,14 @@ def watch_pods(core: client.CoreV1Api, tracker: Tracker, stop: threading.Event) 
             if pod["metadata"].get("deletionTimestamp"):
                 continue
             times = tracker.pods.setdefault(name, PodTimes(now))
-            if times.bound is None and pod.get("spec", {}).get("nodeName"):
-                times.bound = now
-            if times.running is None and pod.get("status", {}).get("phase") == "Running":
-                times.running = now
-                times.bound = times.bound or now
-            if times.ready is None and any(x.get("type") == "Ready" and x.get("status") == "True"
-                                           for x in pod.get("status", {}).get("conditions") or []):
-                times.ready = now
+            if pod.get("spec", {}).get("nodeName"):
+                tracker.saw(times, "bound", now)
+            if pod.get("status", {}).get("phase") == "Running":
+                tracker.saw(times, "running", now)
+                tracker.saw(times, "bound", now)
+            if any(x.get("type") == "Ready" and x.get("status") == "True"
+                   for x in pod.get("status", {}).get("conditions") or []):
+                tracker.saw(times, "ready", now)
 
 
 def track_life(lives: dict[str, PodLife], kind: str, pod: dict, now: float) -> None:
@@ -287,14 +297,19 @@ def bare_pod(name: str) -> dict:
 
 
 def wait(predicate, timeout: float, what: str, interval: float = 0.02, needs_operator: bool = True) -> float:
+    """The time `predicate` first held, asked every `interval` seconds, or less often where asking takes long:
+    a predicate that walks 20,000 pods' lives would otherwise hold the GIL from the watches' threads, whose
+    lag would count against the operator."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        asked = time.monotonic()
         if predicate():
             return time.monotonic()
+        took = time.monotonic() - asked
         if needs_operator and OPERATOR is not None and OPERATOR.poll() is not None:
             raise RuntimeError(f"the operator exited (status {OPERATOR.returncode}; negative: killed by that "
                                f"signal) while waiting for {what}")
-        time.sleep(interval)
+        time.sleep(max(interval, POLL_SHARE * took))
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
 
 
