@@ -150,6 +150,21 @@ def kept_checkpoints(endpoint: str, namespace: str, name: str) -> list[int]:
                   if n.startswith("checkpoint-") and n.endswith("/trainer_state.json"))
 
 
+def kept_snapshot_epochs(endpoint: str, namespace: str, name: str, path: str) -> int | None:
+    """EPOCHS_RUN of the torchrun example's snapshot as kept in S3 (the epoch whose end it saved: 0 after
+    the first), None while none is kept."""
+    import io
+
+    import torch
+
+    key = f"results/{namespace}/{name}/{layout.KEPT}/{path}"
+    try:
+        body = demo.s3_client(endpoint).get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    except Exception:  # noqa: BLE001 - botocore's NoSuchKey
+        return None
+    return int(torch.load(io.BytesIO(body), map_location="cpu")["EPOCHS_RUN"])
+
+
 def kept_object(endpoint: str, namespace: str, name: str, path: str) -> dict[str, Any] | None:
     """HEAD of a kept file's object (its metadata holds the file's time), None while there is none."""
     key = f"results/{namespace}/{name}/{layout.KEPT}/{path}"
