@@ -137,9 +137,14 @@ RESUME = re.compile(r'\{"event": "resume"[^}]*\}')
 KEEP_FAST = [{"name": "DDP_KEEP_SETTLE_SECONDS", "value": "2"}, {"name": "DDP_KEEP_INTERVAL_SECONDS", "value": "1"}]
 
 
+def kept_key(namespace: str, name: str, path: str) -> str:
+    """The key in BUCKET of a file the job keeps, by its path without the leading '/'."""
+    return f"{layout.job_key('results', namespace, name)}/{layout.KEPT}/{path}"
+
+
 def kept_out_files(endpoint: str, namespace: str, name: str) -> list[str]:
     """What the job keeps of its /home/ddp/out in S3, by path below it."""
-    prefix = f"results/{namespace}/{name}/{layout.KEPT}/home/ddp/out/"
+    prefix = kept_key(namespace, name, "home/ddp/out/")
     listed = demo.s3_client(endpoint).list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
     return sorted(o["Key"][len(prefix):] for o in listed)
 
@@ -157,7 +162,7 @@ def kept_snapshot_epochs(endpoint: str, namespace: str, name: str, path: str) ->
 
     import torch
 
-    key = f"results/{namespace}/{name}/{layout.KEPT}/{path}"
+    key = kept_key(namespace, name, path)
     try:
         body = demo.s3_client(endpoint).get_object(Bucket=BUCKET, Key=key)["Body"].read()
     except Exception:  # noqa: BLE001 - botocore's NoSuchKey
@@ -167,7 +172,7 @@ def kept_snapshot_epochs(endpoint: str, namespace: str, name: str, path: str) ->
 
 def kept_object(endpoint: str, namespace: str, name: str, path: str) -> dict[str, Any] | None:
     """HEAD of a kept file's object (its metadata holds the file's time), None while there is none."""
-    key = f"results/{namespace}/{name}/{layout.KEPT}/{path}"
+    key = kept_key(namespace, name, path)
     try:
         return demo.s3_client(endpoint).head_object(Bucket=BUCKET, Key=key)
     except Exception:  # noqa: BLE001 - botocore's 404

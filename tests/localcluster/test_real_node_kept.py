@@ -19,11 +19,12 @@ from commandjobs import (
     assert_one_model,
     command_job,
     kept_checkpoints,
+    kept_key,
     kept_object,
     kept_snapshot_epochs,
     params,
 )
-from ddp_contract import labels, layout
+from ddp_contract import labels
 from ddp_operator import constants as c
 from kube import Jobs, wait_until
 from procs import command_pids
@@ -91,7 +92,7 @@ def test_a_lightning_job_whose_pod_is_deleted_resumes_from_its_kept_last_ckpt_an
     command_job(jobs, "lt-through", frameworks_image, endpoint, train)
     command_job(jobs, "lt-recreated", frameworks_image, endpoint, train, **keep)
     s3 = demo.s3_client(endpoint)
-    key = f"results/{ns}/lt-recreated/{layout.KEPT}/home/ddp/ck/last.ckpt"
+    key = kept_key(ns, "lt-recreated", "home/ddp/ck/last.ckpt")
     wait_until(lambda: s3.list_objects_v2(Bucket=BUCKET, Prefix=key).get("KeyCount"), 600, "lt-recreated's last.ckpt")
     jobs.core.delete_namespaced_pod("lt-recreated-1", ns)
     through = jobs.wait_phase("lt-through", c.PHASE_SUCCEEDED, timeout=600)
