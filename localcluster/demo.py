@@ -308,7 +308,7 @@ def helm_uninstall(namespace: str) -> None:
 
 
 # What a first run builds, on the 2-core EPYC VM from nothing (DEVELOPMENT.md, Measured times).
-FIRST_RUN = "about 21 minutes on 2 cores"
+FIRST_RUN = "21 to 28 minutes on 2 cores"
 
 
 def quiet_steps(steps: list[tuple[str, list[str], Path]]) -> None:
