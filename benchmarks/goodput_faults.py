@@ -7,6 +7,7 @@ asynchronous checkpoint to S3 every --every steps) runs, for each state size, th
   S3 only      a fault every 30-60 s (the same seeded times and kinds for both faulted ways), alternately
                rank 1's rank process SIGKILLed and rank 1's pod deleted; resumes from S3 checkpoints
   memory       the same faults, with memory snapshots every step (CheckpointManager memory_every=1)
+  memory + spare  the same, with a spare pod (spec.sparePods 1) that takes the place of rank 1's deleted pod
   S3 outage    memory snapshots and no fault; the ranks' S3 (a proxy on the pod bridge in front of the
                server) refuses every connection for --outage seconds, from --outage-at seconds in
   fault-free again, last: this machine's speed drifts, and goodput is taken against the two runs' mean
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import sys
@@ -50,7 +52,9 @@ from realnode import WORKLOADS, WORKLOADS_TEMPLATE, trainer_image  # noqa: E402
 
 CLUSTER = REPO / "localcluster" / "cluster.sh"
 BUCKET = "ddp-goodput"
-WAYS = ("fault-free", "S3 only", "memory", "S3 outage", "fault-free again")
+WAYS = ("fault-free", "S3 only", "memory", "memory + spare", "S3 outage", "fault-free again")
+FAULTED = ("S3 only", "memory", "memory + spare")
+SNAPSHOTS = ("memory", "memory + spare", "S3 outage")
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,7 @@ class Cluster:
             api.GROUP, api.VERSION, self.namespace, api.PLURAL, name).get("status") or {}
 
     def create(self, name: str, state: State, endpoint: str, indices: Path, every: int, pace: float,
-               memory: bool) -> None:
+               memory: bool, spares: int = 0) -> None:
         settings = {"WL_BATCH": "4", "WL_EPOCHS": str(state.epochs), "WL_CKPT_EVERY": str(every),
                     "WL_STEP_SECONDS": str(pace), "WL_INDICES": "/indices", "OMP_NUM_THREADS": "1",
                     "WL_ASYNC": "1", "DDP_S3_OUTAGE_SECONDS": "120", **state.env, **({"WL_MEMORY_EVERY": "1"} if memory else {})}
@@ -124,6 +128,7 @@ class Cluster:
         body = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": name}, "spec": {
             "worldSize": 2, "gpusPerRank": 0, "image": trainer_image(), "entrypoint": "ddp_workloads:train",
             "masterPort": 29500, "restartStrategy": "InPlace", "backoffLimit": 50, "infrastructureBackoffLimit": 50,
+            "sparePods": spares,
             "env": [{"name": k, "value": v} for k, v in settings.items()],
             "resources": {"limits": {"memory": state.memory}}, "shmSize": state.shm, "template": template,
             "s3": {"endpoint": endpoint, "region": "us-east-1", "credentialsSecret": "s3-credentials",
@@ -141,11 +146,15 @@ class Cluster:
         shutil.copy(self.folder / "operator.log", into / "operator.log")
 
     def fault(self, name: str, kind: str) -> None:
+        """Rank 1's process killed, or its pod deleted: the pod status.members places at rank 1 (a spare
+        may hold it). A process forked by a zygote shows its pod's environment, where RANK is the pod's index."""
+        members = self.status(name).get("members") or [0, 1]
         if kind == "process":
-            pid = wait(lambda: rank_pid(self.namespace, name, 1, supervised=True), 60, "rank 1's process")
+            pid = wait(lambda: rank_pid(self.namespace, name, members[1], supervised=True)
+                       or rank_pid(self.namespace, name, 1, supervised=True), 60, "rank 1's process")
             os.kill(pid, signal.SIGKILL)
         else:
-            self.core.delete_namespaced_pod(f"{name}-1", self.namespace)
+            self.core.delete_namespaced_pod(f"{name}-{members[1]}", self.namespace)
 
 
 def records(indices: Path) -> dict[int, list[dict[str, Any]]]:
@@ -173,17 +182,17 @@ def figures(way: Way, found: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
 def run_way(cluster: Cluster, state: State, way_name: str, schedule: list[tuple[float, str]], s3: str,
             every: int, pace: float, outage: tuple[float, float], timeout: float,
             logs: Path | None = None) -> dict[str, Any]:
-    name = f"goodput-{state.name.lower()}-{way_name.replace(' ', '-').lower()}"  # a DNS-1035 label: a letter first
+    name = re.sub(r"[^a-z0-9]+", "-", f"goodput-{state.name}-{way_name}".lower())  # a DNS-1035 label: a letter first
     indices = Path(tempfile.mkdtemp(prefix=f"ddp-goodput-{name}-"))
     os.chmod(indices, 0o777)  # the ranks run as a user of their own
     proxy = LinkProxy(s3, host=cluster.host) if way_name == "S3 outage" else None
     way = Way(way_name)
     try:
         cluster.create(name, state, proxy.url if proxy else s3, indices, every, pace,
-                       memory=way_name in ("memory", "S3 outage"))
+                       memory=way_name in SNAPSHOTS, spares=1 if way_name == "memory + spare" else 0)
         wait(lambda: records(indices).get(0), timeout, f"{name}'s first step")
         started = time.monotonic()
-        pending = list(schedule) if way_name in ("S3 only", "memory") else []
+        pending = list(schedule) if way_name in FAULTED else []
         watching = threading.Event()
 
         def watch() -> None:
@@ -260,5 +269,5 @@ def print_table(out: dict[str, dict[str, Any]]) -> None:
         for way, row in ways.items():
             faults = "; ".join(f"{f['kind']} {f['redone']} / {f['to training']} s" for f in row["faults"])
             behind = ", checkpointsBehind said" if row["behind seen"] else ""
-            print(f"{state:<6} {way:<11} {row['seconds']:>7.1f} s  goodput {free / row['seconds']:.3f}  restarts "
+            print(f"{state:<6} {way:<14} {row['seconds']:>7.1f} s  goodput {free / row['seconds']:.3f}  restarts "
                   f"{row['restarts']}{behind}  {faults}")

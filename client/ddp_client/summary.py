@@ -206,6 +206,20 @@ def world_size_text(spec: Mapping[str, Any], status: Mapping[str, Any]) -> str:
     return f"{current if current is not None else target} of {target} ranks (minimum {minimum})"
 
 
+def spares_text(spec: Mapping[str, Any], status: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> str:
+    """`train-2 Running`: the job's pods waiting outside its gang to take a lost pod's place (spec.sparePods);
+    '' for a job without spares."""
+    if not spec.get("sparePods"):
+        return ""
+    members = JobStatus.of(status).members
+    gang = set(members) if members is not None else set(range(int(spec.get("worldSize") or 0)
+                                                              // int(spec.get("ranksPerPod") or 1)))
+    waiting = sorted((int(index), (pod.get("metadata") or {}).get("name", ""), pod_state(pod)) for pod in pods
+                     if (index := ((pod.get("metadata") or {}).get("labels") or {}).get(labels.LABEL_RANK)) is not None
+                     and int(index) not in gang)
+    return ", ".join(f"{name} {state}" for _, name, state in waiting) or "none yet"
+
+
 def status_text(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> str:
     """`kubectl ddp status`: phase, ranks by state, progress, last checkpoint, failure reason."""
     meta, spec, status = job.get("metadata") or {}, job.get("spec") or {}, job.get("status") or {}
@@ -216,7 +230,10 @@ def status_text(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> st
              f"World size:   {world_size_text(spec, status)}, {spec.get('gpusPerRank', 1)} GPU(s) each",
              f"Attempt:      {read.attempt} (restarts: {read.restarts}, program "
              f"{status.get(STATUS_PROGRAM_RESTARTS, 0)}, infrastructure {status.get(STATUS_INFRASTRUCTURE_RESTARTS, 0)})"]
+    pods = list(pods)
     states = ranks_by_state(pods)
+    if spares_text(spec, status, pods):
+        lines.append(f"Spare pods:   {spares_text(spec, status, pods)}")
     lines.append("Ranks:        " + ("; ".join(f"{state} {ranks_text(ranks)}" for state, ranks in states.items())
                                      or "no pods"))
     lines.append(f"Progress:     {progress_text(status) or 'none reported yet'}")

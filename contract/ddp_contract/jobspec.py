@@ -143,6 +143,7 @@ class JobSpec(Templated):
     launcher: str = api.LAUNCHER_AUTO
     in_place_deadline_seconds: int = DEFAULT_IN_PLACE_DEADLINE_SECONDS
     min_world_size: int | None = None  # None: worldSize (not elastic)
+    spare_pods: int = 0  # warm pods beyond the gang's, '<job>-<pods>' onward (restartStrategy InPlace)
     elastic_settle_seconds: int = DEFAULT_ELASTIC_SETTLE_SECONDS
     backoff_limit: int = DEFAULT_BACKOFF_LIMIT
     infrastructure_backoff_limit: int = DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT
@@ -181,6 +182,11 @@ class JobSpec(Templated):
     def pods(self) -> int:
         """Pods of the gang, '<job>-0' .. '<job>-<pods-1>'; each holds ranks_per_pod ranks."""
         return self.world_size // self.ranks_per_pod
+
+    @property
+    def all_pods(self) -> int:
+        """Every rank pod the job keeps: the gang's and its spares ('<job>-0' .. '<job>-<all_pods-1>')."""
+        return self.pods + self.spare_pods
 
     @property
     def gpus_per_pod(self) -> int:

@@ -92,9 +92,9 @@ def gang_too_large(spec: JobSpec, nodes: Iterable[NodeInfo]) -> str | None:
         have = [parse_quantity(node.allocatable.get(name, 0)) or Decimal(0) for node in usable]
         if per_rank > max(have):
             return f"each {unit} needs {_amount(name, per_rank)} {name}; the largest of {where} has {_amount(name, max(have))}"
-        needed = per_rank * spec.pods
+        needed = per_rank * spec.all_pods
         if needed > sum(have):
-            return (f"needs {_amount(name, needed)} {name} ({spec.pods} {unit}s x {_amount(name, per_rank)}); "
+            return (f"needs {_amount(name, needed)} {name} ({spec.all_pods} {unit}s x {_amount(name, per_rank)}); "
                     f"{where} {'have' if len(usable) > 1 else 'has'} {_amount(name, sum(have, Decimal(0)))} in all")
     return None
 

@@ -202,11 +202,11 @@ class Creation:
             else:
                 # An elastic job's ranks that fit are created (they start without the rest once
                 # elasticSettleSeconds pass); any other gang is created whole or not at all.
-                fits = pods_that_fit(model, quotas, most=spec.pods, least=least,
+                fits = pods_that_fit(model, quotas, most=spec.all_pods, least=least,
                                      limit_ranges=limit_ranges, leaving=[model] * leaving) if least is not None else 0
-                shortfall = gang_shortfall([model] * spec.pods, quotas, limit_ranges=limit_ranges,
+                shortfall = gang_shortfall([model] * spec.all_pods, quotas, limit_ranges=limit_ranges,
                                            leaving=[model] * leaving, created=fits)
-                left_out = spec.pods - fits if fits else len(ranks)
+                left_out = spec.all_pods - fits if fits else len(ranks)
             if shortfall is not None:
                 self._note_refused(key, attempt=attempt, ranks=ranks[-left_out:],
                                    refusal=Refusal(shortfall.reason, shortfall.message))

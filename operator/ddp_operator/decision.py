@@ -18,7 +18,7 @@ from ddp_operator.deadlines import deadline_exceeded, startup_remaining
 from ddp_operator.failures import RankFailure, describe_problems
 from ddp_operator.kueue.rules import Gate, QueueState
 from ddp_operator.manifests import pod_name
-from ddp_operator.modes import elastic, inplace
+from ddp_operator.modes import elastic, inplace, spares
 from ddp_operator.podsummary import PodSummary
 from ddp_operator.policy import BUDGET_FIELDS, RESTART_COUNTERS, budget, is_retryable, repeats_previous
 
@@ -185,7 +185,7 @@ def _partly_refused_by_quota(p: Pass) -> Decision | None:
 
 
 def _create(p: Pass) -> Decision:
-    free = tuple(r for r in range(p.spec.pods) if r not in p.summary.taken_indices)
+    free = tuple(r for r in range(p.spec.all_pods) if r not in p.summary.taken_indices)
     due = [t for t in (p.in_place_left, p.resized.recheck_after if p.resized else None) if t is not None]
     return Decision(Action.CREATE if free else Action.WAIT, p.attempt, delete_pods=p.summary.replaced_anyway,
                     create_indices=free, recheck_after=min(due) if due else None,
@@ -219,9 +219,11 @@ def _on_failure(p: Pass, failure: RankFailure) -> Decision:
     message = (f"{failure.describe()}; restarting {p.mode.restarting} ({kind.lower()} restart {used + 1} of {limit}, "
                f"{BUDGET_FIELDS[kind]})")
     replaced = p.mode.replaced_by_restart(summary, running=summary.running_pods, anyway=summary.replaced_anyway)
+    members = p.mode.restart_members(summary, summary.waiting)
+    taken = spares.takeovers(spec, summary.job_name, summary.gang, members or ())
     return Decision(
-        Action.RESTART, summary.attempt + 1, _restart_reason(failure), message, delete_pods=replaced, failure=failure,
-        members=p.mode.restart_members(summary, summary.waiting),
+        Action.RESTART, summary.attempt + 1, _restart_reason(failure), f"{message}; {taken}" if taken else message,
+        delete_pods=replaced, failure=failure, members=members,
     )
 
 

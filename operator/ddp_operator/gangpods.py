@@ -56,6 +56,7 @@ class GangPods:
     live_indices: frozenset[int] = frozenset()  # the gang's current pods, not being deleted
     active_pods: tuple[str, ...] = ()  # of those, the ones whose trainer has not finished
     finished_pods: tuple[str, ...] = ()  # of those, the ones whose trainer finished
+    leaving_indices: frozenset[int] = frozenset()  # of live_indices, those a restart replaces: finished, on a lost node
     stale_pods: tuple[str, ...] = ()  # other attempts (or unlabelled), not yet being deleted
     taken_indices: frozenset[int] = frozenset()
     failure: RankFailure | None = None  # the earliest failed rank of the current attempt
@@ -115,6 +116,7 @@ def summarize_gang(pods: Sequence[PodView], outside: Iterable[PodView], gang: Se
         live_indices=frozenset(_index(p) for p in live),
         active_pods=tuple(sorted(p.name for p in live if p.active)),
         finished_pods=tuple(sorted(p.name for p in live if not p.active)),
+        leaving_indices=frozenset(_index(p) for p in live if not p.active or p.node in lost_nodes),
         stale_pods=tuple(sorted(p.name for p in outside if not p.deleting)),
         taken_indices=frozenset(p.index for p in pods if p.index is not None),
         failure=replace(failures[0], ranks_per_pod=ranks_per_pod) if failures else None,

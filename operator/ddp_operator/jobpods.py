@@ -34,7 +34,7 @@ def read_pods(pods: Sequence[Mapping[str, Any]], *, spec: JobSpec, status: Mappi
                              since=pod_attempt_floor(status), replaced=mode.left_out_of_window(deleting),
                              process_failures=read.process_failures, members=mode.members(read))
     memory.saw_nodes(pods)
-    held = memory.in_the_way.problems(spec.pods, summary.live_indices)
+    held = memory.in_the_way.problems(spec.all_pods, summary.live_indices)
     if memory.refused is not None:
         held += memory.refused.problems(summary.attempt, summary.live_indices)
     too_large = too_large_for(spec, nodes, memory, generation) if summary.unscheduled_indices else None

@@ -83,8 +83,8 @@ def build_service(job: Mapping[str, Any], spec: JobSpec) -> dict[str, Any]:
 def build_pod(job: Mapping[str, Any], spec: JobSpec, index: int, attempt: int) -> dict[str, Any]:
     """Pod `index` of the gang (the rank's own when ranksPerPod is 1, else holding spec.pod_ranks(index))
     for one gang attempt; the pod template's fields are kept and merged."""
-    if not 0 <= index < spec.pods:
-        raise ValueError(f"pod index {index} is outside 0..{spec.pods - 1}")
+    if not 0 <= index < spec.all_pods:
+        raise ValueError(f"pod index {index} is outside 0..{spec.all_pods - 1}")
     meta = job["metadata"]
     name = meta["name"]
     pod_spec = copy.deepcopy(dict(spec.pod_spec))

@@ -270,7 +270,7 @@ class Reconciler:
         status = job.get("status") or {}
         try:
             spec = parse_spec(job.get("spec") or {})
-            validate_job_name(job["metadata"]["name"], spec.world_size, spec.data_worker_replicas)
+            validate_job_name(job["metadata"]["name"], spec.world_size + spec.spare_pods, spec.data_worker_replicas)
         except InvalidSpec as error:
             if record_invalid:
                 await self._record(job, invalid_spec_status(error, status, now, job["metadata"].get("generation")))

@@ -45,6 +45,7 @@ MAX_RANKS_PER_POD: Final = 64
 # worldSize * gpusPerRank above this is almost certainly a typo, not a job.
 MAX_TOTAL_GPUS: Final = 262144
 MAX_DATA_WORKERS: Final = 256
+MAX_SPARE_PODS: Final = 64
 # Every *Seconds field's ceiling (about 68 years): the bound Kubernetes gives a pod's activeDeadlineSeconds
 # (math.MaxInt32) so that it times as a duration. It keeps a deadline inside the calendar (Python's dates
 # end at the year 9999) and nodeLostGraceSeconds inside a toleration's tolerationSeconds.
@@ -142,6 +143,7 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
         in_place_deadline_seconds=_int(spec, "inPlaceDeadlineSeconds", default=DEFAULT_IN_PLACE_DEADLINE_SECONDS, low=1,
                                        high=MAX_SECONDS),
         min_world_size=_min_world_size(spec, world_size),
+        spare_pods=_spare_pods(spec, world_size),
         elastic_settle_seconds=_int(spec, "elasticSettleSeconds", default=DEFAULT_ELASTIC_SETTLE_SECONDS, low=0,
                                     high=MAX_SECONDS),
         backoff_limit=_int(spec, "backoffLimit", default=DEFAULT_BACKOFF_LIMIT, low=0, high=MAX_BACKOFF_LIMIT),
@@ -236,6 +238,20 @@ def _min_world_size(spec: Mapping[str, Any], world_size: int) -> int | None:
         raise InvalidSpec("minWorldSize", f"{minimum} is below worldSize {world_size}, which needs restartStrategy "
                           "InPlace: a resize restarts the rank processes inside the pods that go on")
     return minimum
+
+
+def _spare_pods(spec: Mapping[str, Any], world_size: int) -> int:
+    spares = _int(spec, "sparePods", default=0, low=0, high=MAX_SPARE_PODS)
+    if not spares:
+        return 0
+    if _restart_strategy(spec) != api.RESTART_IN_PLACE:
+        raise InvalidSpec("sparePods", f"{spares} needs restartStrategy InPlace: a spare takes a lost pod's place in a "
+                          "restart that keeps the other pods")
+    minimum = _optional_int(spec, "minWorldSize", low=1, high=world_size)
+    if minimum is not None and minimum < world_size:
+        raise InvalidSpec("sparePods", f"{spares} is for a job of a fixed size: an elastic job (minWorldSize {minimum} "
+                          f"below worldSize {world_size}) grows back with its own waiting pods")
+    return spares
 
 
 def validate_job_name(name: str, world_size: int, data_workers: int = 0) -> None:

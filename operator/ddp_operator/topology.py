@@ -84,7 +84,7 @@ def choose_domains(spec: JobSpec, room: Mapping[str, int], running: Iterable[str
     holds. running: the domains of the gang's pods that run already."""
     topology = spec.topology
     assert topology is not None
-    key, pods = topology.key, spec.pods
+    key, pods = topology.key, spec.all_pods
     here = Counter(running)
     if here:
         stay = min(here, key=lambda d: (-here[d], d))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp_client.summary import outcome_text, progress_line, ranks_text, status_text, world_size_text
+from ddp_client.summary import outcome_text, progress_line, ranks_text, spares_text, status_text, world_size_text
 from ddp_contract import labels
 
 
@@ -70,6 +70,17 @@ def test_an_elastic_job_says_how_many_of_its_ranks_the_gang_has() -> None:
     assert world_size_text(elastic, {}) == "4 of 4 ranks (minimum 2)"
     assert world_size_text({"worldSize": 4}, {"worldSize": 4}) == "4 ranks"
     assert world_size_text({"worldSize": 4, "minWorldSize": 4}, {}) == "4 ranks"
+
+
+def test_a_job_with_spare_pods_names_those_waiting_outside_its_gang() -> None:
+    spec = {"worldSize": 2, "sparePods": 1, "restartStrategy": "InPlace"}
+    pods = [pod(0, "Running"), pod(1, "Pending"), pod(2, "Running")]
+    assert spares_text(spec, {"members": [0, 2]}, pods) == "j-1 Pending"
+    assert spares_text(spec, {}, pods) == "j-2 Running"
+    assert spares_text(spec, {}, pods[:2]) == "none yet"
+    assert spares_text({"worldSize": 2}, {}, pods) == ""
+    job = {"metadata": {"name": "j", "namespace": "ns"}, "spec": spec, "status": {"members": [0, 2]}}
+    assert "Spare pods:   j-1 Pending" in status_text(job, iter(pods))
 
 
 def test_a_job_that_succeeded_after_restarts_shows_the_last_restart_as_history_not_as_a_failure() -> None:

@@ -213,3 +213,37 @@ def test_with_memory_snapshots_a_restart_resumes_from_the_gangs_memory_and_from_
     assert status["memorySnapshots"]["copies"] == 2 and status["memorySnapshots"]["bytes"] > 0, status
     params = torch.load(out)
     assert all(torch.equal(params[k], steady_params[k]) for k in params)  # resumed exactly, three times
+
+
+def test_a_spare_pod_takes_a_deleted_pods_place_and_the_pod_comes_back_as_the_next_spare(
+        jobs: Jobs, s3_endpoint: str, podrunner: Path, steady_params, tmp_path: Path) -> None:
+    """sparePods 1: pod 1 is deleted after a checkpoint; the spare (pod 2), waiting with its zygote, takes
+    rank 1's place at once, its rank process forked, and gets the state from pod 0's memory; pod 1 is
+    created again and waits as the next spare. The job ends with the parameters of the run never
+    interrupted, bit for bit."""
+    out, name, ns = tmp_path / "params.pt", "spared", jobs.namespace
+    job = train_job(s3_endpoint, name, out, WL_MEMORY_EVERY="1", WL_STEP_SECONDS="0.2")
+    job["spec"]["sparePods"] = 1
+    start_job(jobs, s3_endpoint, name, [], job)
+    spare_log = podrunner / f"{ns}_{name}-2.log"
+    wait_until(lambda: spare_log.exists() and "this pod is a spare" in spare_log.read_text(errors="replace"), 120,
+               "the spare waiting")
+    wait_until(lambda: (jobs.status(name).get("lastCheckpoint") or {}).get("step", 0) >= 8, 120, "a checkpoint at step 8")
+    assert jobs.status(name)["members"] == [0, 1]
+    before = uids(jobs, name)
+    jobs.core.delete_namespaced_pod(f"{name}-1", ns)
+    wait_until(lambda: uids(jobs, name).get(f"{name}-1") not in (None, before[f"{name}-1"]), 60,
+               "pod 1 created again, to wait as the next spare")
+
+    status = jobs.wait_phase(name, c.PHASE_SUCCEEDED, timeout=300)
+    assert (status["restarts"], status["infrastructureRestarts"], status["members"]) == (1, 1, [0, 2]), status
+    said = [e.message for e in jobs.events(name) if "takes the place" in e.message]
+    assert any(f"spare {name}-2 takes the place of {name}-1 (rank 1)" in m for m in said), said
+    spare = pod_log(podrunner, ns, f"{name}-2")
+    started = [line for line in spare.splitlines() if "started 1 local rank (global" in line]
+    assert len(started) == 1 and "(global 1), 1 forked by the zygote" in started[0], started
+    recovery = status["recovery"]
+    assert (recovery["source"], recovery["pods"]) == ("Memory", [f"{name}-0"]) and recovery["stepsLost"] <= 1, recovery
+    assert f"rank 1 resumed from step {recovery['step']}" in spare
+    params = torch.load(out)
+    assert all(torch.equal(params[k], steady_params[k]) for k in params)  # resumed exactly, in the spare

@@ -104,8 +104,11 @@ def _failed_here(failed: Mapping[str, Any], pod: str, attempt: int, phase: str |
 def rank_rows(pods: Iterable[Mapping[str, Any]], status: Mapping[str, Any]) -> list[Json]:
     """The ranks' pods in rank order: pod, rank, attempt, node, state, ready, why held up, how it ended;
     the one whose failure ended the last attempt carries its last words (status.failedRank). A failure
-    that restarted the gang is said on that restart's mark, not on the row of the pod that replaced it."""
-    failed = JobStatus.of(status).failed_rank or {}
+    that restarted the gang is said on that restart's mark, not on the row of the pod that replaced it.
+    Where status.members names the gang (an elastic job, spare pods), a member's rank is its place there
+    and the others' is None (waiting outside the gang), after the members."""
+    read = JobStatus.of(status)
+    failed, members = read.failed_rank or {}, read.members
     rows = []
     for pod in pods:
         meta = pod.get("metadata") or {}
@@ -113,8 +116,10 @@ def rank_rows(pods: Iterable[Mapping[str, Any]], status: Mapping[str, Any]) -> l
         if labels.LABEL_RANK not in pod_labels:
             continue
         conditions = (pod.get("status") or {}).get("conditions") or []
+        index = int(pod_labels[labels.LABEL_RANK])
         row: Json = {
-            "pod": meta.get("name", ""), "rank": int(pod_labels[labels.LABEL_RANK]),
+            "pod": meta.get("name", ""), "rank": index if members is None else
+            (members.index(index) if index in members else None),
             "attempt": int(pod_labels.get(labels.LABEL_ATTEMPT, 0)), "node": (pod.get("spec") or {}).get("nodeName") or "",
             "state": summary.pod_state(pod),
             "ready": any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
@@ -125,7 +130,7 @@ def rank_rows(pods: Iterable[Mapping[str, Any]], status: Mapping[str, Any]) -> l
                               "kind": failed.get("kind"), "attempt": failed.get("attempt"),
                               "lastWords": failed.get("message") or ""}
         rows.append(row)
-    return sorted(rows, key=lambda r: (r["rank"], r["attempt"]))
+    return sorted(rows, key=lambda r: (r["rank"] is None, r["rank"] or 0, r["pod"], r["attempt"]))
 
 
 def _event_time(event: Mapping[str, Any]) -> str:

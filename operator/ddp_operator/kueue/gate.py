@@ -169,7 +169,7 @@ class KueueGate:
         if spec.topology is not None:
             annotation = REQUIRED_TOPOLOGY_ANNOTATION if spec.topology.required else PREFERRED_TOPOLOGY_ANNOTATION
             request = (annotation, spec.topology.key)
-        return GangPlacement(ranks=placement_of(workload, POD_SET, flavors, spec.pods, request),
+        return GangPlacement(ranks=placement_of(workload, POD_SET, flavors, spec.all_pods, request),
                              data_workers=placement_of(workload, DATA_WORKER_POD_SET, flavors, spec.data_worker_replicas))
 
     async def _priority(self, name: str) -> int | None:

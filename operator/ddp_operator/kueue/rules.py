@@ -107,14 +107,14 @@ def workload_name(job: Mapping[str, Any]) -> str:
 def build_workload(job: Mapping[str, Any], spec: JobSpec, *, pod_spec: Mapping[str, Any],
                    priority: int | None = None, data_worker_pod_spec: Mapping[str, Any] | None = None
                    ) -> dict[str, Any]:
-    """The job's Workload: a pod set of spec.pods pods, each with the given (rank 0's) pod spec, and with
-    spec.dataWorkers one of its data workers (data_worker_pod_spec), so the quota Kueue admits the job
-    into holds both, as a namespace ResourceQuota counts both.
+    """The job's Workload: a pod set of spec.all_pods pods (the gang's and its spares), each with the
+    given (rank 0's) pod spec, and with spec.dataWorkers one of its data workers (data_worker_pod_spec),
+    so the quota Kueue admits the job into holds both, as a namespace ResourceQuota counts both.
 
     ownerReferences are added by the caller; the Workload goes with its job.
     """
     meta = job["metadata"]
-    pod_sets: list[dict[str, Any]] = [{"name": POD_SET, "count": spec.pods, "template": {"spec": dict(pod_spec)}}]
+    pod_sets: list[dict[str, Any]] = [{"name": POD_SET, "count": spec.all_pods, "template": {"spec": dict(pod_spec)}}]
     if spec.topology is not None:
         # Kueue's topology-aware scheduling: pod i's place in the assignment is its index.
         pod_sets[0]["topologyRequest"] = {"required" if spec.topology.required else "preferred": spec.topology.key,
@@ -172,7 +172,7 @@ def queue_state(job: Mapping[str, Any], spec: JobSpec, workload: Mapping[str, An
     unavailable: why the operator cannot see Workloads at all (Kueue not installed), if so.
     """
     queue = queue_name(job)
-    waiting = f"waiting in LocalQueue {queue} for Kueue to admit the gang ({spec.pods} pods)"
+    waiting = f"waiting in LocalQueue {queue} for Kueue to admit the gang ({spec.all_pods} pods)"
     if unavailable:
         return QueueState(Gate.QUEUED, c.REASON_QUEUED, f"{waiting}; {unavailable}")
     if workload is None:

@@ -7,6 +7,8 @@ modes/ asks the spec which mode it is.
     InPlace   a restart replaces only the pods that cannot go on; a kept gang forms again in time
     Elastic   InPlace with a gang of status.members, which resizes (spec.minWorldSize below worldSize,
               which the spec allows only with restartStrategy InPlace)
+    Spared    InPlace with spare pods (spec.sparePods): a gang of status.members, a spare taking a lost
+              pod's place
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from ddp_contract.jobstatus import STATUS_CHECKPOINT_REQUESTED, STATUS_MEMBERS, 
 from ddp_contract.resource import JobStatus
 from ddp_operator import constants as c
 from ddp_operator.gangpods import GangPods
-from ddp_operator.modes import elastic, inplace, recreate
+from ddp_operator.modes import elastic, inplace, recreate, spares
 
 
 @dataclass(frozen=True)
@@ -153,8 +155,25 @@ class Elastic(InPlace):
                 STATUS_CHECKPOINT_REQUESTED: checkpoint_wanted.as_status() if checkpoint_wanted is not None else None}
 
 
+@dataclass(frozen=True)
+class Spared(InPlace):
+    """spec.sparePods on InPlace restarts, at a fixed size (spares.py)."""
+
+    def members(self, status: JobStatus) -> tuple[int, ...] | None:
+        return spares.members(self.spec, status.members)
+
+    def restart_members(self, pods: GangPods, waiting: elastic.WaitingPods) -> tuple[int, ...] | None:
+        return spares.restart_members(self.spec, pods, waiting.running)
+
+    def membership_status(self, members: Sequence[int],
+                          checkpoint_wanted: elastic.CheckpointRequest | None) -> StatusPatch:
+        return {STATUS_MEMBERS: list(members)}
+
+
 def of(spec: JobSpec) -> Mode:
     """The job's restart mode: the one place that reads which it is from the spec."""
     if spec.elastic:
         return Elastic(spec)
+    if spec.spare_pods:
+        return Spared(spec)
     return InPlace(spec) if spec.in_place else Recreate(spec)

@@ -37,6 +37,13 @@ def test_ranks_say_where_they_run_why_they_are_held_and_the_failed_one_its_last_
     assert rows[1]["failure"]["lastWords"].endswith("ValueError: bad batch")
 
 
+def test_where_the_status_names_the_gang_a_pod_s_rank_is_its_place_there_and_a_spare_waits_after() -> None:
+    pods = [pod(0), pod(1), pod(2)]
+    rows = views.rank_rows(pods, {"members": [0, 2]})  # pod 2, a spare, took pod 1's place
+    assert [(r["pod"], r["rank"]) for r in rows] == [("mnist-0", 0), ("mnist-2", 1), ("mnist-1", None)]
+    assert [r["rank"] for r in views.rank_rows(pods, {})] == [0, 1, 2]
+
+
 def test_a_pod_that_replaced_a_failed_one_under_its_name_shows_no_failure() -> None:
     """Rank 1's pod of attempt 0 vanished and the gang restarted: the new mnist-1 (attempt 1) ended well."""
     failed = {"rank": 1, "pod": "mnist-1", "reason": "RankMissing", "kind": "Infrastructure", "attempt": 0}

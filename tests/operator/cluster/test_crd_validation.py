@@ -245,6 +245,16 @@ INVALID: list[tuple[str, dict[str, Any], str | re.Pattern[str]]] = [
         "spec.minWorldSize must be a multiple of spec.ranksPerPod",
     ),
     (
+        "spare pods without restarts in place",
+        spec_with(sparePods=1),
+        "spec.sparePods needs spec.restartStrategy InPlace",
+    ),
+    (
+        "spare pods of an elastic job",
+        spec_with(sparePods=1, minWorldSize=1, restartStrategy="InPlace"),
+        "spec.sparePods is for a job of a fixed size",
+    ),
+    (
         "in place without the runtime",
         spec_with(entrypoint=None, command=["torchrun", "t.py"], restartStrategy="InPlace", trainerRuntime="Off"),
         "spec.restartStrategy InPlace restarts rank processes inside their pods",
@@ -285,6 +295,12 @@ def test_job_name_must_fit_the_pod_hostnames(
 
 def test_longest_name_that_fits_is_accepted(custom: Any, namespace: str) -> None:
     assert create(custom, namespace, ddpjob(spec_with(worldSize=10), name="a" * 61))["metadata"]["name"] == "a" * 61
+
+
+def test_a_spare_pod_s_hostname_must_fit_too(custom: Any, namespace: str) -> None:
+    spared = spec_with(worldSize=9, sparePods=1, restartStrategy="InPlace")  # pods a...-0 .. a...-9
+    assert create(custom, namespace, ddpjob(spared, name="a" * 61))["spec"]["sparePods"] == 1
+    assert "metadata.name is too long" in refusal(custom, namespace, ddpjob({**spared, "sparePods": 2}, name="a" * 61))
 
 
 def test_managed_by_is_set_at_creation_and_never_changed(custom: Any, namespace: str) -> None:

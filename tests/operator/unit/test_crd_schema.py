@@ -178,6 +178,7 @@ def test_every_integer_of_the_spec_is_bounded_within_int32(crd: dict[str, Any]) 
 AT_MAXIMUM: dict[str, dict[str, Any]] = {
     "ranksPerPod": {"worldSize": 64},
     "minWorldSize": {"worldSize": 65536},
+    "sparePods": {"restartStrategy": "InPlace"},
 }
 
 

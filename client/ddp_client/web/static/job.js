@@ -40,7 +40,8 @@ function summaryHtml(page) {
 function rankHtml(rank) {
   const ended = rank.ended ? `exit ${esc(rank.ended.exitCode)} ${esc(rank.ended.reason)}` : "";
   const words = rank.failure ? `<div class="failure"><b>${esc(rank.failure.reason)}</b> (${esc(rank.failure.kind || "")} failure, attempt ${esc(rank.failure.attempt)})<pre class="words">${esc(rank.failure.lastWords)}</pre></div>` : "";
-  return `<tr data-rank="${esc(rank.rank)}"><td>${esc(rank.rank)}</td><td>${esc(rank.pod)}</td><td>${esc(rank.attempt)}</td>
+  const place = rank.rank === null ? `<span class="muted">waiting</span>` : esc(rank.rank);
+  return `<tr data-rank="${esc(rank.rank ?? "")}"><td>${place}</td><td>${esc(rank.pod)}</td><td>${esc(rank.attempt)}</td>
     <td>${esc(rank.node)}</td><td class="state">${esc(rank.state)}</td><td>${rank.ready ? "yes" : ""}</td>
     <td class="last-step"></td><td class="held">${esc(rank.held)} ${ended}${words}</td></tr>`;
 }
@@ -74,7 +75,7 @@ async function loadJob() {
     document.querySelector("#events tbody").innerHTML = events.slice(0, EVENTS_SHOWN).map(e =>
       `<tr class="event-${esc(e.type)}"><td>${esc(e.time)}</td><td>${esc(e.type)}</td><td>${esc(e.reason)}</td><td>${esc(e.object)}</td><td>${esc(e.message)}</td></tr>`).join("") + older;
   }
-  const ranks = new Set((page.ranks || []).map(r => r.rank));
+  const ranks = new Set((page.ranks || []).filter(r => r.rank !== null).map(r => r.rank));
   addRankOptions(ranks);
   const attempts = page.attempts || [];
   if (attempts.length) setAttempts(attempts);

@@ -11,7 +11,9 @@ The loop, in the container's first process:
   SIGTERM (the pod deleted): stop them and exit TERMINATED
 An elastic job's status names each attempt's gang (status.members, pod indices in rank order): a
 member's rank processes get the gang's WORLD_SIZE and ranks, and rank 0's pod as MASTER_ADDR; a pod
-that is not a member starts none and waits for an attempt that takes it in (or the job's end).
+that is not a member starts none and waits for an attempt that takes it in (or the job's end). A job's
+spare pods (spec.sparePods; indices past the gang's) are never members at first: they wait so, with
+their zygote started, and a restart that loses a member's pod puts one in its place.
 Every attempt is marked in the container's output, so `kubectl logs` shows them in order. Once an
 attempt's gang has formed the pod starts its zygote (runtime/zygote.py): the next attempt's rank
 processes are forked from it, torch and the runtime already imported.
@@ -163,6 +165,7 @@ class Attempts:
         self.request = request
         self.index = env.node_rank(environ)
         self.target_size = target_world_size(environ, int(environ.get(names.WORLD_SIZE) or 0))
+        self.gang_pods = self.target_size // max(self.ranks.count, 1)
         self.attempt = job.attempt
         self.stopping: list[int] = []  # the signals the pod was stopped with
 
@@ -184,11 +187,17 @@ class Attempts:
         view = self.watch.view  # one view for the attempt: its number, its gang and this pod's env in it
         self.attempt = max(self.attempt, view.attempt if view else 0)
         members = view.members if view is not None else None
+        if members is None and self.index >= self.gang_pods:  # a spare, the job's status not yet read
+            members = tuple(range(self.gang_pods))
         if members is not None and self.index not in members:
-            _mark(f"attempt {self.attempt}: this pod is not in the gang "
-                  f"({_sizes(len(members) * self.ranks.count, self.target_size)}); waiting for an attempt that takes it in")
+            size = len(members) * self.ranks.count
+            _mark(f"attempt {self.attempt}: " + ("this pod is a spare; waiting to take the place of a pod the gang loses"
+                                                 if size == self.target_size else
+                                                 f"this pod is not in the gang ({_sizes(size, self.target_size)}); "
+                                                 "waiting for an attempt that takes it in"))
             # The gang goes on without this pod's memory snapshots: taken in again, it must not offer them.
             PodSnapshots(env.snapshot_dir(self.environ)).clear()
+            self.ranks.prepare_zygote(self.environ)  # taken in, its ranks are forked with their imports done
             return _wait_out(self.watch, self.attempt, self.stopping)
         return self._train(view)
 
