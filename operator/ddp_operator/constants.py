@@ -139,6 +139,9 @@ from ddp_contract.jobstatus import (
     REASON_NOT_BLOCKED as REASON_NOT_BLOCKED,
 )
 from ddp_contract.jobstatus import (
+    REASON_NOT_SCHEDULED as REASON_NOT_SCHEDULED,
+)
+from ddp_contract.jobstatus import (
     REASON_PERMANENT as REASON_PERMANENT,
 )
 from ddp_contract.jobstatus import (

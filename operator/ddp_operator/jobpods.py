@@ -17,6 +17,7 @@ from ddp_operator.capacity import gang_too_large
 from ddp_operator.failures import PodProblem
 from ddp_operator.jobmemory import Fit, JobMemory
 from ddp_operator.nodes import Nodes, lost_nodes
+from ddp_operator.podstate import SCHEDULER_ANSWER_SECONDS, PodView, unanswered_for, unanswered_problem
 from ddp_operator.podsummary import PodSummary, summarize_pods
 from ddp_operator.statuspatch import pod_attempt_floor
 
@@ -34,13 +35,18 @@ def read_pods(pods: Sequence[Mapping[str, Any]], *, spec: JobSpec, status: Mappi
                              since=pod_attempt_floor(status), replaced=mode.left_out_of_window(deleting),
                              process_failures=read.process_failures, members=mode.members(read))
     memory.saw_nodes(pods)
-    held = memory.in_the_way.problems(spec.all_pods, summary.live_indices)
+    unanswered = [(pod, view.index, waited) for pod in pods if (view := PodView.of(pod)).index is not None
+                  and not view.deleting and (waited := unanswered_for(pod, now)) is not None]
+    held = tuple(unanswered_problem(pod, index, waited) for pod, index, waited in unanswered
+                 if waited >= SCHEDULER_ANSWER_SECONDS)
+    held += memory.in_the_way.problems(spec.all_pods, summary.live_indices)
     if memory.refused is not None:
         held += memory.refused.problems(summary.attempt, summary.live_indices)
     too_large = too_large_for(spec, nodes, memory, generation) if summary.unscheduled_indices else None
     if too_large:
         held += tuple(PodProblem(rank, c.REASON_GANG_TOO_LARGE, too_large) for rank in summary.unscheduled_indices)
-    return replace(summary.with_problems(held), nodes_seen=memory.nodes_seen)
+    due = [SCHEDULER_ANSWER_SECONDS - waited for _, _, waited in unanswered if waited < SCHEDULER_ANSWER_SECONDS]
+    return replace(summary.with_problems(held), nodes_seen=memory.nodes_seen, scheduler_due=min(due, default=None))
 
 
 def too_large_for(spec: JobSpec, nodes: Nodes, memory: JobMemory, generation: int | None) -> str | None:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from ddp_contract import labels
+from ddp_contract.timestamps import parse_rfc3339
 from ddp_operator import constants as c
 from ddp_operator.failures import PodProblem, RankFailure, last_lines
 from ddp_operator.kubelet import EVICTION_REASON_PREFIX, EVICTION_REASONS, PULL_FAILED_REASONS, WAITING_NORMALLY, WAITING_REASONS
@@ -181,6 +183,33 @@ def rank_problem(pod: Mapping[str, Any], index: int) -> PodProblem | None:
     if reason in PULL_FAILED_REASONS:
         said += pull_secrets_note(pod)
     return PodProblem(index, WAITING_REASONS.get(reason, reason), said)
+
+
+DEFAULT_SCHEDULER = "default-scheduler"
+# How long a pending pod waits for the scheduler its spec.schedulerName names to place it or say why
+# not, before the job says that none has: a scheduler that does not run answers nothing at all.
+SCHEDULER_ANSWER_SECONDS = 30.0
+
+
+def unanswered_for(pod: Mapping[str, Any], now: datetime) -> float | None:
+    """Seconds the pending, unbound pod has waited on a scheduler other than the cluster's own (its
+    spec.schedulerName) that has not yet said anything of it (no PodScheduled condition); None where one
+    has, or the pod names the cluster's own."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    scheduler = spec.get("schedulerName")
+    if not scheduler or scheduler == DEFAULT_SCHEDULER or spec.get("nodeName") or status.get("phase") not in (None, "Pending"):
+        return None
+    if any(cond.get("type") == "PodScheduled" for cond in status.get("conditions") or []):
+        return None
+    created = parse_rfc3339((pod.get("metadata") or {}).get("creationTimestamp"))
+    return None if created is None else max(0.0, (now - created).total_seconds())
+
+
+def unanswered_problem(pod: Mapping[str, Any], index: int, waited: float) -> PodProblem:
+    scheduler = (pod.get("spec") or {}).get("schedulerName")
+    return PodProblem(index, c.REASON_NOT_SCHEDULED,
+                      f"no scheduler has placed it or said why in {waited:.0f} s: its schedulerName {scheduler!r} names "
+                      f"a scheduler that has not answered; check that it runs (the cluster's own is {DEFAULT_SCHEDULER})")
 
 
 def pull_secrets_note(pod: Mapping[str, Any]) -> str:

@@ -22,6 +22,8 @@ class PodSummary(GangPods):
     waiting: elastic.WaitingPods = elastic.WaitingPods()
     # pod name -> the node the operator last saw it bound to (JobMemory): where a pod that vanished ran
     nodes_seen: Mapping[str, str] = field(default_factory=dict)
+    # seconds until a pod waiting on a scheduler of its own that has not answered is said to be held up
+    scheduler_due: float | None = None
 
     @property
     def running_pods(self) -> tuple[str, ...]:

@@ -15,13 +15,16 @@ from kubernetes import client
 
 from ddp_contract.labels import LABEL_JOB_NAME
 from ddp_operator.listwatch import JobKey, JobObjects, OnChange
-from ddp_operator.podstate import CachedPod
+from ddp_operator.podstate import DEFAULT_SCHEDULER, CachedPod
 
 
 def slim_pod(pod: dict) -> CachedPod:
     """The fields the status computation reads, in the pod's own shape; its reading kept with it."""
     meta = pod.get("metadata", {})
     status = pod.get("status", {})
+    # A scheduler of the pod's own that never answers is said after a while (podstate.unanswered_for).
+    scheduler = pod.get("spec", {}).get("schedulerName")
+    own_scheduler = {"schedulerName": scheduler} if scheduler not in (None, DEFAULT_SCHEDULER) else {}
     return CachedPod({
         "metadata": {
             "name": meta.get("name"),
@@ -29,6 +32,7 @@ def slim_pod(pod: dict) -> CachedPod:
             "uid": meta.get("uid"),
             "labels": meta.get("labels", {}),
             "deletionTimestamp": meta.get("deletionTimestamp"),
+            **({"creationTimestamp": meta.get("creationTimestamp")} if own_scheduler else {}),
             "ownerReferences": [{"uid": ref.get("uid"), "controller": ref.get("controller")}
                                 for ref in meta.get("ownerReferences") or [] if ref.get("controller")],
         },
@@ -37,7 +41,7 @@ def slim_pod(pod: dict) -> CachedPod:
         "spec": {"nodeName": pod.get("spec", {}).get("nodeName"),
                  "imagePullSecrets": pod.get("spec", {}).get("imagePullSecrets") or [],
                  "containers": [{"resources": x["resources"]} for x in pod.get("spec", {}).get("containers") or []
-                                if x.get("resources")]},
+                                if x.get("resources")], **own_scheduler},
         "status": {
             "phase": status.get("phase"),
             "reason": status.get("reason"),

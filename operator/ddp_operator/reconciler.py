@@ -368,7 +368,8 @@ class Reconciler:
             spec, JobStatus.of({**status, **patch}), now, self.nodes(), bound=summary.nodes,
             decided=decision.recheck_after, counts_held=held, quota_held=quota_held, in_the_way=bool(memory.in_the_way),
             data_workers_refused=keep_workers and memory.data_refused is not None,
-            workload_retry=self.kueue.recheck_after(key) if self.kueue is not None else None))
+            workload_retry=self.kueue.recheck_after(key) if self.kueue is not None else None,
+            scheduler_due=summary.scheduler_due))
 
     async def _placement(self, job: dict[str, Any], spec: JobSpec) -> GangPlacement:
         """Where the gang's pods go: where Kueue admitted a queued job, else into spec.topology's domains

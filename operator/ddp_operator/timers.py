@@ -73,6 +73,7 @@ class Found:
     in_the_way: bool = False  # objects not the job's hold its names
     data_workers_refused: bool = False  # data workers the job keeps, refused last time
     workload_retry: float | None = None  # a Workload the API refused (KueueGate.recheck_after)
+    scheduler_due: float | None = None  # a pod's scheduler not answering, to be said (PodSummary.scheduler_due)
 
 
 def look_again(found: Found) -> float | None:
@@ -84,6 +85,7 @@ def look_again(found: Found) -> float | None:
         IN_THE_WAY_RECHECK if found.in_the_way else None,
         DATA_WORKERS_REFUSED_RECHECK if found.data_workers_refused else None,
         found.workload_retry,
+        found.scheduler_due,
         seconds_until_lost(found.bound, found.nodes, found.spec.node_lost_grace_seconds, found.now),
         found.quota_held,
         found.decided,

@@ -316,6 +316,16 @@ def test_managed_by_is_set_at_creation_and_never_changed(custom: Any, namespace:
         assert caught.value.status == 422 and "spec.managedBy is immutable" in caught.value.body, (name, value)
 
 
+def test_spare_pods_are_set_at_creation_and_never_changed(custom: Any, namespace: str) -> None:
+    from kubernetes.client.rest import ApiException
+
+    create(custom, namespace, ddpjob(spec_with(suspend=True, sparePods=1, restartStrategy="InPlace"), "spared"), False)
+    with pytest.raises(ApiException) as caught:
+        custom.patch_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, "spared",
+                                              {"spec": {"sparePods": 2}})
+    assert caught.value.status == 422 and "spec.sparePods cannot change once the job exists" in caught.value.body
+
+
 def test_status_written_by_the_operator_survives_pruning(custom: Any, namespace: str) -> None:
     """Every field compute_status writes (and the trainer's progress, and kopf's own) is declared."""
     create(custom, namespace, ddpjob(VALID_SPEC), dry_run=False)

@@ -9,7 +9,7 @@ from kubernetes import client
 from ddp_operator.heap import RELEASE_AFTER
 from ddp_operator.listwatch import watch_scopes
 from ddp_operator.podstate import PodView, rank_problem
-from ddp_operator.podwatch import PodCache
+from ddp_operator.podwatch import PodCache, slim_pod
 from podfixtures import JOB, pod
 
 
@@ -73,6 +73,15 @@ def test_the_cache_keeps_what_a_held_up_rank_is_said_with() -> None:
                             "containers": [{"resources": resources}]}
     problem = rank_problem(kept, 0)
     assert problem is not None and problem.message.startswith("401 Unauthorized (imagePullSecrets: regcred;")
+
+
+def test_the_cache_keeps_a_scheduler_of_the_pod_s_own_and_when_the_pod_was_made_only_then() -> None:
+    raw = pod(0, "pending")
+    raw["metadata"]["creationTimestamp"] = "2025-01-02T03:00:00Z"
+    assert "schedulerName" not in slim_pod({**raw, "spec": {"schedulerName": "default-scheduler"}})["spec"]
+    assert "creationTimestamp" not in slim_pod(raw)["metadata"]
+    kept = slim_pod({**raw, "spec": {"schedulerName": "volcano"}})
+    assert kept["spec"]["schedulerName"] == "volcano" and kept["metadata"]["creationTimestamp"] == "2025-01-02T03:00:00Z"
 
 
 def test_a_pods_reading_is_kept_until_the_pod_changes() -> None:

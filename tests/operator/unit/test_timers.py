@@ -30,6 +30,7 @@ def test_what_no_watch_reports_is_looked_at_again_after_its_own_interval() -> No
     assert look_again(replace(QUIET, data_workers_refused=True)) == timers.DATA_WORKERS_REFUSED_RECHECK
     assert look_again(replace(QUIET, in_the_way=True, data_workers_refused=True)) == timers.IN_THE_WAY_RECHECK
     assert look_again(replace(QUIET, workload_retry=0.0)) == 0.0, "a wait of nothing is a wait, not none"
+    assert look_again(replace(QUIET, scheduler_due=12.5)) == 12.5
 
 
 def test_the_nearest_wait_wins() -> None:
