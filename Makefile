@@ -49,10 +49,11 @@ test-unit:
 bench-data:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python benchmarks/bench_data.py $(BENCH_ARGS)
 
-# Checkpoint save and load against the real S3 server, next to s3torchconnector and DCP.
+# Snapshots in the pod's memory: their cost a step, and what faults cost a job on the real node.
 bench-goodput:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python benchmarks/bench_goodput.py $(BENCH_ARGS)
 
+# Checkpoint save and load against the real S3 server, next to s3torchconnector and DCP.
 bench-checkpoint:
 	@venv=$$(scripts/venv.sh) && $$venv/bin/python localcluster/s3server.py build && \
 	  $$venv/bin/python benchmarks/bench_checkpoint.py $(BENCH_ARGS)

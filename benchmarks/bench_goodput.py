@@ -9,10 +9,12 @@ it, in the same run, the stall of what a user would do instead, per snapshot: to
 /dev/shm, the CPU copy the runtime's asynchronous S3 save makes before it returns, and the ceiling, a copy
 of the same bytes into buffers already allocated.
 
-Snapshots go to a directory of their own under /dev/shm (--dir), removed at the end.
+Snapshots go to a directory of their own under /dev/shm (--dir), removed at the end. --no-snapshot-cost
+skips this part.
 
 Then (--faults; skip with --no-faults) what faults cost a job on the local cluster's real node, fault-free,
-with S3 checkpoints only, with memory snapshots, and through an S3 outage: benchmarks/goodput_faults.py.
+with S3 checkpoints only, with memory snapshots, and through an S3 outage: benchmarks/goodput_faults.py;
+--ways runs only some of those ways (`--ways memory` to look at one way's restarts in its logs).
 """
 
 from __future__ import annotations
@@ -146,17 +148,29 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dir", default="/dev/shm", help="where the snapshots go (a directory of their own in it)")
     parser.add_argument("--only", choices=("small", "1gb"), default=None)
+    parser.add_argument("--snapshot-cost", action=argparse.BooleanOptionalAction, default=True,
+                        help="time the snapshots' cost in this process first")
     parser.add_argument("--faults", action=argparse.BooleanOptionalAction, default=True,
                         help="also the faulted runs on the real node (about 10 minutes a state size)")
     parser.add_argument("--fault-states", default="small,1GB", help="state sizes of the faulted runs")
     parser.add_argument("--fault-count", type=int, default=3, help="faults a faulted run")
     parser.add_argument("--every", type=int, default=20, help="steps between S3 checkpoints in the faulted runs")
     parser.add_argument("--pace", type=float, default=0.25, help="seconds a step of the small state sleeps")
+    parser.add_argument("--ways", default=None,
+                        help="only these ways of the faulted runs, comma-separated (default: all; goodput needs a"
+                             " fault-free one)")
     parser.add_argument("--outage", default="20,20", help="the S3 outage: seconds in, seconds long")
     parser.add_argument("--timeout", type=float, default=600, help="seconds each wait of the faulted runs may take")
     parser.add_argument("--logs", type=Path, default=None,
                         help="keep each faulted run's pod logs (with times) and the operator's log in this folder")
     args = parser.parse_args()
+    if args.faults:
+        import goodput_faults
+
+        ways = tuple(w.strip() for w in args.ways.split(",")) if args.ways else goodput_faults.WAYS
+        unknown = [w for w in ways if w not in goodput_faults.WAYS]
+        if unknown:
+            parser.error(f"--ways: no way {', '.join(map(repr, unknown))}; the ways: {', '.join(goodput_faults.WAYS)}")
     import torch
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
@@ -164,7 +178,7 @@ def main() -> int:
     try:
         print(f"machine: {os.cpu_count()} CPUs, torch {torch.__version__}, {args.rounds} rounds of {args.steps} "
               "steps without and with a snapshot every step, alternating")
-        for make in (small, one_gb):
+        for make in (small, one_gb) if args.snapshot_cost else ():
             if args.only and (args.only == "small") != (make is small):
                 continue
             work = make()
@@ -180,11 +194,9 @@ def main() -> int:
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     if args.faults:
-        import goodput_faults
-
         at, length = (float(x) for x in args.outage.split(","))
         found_faults = goodput_faults.measure(args.fault_states.split(","), args.fault_count, args.every, args.pace,
-                                              (at, length), args.timeout, args.logs)
+                                              (at, length), args.timeout, args.logs, ways)
         goodput_faults.print_table(found_faults)
     return 0
 

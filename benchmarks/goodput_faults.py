@@ -238,7 +238,7 @@ def schedule_of(seed: int, count: int, low: float, high: float) -> list[tuple[fl
 
 
 def measure(states: list[str], faults: int, every: int, pace: float, outage: tuple[float, float],
-            timeout: float, logs: Path | None = None) -> dict[str, dict[str, Any]]:
+            timeout: float, logs: Path | None = None, ways: tuple[str, ...] = WAYS) -> dict[str, dict[str, Any]]:
     folder = Path(tempfile.mkdtemp(prefix="ddp-goodput-"))
     namespace = f"goodput-{os.getpid()}"
     cluster = Cluster(namespace, folder)
@@ -249,7 +249,7 @@ def measure(states: list[str], faults: int, every: int, pace: float, outage: tup
                 state = STATES[state_name]
                 schedule = schedule_of(7, faults, 30, 60)
                 out[state_name] = {}
-                for way in WAYS:
+                for way in ways:
                     out[state_name][way] = run_way(cluster, state, way, schedule, s3, every, pace if state_name == "small"
                                                    else 0.0, outage, timeout, logs)
                     print(f"{state_name} {way}: {out[state_name][way]}", flush=True)
@@ -265,9 +265,11 @@ def print_table(out: dict[str, dict[str, Any]]) -> None:
           " fault-free runs' mean seconds / these), restarts, and per fault: kind, steps trained again, seconds from"
           " the fault to training again")
     for state, ways in out.items():
-        free = (ways["fault-free"]["seconds"] + ways["fault-free again"]["seconds"]) / 2
+        frees = [ways[w]["seconds"] for w in ("fault-free", "fault-free again") if w in ways]
+        free = sum(frees) / len(frees) if frees else None
         for way, row in ways.items():
             faults = "; ".join(f"{f['kind']} {f['redone']} / {f['to training']} s" for f in row["faults"])
             behind = ", checkpointsBehind said" if row["behind seen"] else ""
-            print(f"{state:<6} {way:<14} {row['seconds']:>7.1f} s  goodput {free / row['seconds']:.3f}  restarts "
+            goodput = f"{free / row['seconds']:.3f}" if free else "-"  # no fault-free way run
+            print(f"{state:<6} {way:<14} {row['seconds']:>7.1f} s  goodput {goodput}  restarts "
                   f"{row['restarts']}{behind}  {faults}")
