@@ -320,6 +320,35 @@ def test_what_is_kept_is_said_in_the_status_when_it_changes_at_most_every_30_s_a
     assert reports[-1]["time"].endswith("Z")
 
 
+def test_the_pod_that_holds_rank_0_in_the_attempt_says_what_is_kept_and_no_other(
+        tmp_path: Path, prefix: s3.S3Url, clock: FakeClock) -> None:
+    """A spare that takes rank 0's place (or an elastic gang that places its pods anew) reports from then
+    on, at its first pass, though nothing changed there; the pod it replaced says nothing more."""
+    reports: dict[str, list[dict[str, Any]]] = {"job-0": [], "job-2": []}
+    keepers = {name: FolderKeeper([KeptFolder("out", str(tmp_path / name / "out"), KeptStore(prefix, name))],
+                                  interval_s=3600, settle_s=10, clock=clock, report=reports[name].append)
+               for name in reports}
+    write(tmp_path / "job-0" / "out" / "a.bin", b"12345")
+    keepers["job-0"].start(0, world=2, reporting=True)
+    keepers["job-2"].start(0, world=2, reporting=False)  # a spare's keeper, were it running
+    for keeper in keepers.values():
+        settle(keeper, clock)
+    keepers["job-0"].finish(ended_cleanly=False, upload_s=30)
+    keepers["job-2"].finish(ended_cleanly=False, upload_s=30)
+    assert reports["job-0"] and reports["job-0"][-1]["folders"][0]["files"] == 1
+    assert reports["job-2"] == []
+    said = len(reports["job-0"])
+    keepers["job-0"].start(1, world=2, reporting=False)  # back as a spare
+    keepers["job-2"].start(1, world=2, reporting=True)  # in rank 0's place
+    clock.now += 60
+    for keeper in keepers.values():
+        keeper.keep(ended_cleanly=False, final=False)
+    assert len(reports["job-0"]) == said
+    assert [r["folders"][0]["files"] for r in reports["job-2"]] == [1]
+    for keeper in keepers.values():
+        keeper.finish(ended_cleanly=False, upload_s=30)
+
+
 def test_the_pods_of_a_later_attempt_all_resume_from_the_same_checkpoint(pods: Pods, clock: FakeClock) -> None:
     (rank0, keeper0), (rank1, keeper1) = pods["job-0"], pods["job-1"]
     keeper0.start(0, world=2)

@@ -104,8 +104,8 @@ def make_folder_keeper(environ: Mapping[str, str], cwd: str | None = None,
     base = cwd or os.getcwd()
     folders = [KeptFolder(path, os.path.join(base, path),
                           KeptStore(job.join(layout.KEPT, layout.kept_folder_key(path)), writer)) for path in paths]
-    report = (lambda kept: jobstatus.record({STATUS_KEPT: kept})) if env.node_rank(environ) == 0 else None
-    return FolderKeeper(folders, env.keep_interval_s(environ), env.keep_settle_s(environ), report=report,
+    return FolderKeeper(folders, env.keep_interval_s(environ), env.keep_settle_s(environ),
+                        report=lambda kept: jobstatus.record({STATUS_KEPT: kept}),
                         passes=KeptPasses(job.join(layout.KEPT_PASSES), writer), ranks=ranks)
 
 
@@ -118,7 +118,8 @@ class FolderKeeper:
                  report: Callable[[dict[str, Any]], object] | None = None, passes: KeptPasses | None = None,
                  passes_wait_s: float = PASSES_WAIT_SECONDS, parts_wait_s: float = PARTS_WAIT_SECONDS,
                  ranks: Callable[[], Sequence[int]] | None = None) -> None:
-        """report: where status.kept goes (the job's status, from the pod of index 0); passes: where the
+        """report: where status.kept goes (the job's status, from the pod that holds rank 0 in the attempt:
+        `start` says whether this one does); passes: where the
         pods say when they keep, per attempt (none: a later attempt does not wait for anyone); ranks: the
         ids of the processes the pod started for the attempt (none: files are kept once settled only)."""
         self.folders = folders
@@ -132,6 +133,7 @@ class FolderKeeper:
         self.interval_s = interval_s
         self.clock = clock
         self.report = report
+        self.reporting = True
         self._changed = False
         self._reported_at = float("-inf")
         self._settlers = {folder.path: Settler(settle_s) for folder in folders}
@@ -204,8 +206,13 @@ class FolderKeeper:
                 shutil.rmtree(where, ignore_errors=True)
         return count, size, torn
 
-    def start(self, attempt: int = 0, world: int = 1) -> FolderKeeper:
-        self.attempt, self.world = attempt, world
+    def start(self, attempt: int = 0, world: int = 1, reporting: bool = True) -> FolderKeeper:
+        """Mirror the folders every interval for `attempt`; `reporting`: whether this pod holds rank 0 in
+        it and says in the job's status what is kept (a spare that took rank 0's place, an elastic gang
+        that placed its pods anew: not always the pod of index 0)."""
+        if reporting and not self.reporting:
+            self._changed = True  # its first pass says what it kept: the pod that said it before may be gone
+        self.attempt, self.world, self.reporting = attempt, world, reporting
         if self.passes is not None:
             self._mark("started")
         self._stop = threading.Event()
@@ -234,7 +241,7 @@ class FolderKeeper:
             if self._behind_now() != self._behind_said:
                 self._changed = True
             due = final or self.clock() - self._reported_at >= STATUS_EVERY_SECONDS
-            if self.report is not None and self._changed and due:
+            if self.report is not None and self.reporting and self._changed and due:
                 self._report_status()
 
     def _ranks_running(self) -> bool:
@@ -433,7 +440,7 @@ class KeptRanks:
     def start(self, environ: Mapping[str, str]) -> None:
         attempt = env.JobInfo.from_env(environ).attempt
         log.info("%s", self.keeper.restore(attempt))
-        self.keeper.start(attempt, int(environ.get(envnames.WORLD_SIZE) or 1))
+        self.keeper.start(attempt, int(environ.get(envnames.WORLD_SIZE) or 1), reporting=env.node_rank(environ) == 0)
         self.ranks.start(environ)
 
     def supervise(self, interrupted: Callable[[], bool] = lambda: False) -> bool:
