@@ -161,7 +161,8 @@ def test_an_in_place_restart_that_does_not_form_in_time_recreates_the_pods_it_ke
     out, mark = tmp_path / "params.pt", tmp_path / "blocked"
     job = train_job(s3_endpoint, "stuck-rejoin", out, WL_RAISE_AT_STEP="6", WL_RAISE_ON_ATTEMPT="0",
                     WL_MARK=str(mark))
-    job["spec"].update(entrypoint="rejoin_workloads:train", inPlaceDeadlineSeconds=5)
+    # Time enough for the kept gang's rank 1 to reach its block on a loaded machine, rather than be recreated first.
+    job["spec"].update(entrypoint="rejoin_workloads:train", inPlaceDeadlineSeconds=15)
     start_job(jobs, s3_endpoint, "stuck-rejoin", [], job)
     first = wait_until(lambda: (found := uids(jobs, "stuck-rejoin")) and len(found) == 2 and found, 60, "both pods")
 
